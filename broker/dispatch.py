@@ -1,0 +1,393 @@
+"""The supervisor's side of the ring protocol: requests in, events out.
+
+Theory of operation
+-------------------
+The supervisor is the single owner of queue state (DESIGN.md). Every worker's
+request ring is drained in order and each record is applied to the domain
+(:class:`broker.vhost.VirtualHost`) here. Nothing in this module does IO: the
+answers are appended to a per-worker *outbox* and the consumers to wake are
+appended to a per-worker *notify* list; the runtime (``broker.supervisor``)
+writes outboxes into event rings, sets notify slots and kicks eventfds.
+
+A consumer is known to the domain as a :class:`QueueConsumer` keyed by
+``(worker, consumer id, slot)``: setting notify slot ``slot`` in that
+worker's shared memory is the seed's ``QueueConsumer#notifyWork``. Acquired entries are tracked per channel
+``(worker, conn, ch)`` so that a channel, connection or whole worker going
+away requeues exactly what it held, to its original position.
+
+Bodies never pass through here: a message carries its arena handle
+``(region, offset, header_len, body_len)``; when the last reference to a
+message goes, ``free_body(region, offset)`` hands the block back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from broker.consumer_manager import QueueConsumer
+from broker.errors import AMQPError, InternalError
+from broker.message import Message
+from broker.queue import Queue, QueueEntry
+from broker.vhost import VirtualHost
+from ipc import records as r
+
+log = logging.getLogger("shoal.dispatch")
+
+ChannelKey = tuple[int, int, int]  # (worker, conn, ch)
+Owner = tuple[int, int]  # (worker, conn): who owns an exclusive queue
+
+# AMQP (class_id, method_id) of the method each request stands for, so that a
+# domain error can name it in channel.close (AMQP 0-9-1 §1.5.2.8 reply fields).
+_METHOD_IDS: dict[type, tuple[int, int]] = {
+    r.ExchangeDeclare: (40, 10),
+    r.ExchangeDelete: (40, 20),
+    r.QueueDeclare: (50, 10),
+    r.QueueBind: (50, 20),
+    r.QueuePurge: (50, 30),
+    r.QueueDelete: (50, 40),
+    r.QueueUnbind: (50, 50),
+    r.Consume: (60, 20),
+    r.Cancel: (60, 30),
+    r.Publish: (60, 40),
+    r.Get: (60, 70),
+}
+
+NO_ROUTE = 312
+
+
+class _Pin:
+    """A browser's delivery in flight: holds the message's body until the
+    worker has copied it (browsers do not acquire, so nothing else would)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+
+class _Channel:
+    __slots__ = ("acquired", "consumers")
+
+    def __init__(self) -> None:
+        self.acquired: dict[int, QueueEntry | _Pin] = {}
+        self.consumers: set[int] = set()
+
+
+class _Subscription:
+    __slots__ = ("consumer", "queue", "channel")
+
+    def __init__(self, consumer: QueueConsumer, queue: Queue, channel: ChannelKey) -> None:
+        self.consumer = consumer
+        self.queue = queue
+        self.channel = channel
+
+
+class Dispatcher:
+    """Applies worker requests to the virtual host; collects events and wake-ups."""
+
+    def __init__(self, workers: int, free_body: Callable[[int, int], None]) -> None:
+        self._free_body = free_body
+        self.vhost = VirtualHost("/", on_drop=self._drop)
+        self.outbox: list[list[r.Event]] = [[] for _ in range(workers)]
+        self.notify: list[list[int]] = [[] for _ in range(workers)]
+        self._subs: dict[tuple[int, int], _Subscription] = {}
+        self._channels: dict[ChannelKey, _Channel] = {}
+        self._conns: dict[Owner, set[int]] = {}
+        self._ids = itertools.count(1)
+        self._pin_ids = itertools.count(-1, -1)
+        self._handlers: dict[type, Callable[[int, Any], None]] = {
+            r.Hello: lambda w, rec: None,
+            r.ConnOpen: self._conn_open,
+            r.ConnClose: self._conn_close,
+            r.ChanClose: self._chan_close,
+            r.ExchangeDeclare: self._exchange_declare,
+            r.ExchangeDelete: self._exchange_delete,
+            r.QueueDeclare: self._queue_declare,
+            r.QueueBind: self._queue_bind,
+            r.QueueUnbind: self._queue_unbind,
+            r.QueuePurge: self._queue_purge,
+            r.QueueDelete: self._queue_delete,
+            r.Consume: self._consume,
+            r.Cancel: self._cancel,
+            r.Interest: self._interest,
+            r.Pull: self._pull,
+            r.Get: self._get,
+            r.Publish: self._publish,
+            r.Settle: self._settle,
+        }
+
+    # ------------------------------------------------------------------ entry
+
+    def handle(self, worker: int, rec: r.Request) -> None:
+        """Apply one request from ``worker``'s ring (in ring order)."""
+        try:
+            self._handlers[type(rec)](worker, rec)
+        except AMQPError as exc:
+            self._fail(worker, rec, exc)
+
+    def worker_died(self, worker: int) -> None:
+        """Forget a dead worker: its consumers leave every queue, its channels'
+        unacked messages go back to their original positions, its connections'
+        exclusive queues are deleted."""
+        for owner in [o for o in self._conns if o[0] == worker]:
+            self._conn_close(worker, r.ConnClose(conn=owner[1]))
+        self.outbox[worker].clear()
+        self.notify[worker].clear()
+
+    def live_offsets(self, region: int) -> set[int]:
+        """Arena offsets in ``region`` still referenced by a queue or a channel."""
+        live: set[int] = set()
+        for q in self.vhost.queues.values():
+            for entry in q.entries():
+                ref = entry.message.body_ref
+                if ref[0] == region:
+                    live.add(ref[1])
+        for chan in self._channels.values():
+            for held in chan.acquired.values():
+                ref = held.message.body_ref
+                if ref[0] == region:
+                    live.add(ref[1])
+        return live
+
+    # ------------------------------------------------------------- plumbing
+
+    def _fail(self, worker: int, rec: Any, exc: AMQPError) -> None:
+        class_id, method_id = exc.class_id, exc.method_id
+        if not class_id:
+            class_id, method_id = _METHOD_IDS.get(type(rec), (0, 0))
+        conn, ch = getattr(rec, "conn", 0), getattr(rec, "ch", 0)
+        self.outbox[worker].append(
+            r.Error(conn, ch, exc.reply_code, exc.reply_text, class_id, method_id)
+        )
+
+    def _reply(self, worker: int, rec: Any, **fields: Any) -> None:
+        if not getattr(rec, "nowait", False):
+            self.outbox[worker].append(r.Reply(rec.conn, rec.ch, rec.__struct_config__.tag, **fields))
+
+    def _wake(self, consumers: Iterable[QueueConsumer]) -> None:
+        for c in consumers:
+            worker, _, slot = c.key
+            self.notify[worker].append(slot)
+
+    def _channel(self, key: ChannelKey) -> _Channel:
+        chan = self._channels.get(key)
+        if chan is None:
+            chan = self._channels[key] = _Channel()
+            self._conns.setdefault(key[:2], set()).add(key[2])
+        return chan
+
+    def _drop(self, message: Message) -> None:
+        region, offset = message.body_ref[0], message.body_ref[1]
+        self._free_body(region, offset)
+
+    @staticmethod
+    def _delivery(entry_id: int, redelivered: bool, message: Message) -> r.Delivery:
+        region, offset, header_len, body_len = message.body_ref
+        return r.Delivery(
+            entry_id, redelivered, message.exchange, message.routing_key,
+            region, offset, header_len, body_len,
+        )
+
+    # ------------------------------------------------- connections, channels
+
+    def _conn_open(self, worker: int, rec: r.ConnOpen) -> None:
+        self._conns.setdefault((worker, rec.conn), set())
+
+    def _conn_close(self, worker: int, rec: r.ConnClose) -> None:
+        owner = (worker, rec.conn)
+        for ch in sorted(self._conns.pop(owner, ())):
+            self._release_channel((worker, rec.conn, ch))
+        self._cancel_all(self.vhost.delete_owned_queues(owner))
+
+    def _chan_close(self, worker: int, rec: r.ChanClose) -> None:
+        key = (worker, rec.conn, rec.ch)
+        self._release_channel(key)
+        chans = self._conns.get(key[:2])
+        if chans is not None:
+            chans.discard(rec.ch)
+
+    def _release_channel(self, key: ChannelKey) -> None:
+        chan = self._channels.pop(key, None)
+        if chan is None:
+            return
+        for cid in sorted(chan.consumers):
+            sub = self._subs.pop((key[0], cid), None)
+            if sub is not None:
+                self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
+        # AMQP 0-9-1 §4.7: unacknowledged messages of a closed channel are requeued.
+        for held in chan.acquired.values():
+            self._requeue(held)
+
+    def _requeue(self, held: QueueEntry | _Pin) -> None:
+        if isinstance(held, _Pin):
+            self._unpin(held)
+        else:
+            self._wake(held.queue.release(held))
+
+    def _unpin(self, pin: _Pin) -> None:
+        pin.message.refs -= 1
+        if pin.message.refs == 0:
+            self._drop(pin.message)
+
+    def _cancel_all(self, consumers: Iterable[QueueConsumer]) -> None:
+        """The broker cancels consumers whose queue went away (consumer_cancel_notify)."""
+        for c in consumers:
+            worker, cid, _ = c.key
+            sub = self._subs.pop((worker, cid), None)
+            if sub is None:
+                continue
+            chan = self._channels.get(sub.channel)
+            if chan is not None:
+                chan.consumers.discard(cid)
+            self.outbox[worker].append(r.Cancelled(cid))
+
+    # ------------------------------------------------------------ exchanges
+
+    def _exchange_declare(self, worker: int, rec: r.ExchangeDeclare) -> None:
+        self.vhost.declare_exchange(
+            rec.name, rec.type, passive=rec.passive, durable=rec.durable,
+            auto_delete=rec.auto_delete, internal=rec.internal, arguments=rec.arguments,
+        )
+        self._reply(worker, rec)
+
+    def _exchange_delete(self, worker: int, rec: r.ExchangeDelete) -> None:
+        self.vhost.delete_exchange(rec.name, if_unused=rec.if_unused)
+        self._reply(worker, rec)
+
+    # --------------------------------------------------------------- queues
+
+    def _queue_declare(self, worker: int, rec: r.QueueDeclare) -> None:
+        q = self.vhost.declare_queue(
+            rec.name, owner=(worker, rec.conn), passive=rec.passive, durable=rec.durable,
+            exclusive=rec.exclusive, auto_delete=rec.auto_delete, arguments=rec.arguments,
+        )
+        self._reply(
+            worker, rec, queue=q.name, message_count=q.message_count,
+            consumer_count=q.consumer_count,
+        )
+
+    def _queue_bind(self, worker: int, rec: r.QueueBind) -> None:
+        self.vhost.bind_queue(
+            rec.queue, rec.exchange, rec.routing_key, rec.arguments, owner=(worker, rec.conn)
+        )
+        self._reply(worker, rec)
+
+    def _queue_unbind(self, worker: int, rec: r.QueueUnbind) -> None:
+        self.vhost.unbind_queue(
+            rec.queue, rec.exchange, rec.routing_key, rec.arguments, owner=(worker, rec.conn)
+        )
+        self._reply(worker, rec)
+
+    def _queue_purge(self, worker: int, rec: r.QueuePurge) -> None:
+        count = self.vhost.purge_queue(rec.queue, owner=(worker, rec.conn))
+        self._reply(worker, rec, message_count=count)
+
+    def _queue_delete(self, worker: int, rec: r.QueueDelete) -> None:
+        count, consumers = self.vhost.delete_queue(
+            rec.queue, owner=(worker, rec.conn), if_unused=rec.if_unused, if_empty=rec.if_empty
+        )
+        self._cancel_all(consumers)
+        self._reply(worker, rec, message_count=count)
+
+    # ------------------------------------------------------------ consumers
+
+    def _consume(self, worker: int, rec: r.Consume) -> None:
+        q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
+        consumer = QueueConsumer(
+            (worker, rec.consumer, rec.slot), rec.tag, priority=rec.priority, acquiring=not rec.browse,
+            exclusive=rec.exclusive, no_ack=rec.no_ack,
+        )
+        q.add_consumer(consumer)
+        key = (worker, rec.conn, rec.ch)
+        self._subs[(worker, rec.consumer)] = _Subscription(consumer, q, key)
+        self._channel(key).consumers.add(rec.consumer)
+        self._reply(worker, rec)
+        if rec.interested:
+            self._wake(q.set_notify_work_desired(consumer, True))
+
+    def _cancel(self, worker: int, rec: r.Cancel) -> None:
+        sub = self._subs.pop((worker, rec.consumer), None)
+        if sub is not None:
+            self._channel(sub.channel).consumers.discard(rec.consumer)
+            self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
+        self._reply(worker, rec)
+
+    def _interest(self, worker: int, rec: r.Interest) -> None:
+        sub = self._subs.get((worker, rec.consumer))
+        if sub is not None:
+            self._wake(sub.queue.set_notify_work_desired(sub.consumer, rec.desired))
+
+    def _pull(self, worker: int, rec: r.Pull) -> None:
+        sub = self._subs.get((worker, rec.consumer))
+        if sub is None:  # cancelled while the pull was in flight
+            self.outbox[worker].append(r.Pulled(rec.consumer, [], False))
+            return
+        entries, more = sub.queue.pull(sub.consumer, rec.max)
+        held = self._channel(sub.channel).acquired
+        deliveries = []
+        for entry in entries:
+            if sub.consumer.acquiring:
+                held[entry.id] = entry
+                deliveries.append(self._delivery(entry.id, entry.redelivered, entry.message))
+            else:
+                pin_id = next(self._pin_ids)
+                entry.message.refs += 1
+                held[pin_id] = _Pin(entry.message)
+                deliveries.append(self._delivery(pin_id, entry.redelivered, entry.message))
+        self.outbox[worker].append(r.Pulled(rec.consumer, deliveries, more))
+
+    def _get(self, worker: int, rec: r.Get) -> None:
+        q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
+        entry = q.get()
+        if entry is None:
+            self.outbox[worker].append(r.GetEmpty(rec.conn, rec.ch))
+            return
+        self._channel((worker, rec.conn, rec.ch)).acquired[entry.id] = entry
+        delivery = self._delivery(entry.id, entry.redelivered, entry.message)
+        self.outbox[worker].append(r.GetOk(rec.conn, rec.ch, delivery, q.message_count))
+
+    # ----------------------------------------------------------- publishing
+
+    def _publish(self, worker: int, rec: r.Publish) -> None:
+        message = Message(
+            next(self._ids), rec.exchange, rec.routing_key,
+            (worker, rec.offset, rec.header_len, rec.body_len), rec.body_len, rec.headers,
+        )
+        try:
+            routed, consumers = self.vhost.publish(rec.exchange, message, mandatory=rec.mandatory)
+        except AMQPError:
+            self._free_body(worker, rec.offset)
+            raise
+        if routed == 0:
+            if rec.mandatory:
+                self.outbox[worker].append(
+                    r.Returned(
+                        rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
+                        rec.offset, rec.header_len, rec.body_len,
+                    )
+                )
+            else:
+                self._free_body(worker, rec.offset)
+        if rec.confirm:
+            self.outbox[worker].append(r.Confirm(rec.conn, rec.ch, True))
+        self._wake(consumers)
+
+    def _settle(self, worker: int, rec: r.Settle) -> None:
+        chan = self._channels.get((worker, rec.conn, rec.ch))
+        if chan is None:
+            return
+        for entry_id in rec.entries:
+            held = chan.acquired.pop(entry_id, None)
+            if held is None:
+                continue  # the worker validates delivery tags; a stale id is harmless
+            if isinstance(held, _Pin):
+                self._unpin(held)
+            elif rec.action == r.REQUEUE:
+                self._wake(held.queue.release(held))
+            elif rec.action in (r.ACK, r.DROP):
+                held.queue.settle(held)
+            else:
+                raise InternalError(f"unknown settle action {rec.action}")

@@ -1,0 +1,307 @@
+"""The supervisor process: owns the queues, starts and restarts the workers.
+
+Theory of operation
+-------------------
+``run(config)`` sweeps shared memory left by dead instances, creates one
+region and two eventfds per worker, binds the listening socket, and starts N
+worker processes that inherit the socket and the fds (gunicorn's arbiter
+shape: signal handlers only record, the main loop reaps and restarts).
+
+For each worker one trio task drains its request ring into the
+:class:`~broker.dispatch.Dispatcher` and then *flushes*: every worker's
+outbox goes into its event ring, notify slots are set, and a worker's
+eventfd is written only if that worker said it was going to sleep. A busy
+broker therefore makes no syscall per message.
+
+A worker that dies is forgotten by the dispatcher (its consumers leave, its
+unacked messages are requeued, its exclusive queues go), its rings are
+reset, arena blocks of publishes it never finished are swept, and a new
+process attaches to the same region: queued bodies survive.
+
+If the supervisor dies, the workers see EOF on the ``alive`` pipe and exit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+
+import msgspec
+import trio
+
+from broker.dispatch import Dispatcher
+from ipc import records as r
+from ipc.region import Region, region_name, sweep_stale
+from ipc.ring import RingFull
+from ipc.wakeup import EventFd, wake_if_sleeping
+
+log = logging.getLogger("shoal.supervisor")
+
+SHUTDOWN_GRACE = 5.0
+BATCH = 1024
+RESTART_BACKOFF = 1.0
+
+
+@dataclass
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 5672
+    workers: int = os.cpu_count() or 1
+    arena_mb: int = 256
+    ring_kb: int = 4096
+    heartbeat: int = 60
+    frame_max: int = 131072
+    channel_max: int = 2047
+    max_message_size: int = 16 << 20
+    log_level: str = "info"
+    ready_file: str | None = None
+
+
+class _WorkerSlot:
+    """What the supervisor keeps for worker index k across its incarnations."""
+
+    def __init__(self, index: int, region: Region) -> None:
+        self.index = index
+        self.region = region
+        self.request_efd = EventFd()  # worker → supervisor
+        self.event_efd = EventFd()  # supervisor → worker
+        self.process: trio.Process | None = None
+        self.ready = False
+        self.pending: list[bytes] = []  # encoded events that did not fit the ring
+
+
+class Supervisor:
+    def __init__(self, config: ServeConfig) -> None:
+        self.config = config
+        self.instance = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.codec = r.Codec()
+        self.workers: list[_WorkerSlot] = []
+        self.dispatcher = Dispatcher(config.workers, self._free_body)
+        self.stopping = False
+        self.port = 0
+        self._listener: socket.socket | None = None
+        self._alive_r, self._alive_w = os.pipe()
+        self._backlog = trio.Event()
+        self._all_ready = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    def setup(self) -> None:
+        removed = sweep_stale()
+        if removed:
+            log.info("swept %d segment(s) left by dead instances", len(removed))
+        c = self.config
+        for k in range(c.workers):
+            region = Region.create(
+                region_name(self.instance, k), ring_bytes=c.ring_kb << 10,
+                arena_bytes=c.arena_mb << 20,
+            )
+            self.workers.append(_WorkerSlot(k, region))
+        self._listener = self._bind()
+        self.port = self._listener.getsockname()[1]
+
+    def _bind(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.port))
+        sock.listen(1024)
+        sock.setblocking(False)
+        return sock
+
+    def cleanup(self) -> None:
+        for w in self.workers:
+            w.region.close()
+            w.region.unlink()
+            w.request_efd.close()
+            w.event_efd.close()
+        if self._listener is not None:
+            self._listener.close()
+        for fd in (self._alive_r, self._alive_w):
+            os.close(fd)
+        if self.config.ready_file:
+            try:
+                os.unlink(self.config.ready_file)
+            except FileNotFoundError:
+                pass
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._signals, nursery)
+            nursery.start_soon(self._retry_backlog)
+            for w in self.workers:
+                nursery.start_soon(self._supervise, w)
+                nursery.start_soon(self._drain, w)
+
+    async def _signals(self, nursery: trio.Nursery) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s, shutting down", signal.Signals(signum).name)
+                await self._shutdown()
+                nursery.cancel_scope.cancel()
+                return
+
+    async def _shutdown(self) -> None:
+        """Workers close their clients with 320 and exit; stragglers are killed."""
+        self.stopping = True
+        procs = [w.process for w in self.workers if w.process is not None]
+        for p in procs:
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+        with trio.move_on_after(SHUTDOWN_GRACE):
+            for p in procs:
+                await p.wait()
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+
+    # -------------------------------------------------------------- workers
+
+    async def _supervise(self, w: _WorkerSlot) -> None:
+        """Start worker k, and start it again on the same region when it dies."""
+        while not self.stopping:
+            started = trio.current_time()
+            w.process = await self._spawn(w)
+            code = await w.process.wait()
+            if self.stopping:
+                return
+            log.warning("worker %d (pid %d) exited with %s; replacing it",
+                        w.index, w.process.pid, code)
+            self._forget(w)
+            if trio.current_time() - started < RESTART_BACKOFF:
+                await trio.sleep(RESTART_BACKOFF)  # a worker that cannot start must not spin
+
+    async def _spawn(self, w: _WorkerSlot) -> trio.Process:
+        c = self.config
+        assert self._listener is not None
+        cfg = r.WorkerConfig(
+            index=w.index, instance=self.instance,
+            regions=[s.region.name for s in self.workers],
+            listen_fd=self._listener.fileno(), request_fd=w.request_efd.fileno(),
+            event_fd=w.event_efd.fileno(), alive_fd=self._alive_r,
+            heartbeat=c.heartbeat, frame_max=c.frame_max, channel_max=c.channel_max,
+            max_message_size=c.max_message_size, log_level=c.log_level,
+        )
+        fds = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd)
+        argv = [sys.executable, "-m", "workers.main", msgspec.json.encode(cfg).decode()]
+        return await trio.lowlevel.open_process(argv, pass_fds=fds)
+
+    def _forget(self, w: _WorkerSlot) -> None:
+        """Seed failure model: a dead worker's consumers and unacked messages
+        are released, and its region is made ready for a replacement."""
+        w.ready = False
+        self.dispatcher.worker_died(w.index)
+        w.pending.clear()
+        w.region.request_ring.reset()
+        w.region.event_ring.reset()
+        w.region.clear_slots()
+        swept = w.region.arena.sweep(self.dispatcher.live_offsets(w.index))
+        if swept:
+            log.info("worker %d: reclaimed %d unfinished body block(s)", w.index, swept)
+        self.flush()
+
+    def _free_body(self, region: int, offset: int) -> None:
+        self.workers[region].region.arena.free(offset)
+
+    # ------------------------------------------------------------ the rings
+
+    async def _drain(self, w: _WorkerSlot) -> None:
+        """Apply worker k's requests in ring order; sleep on its eventfd when idle."""
+        ring = w.region.request_ring
+        flag = w.region.supervisor_sleeping
+        decode = self.codec.decode_request
+        handle = self.dispatcher.handle
+        while True:
+            batch = ring.get_all_nowait(BATCH)
+            if batch:
+                for raw in batch:
+                    rec = decode(raw)
+                    if isinstance(rec, r.Hello):
+                        self._hello(w, rec)
+                    handle(w.index, rec)
+                self.flush()
+                await trio.sleep(0)
+                continue
+            flag.set_sleeping()
+            if not ring.is_empty():
+                flag.clear()
+                continue
+            await w.request_efd.wait()
+            flag.clear()
+
+    def flush(self) -> None:
+        """Move every outbox into its event ring and set notify slots; wake
+        each worker that sleeps (and only those)."""
+        encode = self.codec.encode
+        for w in self.workers:
+            out = self.dispatcher.outbox[w.index]
+            slots = self.dispatcher.notify[w.index]
+            if not (out or slots or w.pending):
+                continue
+            if out:
+                w.pending.extend(encode(e) for e in out)
+                out.clear()
+            if w.pending:
+                written = w.region.event_ring.put_many_nowait(w.pending)
+                del w.pending[:written]
+                if w.pending:
+                    self._backlog.set()
+            for slot in slots:
+                w.region.set_slot(slot)
+            slots.clear()
+            wake_if_sleeping(w.region.worker_sleeping, w.event_efd)
+
+    async def _retry_backlog(self) -> None:
+        """An event ring was full: retry until the slow worker has room."""
+        while True:
+            await self._backlog.wait()
+            self._backlog = trio.Event()
+            while any(w.pending for w in self.workers):
+                await trio.sleep(0.0005)
+                self.flush()
+
+    # ------------------------------------------------------------ readiness
+
+    def _hello(self, w: _WorkerSlot, rec: r.Hello) -> None:
+        w.ready = True
+        log.info("worker %d ready (pid %d)", w.index, rec.pid)
+        if all(s.ready for s in self.workers):
+            self._all_ready = True
+            self._write_ready_file()
+
+    def _write_ready_file(self) -> None:
+        path = self.config.ready_file
+        if not path:
+            return
+        info = {
+            "port": self.port,
+            "supervisor_pid": os.getpid(),
+            "worker_pids": [s.process.pid if s.process else 0 for s in self.workers],
+            "instance": self.instance,
+        }
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, path)
+
+
+def run(config: ServeConfig) -> int:
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
+    )
+    sup = Supervisor(config)
+    sup.setup()
+    log.info("Shoal %s listening on %s:%d with %d worker(s)",
+             sup.instance, config.host, sup.port, config.workers)
+    try:
+        trio.run(sup.run)
+    finally:
+        sup.cleanup()
+    return 0

@@ -1,0 +1,52 @@
+"""The ``shoal`` command line."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from broker.supervisor import ServeConfig, run
+
+
+@click.group()
+@click.version_option(package_name="shoal")
+def main() -> None:
+    """Shoal: an AMQP 0-9-1 message broker that uses every core of one host."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address the AMQP listener binds to.")
+@click.option("--port", default=5672, show_default=True, type=click.IntRange(0, 65535),
+              help="AMQP port shared by all workers (0 picks a free one).")
+@click.option("--workers", default=os.cpu_count() or 1, show_default="CPU count",
+              type=click.IntRange(1, 256), help="Number of IO worker processes.")
+@click.option("--arena-mb", default=256, show_default=True, type=click.IntRange(4, 1 << 16),
+              help="Shared-memory body arena per worker, in MiB (sparse: only used pages count).")
+@click.option("--ring-kb", default=4096, show_default=True, type=click.IntRange(64, 1 << 20),
+              help="Size of each request/event ring per worker, in KiB.")
+@click.option("--heartbeat", default=60, show_default=True, type=click.IntRange(0, 65535),
+              help="Heartbeat interval offered to clients, in seconds (0 disables).")
+@click.option("--frame-max", default=131072, show_default=True,
+              type=click.IntRange(4096, 1 << 24), help="Largest frame offered to clients, in bytes.")
+@click.option("--channel-max", default=2047, show_default=True, type=click.IntRange(1, 65535),
+              help="Most channels per connection offered to clients.")
+@click.option("--max-message-size", default=16 << 20, show_default=True,
+              type=click.IntRange(1, 512 << 20), help="Largest message body accepted, in bytes.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
+@click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
+              help="Write JSON {port, supervisor_pid, worker_pids, instance} here once every "
+                   "worker accepts connections (rewritten when a worker is replaced).")
+def serve(**options: object) -> None:
+    """Start the supervisor and its IO workers, and serve AMQP 0-9-1 until SIGTERM/SIGINT."""
+    config = ServeConfig(**options)  # type: ignore[arg-type]
+    if config.max_message_size > (config.arena_mb << 20) // 4:
+        raise click.BadParameter("must be at most a quarter of --arena-mb",
+                                 param_hint="--max-message-size")
+    raise SystemExit(run(config))
+
+
+if __name__ == "__main__":
+    main()

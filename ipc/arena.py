@@ -1,0 +1,234 @@
+"""The body arena: variable-size blocks in shared memory.
+
+Theory of operation
+-------------------
+The arena is a run of blocks covering its whole buffer, each starting with a
+16-byte header::
+
+    0   size:  u64   the block's bytes, header included, a multiple of 16
+    8   state: u8    FREE ('F') or USED ('U')
+    9   padding
+
+Every piece of allocator state is in those headers, in shared memory: there
+is no free list. So a worker that crashes leaves a consistent arena behind
+(each header change is one store, ordered so that a torn sequence only ever
+leaves a block bigger or smaller than intended, never overlapping), and a
+replacement worker attaches to it as it is.
+
+Only the owning worker allocates. *Any* process frees, by storing FREE into
+the block's state byte -- nothing else -- so freeing needs no message to the
+owner. That is safe while the owner allocates concurrently because the two
+never write the same byte: a free() only touches a USED block, and the
+allocator only rewrites headers of FREE blocks (which nobody else writes,
+since a FREE block becomes USED only through the allocator). The worst a
+concurrent free can do is be missed by the scan in progress; the next one
+sees it.
+
+alloc() is next-fit from a rover (a process-local cursor, restarting at 0 on
+attach): skip USED blocks, merge each run of FREE blocks into its first
+block, take the first block big enough, split its tail off as a new FREE
+block. One full lap without a fit means the arena is full; the caller applies
+back-pressure and retries. Before roving, one cheap look at the first block:
+if it is free and big enough, allocate there. In a publish -> consume
+pipeline bodies are freed roughly in allocation order, so this keeps the
+arena compact near its start instead of walking (and touching) every page.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from enum import IntEnum
+from typing import NamedTuple
+
+__all__ = ["ALIGN", "HEADER_BYTES", "Arena", "ArenaCorrupt", "Block", "BlockState"]
+
+HEADER_BYTES = 16
+ALIGN = 16
+
+_HEADER = struct.Struct("<QB7x")
+_SIZE = struct.Struct("<Q")
+_STATE_OFFSET = 8
+
+
+class BlockState(IntEnum):
+    FREE = ord("F")
+    USED = ord("U")
+
+
+_FREE = BlockState.FREE.value
+_USED = BlockState.USED.value
+
+
+class ArenaCorrupt(Exception):
+    """A block header is not one the allocator could have written."""
+
+
+class Block(NamedTuple):
+    """One block as seen by :meth:`Arena.blocks` (``offset`` is the header's)."""
+
+    offset: int
+    size: int
+    state: BlockState
+
+    @property
+    def payload(self) -> int:
+        return self.offset + HEADER_BYTES
+
+
+def _byte_view(buf: memoryview | bytearray) -> memoryview:
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if view.readonly:
+        raise ValueError("an arena needs a writable buffer")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+class Arena:
+    """Blocks over ``buf``; ``init=True`` (the creator) makes it one free block."""
+
+    __slots__ = ("_buf", "_capacity", "_rover")
+
+    def __init__(self, buf: memoryview | bytearray, *, init: bool) -> None:
+        view = _byte_view(buf)
+        capacity = len(view) - len(view) % ALIGN
+        if capacity < HEADER_BYTES:
+            raise ValueError(f"an arena needs at least {HEADER_BYTES} bytes")
+        self._buf = view
+        self._capacity = capacity
+        self._rover = 0
+        if init:
+            self._write_header(0, capacity, _FREE)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    # ---------------------------------------------------------- allocation
+
+    def alloc(self, n: int) -> int | None:
+        """Reserve room for ``n`` payload bytes; return the payload offset, or
+        None when no free run fits (the arena is full for now).
+
+        Owning worker only. Raises ValueError if ``n`` could never fit.
+        """
+        need = self._block_size(n)
+        if self._rover != 0 and self._fits_at_start(need):
+            return self._take(0, need)
+        return self._next_fit(need)
+
+    def _block_size(self, n: int) -> int:
+        if n < 0:
+            raise ValueError(f"negative allocation {n}")
+        need = (n + HEADER_BYTES + ALIGN - 1) & -ALIGN
+        if need > self._capacity:
+            raise ValueError(f"{n} bytes can never fit an arena of {self._capacity}")
+        return need
+
+    def _fits_at_start(self, need: int) -> bool:
+        size, state = self._header(0)
+        return state == _FREE and self._coalesce(0, size) >= need
+
+    def _next_fit(self, need: int) -> int | None:
+        at = self._rover
+        scanned = 0
+        while scanned < self._capacity:
+            size, state = self._header(at)
+            if state == _FREE:
+                size = self._coalesce(at, size)
+                if size >= need:
+                    return self._take(at, need)
+            scanned += size
+            at += size
+            if at >= self._capacity:
+                at = 0
+        return None
+
+    def _coalesce(self, at: int, size: int) -> int:
+        """Merge the FREE blocks following the FREE block at ``at`` into it."""
+        end = at + size
+        while end < self._capacity:
+            next_size, next_state = self._header(end)
+            if next_state != _FREE:
+                break
+            if end == self._rover:  # its header is about to become payload
+                self._rover = at
+            end += next_size
+        if end - at != size:
+            _SIZE.pack_into(self._buf, at, end - at)
+        return end - at
+
+    def _take(self, at: int, need: int) -> int:
+        """Mark the FREE block at ``at`` USED, splitting off what it does not need."""
+        size = self._header(at)[0]
+        rest = size - need
+        if rest >= HEADER_BYTES:
+            self._write_header(at + need, rest, _FREE)  # first: until the next
+            size = need  # store the old, bigger FREE block still covers it
+        self._write_header(at, size, _USED)
+        self._rover = at + size if at + size < self._capacity else 0
+        return at + HEADER_BYTES
+
+    # ---------------------------------------------------------------- free
+
+    def free(self, payload_offset: int) -> None:
+        """Give a block back. Any process; one byte store, no round trip."""
+        at = self._header_offset(payload_offset)
+        state = self._buf[at + _STATE_OFFSET]
+        if state != _USED:
+            raise ValueError(f"free of a block that is not in use at {payload_offset}")
+        self._buf[at + _STATE_OFFSET] = _FREE
+
+    def sweep(self, live: set[int]) -> int:
+        """Free every USED block whose payload offset is not in ``live``; return
+        how many. Only while no process allocates (a replaced worker is dead)."""
+        count = 0
+        for block in self.blocks():
+            if block.state == BlockState.USED and block.payload not in live:
+                self._buf[block.offset + _STATE_OFFSET] = _FREE
+                count += 1
+        return count
+
+    # -------------------------------------------------------------- access
+
+    def view(self, payload_offset: int, length: int) -> memoryview:
+        """Zero-copy window on a USED block's first ``length`` payload bytes.
+        Release it (``with`` or ``.release()``) before the region closes."""
+        at = self._header_offset(payload_offset)
+        size, state = self._header(at)
+        if state != _USED or not 0 <= length <= size - HEADER_BYTES:
+            raise ValueError(
+                f"no {length}-byte body at {payload_offset} (block of {size}, state {state})"
+            )
+        return self._buf[payload_offset : payload_offset + length]
+
+    def blocks(self) -> Iterator[Block]:
+        """Every block in address order (tests and debugging; racy while allocating)."""
+        at = 0
+        while at < self._capacity:
+            size, state = self._header(at)
+            yield Block(at, size, BlockState(state))
+            at += size
+
+    # ------------------------------------------------------------- headers
+
+    def _header(self, at: int) -> tuple[int, int]:
+        size, state = _HEADER.unpack_from(self._buf, at)
+        if (
+            size < HEADER_BYTES
+            or size % ALIGN
+            or at + size > self._capacity
+            or (state != _FREE and state != _USED)
+        ):
+            raise ArenaCorrupt(f"block at {at}: size {size}, state {state}")
+        return size, state
+
+    def _write_header(self, at: int, size: int, state: int) -> None:
+        _HEADER.pack_into(self._buf, at, size, state)
+
+    def _header_offset(self, payload_offset: int) -> int:
+        at = payload_offset - HEADER_BYTES
+        if at < 0 or at % ALIGN or at >= self._capacity:
+            raise ValueError(f"{payload_offset} is not a block payload offset")
+        return at

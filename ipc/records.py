@@ -1,0 +1,354 @@
+"""Every record that crosses a process boundary, in one schema module.
+
+Records travel as msgpack (array-like, tagged) in the per-worker rings:
+
+* ``Request`` records go worker → supervisor on the request ring;
+* ``Event`` records go supervisor → worker on the event ring.
+
+Ordering is the contract that keeps the worker simple: the supervisor handles
+one worker's requests in ring order and answers in the same order, so a
+worker can pipeline a channel's methods and match replies by (conn, ch) alone.
+
+Names here are broker concepts (queues, consumers, bodies), not wire frames:
+``ipc/`` knows nothing about AMQP. A body is named by a handle
+``(region, offset, header_len, body_len)``: ``offset`` is the payload offset
+of an arena block in worker ``region``'s shared memory, holding the content
+header payload followed by the body.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+
+class _Record(msgspec.Struct, frozen=True, array_like=True, tag_field="t", tag=True):
+    pass
+
+
+# --------------------------------------------------------------------------
+# worker → supervisor
+# --------------------------------------------------------------------------
+
+
+class Hello(_Record, tag="hello"):
+    """A worker attached to its region and is about to accept connections."""
+
+    pid: int
+
+
+class ConnOpen(_Record, tag="copen"):
+    conn: int
+
+
+class ConnClose(_Record, tag="cclose"):
+    """A connection is gone: its consumers go, its unacked messages are requeued,
+    its exclusive queues are deleted."""
+
+    conn: int
+
+
+class ChanClose(_Record, tag="chclose"):
+    """A channel is gone: its consumers go, its unacked messages are requeued."""
+
+    conn: int
+    ch: int
+
+
+class ExchangeDeclare(_Record, tag="xdecl"):
+    conn: int
+    ch: int
+    name: str
+    type: str
+    passive: bool
+    durable: bool
+    auto_delete: bool
+    internal: bool
+    arguments: dict[str, Any]
+    nowait: bool
+
+
+class ExchangeDelete(_Record, tag="xdel"):
+    conn: int
+    ch: int
+    name: str
+    if_unused: bool
+    nowait: bool
+
+
+class QueueDeclare(_Record, tag="qdecl"):
+    conn: int
+    ch: int
+    name: str
+    passive: bool
+    durable: bool
+    exclusive: bool
+    auto_delete: bool
+    arguments: dict[str, Any]
+    nowait: bool
+
+
+class QueueBind(_Record, tag="qbind"):
+    conn: int
+    ch: int
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: dict[str, Any]
+    nowait: bool
+
+
+class QueueUnbind(_Record, tag="qunbind"):
+    conn: int
+    ch: int
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: dict[str, Any]
+
+
+class QueuePurge(_Record, tag="qpurge"):
+    conn: int
+    ch: int
+    queue: str
+    nowait: bool
+
+
+class QueueDelete(_Record, tag="qdel"):
+    conn: int
+    ch: int
+    queue: str
+    if_unused: bool
+    if_empty: bool
+    nowait: bool
+
+
+class Consume(_Record, tag="consume"):
+    """Subscribe a consumer to ``queue``; its notifyWork is notify slot ``slot``.
+
+    ``consumer`` is unique for the worker's lifetime (slots are reused, ids
+    never), so a late answer for a consumer that is gone cannot reach a new
+    one. ``interested`` is the consumer's first setNotifyWorkDesired, sent
+    along to save a round trip."""
+
+    conn: int
+    ch: int
+    consumer: int
+    slot: int
+    queue: str
+    tag: str
+    no_ack: bool
+    exclusive: bool
+    priority: int
+    browse: bool
+    interested: bool
+    nowait: bool
+
+
+class Cancel(_Record, tag="cancel"):
+    conn: int
+    ch: int
+    consumer: int
+    nowait: bool
+
+
+class Interest(_Record, tag="interest"):
+    """seed: AbstractQueue#setNotifyWorkDesired (credit, flow, back-pressure)."""
+
+    consumer: int
+    desired: bool
+
+
+class Pull(_Record, tag="pull"):
+    """seed: AbstractQueue#deliverSingleMessage, up to ``max`` times."""
+
+    consumer: int
+    max: int
+
+
+class Get(_Record, tag="get"):
+    conn: int
+    ch: int
+    queue: str
+    no_ack: bool
+
+
+class Publish(_Record, tag="pub"):
+    """A complete message whose header+body sit in this worker's arena."""
+
+    conn: int
+    ch: int
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    confirm: bool
+    offset: int
+    header_len: int
+    body_len: int
+    headers: dict[str, Any] | None
+
+
+# Settle actions.
+ACK = 0
+REQUEUE = 1
+DROP = 2
+
+
+class Settle(_Record, tag="settle"):
+    """Acknowledge, requeue or drop entries this channel acquired."""
+
+    conn: int
+    ch: int
+    entries: list[int]
+    action: int
+
+
+Request = Union[
+    Hello,
+    ConnOpen,
+    ConnClose,
+    ChanClose,
+    ExchangeDeclare,
+    ExchangeDelete,
+    QueueDeclare,
+    QueueBind,
+    QueueUnbind,
+    QueuePurge,
+    QueueDelete,
+    Consume,
+    Cancel,
+    Interest,
+    Pull,
+    Get,
+    Publish,
+    Settle,
+]
+
+
+# --------------------------------------------------------------------------
+# supervisor → worker
+# --------------------------------------------------------------------------
+
+
+class Reply(_Record, tag="ok"):
+    """The successful answer to the channel's oldest outstanding request.
+
+    ``method`` names the request's record tag; the other fields are filled
+    where the AMQP reply carries them."""
+
+    conn: int
+    ch: int
+    method: str
+    queue: str = ""
+    message_count: int = 0
+    consumer_count: int = 0
+
+
+class Error(_Record, tag="err"):
+    """The request failed with an AMQP reply code (soft or hard)."""
+
+    conn: int
+    ch: int
+    code: int
+    text: str
+    class_id: int
+    method_id: int
+
+
+class Delivery(msgspec.Struct, frozen=True, array_like=True):
+    entry: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    region: int
+    offset: int
+    header_len: int
+    body_len: int
+
+
+class Pulled(_Record, tag="pulled"):
+    """The answer to a Pull: what was acquired, and whether the consumer is
+    still Notified (``more``) or went back to Interested."""
+
+    consumer: int
+    deliveries: list[Delivery]
+    more: bool
+
+
+class GetOk(_Record, tag="getok"):
+    conn: int
+    ch: int
+    delivery: Delivery
+    message_count: int
+
+
+class GetEmpty(_Record, tag="getempty"):
+    conn: int
+    ch: int
+
+
+class Returned(_Record, tag="ret"):
+    """An unroutable mandatory publish: the worker sends basic.return and
+    frees the block (it is in its own arena)."""
+
+    conn: int
+    ch: int
+    code: int
+    text: str
+    exchange: str
+    routing_key: str
+    offset: int
+    header_len: int
+    body_len: int
+
+
+class Confirm(_Record, tag="confirm"):
+    """Publisher confirm for the channel's oldest unconfirmed publish."""
+
+    conn: int
+    ch: int
+    ack: bool
+
+
+class Cancelled(_Record, tag="cancelled"):
+    """The broker cancelled a consumer (its queue was deleted)."""
+
+    consumer: int
+
+
+Event = Union[Reply, Error, Pulled, GetOk, GetEmpty, Returned, Confirm, Cancelled]
+
+
+class Codec:
+    """One encoder and decoder per direction, built once per process."""
+
+    def __init__(self) -> None:
+        self._enc = msgspec.msgpack.Encoder()
+        self._req = msgspec.msgpack.Decoder(Request)
+        self._evt = msgspec.msgpack.Decoder(Event)
+        self.encode = self._enc.encode
+        self.decode_request = self._req.decode
+        self.decode_event = self._evt.decode
+
+
+# --------------------------------------------------------------------------
+# supervisor → worker at start-up (JSON on the worker's command line)
+# --------------------------------------------------------------------------
+
+
+class WorkerConfig(msgspec.Struct, frozen=True):
+    """Everything a worker process needs to attach and serve."""
+
+    index: int
+    instance: str
+    regions: list[str]
+    listen_fd: int
+    request_fd: int
+    event_fd: int
+    alive_fd: int
+    heartbeat: int = 60
+    frame_max: int = 131072
+    channel_max: int = 2047
+    max_message_size: int = 16 << 20
+    log_level: str = "info"

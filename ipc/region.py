@@ -1,0 +1,351 @@
+"""One shared-memory region per worker: control block, two rings, notify slots, arena.
+
+Theory of operation
+-------------------
+The supervisor creates one POSIX shared-memory segment per worker
+(``/dev/shm/shoal.<supervisor pid>-<hex>.w<k>``, mode 0600) and maps it; the
+worker, and any replacement of it, attaches by name. Layout, each section
+page-aligned::
+
+    0          control block (4096 bytes, below)
+    4096       request ring  worker -> supervisor   (ring_bytes)
+    +ring      event ring    supervisor -> worker   (ring_bytes)
+    +ring      notify slots  one byte per consumer slot of the worker
+    +slots     body arena    bodies published through this worker
+
+Control block::
+
+    0    magic "SHOALIPC"        8    layout version u32
+    16   ring_bytes u64          24   slot count u64       32  arena_bytes u64
+    40   supervisor pid u64      48   worker pid u64
+    64   supervisor_sleeping (own cache line)  -- request ring's consumer
+    128  worker_sleeping     (own cache line)  -- event ring's consumer
+
+The magic is written last on creation, so an attacher that sees it sees a
+complete layout. The segment is sized with ftruncate and never zero-filled:
+tmpfs pages cost memory only once touched.
+
+A notify slot is one byte set to 1 by the supervisor ("this consumer has
+work") and cleared by the worker when it takes it. Setting a slot that is
+already set writes nothing: however many messages arrive, the consumer sees
+one pending notification. :meth:`Region.take_set_slots` clears each slot
+*before* reporting it, so a set that lands after the clear is seen next time
+rather than lost.
+
+Segments are unlinked at shutdown; :func:`sweep_stale` removes those whose
+supervisor pid is gone, which the pid in the name makes possible without
+opening them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import secrets
+import struct
+from dataclasses import dataclass
+
+import posix_ipc
+
+from ipc.arena import Arena
+from ipc.ring import Ring
+from ipc.wakeup import SleepFlag
+
+__all__ = [
+    "CONTROL_BYTES",
+    "Layout",
+    "Region",
+    "RegionError",
+    "new_instance_id",
+    "region_name",
+    "sweep_stale",
+]
+
+CONTROL_BYTES = 4096
+PAGE = 4096
+MAGIC = b"SHOALIPC"
+VERSION = 1
+SHM_DIR = "/dev/shm"
+
+_LAYOUT = struct.Struct("<QQQ")  # ring_bytes, slot count, arena_bytes
+_MAGIC_VERSION = struct.Struct("<8sI")
+_U64 = struct.Struct("<Q")
+_LAYOUT_OFFSET = 16
+_SUPERVISOR_PID_OFFSET = 40
+_WORKER_PID_OFFSET = 48
+_SUPERVISOR_SLEEPING_OFFSET = 64
+_WORKER_SLEEPING_OFFSET = 128
+
+_INSTANCE = re.compile(r"[0-9]+-[0-9a-f]+")
+
+
+class RegionError(Exception):
+    """A segment that is not a region of this layout version."""
+
+
+def _page_align(n: int) -> int:
+    return (n + PAGE - 1) & -PAGE
+
+
+def new_instance_id() -> str:
+    """``<this pid>-<random hex>``: unique per broker run, and tells a sweep
+    which process owns the segments."""
+    return f"{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def region_name(instance: str, worker_index: int) -> str:
+    """The segment name of worker ``worker_index``, e.g. ``/shoal.4242-9f3a01bc.w0``."""
+    if not _INSTANCE.fullmatch(instance):
+        raise ValueError(f"instance {instance!r} is not '<pid>-<hex>'")
+    if worker_index < 0:
+        raise ValueError(f"negative worker index {worker_index}")
+    return f"/shoal.{instance}.w{worker_index}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Section sizes; every offset follows from them."""
+
+    ring_bytes: int
+    slot_count: int
+    arena_bytes: int
+
+    @classmethod
+    def for_sizes(cls, ring_bytes: int, slots: int, arena_bytes: int) -> Layout:
+        if ring_bytes < PAGE or slots < 0 or arena_bytes < PAGE:
+            raise ValueError(f"bad region sizes {ring_bytes=} {slots=} {arena_bytes=}")
+        return cls(_page_align(ring_bytes), slots, _page_align(arena_bytes))
+
+    @property
+    def request_ring(self) -> slice:
+        return slice(CONTROL_BYTES, CONTROL_BYTES + self.ring_bytes)
+
+    @property
+    def event_ring(self) -> slice:
+        start = CONTROL_BYTES + self.ring_bytes
+        return slice(start, start + self.ring_bytes)
+
+    @property
+    def slots(self) -> slice:
+        start = CONTROL_BYTES + 2 * self.ring_bytes
+        return slice(start, start + self.slot_count)
+
+    @property
+    def arena(self) -> slice:
+        start = CONTROL_BYTES + 2 * self.ring_bytes + _page_align(self.slot_count)
+        return slice(start, start + self.arena_bytes)
+
+    @property
+    def total(self) -> int:
+        stop: int = self.arena.stop
+        return stop
+
+
+class Region:
+    """A mapped region. Use :meth:`create` (supervisor) or :meth:`attach` (worker)."""
+
+    def __init__(self, name: str, shm_map: mmap.mmap, layout: Layout, *, init: bool) -> None:
+        self.name = name
+        self.layout = layout
+        self._map = shm_map
+        self._view = memoryview(shm_map)
+        self.control = self._view[:CONTROL_BYTES]
+        self.supervisor_sleeping = SleepFlag(self.control, _SUPERVISOR_SLEEPING_OFFSET)
+        self.worker_sleeping = SleepFlag(self.control, _WORKER_SLEEPING_OFFSET)
+        self._request_view = self._view[layout.request_ring]
+        self._event_view = self._view[layout.event_ring]
+        self._arena_view = self._view[layout.arena]
+        self.slots = self._view[layout.slots]
+        self.request_ring = Ring(self._request_view, init=init)
+        self.event_ring = Ring(self._event_view, init=init)
+        self.arena = Arena(self._arena_view, init=init)
+        self._closed = False
+
+    # ---------------------------------------------------------- lifecycle
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        *,
+        ring_bytes: int = 4 << 20,
+        slots: int = 8192,
+        arena_bytes: int = 256 << 20,
+    ) -> Region:
+        """Create and initialise a new segment; fails if ``name`` exists."""
+        layout = Layout.for_sizes(ring_bytes, slots, arena_bytes)
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=layout.total)
+        try:
+            shm_map = _map(shm, layout.total)
+            region = cls(name, shm_map, layout, init=True)
+        except BaseException:
+            shm.unlink()
+            raise
+        region._write_control()
+        return region
+
+    @classmethod
+    def attach(cls, name: str) -> Region:
+        """Map an existing region, reading its layout from the control block."""
+        shm = posix_ipc.SharedMemory(name)
+        size = shm.size
+        if size < CONTROL_BYTES:
+            shm.close_fd()
+            raise RegionError(f"{name}: {size} bytes is too small for a region")
+        shm_map = _map(shm, size)
+        try:
+            layout = _read_layout(name, shm_map)
+        except BaseException:
+            shm_map.close()
+            raise
+        return cls(name, shm_map, layout, init=False)
+
+    def _write_control(self) -> None:
+        lay = self.layout
+        _LAYOUT.pack_into(
+            self.control, _LAYOUT_OFFSET, lay.ring_bytes, lay.slot_count, lay.arena_bytes
+        )
+        _U64.pack_into(self.control, _SUPERVISOR_PID_OFFSET, os.getpid())
+        _U64.pack_into(self.control, _WORKER_PID_OFFSET, 0)
+        self.supervisor_sleeping.clear()
+        self.worker_sleeping.clear()
+        _MAGIC_VERSION.pack_into(self.control, 0, MAGIC, VERSION)
+
+    def close(self) -> None:
+        """Unmap (idempotent). A body view still held elsewhere defers the
+        unmapping until it is released; rings and arena are unusable at once."""
+        if self._closed:
+            return
+        self._closed = True
+        for view in (
+            self.slots,
+            self._arena_view,
+            self._event_view,
+            self._request_view,
+            self.control,
+            self._view,
+        ):
+            view.release()
+        with contextlib.suppress(BufferError):  # an Arena.view() is still alive somewhere
+            self._map.close()
+
+    def unlink(self) -> None:
+        """Remove the name (idempotent); mappings stay valid until closed."""
+        with contextlib.suppress(posix_ipc.ExistentialError):
+            posix_ipc.unlink_shared_memory(self.name)
+
+    def __enter__(self) -> Region:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Region({self.name!r}, {self.layout})"
+
+    # ------------------------------------------------------------ control
+
+    @property
+    def supervisor_pid(self) -> int:
+        pid: int = _U64.unpack_from(self.control, _SUPERVISOR_PID_OFFSET)[0]
+        return pid
+
+    @property
+    def worker_pid(self) -> int:
+        """The pid of the worker attached now (0 before the first attaches)."""
+        pid: int = _U64.unpack_from(self.control, _WORKER_PID_OFFSET)[0]
+        return pid
+
+    @worker_pid.setter
+    def worker_pid(self, pid: int) -> None:
+        _U64.pack_into(self.control, _WORKER_PID_OFFSET, pid)
+
+    # ------------------------------------------------------- notify slots
+
+    def set_slot(self, i: int) -> bool:
+        """Supervisor: mark consumer slot ``i`` as having work. Returns False,
+        having written nothing, if it was already set (coalesced)."""
+        slots = self.slots
+        if not 0 <= i < len(slots):
+            raise IndexError(f"notify slot {i} outside 0..{len(slots) - 1}")
+        if slots[i]:
+            return False
+        slots[i] = 1
+        return True
+
+    def take_set_slots(self) -> list[int]:
+        """Worker: the set slots in index order, each cleared before it is returned."""
+        slots = self.slots
+        base = self.layout.slots.start
+        stop = base + len(slots)
+        taken: list[int] = []
+        at = self._map.find(b"\x01", base, stop)  # a C scan, no copy
+        while at >= 0:
+            slots[at - base] = 0
+            taken.append(at - base)
+            at = self._map.find(b"\x01", at + 1, stop)
+        return taken
+
+    def any_slot_set(self) -> bool:
+        start = self.layout.slots.start
+        return self._map.find(b"\x01", start, start + len(self.slots)) >= 0
+
+    def clear_slots(self) -> None:
+        """Drop every pending notification (a replaced worker starts afresh)."""
+        self.slots[:] = bytes(len(self.slots))
+
+
+def _map(shm: posix_ipc.SharedMemory, size: int) -> mmap.mmap:
+    """Map the whole segment and close its fd (the mapping keeps it alive)."""
+    try:
+        return mmap.mmap(shm.fd, size)
+    finally:
+        shm.close_fd()
+
+
+def _read_layout(name: str, shm_map: mmap.mmap) -> Layout:
+    magic, version = _MAGIC_VERSION.unpack_from(shm_map, 0)
+    if magic != MAGIC or version != VERSION:
+        raise RegionError(f"{name}: magic {magic!r} version {version}, want {MAGIC!r} {VERSION}")
+    layout = Layout(*_LAYOUT.unpack_from(shm_map, _LAYOUT_OFFSET))
+    if layout.total > len(shm_map):
+        raise RegionError(f"{name}: layout needs {layout.total} bytes, segment has {len(shm_map)}")
+    return layout
+
+
+# ------------------------------------------------------------------ sweeping
+
+
+def _owner_pid(entry: str, prefix: str) -> int | None:
+    """The supervisor pid in a /dev/shm entry named ``<prefix><pid>-<hex>.w<k>``."""
+    match = re.fullmatch(re.escape(prefix) + r"([0-9]+)-[0-9a-f]+\.w[0-9]+", entry)
+    return int(match.group(1)) if match else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def sweep_stale(prefix: str = "shoal.", *, shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink the segments of broker instances whose supervisor is dead; return
+    their names. A live instance's segments are never touched (a reused pid
+    only makes a dead instance's segments wait for a later sweep)."""
+    removed: list[str] = []
+    for entry in sorted(os.listdir(shm_dir)):
+        pid = _owner_pid(entry, prefix)
+        if pid is None or pid <= 0 or _pid_alive(pid):
+            continue
+        try:
+            posix_ipc.unlink_shared_memory("/" + entry)
+        except posix_ipc.ExistentialError:  # another sweeper got there first
+            continue
+        removed.append("/" + entry)
+    return removed

@@ -1,0 +1,236 @@
+"""A single-producer/single-consumer byte ring of length-prefixed records.
+
+Theory of operation
+-------------------
+The ring lives entirely inside a caller-supplied writable buffer (a
+``memoryview`` into an mmap shared by two processes, or a ``bytearray`` in
+tests), so two :class:`Ring` objects over the same bytes -- one per process --
+are the producer and the consumer. Layout::
+
+    0    head: u64   total bytes ever written (only the producer stores it)
+    64   tail: u64   total bytes ever read    (only the consumer stores it)
+    128  data area   ``capacity`` bytes, used as a circle
+
+Head and tail sit on separate 64-byte cache lines so the two sides do not
+bounce one line between cores. Both only grow; ``head - tail`` is the number
+of bytes in use and ``counter % capacity`` the position in the data area.
+
+A record is a u32 little-endian payload length followed by the payload.
+Records are packed back to back and a record may straddle the end of the data
+area: both the length and the payload are then copied in two pieces (no skip
+marker, so no space is wasted at the end).
+
+Publication order is what makes this safe without locks: the producer copies
+the payload first and stores ``head`` last; the consumer reads ``head``
+first, then the payload, then stores ``tail``. Each counter is one aligned
+8-byte ``struct.pack_into`` store, and on x86-64 (TSO) stores become visible
+in program order and loads are not reordered with other loads, so the
+consumer never sees a head that covers bytes not yet written, and the
+producer never overwrites bytes the consumer has not finished reading.
+
+The ``*_nowait`` methods are the whole interface (trio's ``_channel.py``
+shape): pure arithmetic over the buffer that raises :class:`RingFull` or
+:class:`RingEmpty`. Waiting belongs to :mod:`ipc.wakeup`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+__all__ = [
+    "HEADER_BYTES",
+    "LENGTH_BYTES",
+    "Ring",
+    "RingCorrupt",
+    "RingEmpty",
+    "RingFull",
+]
+
+HEADER_BYTES = 128
+LENGTH_BYTES = 4
+
+_HEAD_OFFSET = 0
+_TAIL_OFFSET = 64
+_U64 = struct.Struct("<Q")
+_LEN = struct.Struct("<I")
+
+
+class RingFull(Exception):
+    """The record does not fit in the free space; nothing was written."""
+
+
+class RingEmpty(Exception):
+    """There is no record to read."""
+
+
+class RingCorrupt(Exception):
+    """The counters or a length prefix contradict each other (a peer wrote garbage)."""
+
+
+def _byte_view(buf: memoryview | bytearray) -> memoryview:
+    """A flat unsigned-byte view of ``buf``; an existing one is used as is so
+    that whoever made it can release it (an mmap cannot close while views live)."""
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if view.readonly:
+        raise ValueError("a ring needs a writable buffer")
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+class Ring:
+    """SPSC ring over ``buf``; ``init=True`` for the creator, ``False`` to attach."""
+
+    __slots__ = ("_buf", "_capacity")
+
+    def __init__(self, buf: memoryview | bytearray, *, init: bool) -> None:
+        view = _byte_view(buf)
+        if len(view) <= HEADER_BYTES + LENGTH_BYTES:
+            raise ValueError(f"a ring needs more than {HEADER_BYTES + LENGTH_BYTES} bytes")
+        self._buf = view
+        self._capacity = len(view) - HEADER_BYTES
+        if init:
+            self.reset()
+
+    # ------------------------------------------------------------ counters
+
+    @property
+    def capacity(self) -> int:
+        """Bytes in the data area (each record costs its payload plus 4)."""
+        return self._capacity
+
+    @property
+    def max_payload(self) -> int:
+        """The largest payload that can ever fit."""
+        return self._capacity - LENGTH_BYTES
+
+    def _head(self) -> int:
+        head: int = _U64.unpack_from(self._buf, _HEAD_OFFSET)[0]
+        return head
+
+    def _tail(self) -> int:
+        tail: int = _U64.unpack_from(self._buf, _TAIL_OFFSET)[0]
+        return tail
+
+    def used(self) -> int:
+        """Bytes written and not yet read (length prefixes included)."""
+        return self._head() - self._tail()
+
+    def free(self) -> int:
+        """Bytes that can be written now (length prefixes included)."""
+        return self._capacity - self.used()
+
+    def is_empty(self) -> bool:
+        return self._head() == self._tail()
+
+    def reset(self) -> None:
+        """Forget every record: head = tail = 0. Only while the peer is not running
+        (at creation, or when a crashed peer is replaced)."""
+        _U64.pack_into(self._buf, _TAIL_OFFSET, 0)
+        _U64.pack_into(self._buf, _HEAD_OFFSET, 0)
+
+    # ------------------------------------------------------------- producer
+
+    def put_nowait(self, payload: bytes) -> None:
+        """Append one record, or raise RingFull having written nothing."""
+        self._check_size(payload)
+        head = self._head()
+        if self._capacity - (head - self._tail()) < LENGTH_BYTES + len(payload):
+            raise RingFull(f"{len(payload)}-byte record, {self.free()} bytes free")
+        _U64.pack_into(self._buf, _HEAD_OFFSET, self._write_record(head, payload))
+
+    def put_many_nowait(self, payloads: Sequence[bytes]) -> int:
+        """Append as many records as fit, in order, publishing the head once.
+
+        Returns how many were written (the first ``n`` of ``payloads``). Raises
+        ValueError, writing nothing, if any payload could never fit.
+        """
+        for payload in payloads:
+            self._check_size(payload)
+        head = self._head()
+        room = self._capacity - (head - self._tail())
+        written = 0
+        for payload in payloads:
+            need = LENGTH_BYTES + len(payload)
+            if need > room:
+                break
+            head = self._write_record(head, payload)
+            room -= need
+            written += 1
+        if written:
+            _U64.pack_into(self._buf, _HEAD_OFFSET, head)
+        return written
+
+    def _check_size(self, payload: bytes) -> None:
+        if len(payload) > self._capacity - LENGTH_BYTES:
+            raise ValueError(
+                f"a {len(payload)}-byte record can never fit a ring of capacity "
+                f"{self._capacity} (max {self._capacity - LENGTH_BYTES})"
+            )
+
+    def _write_record(self, head: int, payload: bytes) -> int:
+        """Copy one record at ``head`` without publishing it; return the new head."""
+        self._write_at(head, _LEN.pack(len(payload)))
+        self._write_at(head + LENGTH_BYTES, payload)
+        return head + LENGTH_BYTES + len(payload)
+
+    def _write_at(self, counter: int, data: bytes) -> None:
+        start = counter % self._capacity
+        first = self._capacity - start
+        at = HEADER_BYTES + start
+        if len(data) <= first:
+            self._buf[at : at + len(data)] = data
+            return
+        src = memoryview(data)
+        self._buf[at : at + first] = src[:first]
+        self._buf[HEADER_BYTES : HEADER_BYTES + len(data) - first] = src[first:]
+
+    # ------------------------------------------------------------- consumer
+
+    def get_nowait(self) -> bytes:
+        """Remove and return the oldest record, or raise RingEmpty."""
+        tail = self._tail()
+        available = self._head() - tail
+        if available == 0:
+            raise RingEmpty
+        payload, tail = self._read_record(tail, available)
+        _U64.pack_into(self._buf, _TAIL_OFFSET, tail)
+        return payload
+
+    def get_all_nowait(self, max_records: int | None = None) -> list[bytes]:
+        """Remove and return every record present (at most ``max_records``),
+        storing the tail once. An empty ring gives an empty list."""
+        tail = self._tail()
+        available = self._head() - tail
+        records: list[bytes] = []
+        while available and (max_records is None or len(records) < max_records):
+            payload, new_tail = self._read_record(tail, available)
+            available -= new_tail - tail
+            tail = new_tail
+            records.append(payload)
+        if records:
+            _U64.pack_into(self._buf, _TAIL_OFFSET, tail)
+        return records
+
+    def _read_record(self, tail: int, available: int) -> tuple[bytes, int]:
+        """Read the record at ``tail``; return it and the tail past it."""
+        if available < LENGTH_BYTES or available > self._capacity:
+            raise RingCorrupt(f"{available} bytes in use in a ring of {self._capacity}")
+        (length,) = _LEN.unpack(self._read_at(tail, LENGTH_BYTES))
+        if LENGTH_BYTES + length > available:
+            raise RingCorrupt(f"record of {length} bytes but only {available} in use")
+        end = tail + LENGTH_BYTES + length
+        return self._read_at(tail + LENGTH_BYTES, length), end
+
+    def _read_at(self, counter: int, length: int) -> bytes:
+        start = counter % self._capacity
+        at = HEADER_BYTES + start
+        if start + length <= self._capacity:
+            return self._buf[at : at + length].tobytes()
+        first = self._capacity - start
+        rest = length - first
+        return (
+            self._buf[at : at + first].tobytes()
+            + self._buf[HEADER_BYTES : HEADER_BYTES + rest].tobytes()
+        )

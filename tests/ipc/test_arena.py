@@ -1,0 +1,254 @@
+from __future__ import annotations
+
+import pytest
+
+from ipc.arena import HEADER_BYTES, Arena, ArenaCorrupt, BlockState
+
+F, U = BlockState.FREE, BlockState.USED
+
+
+def layout(arena: Arena) -> list[tuple[int, int, BlockState]]:
+    return [(b.offset, b.size, b.state) for b in arena.blocks()]
+
+
+def test_init_makes_one_free_block_covering_the_arena() -> None:
+    """A fresh arena is a single FREE block as big as the (16-aligned) buffer."""
+    arena = Arena(bytearray(1000), init=True)
+    assert arena.capacity == 992
+    assert layout(arena) == [(0, 992, F)]
+
+
+def test_alloc_splits_and_returns_the_payload_offset() -> None:
+    """alloc(n) takes a 16-aligned block of n + header bytes, returns the offset just
+    past the header, and leaves the rest as a FREE block."""
+    arena = Arena(bytearray(256), init=True)
+    a = arena.alloc(10)
+    b = arena.alloc(16)
+    assert (a, b) == (HEADER_BYTES, 32 + HEADER_BYTES)
+    assert layout(arena) == [(0, 32, U), (32, 32, U), (64, 192, F)]
+
+
+def test_zero_byte_alloc_takes_a_header_only_block() -> None:
+    """An empty body still gets its own block (16 bytes: the header)."""
+    arena = Arena(bytearray(64), init=True)
+    assert arena.alloc(0) == HEADER_BYTES
+    assert layout(arena) == [(0, 16, U), (16, 48, F)]
+
+
+def test_view_is_zero_copy_and_bounded_by_the_block() -> None:
+    """view() writes through to the buffer and refuses to reach past its block."""
+    buf = bytearray(256)
+    arena = Arena(buf, init=True)
+    at = arena.alloc(5)
+    assert at is not None
+    arena.view(at, 5)[:] = b"hello"
+    assert buf[at : at + 5] == b"hello"
+    with pytest.raises(ValueError):
+        arena.view(at, 17)  # block is 32 bytes: 16 of payload
+    arena.free(at)
+    with pytest.raises(ValueError):
+        arena.view(at, 5)
+
+
+def test_free_only_writes_the_state_byte() -> None:
+    """free() changes the block's state byte and no other byte of the arena."""
+    buf = bytearray(128)
+    arena = Arena(buf, init=True)
+    at = arena.alloc(20)
+    assert at is not None
+    before = bytearray(buf)
+    arena.free(at)
+    changed = [i for i in range(len(buf)) if buf[i] != before[i]]
+    assert changed == [at - HEADER_BYTES + 8]
+
+
+def test_double_free_and_wild_offsets_are_rejected() -> None:
+    """Freeing a FREE block or an offset that is not a payload raises ValueError."""
+    arena = Arena(bytearray(128), init=True)
+    at = arena.alloc(8)
+    assert at is not None
+    arena.free(at)
+    with pytest.raises(ValueError):
+        arena.free(at)
+    with pytest.raises(ValueError):
+        arena.free(at + 3)
+    with pytest.raises(ValueError):
+        arena.free(0)
+
+
+def test_consecutive_free_blocks_coalesce_to_fit_a_bigger_alloc() -> None:
+    """A run of FREE blocks is merged into one when an allocation needs the room."""
+    arena = Arena(bytearray(96), init=True)
+    blocks = [arena.alloc(16) for _ in range(3)]  # 3 x 32 = all 96 bytes
+    assert arena.alloc(0) is None
+    for at in blocks:
+        assert at is not None
+        arena.free(at)
+    big = arena.alloc(96 - HEADER_BYTES)  # needs all three blocks merged
+    assert big == HEADER_BYTES
+    assert layout(arena) == [(0, 96, U)]
+
+
+def test_full_arena_returns_none_after_one_lap() -> None:
+    """With no free run big enough anywhere, alloc returns None and changes nothing;
+    a request that fits a hole still succeeds."""
+    arena = Arena(bytearray(128), init=True)
+    a, b, c = (arena.alloc(16) for _ in range(3))  # 3 x 32, 32 left at the end
+    assert a is not None and b is not None and c is not None
+    arena.free(b)  # a 32-byte hole
+    before = layout(arena)
+    assert arena.alloc(40) is None  # needs 64
+    assert layout(arena) == before
+    assert arena.alloc(16) is not None
+
+
+def test_alloc_larger_than_the_arena_is_a_value_error() -> None:
+    """A request that could never fit raises ValueError instead of returning None."""
+    arena = Arena(bytearray(128), init=True)
+    with pytest.raises(ValueError):
+        arena.alloc(128 - HEADER_BYTES + 1)
+    assert arena.alloc(128 - HEADER_BYTES) == HEADER_BYTES
+
+
+def test_next_fit_wraps_to_the_start() -> None:
+    """A rover that finds no fit before the end wraps to the start and finds the
+    hole there (the first block being USED, the start shortcut does not apply)."""
+    arena = Arena(bytearray(192), init=True)
+    a, b, c, d, e = (arena.alloc(16) for _ in range(5))  # 5 x 32; a 32-byte tail
+    assert b is not None and c is not None
+    arena.free(b)
+    arena.free(c)  # a 64-byte hole behind the rover
+    assert arena.alloc(40) == b  # needs 64: not the tail, the merged hole
+    assert layout(arena)[-1] == (160, 32, F)
+
+
+def test_rover_continues_past_the_last_allocation() -> None:
+    """Next-fit: a hole behind the rover is not reused while space lies ahead."""
+    arena = Arena(bytearray(512), init=True)
+    a = arena.alloc(16)
+    b = arena.alloc(16)
+    assert a is not None and b is not None
+    arena.free(b)
+    c = arena.alloc(16)
+    assert c == b + 32  # the hole at b is behind the rover
+
+
+def test_returns_to_the_start_when_the_first_block_is_free_and_big_enough() -> None:
+    """If the first block is free and fits, alloc goes back there instead of roving on,
+    keeping a publish-then-consume pipeline in the low pages."""
+    arena = Arena(bytearray(4096), init=True)
+    a = arena.alloc(40)
+    b = arena.alloc(40)
+    assert a is not None and b is not None
+    arena.free(a)
+    assert arena.alloc(40) == a
+    arena.free(a)
+    assert arena.alloc(100) == b + 64  # the first block is free but too small: rove on
+
+
+def test_pipeline_stays_compact() -> None:
+    """Allocating and freeing in FIFO order with a few bodies in flight never uses
+    more than the first few blocks of a large arena."""
+    arena = Arena(bytearray(1 << 16), init=True)
+    in_flight: list[int] = []
+    highest = 0
+    for _ in range(1000):
+        at = arena.alloc(100)
+        assert at is not None
+        highest = max(highest, at)
+        in_flight.append(at)
+        if len(in_flight) > 3:
+            arena.free(in_flight.pop(0))
+    assert highest < 8 * 128
+
+
+def test_coalescing_over_the_rover_keeps_allocations_valid() -> None:
+    """Merging a free run that swallows the rover's block never hands out
+    overlapping blocks, and every block stays well-formed."""
+    arena = Arena(bytearray(1024), init=True)
+    live: dict[int, bytes] = {}
+    sizes = [1, 30, 7, 100, 0, 64, 15, 200, 33]
+    for i in range(2000):
+        n = sizes[i % len(sizes)]
+        at = arena.alloc(n)
+        if at is None:
+            victim = sorted(live)[(i * 7) % len(live)]
+            assert arena.view(victim, len(live[victim])).tobytes() == live[victim]
+            arena.free(victim)
+            del live[victim]
+            continue
+        data = bytes([i % 256]) * n
+        arena.view(at, n)[:] = data
+        live[at] = data
+        if i % 3 == 0:
+            arena.free(at)
+            del live[at]
+    for at, data in live.items():
+        assert arena.view(at, len(data)).tobytes() == data
+    total = sum(b.size for b in arena.blocks())
+    assert total == arena.capacity
+
+
+def test_rover_swallowed_by_a_merge_moves_to_the_merged_block() -> None:
+    """When a merge absorbs the block the rover points at, the rover moves to the merged
+    block's start, so the next allocation is a real block, not a stale header."""
+    arena = Arena(bytearray(192), init=True)
+    a, b, c, *_ = (arena.alloc(16) for _ in range(6))  # full; rover wrapped to 0
+    assert b is not None and c is not None
+    arena.free(b)
+    arena.free(c)
+    x = arena.alloc(16)  # takes b's place, splits c's block off; rover -> c's block
+    assert x == b
+    arena.free(x)
+    assert arena.alloc(80) is None  # the lap merges b + c: the rover's block is swallowed
+    y = arena.alloc(16)
+    used = {blk.payload for blk in arena.blocks() if blk.state == U}
+    assert y in used
+
+
+def test_sweep_frees_used_blocks_not_in_live() -> None:
+    """sweep(live) frees exactly the USED blocks whose payload is not live, and counts them."""
+    arena = Arena(bytearray(512), init=True)
+    offsets = [arena.alloc(10) for _ in range(5)]
+    assert all(o is not None for o in offsets)
+    a, b, c, d, e = (o for o in offsets if o is not None)
+    arena.free(b)
+    assert arena.sweep({a, d}) == 2  # c and e
+    used = {blk.payload for blk in arena.blocks() if blk.state == U}
+    assert used == {a, d}
+    assert arena.sweep({a, d}) == 0
+
+
+def test_free_from_another_arena_object_is_seen_by_the_allocator() -> None:
+    """A block freed through a second Arena over the same bytes (another process)
+    is reusable by the owner, which keeps no free-list of its own."""
+    buf = bytearray(96)
+    owner = Arena(memoryview(buf), init=True)
+    other = Arena(memoryview(buf), init=False)
+    blocks = [owner.alloc(16) for _ in range(3)]
+    assert owner.alloc(16) is None
+    middle = blocks[1]
+    assert middle is not None
+    other.free(middle)
+    assert owner.alloc(16) == middle
+
+
+def test_attach_reads_the_blocks_left_by_the_creator() -> None:
+    """init=False keeps existing blocks (a replacement worker inherits the arena)."""
+    buf = bytearray(256)
+    first = Arena(buf, init=True)
+    at = first.alloc(20)
+    second = Arena(buf, init=False)
+    assert layout(second) == layout(first)
+    assert at is not None
+    second.free(at)
+    assert [b.state for b in first.blocks()] == [F, F]
+
+
+def test_corrupt_header_is_detected() -> None:
+    """A header with an impossible size or state raises ArenaCorrupt, not a hang."""
+    buf = bytearray(128)
+    arena = Arena(buf, init=True)
+    buf[0:8] = (0).to_bytes(8, "little")
+    with pytest.raises(ArenaCorrupt):
+        arena.alloc(8)

@@ -1,0 +1,212 @@
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import pytest
+
+from ipc.ring import HEADER_BYTES, LENGTH_BYTES, Ring, RingCorrupt, RingEmpty, RingFull
+
+
+def make_ring(capacity: int) -> tuple[bytearray, Ring]:
+    buf = bytearray(HEADER_BYTES + capacity)
+    return buf, Ring(buf, init=True)
+
+
+def counters(buf: bytearray) -> tuple[int, int]:
+    return struct.unpack_from("<Q", buf, 0)[0], struct.unpack_from("<Q", buf, 64)[0]
+
+
+def test_records_come_out_in_order_and_intact() -> None:
+    """Records are read back in the order written, byte for byte, empty ones included."""
+    _, ring = make_ring(256)
+    for payload in (b"a", b"", b"hello world", bytes(range(50))):
+        ring.put_nowait(payload)
+    assert [ring.get_nowait() for _ in range(4)] == [b"a", b"", b"hello world", bytes(range(50))]
+    assert ring.is_empty()
+
+
+def test_head_and_tail_are_on_separate_cache_lines() -> None:
+    """The producer's head and the consumer's tail are 64 bytes apart, data after both."""
+    buf, ring = make_ring(64)
+    ring.put_nowait(b"xyz")
+    assert counters(buf) == (LENGTH_BYTES + 3, 0)
+    assert buf[HEADER_BYTES : HEADER_BYTES + 7] == struct.pack("<I", 3) + b"xyz"
+    ring.get_nowait()
+    assert counters(buf) == (7, 7)
+
+
+def test_used_free_and_capacity_count_length_prefixes() -> None:
+    """used() + free() == capacity, each record costing its payload plus 4 bytes."""
+    _, ring = make_ring(100)
+    assert (ring.capacity, ring.used(), ring.free()) == (100, 0, 100)
+    ring.put_nowait(b"12345")
+    assert (ring.used(), ring.free()) == (9, 91)
+
+
+def test_empty_ring_raises_ring_empty() -> None:
+    """get_nowait on an empty ring raises RingEmpty; get_all_nowait returns []."""
+    _, ring = make_ring(64)
+    with pytest.raises(RingEmpty):
+        ring.get_nowait()
+    assert ring.get_all_nowait() == []
+    ring.put_nowait(b"x")
+    ring.get_nowait()
+    with pytest.raises(RingEmpty):
+        ring.get_nowait()
+
+
+def test_full_ring_raises_ring_full_and_writes_nothing() -> None:
+    """A record that does not fit raises RingFull and leaves buffer and head untouched."""
+    buf, ring = make_ring(32)
+    ring.put_nowait(b"x" * 20)  # 24 of 32 used
+    before = bytes(buf)
+    with pytest.raises(RingFull):
+        ring.put_nowait(b"y" * 5)  # needs 9
+    assert bytes(buf) == before
+    ring.put_nowait(b"z" * 4)  # exactly 8: fills the ring
+    assert ring.free() == 0
+    assert ring.get_all_nowait() == [b"x" * 20, b"z" * 4]
+
+
+def test_record_larger_than_capacity_is_a_value_error() -> None:
+    """A payload over capacity - 4 can never fit: ValueError, not RingFull."""
+    _, ring = make_ring(32)
+    ring.put_nowait(b"m" * 28)  # the largest possible, into an empty ring
+    ring.get_nowait()
+    with pytest.raises(ValueError):
+        ring.put_nowait(b"m" * 29)
+    with pytest.raises(ValueError):
+        ring.put_many_nowait([b"ok", b"m" * 29])
+    assert ring.is_empty()
+
+
+def test_records_straddling_the_end_wrap_around() -> None:
+    """A record crossing the end of the data area is split in two copies and read
+    back intact, wherever the split falls (in its length prefix or its payload)."""
+    capacity = 32
+    payload = bytes(range(100, 120))  # 24 bytes with its prefix
+    for start in range(capacity):
+        buf, ring = make_ring(capacity)
+        struct.pack_into("<QQ", buf, 0, start, 0)  # head = start ...
+        struct.pack_into("<Q", buf, 64, start)  # ... = tail: empty, positioned
+        ring.put_nowait(payload)
+        record = struct.pack("<I", len(payload)) + payload
+        spill = start + len(record) - capacity
+        data = buf[HEADER_BYTES:]
+        if spill > 0:
+            assert data[start:] + data[:spill] == record
+        else:
+            assert data[start : start + len(record)] == record
+        assert ring.get_nowait() == payload
+        assert ring.is_empty()
+
+
+def test_put_many_writes_the_prefix_that_fits() -> None:
+    """put_many_nowait writes, in order, the leading records that fit and returns
+    how many; the rest are left for the caller to retry."""
+    buf, ring = make_ring(40)
+    batch = [b"a" * 6, b"b" * 6, b"c" * 6, b"d" * 6]  # 10 bytes each: 4 fit in 40
+    assert ring.put_many_nowait(batch + [b"e"]) == 4
+    assert counters(buf) == (40, 0)
+    assert ring.get_all_nowait() == batch
+    assert ring.put_many_nowait([b"e", b"f" * 36]) == 1
+    assert ring.put_many_nowait([]) == 0
+    assert ring.get_all_nowait() == [b"e"]
+
+
+def test_put_many_does_not_publish_partial_batch_midway() -> None:
+    """While a batch is being copied the published head does not move."""
+    buf = bytearray(HEADER_BYTES + 64)
+    ring = Ring(buf, init=True)
+    heads: list[int] = []
+
+    class Watching(list[bytes]):
+        def __iter__(self) -> Iterator[bytes]:
+            for item in super().__iter__():
+                heads.append(counters(buf)[0])
+                yield item
+
+    written = ring.put_many_nowait(Watching([b"1", b"22", b"333"]))
+    assert written == 3
+    assert set(heads) == {0}
+    assert counters(buf)[0] == 5 + 6 + 7
+
+
+def test_get_all_drains_in_order_and_respects_max_records() -> None:
+    """get_all_nowait returns records oldest first, at most max_records, tail stored once."""
+    buf, ring = make_ring(128)
+    ring.put_many_nowait([b"1", b"2", b"3", b"4", b"5"])
+    assert ring.get_all_nowait(2) == [b"1", b"2"]
+    assert counters(buf)[1] == 10
+    assert ring.get_all_nowait(0) == []
+    assert ring.get_all_nowait() == [b"3", b"4", b"5"]
+    assert ring.is_empty()
+
+
+def test_batches_wrap_around() -> None:
+    """Batches that straddle the end of the data area come back intact and in order."""
+    _, ring = make_ring(50)
+    sent: list[bytes] = []
+    got: list[bytes] = []
+    for i in range(200):
+        batch = [bytes([i % 256]) * (i % 7) for _ in range(3)]
+        assert ring.put_many_nowait(batch) == 3
+        sent += batch
+        got += ring.get_all_nowait()
+    assert got == sent
+
+
+def test_reset_forgets_every_record() -> None:
+    """reset() sets head = tail = 0: the ring is empty with full capacity free."""
+    buf, ring = make_ring(64)
+    ring.put_many_nowait([b"abc", b"def"])
+    ring.get_nowait()
+    ring.reset()
+    assert counters(buf) == (0, 0)
+    assert ring.is_empty() and ring.free() == 64
+    ring.put_nowait(b"new")
+    assert ring.get_all_nowait() == [b"new"]
+
+
+def test_attach_does_not_reset_and_init_does() -> None:
+    """init=False attaches to the records already there; init=True zeroes the header."""
+    buf, ring = make_ring(64)
+    ring.put_nowait(b"kept")
+    assert Ring(buf, init=False).get_nowait() == b"kept"
+    ring.put_nowait(b"lost")
+    Ring(buf, init=True)
+    assert ring.is_empty()
+
+
+def test_producer_and_consumer_are_separate_objects_over_one_buffer() -> None:
+    """A producer Ring and a consumer Ring over the same bytes (as in two processes)
+    exchange records through the buffer alone, across many laps."""
+    buf = bytearray(HEADER_BYTES + 97)
+    producer = Ring(memoryview(buf), init=True)
+    consumer = Ring(memoryview(buf), init=False)
+    sent = [bytes([n % 251]) * (n % 40) for n in range(500)]
+    got: list[bytes] = []
+    pending = list(sent)
+    while pending or not consumer.is_empty():
+        del pending[: producer.put_many_nowait(pending[:5])]
+        got += consumer.get_all_nowait(3)
+    assert got == sent
+    assert producer.free() == producer.capacity
+
+
+def test_corrupt_length_prefix_is_detected() -> None:
+    """A length prefix claiming more bytes than were published raises RingCorrupt."""
+    buf, ring = make_ring(64)
+    ring.put_nowait(b"abcd")
+    struct.pack_into("<I", buf, HEADER_BYTES, 1000)
+    with pytest.raises(RingCorrupt):
+        ring.get_nowait()
+
+
+def test_readonly_or_tiny_buffers_are_rejected() -> None:
+    """A ring needs a writable buffer with room for a header and a record."""
+    with pytest.raises(ValueError):
+        Ring(memoryview(bytes(512)), init=False)
+    with pytest.raises(ValueError):
+        Ring(bytearray(HEADER_BYTES + LENGTH_BYTES), init=True)

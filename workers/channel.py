@@ -1,0 +1,444 @@
+"""An AMQP channel (the seed's Session) on the worker side.
+
+Theory of operation
+-------------------
+A channel turns client methods into request records for the supervisor and
+the supervisor's events back into frames. The supervisor answers one
+worker's requests in ring order, so the channel keeps a FIFO of
+*expectations*: each request that gets a reply pushes the function that turns
+that reply into the client's ``*-ok``. Methods answered locally (qos, flow,
+confirm.select, recover) wait behind outstanding replies so the client sees
+replies in the order it asked (AMQP 0-9-1 §2.2.2: a channel is serial).
+
+Delivery tags are the channel's: the channel maps each tag to the supervisor's
+entry id (and the consumer that took it, for prefetch credit). Acks, nacks
+and rejects become ``Settle`` records; an unknown tag is 406
+PRECONDITION_FAILED, as RabbitMQ replies.
+
+No IO here: output goes through the session's protocol object and the
+worker's request outbox.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands as spec
+
+from ipc import records as r
+from workers import codec
+from workers.connection import AMQPError
+from workers.consumer_target import ConsumerTarget
+
+if TYPE_CHECKING:
+    from workers.session import Session
+
+NOT_FOUND = 404
+PRECONDITION_FAILED = 406
+NOT_ALLOWED = 530
+NOT_IMPLEMENTED = 540
+RESOURCE_ERROR = 506
+
+# Replies that carry no fields: the request's record tag → the -ok method.
+_PLAIN_OK: dict[str, Callable[[], Any]] = {
+    "xdecl": spec.Exchange.DeclareOk,
+    "xdel": spec.Exchange.DeleteOk,
+    "qbind": spec.Queue.BindOk,
+    "qunbind": spec.Queue.UnbindOk,
+}
+
+
+def _ids(method: Any) -> tuple[int, int]:
+    index = getattr(method, "index", 0)
+    return index >> 16, index & 0xFFFF
+
+
+class Channel:
+    def __init__(self, session: Session, number: int) -> None:
+        self.session = session
+        self.number = number
+        self.closing = False
+        self.flow_active = True
+        self.confirm = False
+        self.published = 0  # publish sequence numbers in confirm mode
+        self.confirmed = 0  # confirms received from the supervisor
+        self.acked_upto = 0  # confirms sent to the client
+        self.prefetch = 0  # basic.qos global=false: for consumers created after it
+        self.global_prefetch = 0  # basic.qos global=true: shared by the channel
+        self.consumer_unacked = 0
+        self.last_queue = ""  # AMQP 0-9-1 §1.7.2.1: "" means the last declared queue
+        self._next_tag = 0
+        self.unacked: OrderedDict[int, tuple[int, ConsumerTarget | None]] = OrderedDict()
+        self.consumers: dict[str, ConsumerTarget] = {}
+        self._expect: deque[Callable[[Any], None]] = deque()
+        self._deferred: deque[Callable[[], None]] = deque()
+
+    # ----------------------------------------------------------- plumbing
+
+    @property
+    def worker(self) -> Any:
+        return self.session.worker
+
+    def _request(self, rec: Any, on_reply: Callable[[Any], None] | None) -> None:
+        self.worker.send(rec)
+        if on_reply is not None:
+            self._expect.append(on_reply)
+
+    def _send(self, method: Any) -> None:
+        self.session.send_method(self.number, method)
+
+    def _local_reply(self, method: Any) -> None:
+        """Answer locally, but never ahead of a reply the supervisor still owes."""
+        if self._expect:
+            self._deferred.append(lambda: self._send(method))
+        else:
+            self._send(method)
+
+    def _settle(self, entries: list[int], action: int) -> None:
+        if entries:
+            self.worker.send(r.Settle(self.session.conn_id, self.number, entries, action))
+
+    def _queue_name(self, name: str, method: Any) -> str:
+        if name:
+            return name
+        if not self.last_queue:
+            raise AMQPError(NOT_FOUND, "no previously declared queue", *_ids(method), hard=False)
+        return self.last_queue
+
+    # ------------------------------------------------------ client methods
+
+    def on_method(self, m: Any) -> None:
+        handler = self._METHODS.get(type(m))
+        if handler is None:
+            raise AMQPError(NOT_IMPLEMENTED, f"{m.name} is not implemented", *_ids(m), hard=True)
+        handler(self, m)
+
+    def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
+        rec = r.ExchangeDeclare(
+            self.session.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
+            m.durable, m.auto_delete, m.internal, dict(m.arguments or {}), m.nowait,
+        )
+        self._request(rec, None if m.nowait else self._plain_ok)
+
+    def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
+        rec = r.ExchangeDelete(self.session.conn_id, self.number, m.exchange, m.if_unused,
+                               m.nowait)
+        self._request(rec, None if m.nowait else self._plain_ok)
+
+    def _queue_declare(self, m: spec.Queue.Declare) -> None:
+        rec = r.QueueDeclare(
+            self.session.conn_id, self.number, m.queue, m.passive, m.durable, m.exclusive,
+            m.auto_delete, dict(m.arguments or {}), m.nowait,
+        )
+        if m.queue:
+            self.last_queue = m.queue
+        self._request(rec, None if m.nowait else self._declare_ok)
+
+    def _queue_bind(self, m: spec.Queue.Bind) -> None:
+        queue = self._queue_name(m.queue, m)
+        key = m.routing_key if (m.queue or m.routing_key) else queue
+        rec = r.QueueBind(self.session.conn_id, self.number, queue, m.exchange, key,
+                          dict(m.arguments or {}), m.nowait)
+        self._request(rec, None if m.nowait else self._plain_ok)
+
+    def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
+        rec = r.QueueUnbind(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+                            m.exchange, m.routing_key, dict(m.arguments or {}))
+        self._request(rec, self._plain_ok)
+
+    def _queue_purge(self, m: spec.Queue.Purge) -> None:
+        rec = r.QueuePurge(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+                           m.nowait)
+        self._request(rec, None if m.nowait else
+                      lambda rep: self._send(spec.Queue.PurgeOk(rep.message_count)))
+
+    def _queue_delete(self, m: spec.Queue.Delete) -> None:
+        rec = r.QueueDelete(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+                            m.if_unused, m.if_empty, m.nowait)
+        self._request(rec, None if m.nowait else
+                      lambda rep: self._send(spec.Queue.DeleteOk(rep.message_count)))
+
+    def _plain_ok(self, rep: r.Reply) -> None:
+        self._send(_PLAIN_OK[rep.method]())
+
+    def _declare_ok(self, rep: r.Reply) -> None:
+        self.last_queue = rep.queue
+        self._send(spec.Queue.DeclareOk(rep.queue, rep.message_count, rep.consumer_count))
+
+    def _qos(self, m: spec.Basic.Qos) -> None:
+        if m.prefetch_size:
+            # RabbitMQ refuses a byte-based prefetch the same way.
+            raise AMQPError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})",
+                            *_ids(m), hard=True)
+        if m.global_:  # RabbitMQ: global=true is shared by the channel's consumers
+            self.global_prefetch = m.prefetch_count
+        else:  # ... and global=false applies to each consumer created after it
+            self.prefetch = m.prefetch_count
+        self.refresh_all()
+        self._local_reply(spec.Basic.QosOk())
+
+    def _consume(self, m: spec.Basic.Consume) -> None:
+        tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
+        if tag in self.consumers:
+            raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'",
+                            *_ids(m), hard=True)
+        queue = self._queue_name(m.queue, m)
+        args = m.arguments or {}
+        priority = args.get("x-priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-priority' for basic.consume",
+                            *_ids(m), hard=False)
+        target = self.worker.new_target(
+            tag, self, queue, no_ack=m.no_ack, browse=bool(args.get("x-browse", False)),
+            prefetch=self.prefetch,
+        )
+        if target is None:
+            raise AMQPError(RESOURCE_ERROR, "too many consumers on this worker",
+                            *_ids(m), hard=True)
+        self.consumers[tag] = target
+        target.interested = target.credit() > 0
+        rec = r.Consume(
+            self.session.conn_id, self.number, target.id, target.slot, queue, tag, m.no_ack,
+            m.exclusive, priority, target.browse, target.interested, m.nowait,
+        )
+        if m.nowait:
+            self._request(rec, None)
+            self._activate(target)
+        else:
+            self._request(rec, lambda rep: self._consume_ok(target))
+
+    def _consume_ok(self, target: ConsumerTarget) -> None:
+        self._send(spec.Basic.ConsumeOk(target.tag))
+        self._activate(target)
+
+    def _activate(self, target: ConsumerTarget) -> None:
+        target.active = True
+        self.refresh(target)
+
+    def _cancel(self, m: spec.Basic.Cancel) -> None:
+        target = self.consumers.pop(m.consumer_tag, None)
+        if target is None:  # RabbitMQ answers cancel-ok for an unknown tag too
+            if not m.nowait:
+                self._local_reply(spec.Basic.CancelOk(m.consumer_tag))
+            return
+        target.active = False
+        rec = r.Cancel(self.session.conn_id, self.number, target.id, m.nowait)
+        if m.nowait:
+            self._request(rec, None)
+            self.worker.drop_target(target)
+        else:
+            self._request(rec, lambda rep: self._cancel_ok(target))
+
+    def _cancel_ok(self, target: ConsumerTarget) -> None:
+        self._send(spec.Basic.CancelOk(target.tag))
+        self.worker.drop_target(target)
+
+    def _get(self, m: spec.Basic.Get) -> None:
+        rec = r.Get(self.session.conn_id, self.number, self._queue_name(m.queue, m), m.no_ack)
+        self._request(rec, lambda ev: self._get_answer(ev, m.no_ack))
+
+    def _get_answer(self, ev: r.GetOk | r.GetEmpty, no_ack: bool) -> None:
+        if isinstance(ev, r.GetEmpty):
+            self._send(spec.Basic.GetEmpty())
+            return
+        d = ev.delivery
+        tag = self._tag(d.entry, None, no_ack)
+        header, body = self.worker.body(d)
+        self.session.send_raw(codec.encode_get_ok(
+            self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
+            header, body, self.session.frame_max,
+        ))
+        if no_ack:
+            self._settle([d.entry], r.ACK)
+
+    def _ack(self, m: spec.Basic.Ack) -> None:
+        self._settle_tags(m.delivery_tag, m.multiple, r.ACK, m)
+
+    def _nack(self, m: spec.Basic.Nack) -> None:
+        self._settle_tags(m.delivery_tag, m.multiple, r.REQUEUE if m.requeue else r.DROP, m)
+
+    def _reject(self, m: spec.Basic.Reject) -> None:
+        self._settle_tags(m.delivery_tag or 0, False, r.REQUEUE if m.requeue else r.DROP, m)
+
+    def _recover(self, m: spec.Basic.Recover) -> None:
+        # RabbitMQ requeues on recover whatever `requeue` says; so do we.
+        self._settle_tags(0, True, r.REQUEUE, m)
+        self._local_reply(spec.Basic.RecoverOk())
+
+    def _confirm_select(self, m: spec.Confirm.Select) -> None:
+        self.confirm = True
+        if not m.nowait:
+            self._local_reply(spec.Confirm.SelectOk())
+
+    def _flow(self, m: spec.Channel.Flow) -> None:
+        self.flow_active = bool(m.active)
+        self.refresh_all()
+        self._local_reply(spec.Channel.FlowOk(self.flow_active))
+
+    _METHODS: dict[type, Callable[[Channel, Any], None]] = {
+        spec.Exchange.Declare: _exchange_declare,
+        spec.Exchange.Delete: _exchange_delete,
+        spec.Queue.Declare: _queue_declare,
+        spec.Queue.Bind: _queue_bind,
+        spec.Queue.Unbind: _queue_unbind,
+        spec.Queue.Purge: _queue_purge,
+        spec.Queue.Delete: _queue_delete,
+        spec.Basic.Qos: _qos,
+        spec.Basic.Consume: _consume,
+        spec.Basic.Cancel: _cancel,
+        spec.Basic.Get: _get,
+        spec.Basic.Ack: _ack,
+        spec.Basic.Nack: _nack,
+        spec.Basic.Reject: _reject,
+        spec.Basic.Recover: _recover,
+        spec.Confirm.Select: _confirm_select,
+        spec.Channel.Flow: _flow,
+    }
+
+    # ------------------------------------------------------ acknowledgements
+
+    def _tag(self, entry: int, target: ConsumerTarget | None, settled: bool) -> int:
+        self._next_tag += 1
+        if not settled:
+            self.unacked[self._next_tag] = (entry, target)
+            if target is not None:
+                target.unacked += 1
+                self.consumer_unacked += 1
+        return self._next_tag
+
+    def _settle_tags(self, tag: int, multiple: bool, action: int, m: Any) -> None:
+        taken = self._take(tag, multiple)
+        if not taken and not (multiple and tag == 0):
+            raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", *_ids(m),
+                            hard=False)
+        touched: set[ConsumerTarget] = set()
+        for entry, target in taken:
+            if target is not None:
+                target.unacked -= 1
+                self.consumer_unacked -= 1
+                touched.add(target)
+        self._settle([entry for entry, _ in taken], action)
+        if self.global_prefetch:
+            self.refresh_all()
+        else:
+            for target in touched:
+                self.refresh(target)
+
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, ConsumerTarget | None]]:
+        if not multiple:
+            held = self.unacked.pop(tag, None)
+            return [] if held is None else [held]
+        if tag == 0:  # AMQP 0-9-1 §1.8.3.13: multiple with tag 0 means "all"
+            tag = self._next_tag
+        elif tag not in self.unacked:
+            return []
+        taken = []
+        while self.unacked:
+            first = next(iter(self.unacked))
+            if first > tag:
+                break
+            taken.append(self.unacked.popitem(last=False)[1])
+        return taken
+
+    # ------------------------------------------------------- publishing
+
+    def publish(self, exchange: str, routing_key: str, mandatory: bool, offset: int,
+                header_len: int, body_len: int, headers: dict[str, Any] | None) -> None:
+        if self.confirm:
+            self.published += 1
+        self.worker.send(r.Publish(
+            self.session.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
+            offset, header_len, body_len, headers,
+        ))
+
+    # ------------------------------------------------- supervisor events
+
+    def on_reply(self, ev: Any) -> None:
+        """A Reply, GetOk or GetEmpty: the answer to the oldest expectation."""
+        if not self._expect:
+            return  # the channel closed and reopened with the same number meanwhile
+        self._expect.popleft()(ev)
+        while self._deferred and not self._expect:
+            self._deferred.popleft()()
+
+    def on_confirm(self, ev: r.Confirm) -> None:
+        self.confirmed += 1
+        self.session.confirms_pending.add(self)
+
+    def flush_confirms(self) -> None:
+        """Coalesce the confirms of one event batch into one basic.ack multiple."""
+        if self.confirmed > self.acked_upto:
+            multiple = self.confirmed - self.acked_upto > 1
+            self.session.send_raw(codec.encode_ack(self.number, self.confirmed, multiple))
+            self.acked_upto = self.confirmed
+
+    def on_return(self, ev: r.Returned) -> None:
+        header, body = self.worker.own_body(ev.offset, ev.header_len, ev.body_len)
+        self.session.send_raw(codec.encode_return(
+            self.number, ev.code, ev.text, ev.exchange, ev.routing_key, header, body,
+            self.session.frame_max,
+        ))
+
+    def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> None:
+        """Deliveries from a pull: the seed's step 12, onto the IO buffer."""
+        target.pulling = False
+        settled = target.settles_on_delivery
+        done: list[int] = []
+        for d in ev.deliveries:
+            tag = self._tag(d.entry, target, settled)
+            header, body = self.worker.body(d)
+            self.session.send_raw(codec.encode_deliver(
+                self.number, target.tag, tag, d.redelivered, d.exchange, d.routing_key,
+                header, body, self.session.frame_max,
+            ))
+            if settled:
+                done.append(d.entry)
+        self._settle(done, r.ACK)
+        target.notified = ev.more
+        self.refresh(target)
+
+    def on_cancelled(self, target: ConsumerTarget) -> None:
+        """The queue went away: tell the client if it understands basic.cancel."""
+        self.consumers.pop(target.tag, None)
+        target.active = False
+        if self.session.cancel_notify:
+            self._send(spec.Basic.Cancel(target.tag, nowait=True))
+        self.worker.drop_target(target)
+
+    # ------------------------------------------------------------- credit
+
+    def notify(self, target: ConsumerTarget) -> None:
+        """seed: QueueConsumer#notifyWork reached this target (its slot was set)."""
+        target.notified = True
+        self.refresh(target)
+
+    def refresh(self, target: ConsumerTarget) -> None:
+        """seed: setNotifyWorkDesired follows credit; pull while notified and able."""
+        if not target.active or self.closing:
+            return
+        credit = target.credit()
+        if (credit > 0) != target.interested:
+            target.interested = credit > 0
+            if not target.interested:
+                target.notified = False  # the supervisor hands the work to someone else
+            self.worker.send(r.Interest(target.id, target.interested))
+        if credit > 0 and target.notified and not target.pulling:
+            target.pulling = True
+            self.worker.send(r.Pull(target.id, credit))
+
+    def refresh_all(self) -> None:
+        for target in self.consumers.values():
+            self.refresh(target)
+
+    def close(self) -> None:
+        """The channel is gone; the supervisor requeues what it held (ChanClose)."""
+        self.closing = True
+        for target in self.consumers.values():
+            target.active = False
+            self.worker.drop_target(target)
+        self.consumers.clear()
+        self._expect.clear()
+        self._deferred.clear()

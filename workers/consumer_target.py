@@ -1,0 +1,63 @@
+"""A consuming client's subscription, as its worker sees it (the seed's ConsumerTarget).
+
+The target turns what limits a consumer — prefetch credit, channel.flow, a
+connection whose socket cannot keep up — into the seed's
+``setNotifyWorkDesired`` (an ``Interest`` record), and a notification
+(its notify slot set by the supervisor) into pulls (``deliverSingleMessage``)
+while it has credit.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.channel import Channel
+
+# Most messages one Pull may ask for: bounds the burst one consumer can take
+# from the supervisor in one turn when it has unlimited credit.
+PULL_BATCH = 128
+
+
+class ConsumerTarget:
+    __slots__ = (
+        "id", "slot", "tag", "channel", "queue", "no_ack", "browse", "prefetch",
+        "unacked", "active", "notified", "pulling", "interested",
+    )
+
+    def __init__(
+        self, id: int, slot: int, tag: str, channel: Channel, queue: str, *,
+        no_ack: bool, browse: bool, prefetch: int,
+    ) -> None:
+        self.id = id
+        self.slot = slot
+        self.tag = tag
+        self.channel = channel
+        self.queue = queue
+        self.no_ack = no_ack
+        self.browse = browse
+        self.prefetch = prefetch  # per-consumer basic.qos (global=false) at consume time
+        self.unacked = 0
+        self.active = False  # consume-ok sent: deliveries may flow
+        self.notified = False  # the supervisor set our slot and we have not given it up
+        self.pulling = False  # a Pull is in flight (one at a time)
+        self.interested = False  # what the supervisor last heard from us
+
+    @property
+    def settles_on_delivery(self) -> bool:
+        """no-ack consumers and browsers hold nothing once the frame is written."""
+        return self.no_ack or self.browse
+
+    def credit(self) -> int:
+        """How many messages this consumer may take now (0: not interested)."""
+        ch = self.channel
+        if not ch.flow_active or ch.session.backpressured:
+            return 0
+        n = PULL_BATCH
+        if self.settles_on_delivery:
+            return n  # AMQP 0-9-1: prefetch limits apply to acknowledged deliveries only
+        if self.prefetch:
+            n = min(n, self.prefetch - self.unacked)
+        if ch.global_prefetch:
+            n = min(n, ch.global_prefetch - ch.consumer_unacked)
+        return max(n, 0)

@@ -1,0 +1,251 @@
+"""The one module of a worker that owns sockets and the trio event loop.
+
+Tasks of a worker process:
+
+* ``_accept``: takes connections from the listening socket shared with the
+  other workers; each connection gets a reader task (bytes → protocol →
+  session) and a writer task (protocol output → socket);
+* ``_events``: drains the event ring and notify slots; sleeps on the worker's
+  eventfd only after saying so in shared memory and checking once more;
+* ``_heartbeats``: heartbeat ticks for every connection;
+* ``_watch_supervisor``: EOF on the alive pipe means the supervisor died: exit;
+* ``_signals``: SIGTERM closes every client with 320 CONNECTION_FORCED.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from typing import Any
+
+import trio
+
+from ipc import records as r
+from ipc.region import Region
+from workers import codec
+from workers import events as ev
+from workers.connection import AMQPConnection
+from workers.session import Session
+from workers.worker import Worker
+
+log = logging.getLogger("shoal.worker")
+
+RECEIVE_SIZE = 256 << 10
+SHUTDOWN_GRACE = 1.0
+ALLOC_RETRY = 0.002
+CAPABILITIES = {
+    "publisher_confirms": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+
+def server_properties(worker_index: int) -> dict[str, Any]:
+    return {
+        "product": "Shoal",
+        "version": "0.1.0",
+        "platform": "Python",
+        "copyright": "Copyright 2026 the Shoal authors",
+        "information": "Licensed under the Apache License 2.0",
+        "capabilities": dict(CAPABILITIES),
+        "cluster_name": "shoal",
+        "shoal_worker": worker_index,
+    }
+
+
+class _Doorbell:
+    """Wakes a connection's writer; rings between waits are folded into one
+    (the writer takes all output produced so far)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def ring(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._event = trio.Event()
+
+
+class Server:
+    def __init__(self, config: r.WorkerConfig) -> None:
+        self.config = config
+        self.worker = Worker(config, Region.attach(config.regions[config.index]))
+        self._properties = server_properties(config.index)
+        self._stopping = False
+        self._scopes: dict[int, trio.CancelScope] = {}
+
+    async def run(self) -> None:
+        sock = socket.socket(fileno=self.config.listen_fd)
+        sock.setblocking(False)
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch_supervisor, nursery)
+            nursery.start_soon(self._signals, nursery)
+            nursery.start_soon(self._events)
+            nursery.start_soon(self._heartbeats)
+            nursery.start_soon(self._accept, listener, nursery)
+            self.worker.hello()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def _watch_supervisor(self, nursery: trio.Nursery) -> None:
+        fd = self.config.alive_fd
+        await trio.lowlevel.wait_readable(fd)  # only EOF ever comes: nobody writes
+        log.warning("worker %d: supervisor is gone, exiting", self.config.index)
+        nursery.cancel_scope.cancel()
+
+    async def _signals(self, nursery: trio.Nursery) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
+            async for _ in signals:
+                await self._shutdown()
+                nursery.cancel_scope.cancel()
+                return
+
+    async def _shutdown(self) -> None:
+        self._stopping = True
+        for session in list(self.worker.sessions.values()):
+            session.proto.close(320, "CONNECTION_FORCED - broker forced connection closure "
+                                "with reason 'shutdown'")
+            session.wake_writer()
+        with trio.move_on_after(SHUTDOWN_GRACE):
+            while self.worker.sessions:
+                await trio.sleep(0.01)
+
+    # -------------------------------------------------------- the event ring
+
+    async def _events(self) -> None:
+        worker = self.worker
+        region = worker.region
+        flag = region.worker_sleeping
+        while True:
+            done = worker.handle_events()
+            flushed = worker.after_batch()
+            if done or not flushed:
+                if not flushed:
+                    await trio.sleep(ALLOC_RETRY)  # request ring full: let the supervisor drain
+                else:
+                    await trio.sleep(0)
+                continue
+            flag.set_sleeping()
+            if not region.event_ring.is_empty() or region.any_slot_set():
+                flag.clear()
+                continue
+            await worker.event_efd.wait()
+            flag.clear()
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await trio.sleep(1)
+            now = trio.current_time()
+            for session in list(self.worker.sessions.values()):
+                alive = session.proto.heartbeat_tick(now)
+                session.wake_writer()
+                if not alive:
+                    scope = self._scopes.get(session.conn_id)
+                    if scope is not None:
+                        scope.cancel()
+
+    # ---------------------------------------------------------- connections
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            stream = await listener.accept()
+            if self._stopping:
+                await stream.aclose()
+                continue
+            nursery.start_soon(self._connection, stream)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        c = self.config
+        proto = AMQPConnection(
+            server_properties=self._properties, frame_max=c.frame_max,
+            channel_max=c.channel_max, heartbeat=c.heartbeat,
+            max_body_size=c.max_message_size,
+        )
+        session = Session(self.worker, next(self.worker.conn_ids), proto)
+        self.worker.sessions[session.conn_id] = session
+        bell = _Doorbell()
+        session.wake_writer = bell.ring
+        try:
+            with trio.CancelScope() as scope:
+                self._scopes[session.conn_id] = scope
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._writer, stream, session, bell)
+                    await self._reader(stream, session)
+                    nursery.cancel_scope.cancel()
+            await self._final_flush(stream, session)
+        finally:
+            self._scopes.pop(session.conn_id, None)
+            session.finish()
+            self.worker.after_batch()
+            await stream.aclose()
+
+    async def _reader(self, stream: trio.SocketStream, session: Session) -> None:
+        proto = session.proto
+        worker = self.worker
+        while not proto.closed:
+            try:
+                data = await stream.receive_some(RECEIVE_SIZE)
+            except trio.BrokenResourceError:
+                return
+            if not data:
+                return
+            for event in proto.receive_data(data):
+                if isinstance(event, ev.PublishReceived):
+                    await self._publish(session, event)
+                else:
+                    session.handle(event)
+            worker.dirty.add(session)
+            worker.after_batch()
+
+    async def _publish(self, session: Session, event: ev.PublishReceived) -> None:
+        """Copy a publish into this worker's arena; wait for room when it is full
+        (the client is back-pressured by our not reading its socket)."""
+        header = event.header_payload
+        size = len(header) + event.body_size
+        arena = self.worker.region.arena
+        offset = arena.alloc(size)
+        while offset is None:
+            self.worker.after_batch()
+            await trio.sleep(ALLOC_RETRY)
+            offset = arena.alloc(size)
+        view = arena.view(offset, size)
+        view[: len(header)] = header
+        pos = len(header)
+        for chunk in event.body:
+            view[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        session.publish(event, offset, codec.headers_from_content_header(header))
+
+    async def _writer(self, stream: trio.SocketStream, session: Session, bell: _Doorbell) -> None:
+        while True:
+            await bell.wait()
+            data = session.take_output()
+            if data:
+                try:
+                    await stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+            session.written()
+            self.worker.after_batch()
+
+    async def _final_flush(self, stream: trio.SocketStream, session: Session) -> None:
+        data = session.take_output()
+        if data:
+            with trio.move_on_after(SHUTDOWN_GRACE):
+                try:
+                    await stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+
+async def serve(config: r.WorkerConfig) -> None:
+    await Server(config).run()

@@ -1,0 +1,168 @@
+"""One client connection on a worker: protocol events in, channels, output out.
+
+The sans-IO :class:`~workers.connection.AMQPConnection` parses and frames;
+this class owns the connection's channels and routes protocol events and
+supervisor events to them. It does no IO either: the socket task in
+``workers.server`` feeds it bytes and writes what it produced.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ipc import records as r
+from workers import events as ev
+from workers.channel import Channel
+from workers.connection import AMQPConnection, AMQPError
+
+if TYPE_CHECKING:
+    from workers.worker import Worker
+
+# Output buffered for one connection beyond which its consumers stop pulling
+# (seed: TCP back-pressure turns into setNotifyWorkDesired(false)).
+HIGH_WATER = 4 << 20
+HARD_CODES = frozenset({320, 501, 502, 503, 504, 505, 506, 530, 540, 541})
+
+
+class Session:
+    def __init__(self, worker: Worker, conn_id: int, proto: AMQPConnection) -> None:
+        self.worker = worker
+        self.conn_id = conn_id
+        self.proto = proto
+        self.channels: dict[int, Channel] = {}
+        self.opened = False
+        self.finished = False
+        self.cancel_notify = False
+        self.confirms_pending: set[Channel] = set()
+        self.pending_bytes = 0  # produced since the writer last took output
+        self.in_flight = 0  # handed to the socket, not yet written
+        self.wake_writer = lambda: None
+
+    @property
+    def frame_max(self) -> int:
+        return self.proto.frame_max
+
+    @property
+    def backpressured(self) -> bool:
+        return self.pending_bytes + self.in_flight > HIGH_WATER
+
+    # ------------------------------------------------------------- output
+
+    def send_method(self, channel: int, method: Any) -> None:
+        self.proto.send_method(channel, method)
+        self.worker.dirty.add(self)
+
+    def send_raw(self, data: bytes) -> None:
+        self.proto.send_raw(data)
+        self.pending_bytes += len(data)
+        self.worker.dirty.add(self)
+
+    def take_output(self) -> bytes:
+        data = self.proto.data_to_send()
+        self.pending_bytes = 0
+        self.in_flight = len(data)
+        return data
+
+    def written(self) -> None:
+        """The socket took what ``take_output`` gave: lift back-pressure."""
+        was = self.backpressured
+        self.in_flight = 0
+        if was and not self.backpressured:
+            for ch in self.channels.values():
+                ch.refresh_all()
+
+    # ------------------------------------------------------ protocol events
+
+    def handle(self, event: Any) -> None:
+        match event:
+            case ev.MethodReceived(channel=n, method=m):
+                ch = self.channels.get(n)
+                if ch is not None and not ch.closing:
+                    self._guarded(ch, m)
+            case ev.ConnectionOpened():
+                self._opened(event)
+            case ev.ChannelOpened(channel=n):
+                self.channels[n] = Channel(self, n)
+            case ev.ChannelClosed(channel=n):
+                ch = self.channels.pop(n, None)
+                if ch is not None and not ch.closing:
+                    self._close_channel(ch)
+            case ev.ConnectionClosed():
+                self.finish()
+        self.worker.dirty.add(self)
+
+    def _guarded(self, ch: Channel, method: Any) -> None:
+        try:
+            ch.on_method(method)
+        except AMQPError as exc:
+            self.fail(exc, ch)
+
+    def _opened(self, event: ev.ConnectionOpened) -> None:
+        caps = (event.client_properties or {}).get("capabilities") or {}
+        self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
+        self.opened = True
+        self.worker.send(r.ConnOpen(self.conn_id))
+
+    def publish(self, event: ev.PublishReceived, offset: int, headers: dict | None) -> None:
+        ch = self.channels.get(event.channel)
+        if ch is None or ch.closing:
+            self.worker.region.arena.free(offset)
+            return
+        ch.publish(event.exchange, event.routing_key, event.mandatory, offset,
+                   len(event.header_payload), event.body_size, headers)
+
+    # ----------------------------------------------------- errors, closing
+
+    def fail(self, exc: AMQPError, ch: Channel | None = None) -> None:
+        """Turn an error into channel.close or connection.close (in one place:
+        the protocol object), and release what the closed part held."""
+        self.proto.handle_error(exc)
+        if exc.hard:
+            self._close_all_channels()
+        elif ch is not None:
+            self._close_channel(ch)
+        self.worker.dirty.add(self)
+
+    def _close_channel(self, ch: Channel) -> None:
+        ch.close()
+        self.confirms_pending.discard(ch)
+        self.worker.send(r.ChanClose(self.conn_id, ch.number))
+
+    def _close_all_channels(self) -> None:
+        for ch in list(self.channels.values()):
+            if not ch.closing:
+                self._close_channel(ch)
+
+    def finish(self) -> None:
+        """The connection is over (closed or the socket went): the supervisor
+        requeues its unacked messages and deletes its exclusive queues."""
+        if self.finished:
+            return
+        self.finished = True
+        self._close_all_channels()
+        self.channels.clear()
+        if self.opened:
+            self.worker.send(r.ConnClose(self.conn_id))
+        self.worker.sessions.pop(self.conn_id, None)
+
+    # ---------------------------------------------------- supervisor events
+
+    def on_event(self, event: Any) -> None:
+        ch = self.channels.get(event.ch)
+        if ch is None or ch.closing:
+            return
+        match event:
+            case r.Reply() | r.GetOk() | r.GetEmpty():
+                self._answer(ch, event)
+            case r.Confirm():
+                ch.on_confirm(event)
+            case r.Returned():
+                ch.on_return(event)
+            case r.Error(code=code, text=text, class_id=cid, method_id=mid):
+                self.fail(AMQPError(code, text, cid, mid, hard=code in HARD_CODES), ch)
+
+    def _answer(self, ch: Channel, event: Any) -> None:
+        try:
+            ch.on_reply(event)
+        except AMQPError as exc:
+            self.fail(exc, ch)

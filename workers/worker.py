@@ -1,0 +1,149 @@
+"""A worker process's state: its region, its sessions, its consumer targets.
+
+The worker end of the rings (no trio here; ``workers.server`` drives it):
+requests are encoded into an outbox and written to the request ring in
+batches; events are drained from the event ring and routed to sessions and
+consumer targets; set notify slots are the seed's notifyWork and lead to
+pulls (the seed's steps 3–11, collapsed: target → channel → pull).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from typing import Any
+
+from ipc import records as r
+from ipc.region import Region
+from ipc.wakeup import EventFd, wake_if_sleeping
+from workers.consumer_target import ConsumerTarget
+from workers.session import Session
+
+log = logging.getLogger("shoal.worker")
+
+EVENT_BATCH = 1024
+
+
+class Worker:
+    def __init__(self, config: r.WorkerConfig, region: Region) -> None:
+        self.config = config
+        self.index = config.index
+        self.region = region
+        self.request_efd = EventFd(fd=config.request_fd)
+        self.event_efd = EventFd(fd=config.event_fd)
+        self._regions: list[Region | None] = [None] * len(config.regions)
+        self._regions[config.index] = region
+        self.codec = r.Codec()
+        self._encode = self.codec.encode
+        self.outbox: list[bytes] = []
+        self.sessions: dict[int, Session] = {}
+        self.targets: dict[int, ConsumerTarget] = {}
+        self._by_slot: dict[int, ConsumerTarget] = {}
+        self._free_slots = list(range(len(region.slots) - 1, -1, -1))
+        self._consumer_ids = itertools.count(1)
+        self.conn_ids = itertools.count(1)
+        self.dirty: set[Session] = set()
+
+    # ---------------------------------------------------------- requests
+
+    def send(self, rec: Any) -> None:
+        self.outbox.append(self._encode(rec))
+
+    def flush_requests(self) -> bool:
+        """Write the outbox to the request ring; True when it all fitted."""
+        if self.outbox:
+            written = self.region.request_ring.put_many_nowait(self.outbox)
+            del self.outbox[:written]
+            wake_if_sleeping(self.region.supervisor_sleeping, self.request_efd)
+        return not self.outbox
+
+    def hello(self) -> None:
+        self.send(r.Hello(os.getpid()))
+        self.flush_requests()
+
+    # ------------------------------------------------------------- bodies
+
+    def _region(self, index: int) -> Region:
+        region = self._regions[index]
+        if region is None:  # another worker's arena: attach on first use
+            region = self._regions[index] = Region.attach(self.config.regions[index])
+        return region
+
+    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]:
+        """The content header payload and body of a delivery, zero-copy."""
+        view = self._region(d.region).arena.view(d.offset, d.header_len + d.body_len)
+        return view[: d.header_len], view[d.header_len :]
+
+    def own_body(self, offset: int, header_len: int, body_len: int) -> tuple[memoryview, memoryview]:
+        view = self.region.arena.view(offset, header_len + body_len)
+        return view[:header_len], view[header_len:]
+
+    # ------------------------------------------------------------ targets
+
+    def new_target(self, tag: str, channel: Any, queue: str, *, no_ack: bool, browse: bool,
+                   prefetch: int) -> ConsumerTarget | None:
+        if not self._free_slots:
+            return None
+        target = ConsumerTarget(
+            next(self._consumer_ids), self._free_slots.pop(), tag, channel, queue,
+            no_ack=no_ack, browse=browse, prefetch=prefetch,
+        )
+        self.targets[target.id] = target
+        self._by_slot[target.slot] = target
+        return target
+
+    def drop_target(self, target: ConsumerTarget) -> None:
+        if self.targets.pop(target.id, None) is None:
+            return
+        if self._by_slot.get(target.slot) is target:
+            del self._by_slot[target.slot]
+            self._free_slots.append(target.slot)
+
+    # ------------------------------------------------------------- events
+
+    def handle_events(self) -> int:
+        """Drain the event ring and the notify slots; returns how much was done."""
+        batch = self.region.event_ring.get_all_nowait(EVENT_BATCH)
+        decode = self.codec.decode_event
+        for raw in batch:
+            self._dispatch(decode(raw))
+        slots = self.region.take_set_slots()
+        for slot in slots:
+            target = self._by_slot.get(slot)
+            if target is not None:
+                target.channel.notify(target)
+        for session in list(self.dirty):
+            for ch in session.confirms_pending:
+                ch.flush_confirms()
+            session.confirms_pending.clear()
+        return len(batch) + len(slots)
+
+    def _dispatch(self, event: Any) -> None:
+        match event:
+            case r.Pulled(consumer=cid):
+                target = self.targets.get(cid)
+                if target is not None:
+                    target.channel.on_pulled(target, event)
+            case r.Cancelled(consumer=cid):
+                target = self.targets.get(cid)
+                if target is not None:
+                    target.channel.on_cancelled(target)
+            case r.Returned():
+                self._session_event(event)
+                self.region.arena.free(event.offset)  # our own block, always
+            case _:
+                self._session_event(event)
+
+    def _session_event(self, event: Any) -> None:
+        session = self.sessions.get(event.conn)
+        if session is not None:
+            session.on_event(event)
+            self.dirty.add(session)
+
+    def after_batch(self) -> bool:
+        """Wake the socket writers of sessions with output; flush requests."""
+        for session in self.dirty:
+            session.wake_writer()
+        self.dirty.clear()
+        return self.flush_requests()
