@@ -69,6 +69,7 @@ class Channel:
         self.prefetch = 0  # basic.qos global=false: for consumers created after it
         self.global_prefetch = 0  # basic.qos global=true: shared by the channel
         self.consumer_unacked = 0
+        self.pull_reserved = 0  # credit held by this channel's pulls in flight
         self.last_queue = ""  # AMQP 0-9-1 §1.7.2.1: "" means the last declared queue
         self._next_tag = 0
         self.unacked: OrderedDict[int, tuple[int, ConsumerTarget | None]] = OrderedDict()
@@ -384,7 +385,8 @@ class Channel:
 
     def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> None:
         """Deliveries from a pull: the seed's step 12, onto the IO buffer."""
-        target.pulling = False
+        self.pull_reserved -= target.pulling
+        target.pulling = 0
         settled = target.settles_on_delivery
         done: list[int] = []
         for d in ev.deliveries:
@@ -426,7 +428,8 @@ class Channel:
                 target.notified = False  # the supervisor hands the work to someone else
             self.worker.send(r.Interest(target.id, target.interested))
         if credit > 0 and target.notified and not target.pulling:
-            target.pulling = True
+            target.pulling = credit
+            self.pull_reserved += credit
             self.worker.send(r.Pull(target.id, credit))
 
     def refresh_all(self) -> None:

@@ -40,7 +40,7 @@ class ConsumerTarget:
         self.unacked = 0
         self.active = False  # consume-ok sent: deliveries may flow
         self.notified = False  # the supervisor set our slot and we have not given it up
-        self.pulling = False  # a Pull is in flight (one at a time)
+        self.pulling = 0  # size of the Pull in flight (one at a time), reserved credit
         self.interested = False  # what the supervisor last heard from us
 
     @property
@@ -58,6 +58,6 @@ class ConsumerTarget:
             return n  # AMQP 0-9-1: prefetch limits apply to acknowledged deliveries only
         if self.prefetch:
             n = min(n, self.prefetch - self.unacked)
-        if ch.global_prefetch:
-            n = min(n, ch.global_prefetch - ch.consumer_unacked)
+        if ch.global_prefetch:  # other consumers' pulls in flight hold part of it
+            n = min(n, ch.global_prefetch - ch.consumer_unacked - ch.pull_reserved)
         return max(n, 0)

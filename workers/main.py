@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import signal
 import sys
@@ -13,19 +12,6 @@ import trio
 from ipc.records import WorkerConfig
 from workers.server import serve
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Belt and braces beside the alive pipe: the kernel SIGKILLs us when the
-    supervisor dies."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
 def main(argv: list[str]) -> int:
     config = msgspec.json.decode(argv[1], type=WorkerConfig)
     logging.basicConfig(
@@ -33,8 +19,10 @@ def main(argv: list[str]) -> int:
         format=f"%(asctime)s %(name)s[%(process)d] w{config.index} %(levelname)s %(message)s",
     )
     # Ctrl-C reaches the whole process group; only the supervisor decides.
+    # No PR_SET_PDEATHSIG: it fires when the *thread* that spawned us exits, and
+    # trio spawns from a cached thread that retires when idle. The alive pipe
+    # (server._watch_supervisor) is how a worker learns the supervisor died.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
     trio.run(serve, config)
     return 0
 

@@ -64,6 +64,8 @@ class _Doorbell:
 
     def __init__(self) -> None:
         self._event = trio.Event()
+        self.last_call = False  # the reader is done: drain, then stop
+        self.drained = trio.Event()
 
     def ring(self) -> None:
         self._event.set()
@@ -180,8 +182,13 @@ class Server:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._writer, stream, session, bell)
                     await self._reader(stream, session)
+                    # Let the writer send what is left (close-ok, connection.close),
+                    # never cutting a send_all in half; bounded for dead peers.
+                    bell.last_call = True
+                    bell.ring()
+                    with trio.move_on_after(SHUTDOWN_GRACE):
+                        await bell.drained.wait()
                     nursery.cancel_scope.cancel()
-            await self._final_flush(stream, session)
         finally:
             self._scopes.pop(session.conn_id, None)
             session.finish()
@@ -226,25 +233,20 @@ class Server:
         session.publish(event, offset, codec.headers_from_content_header(header))
 
     async def _writer(self, stream: trio.SocketStream, session: Session, bell: _Doorbell) -> None:
-        while True:
-            await bell.wait()
-            data = session.take_output()
-            if data:
-                try:
+        try:
+            while True:
+                await bell.wait()
+                data = session.take_output()
+                if data:
                     await stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                session.written()
+                self.worker.after_batch()
+                if bell.last_call and not session.proto_has_output():
                     return
-            session.written()
-            self.worker.after_batch()
-
-    async def _final_flush(self, stream: trio.SocketStream, session: Session) -> None:
-        data = session.take_output()
-        if data:
-            with trio.move_on_after(SHUTDOWN_GRACE):
-                try:
-                    await stream.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        finally:
+            bell.drained.set()
 
 
 async def serve(config: r.WorkerConfig) -> None:

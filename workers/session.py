@@ -63,6 +63,9 @@ class Session:
         self.in_flight = len(data)
         return data
 
+    def proto_has_output(self) -> bool:
+        return bool(self.proto._out)  # TODO(has_output): public accessor
+
     def written(self) -> None:
         """The socket took what ``take_output`` gave: lift back-pressure."""
         was = self.backpressured
@@ -116,7 +119,7 @@ class Session:
     def fail(self, exc: AMQPError, ch: Channel | None = None) -> None:
         """Turn an error into channel.close or connection.close (in one place:
         the protocol object), and release what the closed part held."""
-        self.proto.handle_error(exc)
+        self.proto.handle_error(exc, ch.number if ch is not None else 0)
         if exc.hard:
             self._close_all_channels()
         elif ch is not None:

@@ -1,0 +1,47 @@
+# Shoal build glue. GNU make.
+#
+#   make venv    create .venv and install shoal editable with its test extras
+#                (re-runs only when pyproject.toml is newer than .venv/.stamp)
+#   make run     start a broker on $(HOST):$(PORT) in the foreground
+#   make test    the whole test suite (unit + integration)
+#   make perf    a first throughput figure (perf/quick.py)
+#   make clean   remove caches and build output (keeps .venv; `make distclean` removes it too)
+
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stamp
+
+HOST ?= 127.0.0.1
+PORT ?= 5672
+WORKERS ?=
+LOG_LEVEL ?= info
+PYTEST_ARGS ?=
+PERF_ARGS ?=
+
+.PHONY: venv run test perf clean distclean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $(STAMP)
+
+run: venv
+	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS))
+
+# No per-test timeout plugin on purpose: the integration fixtures bound every wait
+# (see tests/integration/conftest.py).
+test: venv
+	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+perf: venv
+	$(BIN)/python -m perf.quick $(PERF_ARGS)
+
+clean:
+	rm -rf build dist .pytest_cache perf/results
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,531 @@
+"""Exchanges and routing: direct, fanout, topic and headers, matching as RabbitMQ does.
+
+An :class:`Exchange` keeps its bindings -- ``(destination, routing key, arguments)`` triples,
+compared with arguments as an order-insensitive table -- and hands routing to one router per
+exchange type. Destinations are opaque hashables (the virtual host binds queue names).
+
+* direct: routing key → destinations, one dict lookup.
+* fanout: every destination.
+* topic: a trie of binding-key words, the structure RabbitMQ's ``rabbit_exchange_type_topic``
+  uses; it is the "compiled" form of every pattern at once, and results are cached per routing
+  key until the bindings change. ``*`` is exactly one word, ``#`` zero or more; words are split
+  on ``.`` and the empty routing key has no words (RabbitMQ ``split_topic_key``).
+* headers: each binding is compiled once into an ``x-match`` mode and a pattern
+  (``rabbit_exchange_type_headers:headers_match``).
+
+The redeclare checks (RabbitMQ ``assert_equivalence``) and the wording of their errors live
+here too, as :func:`field_inequivalence` / :func:`args_inequivalence`, shared with queues.
+
+Called from: the supervisor process, through :class:`broker.vhost.VirtualHost`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from decimal import Decimal
+from typing import Any, NamedTuple, Protocol
+
+from broker.errors import CommandInvalid, PreconditionFailed
+
+EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
+
+# RabbitMQ compares only these exchange arguments on redeclare (rabbit_exchange_type
+# assert_args_equivalence → [<<"alternate-exchange">>]); others are accepted as they come.
+EXCHANGE_ARG_KEYS = ("alternate-exchange",)
+
+_TOPIC_CACHE_MAX = 4096
+
+Arguments = Mapping[str, Any]
+BindingKey = tuple[Hashable, str, Hashable]
+
+
+class Binding(NamedTuple):
+    """One binding of an exchange, as declared."""
+
+    destination: Hashable
+    routing_key: str
+    arguments: dict[str, Any]
+
+
+# ------------------------------------------------------------------------ field tables
+
+
+def freeze(value: Any) -> Hashable:
+    """A hashable, order-insensitive form of an AMQP field value (tables compare as sets)."""
+    if isinstance(value, Mapping):
+        return ("table", tuple(sorted((str(k), freeze(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return ("array", tuple(freeze(v) for v in value))
+    if isinstance(value, bytearray):
+        return bytes(value)
+    if isinstance(value, (bool, int, float, str, bytes, Decimal, type(None))):
+        return value
+    return ("repr", repr(value))
+
+
+def amqp_type_name(value: Any) -> str:
+    """The AMQP field type RabbitMQ would name for a decoded value (used in error texts)."""
+    if value is None:
+        return "void"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, Decimal):
+        return "decimal"
+    if isinstance(value, (str, bytes, bytearray)):
+        return "longstr"
+    if isinstance(value, Mapping):
+        return "table"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    return "timestamp" if hasattr(value, "timestamp") else type(value).__name__
+
+
+def _as_bytes(value: Any) -> bytes | None:
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    return None
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Erlang ``==`` on field values: 1 == 1.0, but booleans are not numbers; str == bytes."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    sa, sb = _as_bytes(a), _as_bytes(b)
+    if sa is not None or sb is not None:
+        return sa == sb
+    return bool(a == b)
+
+
+def _type_class(value: Any) -> str:
+    # rabbit_misc:type_class: every integer width (and decimal) is one class, floats another.
+    name = amqp_type_name(value)
+    if name in ("signedint", "long", "decimal"):
+        return "int"
+    return "float" if name == "double" else name
+
+
+def same_argument(a: Any, b: Any) -> bool:
+    """RabbitMQ ``assert_args_equivalence1``: same type class and equal values."""
+    return _type_class(a) == _type_class(b) and same_value(a, b)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode(errors="replace")
+    return str(value)
+
+
+class Inequivalence(NamedTuple):
+    """A redeclare that differs: which field, and both values as RabbitMQ prints them."""
+
+    field: str
+    received: str
+    current: str
+
+
+def field_inequivalence(field: str, received: Any, current: Any) -> Inequivalence | None:
+    """RabbitMQ ``assert_field_equivalence``: ``received 'true' but current is 'false'``."""
+    if received == current and type(received) is type(current):
+        return None
+    return Inequivalence(field, f"'{_text(received)}'", f"'{_text(current)}'")
+
+
+_MISSING: Any = object()
+
+
+def _arg_text(value: Any) -> str:
+    if value is _MISSING:
+        return "none"
+    return f"the value '{_text(value)}' of type '{amqp_type_name(value)}'"
+
+
+def args_inequivalence(
+    received: Arguments | None,
+    current: Arguments | None,
+    keys: Iterable[str],
+    defaults: Mapping[str, Any] | None = None,
+) -> Inequivalence | None:
+    """The first of ``keys`` whose value differs (``defaults`` stand in for absent keys)."""
+    received, current, defaults = received or {}, current or {}, defaults or {}
+    for key in keys:
+        new = received.get(key, defaults.get(key, _MISSING))
+        old = current.get(key, defaults.get(key, _MISSING))
+        if new is _MISSING and old is _MISSING:
+            continue
+        if new is _MISSING or old is _MISSING or not same_argument(new, old):
+            return Inequivalence(key, _arg_text(new), _arg_text(old))
+    return None
+
+
+# ------------------------------------------------------------------------------ routers
+
+
+class _Router(Protocol):
+    def add(self, key: BindingKey, destination: Hashable, routing_key: str, arguments: Arguments) -> None: ...
+
+    def remove(self, key: BindingKey, destination: Hashable, routing_key: str) -> None: ...
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Hashable]: ...
+
+
+def _count_up(counts: dict[Hashable, int], destination: Hashable) -> None:
+    counts[destination] = counts.get(destination, 0) + 1
+
+
+def _count_down(counts: dict[Hashable, int], destination: Hashable) -> None:
+    # Several bindings (different arguments) may route one key to one destination.
+    left = counts[destination] - 1
+    if left:
+        counts[destination] = left
+    else:
+        del counts[destination]
+
+
+class _DirectRouter:
+    """Exact routing-key match (AMQP 0-9-1 §3.1.3.1)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, dict[Hashable, int]] = {}
+
+    def add(self, key: BindingKey, destination: Hashable, routing_key: str, arguments: Arguments) -> None:
+        _count_up(self._by_key.setdefault(routing_key, {}), destination)
+
+    def remove(self, key: BindingKey, destination: Hashable, routing_key: str) -> None:
+        counts = self._by_key[routing_key]
+        _count_down(counts, destination)
+        if not counts:
+            del self._by_key[routing_key]
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Hashable]:
+        counts = self._by_key.get(routing_key)
+        return set(counts) if counts else set()
+
+
+class _FanoutRouter:
+    """Every bound destination, whatever the routing key (AMQP 0-9-1 §3.1.3.2)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[Hashable, int] = {}
+
+    def add(self, key: BindingKey, destination: Hashable, routing_key: str, arguments: Arguments) -> None:
+        _count_up(self._counts, destination)
+
+    def remove(self, key: BindingKey, destination: Hashable, routing_key: str) -> None:
+        _count_down(self._counts, destination)
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Hashable]:
+        return set(self._counts)
+
+
+class _TopicNode:
+    __slots__ = ("children", "destinations")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _TopicNode] = {}
+        self.destinations: dict[Hashable, int] = {}
+
+
+def topic_words(key: str) -> list[str]:
+    """RabbitMQ ``split_topic_key``: ``""`` has no words, ``"a..b"`` has an empty middle word."""
+    return key.split(".") if key else []
+
+
+class _TopicRouter:
+    """Binding keys in a word trie; ``*`` one word, ``#`` zero or more (AMQP 0-9-1 §3.1.3.3)."""
+
+    def __init__(self) -> None:
+        self._root = _TopicNode()
+        self._cache: dict[str, frozenset[Hashable]] = {}
+
+    def add(self, key: BindingKey, destination: Hashable, routing_key: str, arguments: Arguments) -> None:
+        node = self._root
+        for word in topic_words(routing_key):
+            node = node.children.setdefault(word, _TopicNode())
+        _count_up(node.destinations, destination)
+        self._cache.clear()
+
+    def remove(self, key: BindingKey, destination: Hashable, routing_key: str) -> None:
+        words = topic_words(routing_key)
+        path = [self._root]
+        for word in words:
+            path.append(path[-1].children[word])
+        _count_down(path[-1].destinations, destination)
+        # Prune the branch that no longer leads to a binding, deepest node first.
+        for depth in range(len(words), 0, -1):
+            node = path[depth]
+            if node.children or node.destinations:
+                break
+            del path[depth - 1].children[words[depth - 1]]
+        self._cache.clear()
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Hashable]:
+        hit = self._cache.get(routing_key)
+        if hit is None:
+            hit = frozenset(self._match(topic_words(routing_key)))
+            if len(self._cache) >= _TOPIC_CACHE_MAX:
+                self._cache.clear()
+            self._cache[routing_key] = hit
+        return set(hit)
+
+    def _match(self, words: list[str]) -> set[Hashable]:
+        # RabbitMQ trie_match as an explicit walk; (node, word index) pairs already explored
+        # add nothing to a union, so they are skipped -- "#.#.#" cannot blow up exponentially.
+        found: set[Hashable] = set()
+        seen: set[tuple[_TopicNode, int]] = set()
+        end = len(words)
+        stack = [(self._root, 0)]
+        while stack:
+            node, i = stack.pop()
+            if (node, i) in seen:
+                continue
+            seen.add((node, i))
+            hash_node = node.children.get("#")
+            if hash_node is not None:
+                stack.extend((hash_node, j) for j in range(i, end + 1))  # '#' eats 0..n words
+            if i == end:
+                found.update(node.destinations)
+                continue
+            for word in (words[i], "*"):
+                child = node.children.get(word)
+                if child is not None:
+                    stack.append((child, i + 1))
+        return found
+
+
+class _HeadersMatcher:
+    """One headers binding, compiled: ``x-match`` mode plus the (key, value) pairs it tests."""
+
+    __slots__ = ("any", "pattern")
+
+    def __init__(self, arguments: Arguments) -> None:
+        mode = _x_match(arguments.get("x-match"))
+        with_x = mode.endswith("-with-x")
+        self.any = mode.startswith("any")
+        # x-match itself never takes part; other x- keys only in the *-with-x modes.
+        self.pattern = tuple(
+            (k, v) for k, v in sorted(arguments.items())
+            if k != "x-match" and (with_x or not k.startswith("x-"))
+        )
+
+    def __call__(self, headers: Mapping[str, Any]) -> bool:
+        if self.any:
+            return any(k in headers and (v is None or same_value(v, headers[k])) for k, v in self.pattern)
+        # A binding value with no value (void) asks only that the header be present.
+        return all(k in headers and (v is None or same_value(v, headers[k])) for k, v in self.pattern)
+
+
+_X_MATCH_MODES = ("all", "any", "all-with-x", "any-with-x")
+
+
+def _x_match(value: Any) -> str:
+    """Validate ``x-match`` as RabbitMQ's ``validate_binding`` does (absent means all)."""
+    if value is None:
+        return "all"
+    raw = _as_bytes(value)
+    if raw is None:
+        raise PreconditionFailed(
+            f"Invalid x-match field type {amqp_type_name(value)} (value {_text(value)}); expected longstr"
+        )
+    mode = raw.decode(errors="replace")
+    if mode not in _X_MATCH_MODES:
+        raise PreconditionFailed(
+            f'Invalid x-match field value <<"{mode}">>; expected all, any, all-with-x, or any-with-x'
+        )
+    return mode
+
+
+class _HeadersRouter:
+    """Match message headers against each binding's arguments (AMQP 0-9-1 §3.1.3.4)."""
+
+    def __init__(self) -> None:
+        self._matchers: dict[BindingKey, tuple[Hashable, _HeadersMatcher]] = {}
+
+    def add(self, key: BindingKey, destination: Hashable, routing_key: str, arguments: Arguments) -> None:
+        self._matchers[key] = (destination, _HeadersMatcher(arguments))
+
+    def remove(self, key: BindingKey, destination: Hashable, routing_key: str) -> None:
+        del self._matchers[key]
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Hashable]:
+        data = headers or {}
+        return {dest for dest, matches in self._matchers.values() if matches(data)}
+
+
+_ROUTERS: dict[str, type[_DirectRouter | _FanoutRouter | _TopicRouter | _HeadersRouter]] = {
+    "direct": _DirectRouter,
+    "fanout": _FanoutRouter,
+    "topic": _TopicRouter,
+    "headers": _HeadersRouter,
+}
+
+
+def check_exchange_type(type_name: str) -> str:
+    """Raise 503 COMMAND_INVALID for a type this broker does not have (RabbitMQ check_type)."""
+    if type_name not in _ROUTERS:
+        raise CommandInvalid(f"invalid exchange type '{type_name}'")
+    return type_name
+
+
+# ----------------------------------------------------------------------------- exchange
+
+
+class Exchange:
+    """A named exchange with its bindings; routes a routing key + headers to destinations."""
+
+    def __init__(
+        self,
+        name: str,
+        type: str,  # AMQP calls it type
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Arguments | None = None,
+        vhost: str = "/",
+    ) -> None:
+        self.name = name
+        self.type = check_exchange_type(type)
+        self.durable = durable
+        self.auto_delete = auto_delete
+        self.internal = internal
+        self.arguments: dict[str, Any] = dict(arguments or {})
+        self.vhost = vhost
+        self._router: _Router = _ROUTERS[type]()
+        self._bindings: dict[BindingKey, Binding] = {}
+        self._by_destination: dict[Hashable, dict[BindingKey, None]] = {}
+
+    @property
+    def description(self) -> str:
+        """RabbitMQ ``rs/1``: ``exchange 'x' in vhost '/'``."""
+        return f"exchange '{self.name}' in vhost '{self.vhost}'"
+
+    def __repr__(self) -> str:
+        return f"Exchange({self.name!r}, {self.type!r}, bindings={len(self._bindings)})"
+
+    # ---------------------------------------------------------------------- bindings
+
+    def bind(self, destination: Hashable, routing_key: str, arguments: Arguments | None = None) -> bool:
+        """Add a binding; False if an identical one exists (queue.bind is idempotent).
+
+        Called by VirtualHost.bind_queue / declare_queue (queue.bind, implicit default binding).
+        Raises PreconditionFailed for a headers binding with a bad ``x-match``.
+        """
+        args = dict(arguments or {})
+        key = (destination, routing_key, freeze(args))
+        if key in self._bindings:
+            return False
+        self._router.add(key, destination, routing_key, args)  # validates before any change
+        self._bindings[key] = Binding(destination, routing_key, args)
+        self._by_destination.setdefault(destination, {})[key] = None
+        return True
+
+    def unbind(self, destination: Hashable, routing_key: str, arguments: Arguments | None = None) -> bool:
+        """Remove one binding; False if there was none. Called by VirtualHost.unbind_queue."""
+        key = (destination, routing_key, freeze(dict(arguments or {})))
+        if key not in self._bindings:
+            return False
+        self._forget(key)
+        return True
+
+    def unbind_destination(self, destination: Hashable) -> int:
+        """Remove every binding to ``destination`` (its queue was deleted); returns how many."""
+        keys = list(self._by_destination.get(destination, ()))
+        for key in keys:
+            self._forget(key)
+        return len(keys)
+
+    def _forget(self, key: BindingKey) -> None:
+        binding = self._bindings.pop(key)
+        self._router.remove(key, binding.destination, binding.routing_key)
+        keys = self._by_destination[binding.destination]
+        del keys[key]
+        if not keys:
+            del self._by_destination[binding.destination]
+
+    @property
+    def has_bindings(self) -> bool:
+        """Whether anything is bound (exchange.delete if-unused, auto-delete)."""
+        return bool(self._bindings)
+
+    def is_bound(self, destination: Hashable) -> bool:
+        """Whether any binding leads to ``destination``."""
+        return destination in self._by_destination
+
+    def destinations(self) -> list[Hashable]:
+        """Every destination with at least one binding."""
+        return list(self._by_destination)
+
+    def bindings(self) -> list[Binding]:
+        """Every binding, in the order they were made."""
+        return list(self._bindings.values())
+
+    # ------------------------------------------------------------------------ routing
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None = None) -> set[Hashable]:
+        """Destinations a message with this routing key and headers goes to, each once.
+
+        Called by VirtualHost.publish (basic.publish, on the hot path).
+        """
+        return self._router.route(routing_key, headers)
+
+    # -------------------------------------------------------------------- redeclare
+
+    def inequivalent_arg(
+        self,
+        type: str,
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Arguments | None = None,
+    ) -> Inequivalence | None:
+        """The first property a redeclare would change, in RabbitMQ's order; None if equivalent."""
+        for field, received, current in (
+            ("type", type, self.type),
+            ("durable", durable, self.durable),
+            ("auto_delete", auto_delete, self.auto_delete),
+            ("internal", internal, self.internal),
+        ):
+            diff = field_inequivalence(field, received, current)
+            if diff is not None:
+                return diff
+        return args_inequivalence(arguments, self.arguments, EXCHANGE_ARG_KEYS)
+
+    def equivalent(
+        self,
+        type: str,
+        *,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Arguments | None = None,
+    ) -> bool:
+        """Whether exchange.declare with these properties may succeed on this exchange."""
+        return self.inequivalent_arg(
+            type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
+        ) is None
+
+
+def make_exchange(
+    name: str,
+    type: str,
+    *,
+    durable: bool = False,
+    auto_delete: bool = False,
+    internal: bool = False,
+    arguments: Arguments | None = None,
+    vhost: str = "/",
+) -> Exchange:
+    """Create an exchange of a known type; CommandInvalid (503) for any other type."""
+    return Exchange(
+        name, type, durable=durable, auto_delete=auto_delete, internal=internal,
+        arguments=arguments, vhost=vhost,
+    )

@@ -1,0 +1,434 @@
+"""A queue: its entries, its consumers, and the three seed interfaces between them.
+
+Theory of operation
+-------------------
+Seed 002 names three calls between consumers and a queue; each is a method here, called by the
+supervisor when a worker's request arrives, and each returns the consumers to wake:
+
+* ``AbstractQueue#setNotifyWorkDesired``  → :meth:`Queue.set_notify_work_desired`
+* ``QueueConsumer#notifyWork``            → the ``list[QueueConsumer]`` most methods return;
+  the runtime sets each one's notify slot and kicks its worker
+* ``AbstractQueue#deliverSingleMessage``  → :meth:`Queue.pull` (a batch of them)
+
+Storage. Seed 001 models a subscription as a pointer into the queue that only moves back when a
+message is released. Without selectors every acquiring consumer's pointer is the same -- the
+first available entry -- so the queue keeps one head for all of them:
+
+* ``_log`` holds the never-acquired entries from index ``_head`` on. Acquisition only ever
+  takes the first available entry, so the live part of the log is a run of *consecutive*
+  positions: the entry at position ``p`` is ``_log[_head + p - first]``, O(1).
+* ``_released`` is a heap of released entries, keyed by their original position. A released
+  entry was acquired from below the head, so its position is below every log entry: the next
+  entry for an acquiring consumer is the heap's minimum if there is one, else the log head
+  (seed 001: "the next entry that that subscriber sees is the returned message").
+* browsers keep their own pointer (``QueueConsumer.browse_position``) and never rewind: their
+  next entry is the first available one *after* the pointer.
+* acquired entries are indexed by id so that :meth:`delete` can drop them.
+
+Every per-message operation is O(1) (O(log r) for r released entries); ``purge`` and ``delete``
+are O(entries), as they must be.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import itertools
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import Any
+
+from broker.consumer_manager import (
+    INTERESTED,
+    NOTIFIED,
+    REMOVED,
+    QueueConsumer,
+    QueueConsumerManager,
+)
+from broker.errors import AccessRefused, InternalError, NotFound
+from broker.message import Message
+
+
+class EntryState(enum.Enum):
+    """Where a queue entry is in its life (seed: QueueEntry available / acquired / deleted)."""
+
+    AVAILABLE = "available"
+    ACQUIRED = "acquired"
+    DELETED = "deleted"
+
+
+AVAILABLE = EntryState.AVAILABLE
+ACQUIRED = EntryState.ACQUIRED
+DELETED = EntryState.DELETED
+
+# Entry ids are unique across every queue of the process: the runtime uses them as handles.
+_entry_ids = itertools.count(1)
+
+# Drop the consumed prefix of the log once it is this long and at least half of the list.
+_COMPACT_AT = 4096
+
+
+class QueueEntry:
+    """One message on one queue (seed: QueueEntry)."""
+
+    __slots__ = ("id", "message", "position", "queue", "redelivered", "state")
+
+    def __init__(self, queue: Queue, position: int, message: Message) -> None:
+        self.id = next(_entry_ids)
+        self.position = position
+        self.message = message
+        self.redelivered = False
+        self.state = AVAILABLE
+        self.queue = queue
+
+    def __repr__(self) -> str:
+        return (
+            f"QueueEntry(id={self.id}, position={self.position}, state={self.state.name}, "
+            f"redelivered={self.redelivered})"
+        )
+
+
+class Queue:
+    """A queue of one virtual host (seed: AbstractQueue) with its QueueConsumerManager."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        durable: bool = False,
+        exclusive_owner: Hashable | None = None,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+        on_drop: Callable[[Message], None] | None = None,
+        vhost: str = "/",
+    ) -> None:
+        self.name = name
+        self.durable = durable
+        self.exclusive_owner = exclusive_owner
+        self.auto_delete = auto_delete
+        self.arguments: dict[str, Any] = dict(arguments or {})
+        self.vhost = vhost
+        self.consumers = QueueConsumerManager()
+        self.has_ever_had_consumers = False
+        self.deleted = False
+        self._on_drop = on_drop
+        self._log: list[QueueEntry] = []
+        self._head = 0
+        self._released: list[tuple[int, QueueEntry]] = []
+        self._acquired: dict[int, QueueEntry] = {}
+        self._next_position = 1
+        self._exclusive_consumer: QueueConsumer | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Queue({self.name!r}, messages={self.message_count}, "
+            f"acquired={self.acquired_count}, consumers={self.consumer_count})"
+        )
+
+    # ------------------------------------------------------------------- properties
+
+    @property
+    def description(self) -> str:
+        """RabbitMQ ``rs/1``: ``queue 'q' in vhost '/'`` -- the subject of every error text."""
+        return f"queue '{self.name}' in vhost '{self.vhost}'"
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether one connection owns this queue (AMQP 0-9-1 queue.declare exclusive)."""
+        return self.exclusive_owner is not None
+
+    @property
+    def message_count(self) -> int:
+        """Available (ready) entries -- what queue.declare-ok and basic.get-ok report."""
+        return len(self._released) + len(self._log) - self._head
+
+    @property
+    def acquired_count(self) -> int:
+        """Entries delivered and not yet settled or released (unacknowledged)."""
+        return len(self._acquired)
+
+    @property
+    def consumer_count(self) -> int:
+        """Attached consumers, interested or not."""
+        return len(self.consumers)
+
+    @property
+    def should_auto_delete(self) -> bool:
+        """An auto-delete queue whose last consumer went (never one that had none)."""
+        return (
+            self.auto_delete and self.has_ever_had_consumers
+            and not self.consumers and not self.deleted
+        )
+
+    # --------------------------------------------------------------------- entries
+
+    def enqueue(self, message: Message) -> list[QueueConsumer]:
+        """Append a message; returns the consumers to notify (seed: "A new message arrives").
+
+        Called by VirtualHost.publish (basic.publish). seed: exactly one interested acquiring
+        consumer is notified, highest priority first, and every interested browser; nobody
+        when nobody is interested.
+        """
+        if self.deleted:
+            raise InternalError(f"enqueue on deleted {self.description}")
+        entry = QueueEntry(self, self._next_position, message)
+        self._next_position += 1
+        message.refs += 1
+        self._log.append(entry)
+        # seed: non-acquiring consumers "should always be notified about new messages".
+        notify = self.consumers.non_acquiring() if self.consumers.has_non_acquiring else []
+        consumer = self.consumers.notify_one()
+        if consumer is not None:
+            notify.append(consumer)
+        return notify
+
+    def pull(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
+        """Deliver up to ``max_n`` entries to ``consumer``; returns ``(entries, more)``.
+
+        seed ``AbstractQueue#deliverSingleMessage``, batched; called when a worker's pull
+        request arrives. Acquiring consumers acquire; browsers only advance their pointer.
+        ``more`` is True when ``max_n`` came back and more is available to this consumer: it
+        stays Notified and should pull again. Otherwise it moves to the back of Interested
+        (seed: "asymptotic fairness") and waits for the next notification.
+        """
+        if max_n < 1:
+            raise ValueError(f"max_n must be at least 1, not {max_n}")
+        if consumer not in self.consumers or not consumer.interested:
+            return [], False
+        if not consumer.acquiring:
+            return self._browse(consumer, max_n)
+        if self.consumers.higher_priority_active(consumer):
+            # seed: a higher-priority consumer that wants work takes the message.
+            self.consumers.back_of_interested(consumer)
+            return [], False
+        entries = self._acquire(max_n)
+        more = len(entries) == max_n and self.message_count > 0
+        if more:
+            self.consumers.mark_notified(consumer)
+        else:
+            self.consumers.back_of_interested(consumer)
+        return entries, more
+
+    def get(self) -> QueueEntry | None:
+        """Acquire the next available entry for basic.get, or None (basic.get-empty).
+
+        seed 001: Basic.Get is "a temporary subscription that can only ever receive one
+        message" -- a subscription at the queue head that acquires once and goes away, so it
+        needs no consumer record and notifies nobody.
+        """
+        return self._take_next()
+
+    def release(self, entry: QueueEntry) -> list[QueueConsumer]:
+        """Put an acquired entry back at its original position, redelivered; returns whom to wake.
+
+        Called for basic.reject/nack with requeue, basic.recover, and a channel, connection or
+        worker going away with unacknowledged messages. seed 001: acquiring consumers see the
+        returned message next; browsers are not rewound, so only those that have not yet passed
+        its position are told. seed 002: "a previously unavailable message becomes available"
+        notifies one interested acquiring consumer. No-op for an entry that is not acquired
+        (e.g. its queue was deleted).
+        """
+        if entry.queue is not self or entry.state is not ACQUIRED:
+            return []
+        del self._acquired[entry.id]
+        entry.state = AVAILABLE
+        entry.redelivered = True
+        heapq.heappush(self._released, (entry.position, entry))
+        notify = self._browsers_before(entry.position)
+        consumer = self.consumers.notify_one()
+        if consumer is not None:
+            notify.append(consumer)
+        return notify
+
+    def settle(self, entry: QueueEntry) -> None:
+        """Remove an acquired entry for good: basic.ack, or reject/nack without requeue.
+
+        The message's body is dropped (``on_drop``) when no entry references it any more.
+        No-op for an entry that is not acquired (already settled, or its queue was deleted).
+        """
+        if entry.queue is not self or entry.state is not ACQUIRED:
+            return
+        del self._acquired[entry.id]
+        entry.state = DELETED
+        self._unref(entry.message)
+
+    def purge(self) -> int:
+        """Drop every available entry (queue.purge); acquired ones stay until settled."""
+        dropped = self.available_entries()
+        self._released.clear()
+        self._log.clear()
+        self._head = 0
+        self._drop_entries(dropped)
+        return len(dropped)
+
+    def delete(self) -> list[QueueConsumer]:
+        """Drop every entry, acquired ones too, and detach every consumer (queue.delete).
+
+        Returns the consumers that were attached: the runtime sends them basic.cancel. Later
+        settle/release calls for this queue's entries are no-ops.
+        """
+        if self.deleted:
+            return []
+        self.deleted = True
+        dropped = self.available_entries() + list(self._acquired.values())
+        self._released.clear()
+        self._log.clear()
+        self._head = 0
+        self._acquired.clear()
+        self._exclusive_consumer = None
+        self._drop_entries(dropped)
+        return self.consumers.clear()
+
+    def available_entries(self) -> list[QueueEntry]:
+        """Available entries in position order (introspection; O(n))."""
+        released = [entry for _, entry in sorted(self._released)]
+        return released + self._log[self._head:]
+
+    def acquired_entries(self) -> list[QueueEntry]:
+        """Acquired, unsettled entries in acquisition order (introspection; O(n))."""
+        return list(self._acquired.values())
+
+    def entries(self) -> Iterator[QueueEntry]:
+        """Every entry still holding its message: available ones, then acquired ones."""
+        yield from self.available_entries()
+        yield from list(self._acquired.values())
+
+    # -------------------------------------------------------------------- consumers
+
+    def add_consumer(self, consumer: QueueConsumer) -> None:
+        """Attach a consumer, NotInterested until it says otherwise (basic.consume).
+
+        RabbitMQ: 403 ACCESS_REFUSED "queue 'q' in vhost '/' in exclusive use" when the queue
+        has an exclusive consumer, or an exclusive consumer asks for a queue already consumed.
+        """
+        if self.deleted:
+            raise NotFound(f"no {self.description}")
+        if self._exclusive_consumer is not None or (consumer.exclusive and self.consumers):
+            raise AccessRefused(f"{self.description} in exclusive use")
+        self.consumers.add(consumer)
+        self.has_ever_had_consumers = True
+        if consumer.exclusive:
+            self._exclusive_consumer = consumer
+
+    def remove_consumer(self, consumer: QueueConsumer) -> list[QueueConsumer]:
+        """Detach a consumer, leaving no reference to it; returns whom to wake instead.
+
+        Called for basic.cancel, channel/connection close and worker death. seed: if it was
+        Notified ("did not do the work we expected") or was the higher priority holding others
+        back, the work goes to another consumer.
+        """
+        previous = self.consumers.remove(consumer)
+        if previous is REMOVED:
+            return []
+        if consumer is self._exclusive_consumer:
+            self._exclusive_consumer = None
+        if previous is INTERESTED or previous is NOTIFIED:
+            return self._hand_over()
+        return []
+
+    def set_notify_work_desired(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
+        """seed ``AbstractQueue#setNotifyWorkDesired``: credit, channel.flow, TCP back-pressure.
+
+        Becoming interested with work available notifies that consumer (seed: "Consumer
+        becomes Interested"). A Notified consumer turning uninterested hands its work to
+        another, and a higher-priority one turning uninterested lets lower priorities consume
+        (seed: "A high priority consumer becomes uninterested").
+        """
+        if consumer not in self.consumers:
+            return []
+        previous = consumer.state
+        if not self.consumers.set_interest(consumer, desired):
+            return []
+        if desired:
+            return self._notify_newly_interested(consumer)
+        if previous is INTERESTED or previous is NOTIFIED:
+            return self._hand_over()
+        return []
+
+    # ---------------------------------------------------------------------- helpers
+
+    def _notify_newly_interested(self, consumer: QueueConsumer) -> list[QueueConsumer]:
+        if not consumer.acquiring:
+            return [consumer] if self._next_after(consumer.browse_position) else []
+        if not self.message_count or self.consumers.higher_priority_active(consumer):
+            return []
+        self.consumers.mark_notified(consumer)
+        return [consumer]
+
+    def _hand_over(self) -> list[QueueConsumer]:
+        # Work that someone was expected to do needs a new taker -- unless a consumer at the
+        # top priority is already Notified: it keeps pulling until the queue is empty.
+        if not self.message_count:
+            return []
+        consumer = self.consumers.notify_one(unless_notified=True)
+        return [consumer] if consumer is not None else []
+
+    def _browsers_before(self, position: int) -> list[QueueConsumer]:
+        if not self.consumers.has_non_acquiring:
+            return []
+        return [b for b in self.consumers.iter_non_acquiring() if b.browse_position < position]
+
+    def _take_next(self) -> QueueEntry | None:
+        if self._released:
+            entry = heapq.heappop(self._released)[1]
+        elif self._head < len(self._log):
+            entry = self._log[self._head]
+            self._head += 1
+            self._compact()
+        else:
+            return None
+        entry.state = ACQUIRED
+        self._acquired[entry.id] = entry
+        return entry
+
+    def _acquire(self, max_n: int) -> list[QueueEntry]:
+        taken: list[QueueEntry] = []
+        while len(taken) < max_n:
+            entry = self._take_next()
+            if entry is None:
+                break
+            taken.append(entry)
+        return taken
+
+    def _compact(self) -> None:
+        # Amortised O(1): each consumed slot is dropped once.
+        if self._head == len(self._log):
+            self._log.clear()
+            self._head = 0
+        elif self._head >= _COMPACT_AT and self._head * 2 >= len(self._log):
+            del self._log[: self._head]
+            self._head = 0
+
+    def _next_after(self, position: int) -> QueueEntry | None:
+        """The first available entry past ``position`` (a browser's next entry)."""
+        best: QueueEntry | None = None
+        for released_position, entry in self._released:  # few: released entries go first
+            if released_position > position and (best is None or released_position < best.position):
+                best = entry
+        if best is not None:
+            return best  # released entries all sit below the log head
+        if self._head >= len(self._log):
+            return None
+        index = self._head + max(0, position + 1 - self._log[self._head].position)
+        return self._log[index] if index < len(self._log) else None
+
+    def _browse(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
+        seen: list[QueueEntry] = []
+        position = consumer.browse_position
+        while len(seen) < max_n:
+            entry = self._next_after(position)
+            if entry is None:
+                break
+            seen.append(entry)
+            position = entry.position
+        consumer.browse_position = position
+        return seen, len(seen) == max_n and self._next_after(position) is not None
+
+    def _drop_entries(self, entries: list[QueueEntry]) -> None:
+        for entry in entries:
+            entry.state = DELETED
+            self._unref(entry.message)
+
+    def _unref(self, message: Message) -> None:
+        message.refs -= 1
+        if message.refs == 0 and self._on_drop is not None:
+            self._on_drop(message)

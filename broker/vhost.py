@@ -1,0 +1,385 @@
+"""A virtual host: its exchanges, queues and bindings, with RabbitMQ's declare/delete rules.
+
+Every method maps to one AMQP method the supervisor applies for a worker; each raises the
+AMQPError RabbitMQ would reply with, worded as RabbitMQ words it (reply texts are compared by
+client test suites and read by people). Where AMQP 0-9-1 is loose, RabbitMQ 3.x/4.x decides:
+deleting a missing queue or exchange succeeds, unbinding a missing binding succeeds, an
+exclusive queue is never durable, and exclusivity mismatches are 405 RESOURCE_LOCKED.
+
+``owner`` is an opaque connection key (the runtime uses ``(worker, conn)``); exclusive queues
+belong to one owner and go with it.
+
+Called from: the supervisor process (``broker.dispatch``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Hashable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from broker.consumer_manager import QueueConsumer
+from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
+from broker.exchange import (
+    Exchange,
+    Inequivalence,
+    args_inequivalence,
+    check_exchange_type,
+    field_inequivalence,
+)
+from broker.message import Message
+from broker.queue import Queue
+
+# AMQP 0-9-1 §3.1.3: the default exchange plus the amq.* ones a broker must pre-declare.
+STANDARD_EXCHANGES = (
+    ("", "direct"),
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+# RabbitMQ rabbit_amqqueue:declare_args/0 -- the queue arguments compared on redeclare.
+QUEUE_ARG_KEYS = (
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+    "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes",
+    "x-max-priority", "x-overflow", "x-queue-mode", "x-single-active-consumer",
+    "x-queue-type", "x-quorum-initial-group-size", "x-max-age",
+    "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
+)
+# A queue declared without x-queue-type is a classic queue; saying so explicitly is equivalent.
+_QUEUE_ARG_DEFAULTS = {"x-queue-type": "classic"}
+
+_DEFAULT_EXCHANGE_REFUSED = "operation not permitted on the default exchange"
+
+
+class VirtualHost:
+    """Exchanges, queues and bindings of one vhost; the supervisor's domain entry point."""
+
+    def __init__(self, name: str = "/", on_drop: Callable[[Message], None] | None = None) -> None:
+        self.name = name
+        self._on_drop = on_drop
+        self._exchanges: dict[str, Exchange] = {}
+        self._queues: dict[str, Queue] = {}
+        self._owned: dict[Hashable, dict[str, None]] = {}
+        # queue name → exchanges holding a binding to it, so deleting a queue is O(its bindings).
+        self._sources: dict[str, dict[str, None]] = {}
+        for exchange_name, type_name in STANDARD_EXCHANGES:
+            self._exchanges[exchange_name] = Exchange(exchange_name, type_name, durable=True, vhost=name)
+
+    @property
+    def exchanges(self) -> Mapping[str, Exchange]:
+        """Exchanges by name (read-only view)."""
+        return MappingProxyType(self._exchanges)
+
+    @property
+    def queues(self) -> Mapping[str, Queue]:
+        """Queues by name (read-only view)."""
+        return MappingProxyType(self._queues)
+
+    def _rs(self, kind: str, name: str) -> str:
+        return f"{kind} '{name}' in vhost '{self.name}'"
+
+    # ------------------------------------------------------------------- exchanges
+
+    def exchange(self, name: str) -> Exchange:
+        """Look an exchange up; NotFound (404) "no exchange 'x' in vhost '/'"."""
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            raise NotFound(f"no {self._rs('exchange', name)}")
+        return exchange
+
+    def declare_exchange(
+        self,
+        name: str,
+        type: str,  # AMQP calls it type
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> Exchange:
+        """exchange.declare, with RabbitMQ's checks in RabbitMQ's order (rabbit_channel)."""
+        if not passive:
+            check_exchange_type(type)
+        if name == "":
+            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
+        if passive:
+            return self.exchange(name)
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            # AMQP 0-9-1: the amq. prefix is reserved on creation only; redeclaring
+            # amq.direct as it is succeeds.
+            if name.startswith("amq."):
+                raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            exchange = Exchange(
+                name, type, durable=durable, auto_delete=auto_delete, internal=internal,
+                arguments=arguments, vhost=self.name,
+            )
+            self._exchanges[name] = exchange
+            return exchange
+        diff = exchange.inequivalent_arg(
+            type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
+        )
+        if diff is not None:
+            raise self._inequivalent(diff, exchange.description)
+        return exchange
+
+    def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
+        """exchange.delete; deleting a missing exchange succeeds (RabbitMQ ensure_deleted)."""
+        if name == "":
+            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
+        if name.startswith("amq."):
+            raise AccessRefused(f"deletion of system {self._rs('exchange', name)} not allowed")
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            return
+        if if_unused and exchange.has_bindings:
+            raise PreconditionFailed(f"{exchange.description} in use")
+        self._remove_exchange(exchange)
+
+    def _remove_exchange(self, exchange: Exchange) -> None:
+        for destination in exchange.destinations():
+            sources = self._sources.get(str(destination))
+            if sources is not None:
+                sources.pop(exchange.name, None)
+        del self._exchanges[exchange.name]
+
+    def _maybe_auto_delete(self, exchange: Exchange) -> None:
+        # An auto-delete exchange goes when its last binding does.
+        if exchange.auto_delete and not exchange.has_bindings and self._exchanges.get(exchange.name) is exchange:
+            self._remove_exchange(exchange)
+
+    # ---------------------------------------------------------------------- queues
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        owner: Hashable,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> Queue:
+        """queue.declare: create, or check an existing queue is equivalent (rabbit_channel)."""
+        if passive:
+            return self.queue(name, owner=owner)
+        if name == "":
+            name = self._server_name()
+        elif name.startswith("amq."):
+            # Unlike exchanges, RabbitMQ checks this even when the queue exists.
+            raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        # RabbitMQ: an exclusive queue is never durable (it dies with its connection).
+        durable = durable and not exclusive
+        queue = self._queues.get(name)
+        if queue is None:
+            return self._create_queue(name, owner, durable, exclusive, auto_delete, arguments)
+        self._check_owner(queue, owner if exclusive else None, strict=True)
+        diff = (
+            field_inequivalence("durable", durable, queue.durable)
+            or field_inequivalence("auto_delete", auto_delete, queue.auto_delete)
+            or args_inequivalence(arguments, queue.arguments, QUEUE_ARG_KEYS, _QUEUE_ARG_DEFAULTS)
+        )
+        if diff is not None:
+            raise self._inequivalent(diff, queue.description)
+        return queue
+
+    def _server_name(self) -> str:
+        # RabbitMQ rabbit_guid: "amq.gen-" + 16 random bytes, base64url without padding.
+        while True:
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+            if name not in self._queues:
+                return name
+
+    def _create_queue(
+        self,
+        name: str,
+        owner: Hashable,
+        durable: bool,
+        exclusive: bool,
+        auto_delete: bool,
+        arguments: Mapping[str, Any] | None,
+    ) -> Queue:
+        queue = Queue(
+            name, durable=durable, exclusive_owner=owner if exclusive else None,
+            auto_delete=auto_delete, arguments=arguments, on_drop=self._on_drop, vhost=self.name,
+        )
+        self._queues[name] = queue
+        if exclusive:
+            self._owned.setdefault(owner, {})[name] = None
+        # AMQP 0-9-1 §3.1.3.1: every queue is bound to the default exchange by its name.
+        self._exchanges[""].bind(name, name, None)
+        self._sources.setdefault(name, {})[""] = None
+        return queue
+
+    def queue(self, name: str, *, owner: Hashable) -> Queue:
+        """Look a queue up for consume/get/purge/bind: NotFound (404) or ResourceLocked (405)."""
+        queue = self._queues.get(name)
+        if queue is None:
+            raise NotFound(f"no {self._rs('queue', name)}")
+        self._check_owner(queue, owner, strict=False)
+        return queue
+
+    def _check_owner(self, queue: Queue, owner: Hashable | None, *, strict: bool) -> None:
+        # RabbitMQ check_exclusive_access/3: lax lets anyone use a non-exclusive queue; strict
+        # (a non-passive redeclare) also wants the declared exclusivity to match.
+        if queue.exclusive_owner == owner or (not strict and queue.exclusive_owner is None):
+            return
+        raise ResourceLocked(
+            f"cannot obtain exclusive access to locked {queue.description}. It could be "
+            "originally declared on another connection or the exclusive property value does "
+            "not match that of the original declaration."
+        )
+
+    def purge_queue(self, name: str, *, owner: Hashable) -> int:
+        """queue.purge: drop the available messages; returns how many."""
+        return self.queue(name, owner=owner).purge()
+
+    def delete_queue(
+        self,
+        name: str,
+        *,
+        owner: Hashable,
+        if_unused: bool = False,
+        if_empty: bool = False,
+    ) -> tuple[int, list[QueueConsumer]]:
+        """queue.delete: ``(message count, consumers to cancel)``; a missing queue is ``(0, [])``."""
+        queue = self._queues.get(name)
+        if queue is None:
+            return 0, []  # RabbitMQ 3.x: delete-ok for a queue that is not there
+        self._check_owner(queue, owner, strict=False)
+        if if_unused and queue.consumer_count:
+            raise PreconditionFailed(f"{queue.description} in use")
+        if if_empty and queue.message_count:
+            raise PreconditionFailed(f"{queue.description} not empty")
+        count = queue.message_count
+        return count, self._delete_queue(queue)
+
+    def _delete_queue(self, queue: Queue) -> list[QueueConsumer]:
+        for exchange_name in self._sources.pop(queue.name, {}):
+            exchange = self._exchanges.get(exchange_name)
+            if exchange is not None:
+                exchange.unbind_destination(queue.name)
+                self._maybe_auto_delete(exchange)
+        del self._queues[queue.name]
+        if queue.exclusive_owner is not None:
+            owned = self._owned.get(queue.exclusive_owner, {})
+            owned.pop(queue.name, None)
+            if not owned:
+                self._owned.pop(queue.exclusive_owner, None)
+        return queue.delete()
+
+    def queues_owned_by(self, owner: Hashable) -> list[Queue]:
+        """Exclusive queues declared by ``owner``."""
+        return [self._queues[name] for name in self._owned.get(owner, ())]
+
+    def delete_owned_queues(self, owner: Hashable) -> list[QueueConsumer]:
+        """Delete ``owner``'s exclusive queues (its connection closed); returns their consumers."""
+        consumers: list[QueueConsumer] = []
+        for queue in self.queues_owned_by(owner):
+            consumers += self._delete_queue(queue)
+        return consumers
+
+    def remove_consumer(self, queue: Queue | str, consumer: QueueConsumer) -> list[QueueConsumer]:
+        """Detach a consumer; an auto-delete queue goes with its last one. Returns whom to wake.
+
+        seed 001 "Removal": "if the queue is of auto-delete type and the subscription being
+        removed is the last subscription attached to the queue, then the queue needs to be
+        deleted".
+        """
+        target = queue if isinstance(queue, Queue) else self._queues.get(queue)
+        if target is None:
+            return []
+        notify = target.remove_consumer(consumer)
+        if target.should_auto_delete and self._queues.get(target.name) is target:
+            self._delete_queue(target)
+            return []
+        return notify
+
+    # -------------------------------------------------------------------- bindings
+
+    def bind_queue(
+        self,
+        queue_name: str,
+        exchange_name: str,
+        routing_key: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        owner: Hashable,
+    ) -> None:
+        """queue.bind; binding twice is a no-op. The default exchange refuses bindings (403)."""
+        exchange, queue = self._binding_ends(queue_name, exchange_name, owner)
+        if exchange.bind(queue.name, routing_key, arguments):
+            self._sources.setdefault(queue.name, {})[exchange.name] = None
+
+    def unbind_queue(
+        self,
+        queue_name: str,
+        exchange_name: str,
+        routing_key: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        owner: Hashable,
+    ) -> None:
+        """queue.unbind; unbinding what is not bound succeeds (RabbitMQ 3.x unbind-ok)."""
+        exchange, queue = self._binding_ends(queue_name, exchange_name, owner)
+        if not exchange.unbind(queue.name, routing_key, arguments):
+            return
+        if not exchange.is_bound(queue.name):
+            self._sources.get(queue.name, {}).pop(exchange.name, None)
+        self._maybe_auto_delete(exchange)
+
+    def _binding_ends(self, queue_name: str, exchange_name: str, owner: Hashable) -> tuple[Exchange, Queue]:
+        # rabbit_channel binding_action_with_checks: default exchange first, then existence
+        # (source before destination), then exclusive access to the queue.
+        if exchange_name == "":
+            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
+        exchange = self.exchange(exchange_name)
+        return exchange, self.queue(queue_name, owner=owner)
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(
+        self,
+        exchange_name: str,
+        message: Message,
+        *,
+        mandatory: bool = False,
+    ) -> tuple[int, list[QueueConsumer]]:
+        """basic.publish: enqueue on every matched queue once; ``(queues, consumers to wake)``.
+
+        With 0 queues nothing references the message and ``on_drop`` is not called: the runtime
+        returns it (``mandatory``) or frees it. ``mandatory`` is accepted for the record; the
+        domain's answer is the same either way.
+        """
+        exchange = self._exchanges.get(exchange_name)
+        if exchange is None:
+            raise NotFound(f"no {self._rs('exchange', exchange_name)}")
+        if exchange.internal:
+            raise AccessRefused(f"cannot publish to internal {exchange.description}")
+        if exchange_name == "":
+            # Hot path: the default exchange's bindings are exactly "each queue by its name".
+            queue = self._queues.get(message.routing_key)
+            return (1, queue.enqueue(message)) if queue is not None else (0, [])
+        notify: list[QueueConsumer] = []
+        routed = 0
+        for destination in exchange.route(message.routing_key, message.headers):
+            queue = self._queues.get(str(destination))
+            if queue is not None:
+                notify += queue.enqueue(message)
+                routed += 1
+        return routed, notify
+
+    # ---------------------------------------------------------------------- errors
+
+    @staticmethod
+    def _inequivalent(diff: Inequivalence, subject: str) -> PreconditionFailed:
+        return PreconditionFailed(
+            f"inequivalent arg '{diff.field}' for {subject}: "
+            f"received {diff.received} but current is {diff.current}"
+        )

@@ -1,0 +1,687 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pamqp import base, body, commands, encode, frame, header, heartbeat
+
+from workers.connection import (
+    AMQPConnection,
+    AMQPError,
+    Input,
+    State,
+    UnexpectedMethod,
+    default_server_properties,
+    format_reply_text,
+)
+from workers.events import (
+    ChannelClosed,
+    ChannelOpened,
+    ConnectionClosed,
+    ConnectionOpened,
+    MethodReceived,
+    PublishReceived,
+)
+from workers.frame_buffer import PROTOCOL_HEADER
+
+LOGIN_REFUSED = (
+    "ACCESS_REFUSED - Login was refused using authentication mechanism {}. "
+    "For details see the broker logfile."
+)
+
+# -- helpers ------------------------------------------------------------------
+
+
+def method(channel: int, value: base.Frame) -> bytes:
+    return frame.marshal(value, channel)
+
+
+def content_header(channel: int, body_size: int, properties: commands.Basic.Properties | None = None) -> bytes:
+    return frame.marshal(header.ContentHeader(0, body_size, properties), channel)
+
+
+def body_frame(channel: int, data: bytes) -> bytes:
+    return frame.marshal(body.ContentBody(data), channel)
+
+
+def publish(channel: int, data: bytes, frame_max: int = 131072, **kwargs: Any) -> bytes:
+    out = method(channel, commands.Basic.Publish(**kwargs)) + content_header(channel, len(data))
+    for offset in range(0, len(data), frame_max - 8):
+        out += body_frame(channel, data[offset : offset + frame_max - 8])
+    return out
+
+
+def sent(conn: AMQPConnection) -> list[tuple[int, Any]]:
+    """Decode data_to_send() into (channel, pamqp frame) pairs."""
+    data = conn.data_to_send()
+    out = []
+    while data:
+        used, channel, value = frame.unmarshal(data)
+        out.append((channel, value))
+        data = data[used:]
+    return out
+
+
+def start_ok(
+    mechanism: str = "PLAIN", response: str | bytes = "\0guest\0guest", failure_close: bool = True
+) -> bytes:
+    client_properties = {"product": "test", "capabilities": {"authentication_failure_close": failure_close}}
+    return method(0, commands.Connection.StartOk(client_properties, mechanism, response))  # type: ignore[arg-type]
+
+
+def new_connection(**kwargs: Any) -> AMQPConnection:
+    kwargs.setdefault("server_properties", default_server_properties())
+    return AMQPConnection(**kwargs)
+
+
+def tuned(conn: AMQPConnection, frame_max: int = 131072, channel_max: int = 2047, heartbeat: int = 60) -> None:
+    """Run the handshake up to (not including) connection.open."""
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.receive_data(start_ok())
+    conn.receive_data(method(0, commands.Connection.TuneOk(channel_max, frame_max, heartbeat)))
+    conn.data_to_send()
+
+
+def opened(channels: tuple[int, ...] = (1,), **kwargs: Any) -> AMQPConnection:
+    """A running connection with the given channels open and its output drained."""
+    tune = {k: kwargs.pop(k) for k in ("frame_max", "channel_max", "heartbeat") if k in kwargs}
+    conn = new_connection(**kwargs)
+    tuned(conn, **tune)
+    conn.receive_data(method(0, commands.Connection.Open("/")))
+    for channel in channels:
+        conn.receive_data(method(channel, commands.Channel.Open()))
+    conn.data_to_send()
+    return conn
+
+
+def only_close(conn: AMQPConnection) -> commands.Connection.Close:
+    frames = sent(conn)
+    assert len(frames) == 1 and frames[0][0] == 0, frames
+    close = frames[0][1]
+    assert isinstance(close, commands.Connection.Close)
+    return close
+
+
+def assert_closing(conn: AMQPConnection, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+    close = only_close(conn)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (code, text, class_id, method_id)
+    assert conn.state is State.CLOSING
+
+
+# -- handshake ----------------------------------------------------------------
+
+
+def test_handshake_with_plain() -> None:
+    """Header -> start; PLAIN start-ok -> tune; tune-ok, open -> open-ok and ConnectionOpened."""
+    props = default_server_properties()
+    conn = new_connection(server_properties=props, frame_max=65536, channel_max=100, heartbeat=30)
+    assert conn.receive_data(PROTOCOL_HEADER) == []
+    [(channel, start)] = sent(conn)
+    assert channel == 0 and isinstance(start, commands.Connection.Start)
+    assert (start.version_major, start.version_minor) == (0, 9)
+    assert (start.mechanisms, start.locales) == ("PLAIN AMQPLAIN", "en_US")
+    server_properties: Any = start.server_properties
+    assert server_properties["capabilities"]["authentication_failure_close"] is True
+
+    assert conn.receive_data(start_ok()) == []
+    [(_, tune)] = sent(conn)
+    assert (tune.frame_max, tune.channel_max, tune.heartbeat) == (65536, 100, 30)
+
+    assert conn.receive_data(method(0, commands.Connection.TuneOk(100, 65536, 30))) == []
+    events = conn.receive_data(method(0, commands.Connection.Open("/")))
+    assert [type(f) for _, f in sent(conn)] == [commands.Connection.OpenOk]
+    client_properties = {"product": "test", "capabilities": {"authentication_failure_close": True}}
+    assert events == [ConnectionOpened("/", "guest", client_properties, 65536, 100, 30)]
+    assert conn.state is State.RUNNING
+
+
+def test_handshake_with_amqplain() -> None:
+    """AMQPLAIN's response is a LOGIN/PASSWORD field table without its length prefix."""
+    conn = new_connection(users={"alice": "s3cret"})
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    response = encode.field_table({"LOGIN": "alice", "PASSWORD": "s3cret"})[4:].decode()
+    conn.receive_data(start_ok("AMQPLAIN", response))
+    assert [type(f) for _, f in sent(conn)] == [commands.Connection.Tune]
+    conn.receive_data(method(0, commands.Connection.TuneOk(2047, 131072, 60)))
+    [event] = conn.receive_data(method(0, commands.Connection.Open("/")))
+    assert isinstance(event, ConnectionOpened) and event.user == "alice"
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "response"),
+    [
+        ("PLAIN", "\0guest\0wrong"),
+        ("PLAIN", "\0nobody\0guest"),
+        ("AMQPLAIN", encode.field_table({"LOGIN": "guest", "PASSWORD": "nope"})[4:].decode()),
+    ],
+)
+def test_bad_login_is_403_close_when_client_asks(mechanism: str, response: str | bytes) -> None:
+    """A refused login gets connection.close 403 with RabbitMQ's text (authentication_failure_close)."""
+    conn = new_connection()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    assert conn.receive_data(start_ok(mechanism, response)) == []
+    assert_closing(conn, 403, LOGIN_REFUSED.format(mechanism))
+    assert conn.receive_data(method(0, commands.Connection.CloseOk())) == [
+        ConnectionClosed(f"closed by server: {LOGIN_REFUSED.format(mechanism)}")
+    ]
+    assert conn.closed
+
+
+def test_bad_login_without_capability_closes_silently() -> None:
+    """Without authentication_failure_close RabbitMQ just closes the socket."""
+    conn = new_connection()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    events = conn.receive_data(start_ok(response="\0guest\0wrong", failure_close=False))
+    assert conn.data_to_send() == b""
+    assert [type(e) for e in events] == [ConnectionClosed]
+    assert conn.closed
+
+
+def test_unknown_mechanism_closes_silently() -> None:
+    """An unknown mechanism is a handshake error: the socket is closed, no close frame."""
+    conn = new_connection()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    events = conn.receive_data(start_ok("EXTERNAL", ""))
+    assert conn.data_to_send() == b""
+    assert [type(e) for e in events] == [ConnectionClosed] and conn.closed
+
+
+@pytest.mark.parametrize("header_bytes", [b"AMQP\x00\x00\x09\x00", b"AMQP\x01\x01\x08\x00", b"GET / HTTP/1.1\r\n"])
+def test_bad_protocol_header_gets_ours_and_close(header_bytes: bytes) -> None:
+    """An unsupported protocol header is answered with AMQP 0-9-1's, then the socket closes."""
+    conn = new_connection()
+    events = conn.receive_data(header_bytes)
+    assert conn.data_to_send() == b"AMQP\x00\x00\x09\x01"
+    assert [type(e) for e in events] == [ConnectionClosed] and conn.closed
+    assert conn.receive_data(start_ok()) == [] and conn.data_to_send() == b""
+
+
+def test_0_9_protocol_header_is_served_as_0_9_1() -> None:
+    """RabbitMQ treats the 0-9 header (AMQP 1 1 0 9) as 0-9-1."""
+    conn = new_connection()
+    conn.receive_data(b"AMQP\x01\x01\x00\x09")
+    assert [type(f) for _, f in sent(conn)] == [commands.Connection.Start]
+
+
+def test_protocol_header_byte_by_byte() -> None:
+    """connection.start goes out only once all 8 header bytes are in."""
+    conn = new_connection()
+    for byte in PROTOCOL_HEADER[:-1]:
+        conn.receive_data(bytes([byte]))
+        assert conn.data_to_send() == b""
+    conn.receive_data(PROTOCOL_HEADER[-1:])
+    assert [type(f) for _, f in sent(conn)] == [commands.Connection.Start]
+
+
+def test_tune_ok_lower_values_win() -> None:
+    """The client's tune-ok values are used when lower than ours and non-zero."""
+    conn = opened(frame_max=8192, channel_max=10, heartbeat=5)
+    assert (conn.frame_max, conn.channel_max, conn.heartbeat) == (8192, 10, 5)
+
+
+def test_tune_ok_zero_keeps_server_limits() -> None:
+    """A zero frame_max/channel_max ("no limit") leaves ours in force; heartbeat 0 disables them."""
+    conn = opened(frame_max=0, channel_max=0, heartbeat=0)
+    assert (conn.frame_max, conn.channel_max, conn.heartbeat) == (131072, 2047, 0)
+    conn.heartbeat_tick(0.0)
+    assert conn.heartbeat_tick(10_000.0) is True
+    assert conn.data_to_send() == b""
+
+
+def test_tune_ok_frame_max_below_minimum_is_530() -> None:
+    """frame_max below 4096 fails negotiation: 530 NOT_ALLOWED, as RabbitMQ."""
+    conn = new_connection()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.receive_data(start_ok())
+    conn.data_to_send()
+    conn.receive_data(method(0, commands.Connection.TuneOk(2047, 1024, 60)))
+    assert_closing(
+        conn, 530, "NOT_ALLOWED - negotiated frame_max = 1024 is lower than the minimum allowed value (4096)", 10, 30
+    )
+
+
+def test_unknown_vhost_is_530() -> None:
+    """Only vhost "/" exists; another is connection.close 530 with RabbitMQ's text."""
+    conn = new_connection()
+    tuned(conn)
+    assert conn.receive_data(method(0, commands.Connection.Open("other"))) == []
+    assert_closing(conn, 530, "NOT_ALLOWED - vhost other not found", 10, 40)
+
+
+def test_method_out_of_handshake_order_closes_silently() -> None:
+    """Before connection.open, an unexpected method closes the socket without a frame."""
+    conn = new_connection()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    events = conn.receive_data(method(0, commands.Connection.Open("/")))
+    assert conn.data_to_send() == b""
+    assert [type(e) for e in events] == [ConnectionClosed] and conn.closed
+
+
+def test_unexpected_method_error_names_state_and_input() -> None:
+    """A miss in the connection table raises an error naming the state and the input."""
+    conn = opened()
+    with pytest.raises(UnexpectedMethod) as info:
+        conn._transition(Input.START_OK, 10, 11)
+    assert info.value.state is State.RUNNING and info.value.input is Input.START_OK
+    assert info.value.reply_text == "unexpected method in connection state running"
+
+
+def test_handshake_method_while_running_is_504() -> None:
+    """connection.start-ok once running is RabbitMQ's 504 "unexpected method in connection state"."""
+    conn = opened()
+    conn.receive_data(start_ok())
+    assert_closing(conn, 504, "CHANNEL_ERROR - unexpected method in connection state running", 10, 11)
+
+
+# -- framing errors -----------------------------------------------------------
+
+
+def test_bad_frame_end_is_501() -> None:
+    """A frame not ending in 0xCE closes the connection with 501 FRAME_ERROR, at once."""
+    conn = opened()
+    data = bytearray(method(1, commands.Basic.Qos(prefetch_count=1)))
+    data[-1] = 0
+    events = conn.receive_data(bytes(data))
+    close = only_close(conn)
+    assert close.reply_code == 501 and close.reply_text.startswith("FRAME_ERROR - ")
+    assert [type(e) for e in events] == [ConnectionClosed] and conn.closed
+
+
+def test_frame_over_frame_max_is_501() -> None:
+    """A frame over the negotiated frame_max is 501, judged from its header alone."""
+    conn = opened(frame_max=4096)
+    events = conn.receive_data(bytes([3, 0, 1, 0, 0, 0x20, 0x00]))  # body frame of 8192 octets
+    assert only_close(conn).reply_code == 501
+    assert [type(e) for e in events] == [ConnectionClosed]
+
+
+def test_frames_up_to_negotiated_frame_max_are_accepted() -> None:
+    """After tuning, frames up to the negotiated frame_max (not 4096) are fine."""
+    conn = opened()
+    data = b"x" * 100_000
+    [event] = conn.receive_data(publish(1, data, routing_key="q"))
+    assert isinstance(event, PublishReceived) and len(event.body) == 1
+
+
+def test_garbage_after_handshake_is_501() -> None:
+    """Bytes that are not a frame (unknown frame type) are 501 FRAME_ERROR."""
+    conn = opened()
+    events = conn.receive_data(b"\x99" * 32)
+    assert only_close(conn).reply_code == 501
+    assert [type(e) for e in events] == [ConnectionClosed]
+
+
+def test_unknown_method_is_540() -> None:
+    """A class/method id pair outside AMQP 0-9-1 is 540 NOT_IMPLEMENTED, with its ids."""
+    conn = opened()
+    payload = b"\x00\x3c\x03\xe7"
+    conn.receive_data(bytes([1, 0, 1, 0, 0, 0, len(payload)]) + payload + b"\xce")
+    close = only_close(conn)
+    assert (close.reply_code, close.class_id, close.method_id) == (540, 60, 999)
+    assert close.reply_text.startswith("NOT_IMPLEMENTED - ")
+
+
+def test_server_only_method_from_client_is_503() -> None:
+    """A method only a server may send (basic.deliver) is 503 COMMAND_INVALID."""
+    conn = opened()
+    conn.receive_data(method(1, commands.Basic.Deliver("c", 1, False, "", "q")))
+    assert_closing(conn, 503, "COMMAND_INVALID - unimplemented method", 60, 60)
+
+
+# -- channels -----------------------------------------------------------------
+
+
+def test_channel_open() -> None:
+    """channel.open on a fresh number -> open-ok and ChannelOpened."""
+    conn = opened(channels=())
+    assert conn.receive_data(method(3, commands.Channel.Open())) == [ChannelOpened(3)]
+    assert [(ch, type(f)) for ch, f in sent(conn)] == [(3, commands.Channel.OpenOk)]
+    assert conn.is_channel_open(3) and not conn.is_channel_open(4)
+
+
+def test_method_on_unopened_channel_is_504() -> None:
+    """Any method on a channel not opened is 504 CHANNEL_ERROR (connection close)."""
+    conn = opened()
+    conn.receive_data(method(5, commands.Queue.Declare(queue="q")))
+    assert_closing(conn, 504, "CHANNEL_ERROR - expected 'channel.open'", 50, 10)
+
+
+def test_second_channel_open_is_504() -> None:
+    """channel.open on an open channel is 504 "second 'channel.open' seen"."""
+    conn = opened()
+    conn.receive_data(method(1, commands.Channel.Open()))
+    assert_closing(conn, 504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
+
+
+def test_channel_above_channel_max_is_530() -> None:
+    """A channel number above the negotiated channel_max is 530 NOT_ALLOWED."""
+    conn = opened(channels=(), channel_max=10)
+    conn.receive_data(method(11, commands.Channel.Open()))
+    close = only_close(conn)
+    assert close.reply_code == 530 and conn.state is State.CLOSING
+
+
+def test_channel_method_on_channel_zero_is_504() -> None:
+    """Channel 0 carries only connection methods: RabbitMQ answers 504."""
+    conn = opened()
+    conn.receive_data(method(0, commands.Channel.Open()))
+    assert_closing(conn, 504, "CHANNEL_ERROR - unexpected method in connection state running", 20, 10)
+
+
+def test_method_received() -> None:
+    """Channel-level methods reach the runtime as pamqp objects."""
+    conn = opened()
+    [event] = conn.receive_data(method(1, commands.Queue.Declare(queue="q1", durable=True)))
+    assert isinstance(event, MethodReceived) and event.channel == 1
+    assert isinstance(event.method, commands.Queue.Declare)
+    assert (event.method.queue, event.method.durable) == ("q1", True)
+    assert conn.data_to_send() == b""
+
+
+def test_client_closes_channel() -> None:
+    """Client channel.close -> close-ok and ChannelClosed; the number can be reused."""
+    conn = opened()
+    events = conn.receive_data(method(1, commands.Channel.Close(200, "bye", 0, 0)))
+    assert events == [ChannelClosed(1)]
+    assert [(ch, type(f)) for ch, f in sent(conn)] == [(1, commands.Channel.CloseOk)]
+    assert not conn.is_channel_open(1)
+    assert conn.receive_data(method(1, commands.Channel.Open())) == [ChannelOpened(1)]
+
+
+def test_server_closes_channel_and_discards_until_close_ok() -> None:
+    """After our channel.close only close/close-ok count on it; ChannelClosed on close-ok."""
+    conn = opened(channels=(1, 2))
+    conn.close_channel(1, 404, "NOT_FOUND - no queue 'q' in vhost '/'", 50, 10)
+    [(channel, close)] = sent(conn)
+    assert channel == 1 and (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        404,
+        "NOT_FOUND - no queue 'q' in vhost '/'",
+        50,
+        10,
+    )
+    assert not conn.is_channel_open(1)
+    ignored = publish(1, b"abc", routing_key="q") + method(1, commands.Queue.Declare(queue="q"))
+    ignored += content_header(1, 10) + method(1, commands.Channel.Open())
+    assert conn.receive_data(ignored) == []
+    assert conn.data_to_send() == b"" and conn.state is State.RUNNING
+    assert conn.send_method(1, commands.Basic.QosOk()) is False
+    assert conn.receive_data(method(1, commands.Channel.CloseOk())) == [ChannelClosed(1)]
+    [event] = conn.receive_data(method(2, commands.Queue.Declare(queue="q2")))
+    assert isinstance(event, MethodReceived) and event.channel == 2
+
+
+def test_channel_close_crossing_ours() -> None:
+    """A client channel.close crossing ours gets close-ok; ChannelClosed waits for its close-ok."""
+    conn = opened()
+    conn.close_channel(1, 406, "PRECONDITION_FAILED - x")
+    conn.data_to_send()
+    assert conn.receive_data(method(1, commands.Channel.Close(200, "bye", 0, 0))) == []
+    assert [(ch, type(f)) for ch, f in sent(conn)] == [(1, commands.Channel.CloseOk)]
+    assert conn.receive_data(method(1, commands.Channel.CloseOk())) == [ChannelClosed(1)]
+
+
+def test_close_ok_on_open_channel_is_503() -> None:
+    """channel.close-ok when we did not close the channel is not a valid method."""
+    conn = opened()
+    conn.receive_data(method(1, commands.Channel.CloseOk()))
+    assert_closing(conn, 503, "COMMAND_INVALID - unimplemented method", 20, 41)
+
+
+# -- content ------------------------------------------------------------------
+
+
+def test_publish_reassembled_from_many_body_frames() -> None:
+    """Publish + header + N body frames -> one PublishReceived with the header verbatim."""
+    conn = opened(frame_max=4096)
+    data = bytes(i % 256 for i in range(20_000))
+    props = commands.Basic.Properties(content_type="text/plain", headers={"h": 1})
+    wire = method(1, commands.Basic.Publish(exchange="amq.direct", routing_key="rk", mandatory=True))
+    wire += content_header(1, len(data), props)
+    chunks = [data[i : i + 4088] for i in range(0, len(data), 4088)]
+    assert len(chunks) == 5
+    for index, chunk in enumerate(chunks):
+        events = conn.receive_data(body_frame(1, chunk) if index else wire + body_frame(1, chunk))
+        if index < len(chunks) - 1:
+            assert events == []
+    [event] = events
+    assert isinstance(event, PublishReceived)
+    assert (event.channel, event.exchange, event.routing_key, event.mandatory, event.immediate) == (
+        1,
+        "amq.direct",
+        "rk",
+        True,
+        False,
+    )
+    assert event.header_payload == header.ContentHeader(0, len(data), props).marshal()
+    assert event.body_size == len(data) and b"".join(bytes(c) for c in event.body) == data
+
+
+def test_publish_fed_one_byte_at_a_time() -> None:
+    """Arbitrary splits change nothing: one event, when the last byte arrives."""
+    conn = opened(channels=(1, 2), frame_max=4096)
+    data = b"0123456789" * 900
+    wire = publish(2, data, frame_max=4096, exchange="", routing_key="q")
+    wire += method(1, commands.Basic.Ack(7))
+    events = []
+    for i in range(len(wire)):
+        events += conn.receive_data(wire[i : i + 1])
+    published, acked = events
+    assert isinstance(published, PublishReceived) and isinstance(acked, MethodReceived)
+    assert b"".join(bytes(c) for c in published.body) == data and published.channel == 2
+    ack: Any = acked.method
+    assert (type(ack), ack.delivery_tag) == (commands.Basic.Ack, 7)
+
+
+def test_publish_with_empty_body() -> None:
+    """A zero body_size completes the publish at its content header."""
+    conn = opened()
+    [event] = conn.receive_data(method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 0))
+    assert isinstance(event, PublishReceived) and event.body == [] and event.body_size == 0
+
+
+def test_publishes_interleave_across_channels() -> None:
+    """Content is assembled per channel: frames of two channels may interleave."""
+    conn = opened(channels=(1, 2))
+    wire = method(1, commands.Basic.Publish(routing_key="a")) + method(2, commands.Basic.Publish(routing_key="b"))
+    wire += content_header(2, 2) + content_header(1, 1) + body_frame(1, b"A") + body_frame(2, b"BB")
+    events = conn.receive_data(wire)
+    assert all(isinstance(e, PublishReceived) for e in events)
+    got = [(e.channel, e.routing_key, b"".join(e.body)) for e in events if isinstance(e, PublishReceived)]
+    assert got == [(1, "a", b"A"), (2, "b", b"BB")]
+
+
+def test_content_header_without_publish_is_505() -> None:
+    """A content header with no content-bearing method before it is 505 UNEXPECTED_FRAME."""
+    conn = opened()
+    conn.receive_data(content_header(1, 3))
+    assert_closing(conn, 505, "UNEXPECTED_FRAME - expected method frame, got non method frame instead")
+
+
+def test_body_without_header_is_505() -> None:
+    """A body frame right after basic.publish (no header) is 505 UNEXPECTED_FRAME."""
+    conn = opened()
+    conn.receive_data(method(1, commands.Basic.Publish(routing_key="q")) + body_frame(1, b"abc"))
+    assert_closing(
+        conn,
+        505,
+        "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead",
+        60,
+        40,
+    )
+
+
+def test_method_mid_body_is_505() -> None:
+    """A method arriving while body frames are due is 505 UNEXPECTED_FRAME."""
+    conn = opened()
+    conn.receive_data(method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 10))
+    conn.receive_data(body_frame(1, b"12345") + method(1, commands.Basic.Qos(prefetch_count=1)))
+    assert_closing(conn, 505, "UNEXPECTED_FRAME - expected content body, got non content body frame instead", 60, 40)
+
+
+def test_body_longer_than_declared_is_501() -> None:
+    """A body frame past the header's body_size: RabbitMQ's 501 FRAME_ERROR."""
+    conn = opened()
+    wire = method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 3) + body_frame(1, b"abcd")
+    events = conn.receive_data(wire)
+    assert events == []
+    assert_closing(conn, 501, "FRAME_ERROR - content body frame exceeds remaining content size", 60, 40)
+
+
+def test_oversize_body_is_406_channel_close() -> None:
+    """body_size over max_body_size is channel.close 406; its body frames are then discarded."""
+    conn = opened(channels=(1, 2), max_body_size=1000)
+    wire = method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 1001) + body_frame(1, b"x" * 1001)
+    assert conn.receive_data(wire) == []
+    [(channel, close)] = sent(conn)
+    assert channel == 1 and isinstance(close, commands.Channel.Close)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        406,
+        "PRECONDITION_FAILED - message size 1001 is larger than configured max size 1000",
+        60,
+        40,
+    )
+    assert conn.state is State.RUNNING
+    [event] = conn.receive_data(publish(2, b"y" * 1000, routing_key="q"))
+    assert isinstance(event, PublishReceived) and event.channel == 2
+
+
+# -- heartbeats and timeouts -------------------------------------------------------
+
+
+HEARTBEAT_BYTES = heartbeat.Heartbeat().marshal()
+
+
+def test_heartbeat_sent_after_half_the_interval_of_silence() -> None:
+    """With nothing sent for heartbeat/2 seconds, a heartbeat frame is queued."""
+    conn = opened(heartbeat=10)
+    assert conn.heartbeat_tick(100.0)
+    assert conn.heartbeat_tick(104.0) and conn.data_to_send() == b""
+    assert conn.heartbeat_tick(105.0)
+    assert conn.data_to_send() == HEARTBEAT_BYTES
+
+
+def test_no_heartbeat_while_other_frames_flow() -> None:
+    """Any data sent resets the heartbeat send timer."""
+    conn = opened(heartbeat=10)
+    conn.heartbeat_tick(100.0)
+    conn.send_method(1, commands.Basic.QosOk())
+    conn.data_to_send()
+    conn.heartbeat_tick(104.0)
+    assert conn.heartbeat_tick(108.0) and conn.data_to_send() == b""
+    conn.heartbeat_tick(109.0)
+    assert conn.data_to_send() == HEARTBEAT_BYTES
+
+
+def test_missed_heartbeats_kill_the_connection() -> None:
+    """Nothing received for 2 x heartbeat: heartbeat_tick returns False and the connection is closed."""
+    conn = opened(heartbeat=10)
+    assert conn.heartbeat_tick(100.0)
+    assert conn.heartbeat_tick(119.0)
+    assert conn.heartbeat_tick(120.0) is False
+    assert conn.closed and conn.close_reason == "missed heartbeats from client, timeout: 10s"
+
+
+def test_received_frames_count_as_activity() -> None:
+    """Any received frame, a heartbeat included, keeps the connection alive."""
+    conn = opened(heartbeat=10)
+    conn.heartbeat_tick(100.0)
+    assert conn.receive_data(HEARTBEAT_BYTES) == []
+    assert conn.heartbeat_tick(115.0)
+    assert conn.heartbeat_tick(134.0)
+    assert conn.heartbeat_tick(135.0) is False
+
+
+def test_handshake_timeout() -> None:
+    """A client that does not finish the handshake in time is dropped."""
+    conn = new_connection(handshake_timeout=10.0)
+    assert conn.heartbeat_tick(0.0)
+    conn.receive_data(PROTOCOL_HEADER)
+    assert conn.heartbeat_tick(9.0)
+    assert conn.heartbeat_tick(10.0) is False and conn.closed
+
+
+def test_close_ok_timeout() -> None:
+    """After our connection.close, a client that never sends close-ok is dropped."""
+    conn = opened(heartbeat=10)
+    conn.heartbeat_tick(0.0)
+    conn.close(320, "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'")
+    assert conn.heartbeat_tick(1.0)
+    assert conn.heartbeat_tick(10.0)
+    assert conn.heartbeat_tick(11.0) is False and conn.closed
+
+
+# -- connection close ---------------------------------------------------------------
+
+
+def test_client_closes_connection() -> None:
+    """Client connection.close -> close-ok and ConnectionClosed; nothing more is read."""
+    conn = opened()
+    events = conn.receive_data(method(0, commands.Connection.Close(200, "bye", 0, 0)))
+    assert [(ch, type(f)) for ch, f in sent(conn)] == [(0, commands.Connection.CloseOk)]
+    assert events == [ConnectionClosed("closed by client: 200 bye")] and conn.closed
+    assert conn.receive_data(method(1, commands.Queue.Declare(queue="q"))) == []
+    assert conn.send_method(1, commands.Basic.QosOk()) is False
+
+
+def test_server_closes_connection_and_waits_for_close_ok() -> None:
+    """After our connection.close everything but close-ok is ignored; close-ok ends it."""
+    conn = opened()
+    text = "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"
+    conn.close(320, text)
+    assert_closing(conn, 320, text)
+    ignored = method(1, commands.Queue.Declare(queue="q")) + publish(1, b"abc", routing_key="q")
+    ignored += content_header(1, 3) + method(0, commands.Connection.Open("/"))
+    assert conn.receive_data(ignored) == [] and conn.data_to_send() == b""
+    assert conn.send_raw(b"\x08\x00\x00\x00\x00\x00\x00\xce") is False
+    assert conn.receive_data(method(0, commands.Connection.CloseOk())) == [ConnectionClosed(f"closed by server: {text}")]
+
+
+def test_connection_close_crossing_ours() -> None:
+    """A client connection.close crossing ours is answered with close-ok and ends the connection."""
+    conn = opened()
+    conn.close(320, "CONNECTION_FORCED - x")
+    conn.data_to_send()
+    events = conn.receive_data(method(0, commands.Connection.Close(200, "bye", 0, 0)))
+    assert [type(f) for _, f in sent(conn)] == [commands.Connection.CloseOk]
+    assert [type(e) for e in events] == [ConnectionClosed]
+
+
+# -- errors from the runtime --------------------------------------------------------
+
+
+def test_handle_error_soft_closes_the_channel() -> None:
+    """A soft error closes its channel, with RabbitMQ's code-name prefix."""
+    conn = opened()
+    conn.handle_error(AMQPError(404, "no queue 'q' in vhost '/'", 50, 10), channel=1)
+    [(channel, close)] = sent(conn)
+    assert channel == 1 and (close.reply_code, close.reply_text) == (404, "NOT_FOUND - no queue 'q' in vhost '/'")
+    assert conn.state is State.RUNNING
+
+
+def test_handle_error_hard_closes_the_connection() -> None:
+    """A hard error closes the connection, whatever channel it came from."""
+    conn = opened()
+    conn.handle_error(AMQPError(540, "immediate=true", 60, 40), channel=1)
+    assert_closing(conn, 540, "NOT_IMPLEMENTED - immediate=true", 60, 40)
+
+
+def test_format_reply_text() -> None:
+    """Reply texts carry the reply code's name, as RabbitMQ writes them."""
+    assert format_reply_text(406, "x") == "PRECONDITION_FAILED - x"
+    assert format_reply_text(504, "y") == "CHANNEL_ERROR - y"
+    assert format_reply_text(320, "z") == "CONNECTION_FORCED - z"
+
+
+def test_send_raw_checks_the_channel() -> None:
+    """Pre-encoded frames for a closing channel are dropped, others queued."""
+    conn = opened(channels=(1, 2))
+    conn.close_channel(1, 406, "PRECONDITION_FAILED - x")
+    conn.data_to_send()
+    assert conn.send_raw(b"one", channel=1) is False
+    assert conn.send_raw(b"two", channel=2) is True
+    assert conn.data_to_send() == b"two"

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import pytest
+from pamqp import body, commands, frame
+
+from workers.frame_buffer import (
+    FRAME_BODY,
+    FRAME_METHOD,
+    PROTOCOL_HEADER,
+    FrameBuffer,
+    FrameError,
+)
+
+
+def _frames(buffer: FrameBuffer) -> list[tuple[int, int, bytes]]:
+    return [(f.type, f.channel, bytes(f.payload)) for f in buffer]
+
+
+def _body_frame(channel: int, data: bytes) -> bytes:
+    return frame.marshal(body.ContentBody(data), channel)
+
+
+def test_complete_frames_are_yielded_in_order() -> None:
+    """Every complete frame in the input comes out, in order, with its channel."""
+    buffer = FrameBuffer(frame_max=4096)
+    buffer.add_data(_body_frame(1, b"one") + _body_frame(7, b"two"))
+    assert _frames(buffer) == [(FRAME_BODY, 1, b"one"), (FRAME_BODY, 7, b"two")]
+
+
+def test_a_partial_frame_waits_for_the_rest() -> None:
+    """A frame is parsed only once all of it, frame-end included, has arrived."""
+    data = frame.marshal(commands.Basic.Qos(prefetch_count=5), 3)
+    buffer = FrameBuffer()
+    buffer.add_data(data[:-1])
+    assert _frames(buffer) == []
+    buffer.add_data(data[-1:])
+    assert _frames(buffer) == [(FRAME_METHOD, 3, data[7:-1])]
+
+
+def test_one_byte_at_a_time() -> None:
+    """Frames split at every byte boundary reassemble exactly."""
+    data = _body_frame(1, b"abc") + _body_frame(2, b"") + _body_frame(3, b"xyz" * 100)
+    buffer = FrameBuffer()
+    seen = []
+    for i in range(len(data)):
+        buffer.add_data(data[i : i + 1])
+        seen += _frames(buffer)
+    assert seen == [(FRAME_BODY, 1, b"abc"), (FRAME_BODY, 2, b""), (FRAME_BODY, 3, b"xyz" * 100)]
+
+
+def test_payloads_stay_valid_after_more_data() -> None:
+    """A payload handed out is not overwritten by later input (it may be kept)."""
+    buffer = FrameBuffer()
+    buffer.add_data(_body_frame(1, b"first") + _body_frame(1, b"sec"))
+    kept = [f.payload for f in buffer]
+    buffer.add_data(_body_frame(1, b"ond") + _body_frame(1, b"third")[:5])
+    kept += [f.payload for f in buffer]
+    buffer.add_data(_body_frame(1, b"third")[5:])
+    kept += [f.payload for f in buffer]
+    assert [bytes(p) for p in kept] == [b"first", b"sec", b"ond", b"third"]
+
+
+def test_leftover_is_kept_when_iteration_stops_early() -> None:
+    """Frames not read before the next add_data are still yielded, in order."""
+    buffer = FrameBuffer()
+    buffer.add_data(_body_frame(1, b"a") + _body_frame(1, b"b"))
+    first = buffer.next_frame()
+    assert first is not None and bytes(first.payload) == b"a"
+    buffer.add_data(_body_frame(1, b"c"))
+    assert [bytes(f.payload) for f in buffer] == [b"b", b"c"]
+
+
+def test_bad_frame_end_is_a_frame_error() -> None:
+    """The frame-end octet must be 0xCE, else 501 FRAME_ERROR."""
+    data = bytearray(_body_frame(1, b"abc"))
+    data[-1] = 0x00
+    buffer = FrameBuffer()
+    buffer.add_data(bytes(data))
+    with pytest.raises(FrameError) as info:
+        list(buffer)
+    assert info.value.reply_code == 501
+
+
+def test_frame_over_frame_max_is_rejected_from_its_header() -> None:
+    """A frame larger than frame_max is a 501 as soon as its header arrives."""
+    buffer = FrameBuffer(frame_max=4096)
+    buffer.add_data(bytes([FRAME_BODY, 0, 1, 0, 0, 0x10, 0x01]))  # payload 4097, no payload yet
+    with pytest.raises(FrameError):
+        buffer.next_frame()
+
+
+def test_frame_of_exactly_frame_max_payload_is_accepted() -> None:
+    """RabbitMQ tolerates a payload of frame_max octets (its FRAME_SIZE_FUDGE)."""
+    buffer = FrameBuffer(frame_max=4096)
+    buffer.add_data(_body_frame(1, b"x" * 4096))
+    assert len(_frames(buffer)[0][2]) == 4096
+
+
+def test_unknown_frame_type_is_a_frame_error() -> None:
+    """Frame types other than method, header, body and heartbeat are 501."""
+    buffer = FrameBuffer()
+    buffer.add_data(bytes([4, 0, 1, 0, 0, 0, 0, 0xCE]))
+    with pytest.raises(FrameError):
+        buffer.next_frame()
+
+
+def test_heartbeat_with_payload_is_a_frame_error() -> None:
+    """A heartbeat frame has an empty payload."""
+    buffer = FrameBuffer()
+    buffer.add_data(bytes([8, 0, 0, 0, 0, 0, 1, 0, 0xCE]))
+    with pytest.raises(FrameError):
+        buffer.next_frame()
+
+
+def test_protocol_header_waits_for_eight_bytes() -> None:
+    """Before the handshake the buffer reads the 8-byte protocol header, then frames."""
+    buffer = FrameBuffer()
+    buffer.add_data(PROTOCOL_HEADER[:5])
+    assert buffer.read_protocol_header() is None
+    buffer.add_data(PROTOCOL_HEADER[5:] + _body_frame(1, b"z"))
+    assert buffer.read_protocol_header() == PROTOCOL_HEADER
+    assert _frames(buffer) == [(FRAME_BODY, 1, b"z")]

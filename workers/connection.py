@@ -1,0 +1,893 @@
+"""Sans-IO AMQP 0-9-1 server connection: bytes in, events and frames out.
+
+Theory of operation
+===================
+
+``AMQPConnection`` owns one client connection's protocol state and nothing
+else: no socket, no clock, no trio.  The runtime around it does four things:
+
+* feeds whatever the socket produced to ``receive_data(data)`` and acts on
+  the events it returns (``workers.events``), in order;
+* writes ``data_to_send()`` to the socket after every call;
+* calls ``heartbeat_tick(now)`` about once a second with a monotonic time;
+  when it returns False the connection is dead (missed heartbeats, handshake
+  or close timeout) and the socket is closed without further ado;
+* closes the socket once ``closed`` is true, after flushing
+  ``data_to_send()``.  ``ConnectionClosed`` is emitted when that happens
+  inside ``receive_data``.
+
+Bytes go through a ``FrameBuffer`` (complete frames only, size checked
+against the negotiated frame_max before the payload is buffered).  Frames on
+channel 0 drive the connection state machine, ``_TRANSITIONS``: a table of
+``(state, input) -> state`` applied by ``_transition``, which raises
+``UnexpectedMethod`` naming the state and the input when the pair is not in
+it.  The states and their names are RabbitMQ's (rabbit_reader), because the
+client-visible answer to an error depends on them:
+
+* before ``running`` most errors close the socket silently (RabbitMQ: "we
+  don't trust the client at this point"); only a refused login (when the
+  client has the ``authentication_failure_close`` capability), a failed tune
+  negotiation (530) and any error while ``opening`` get a connection.close;
+* in ``running`` a hard error sends connection.close and moves to
+  ``closing``, where everything but connection.close / close-ok is ignored
+  until the client's close-ok arrives (or ``heartbeat_tick`` times out);
+* a framing error means we have lost sync with the byte stream: the close is
+  sent and the connection is finished at once.
+
+Frames on other channels go through a second table, ``_CHANNEL_TABLE``:
+``(channel state, frame type) -> handler``.  A channel's state is also its
+content-assembly state (AMQP 0-9-1 §4.2.6: a content-bearing method is
+followed by one content header frame and body frames, on the same channel,
+with nothing in between), so a miss in the table is exactly RabbitMQ's
+505 UNEXPECTED_FRAME, with RabbitMQ's text for that state.  After the server
+sends channel.close the channel is ``closing``: every frame on it but
+channel.close / close-ok is discarded (AMQP 0-9-1 channel.close: "any
+received methods except Close and Close-OK MUST be discarded").
+
+All protocol errors are ``AMQPError`` (or ``FrameError``) and are turned into
+frames in one place, ``handle_error``: soft errors close the channel, hard
+errors the connection, and reply texts get RabbitMQ's ``"CODE_NAME - "``
+prefix there (``format_reply_text``).  The runtime uses the same entry point
+for the errors its own handlers raise.
+
+Outgoing frames are queued by ``send_method`` (pamqp objects) and
+``send_raw`` (bytes pre-encoded by ``workers.codec``); both refuse (return
+False) once the connection, or the channel given, is no longer open: nothing
+may follow a close on the wire but close-ok.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from pamqp import base, commands
+from pamqp import exceptions as pamqp_exceptions
+
+from workers import codec
+from workers.events import (
+    ChannelClosed,
+    ChannelOpened,
+    ConnectionClosed,
+    ConnectionOpened,
+    Event,
+    MethodReceived,
+    PublishReceived,
+)
+from workers.frame_buffer import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    PROTOCOL_HEADER,
+    Frame,
+    FrameBuffer,
+    FrameError,
+)
+
+# -- reply codes and errors -------------------------------------------------
+
+REPLY_SUCCESS = 200
+CONNECTION_FORCED = 320
+ACCESS_REFUSED = 403
+NOT_FOUND = 404
+RESOURCE_LOCKED = 405
+PRECONDITION_FAILED = 406
+FRAME_ERROR = 501
+SYNTAX_ERROR = 502
+COMMAND_INVALID = 503
+CHANNEL_ERROR = 504
+UNEXPECTED_FRAME = 505
+NOT_ALLOWED = 530
+NOT_IMPLEMENTED = 540
+INTERNAL_ERROR = 541
+
+
+# Code names (as RabbitMQ writes them) and the hard codes, from pamqp's spec table.
+REPLY_NAMES: dict[int, str] = {
+    code: str(error_class.name).replace("-", "_")  # type: ignore[attr-defined]  # set on each subclass
+    for code, error_class in pamqp_exceptions.CLASS_MAPPING.items()
+}
+HARD_REPLY_CODES = frozenset(
+    code
+    for code, error_class in pamqp_exceptions.CLASS_MAPPING.items()
+    if issubclass(error_class, pamqp_exceptions.AMQPHardError)
+)
+
+
+def format_reply_text(reply_code: int, text: str) -> str:
+    """RabbitMQ's reply text: ``"NOT_FOUND - no queue 'q' in vhost '/'"``."""
+    name = REPLY_NAMES.get(reply_code)
+    return f"{name} - {text}" if name else text
+
+
+class ErrorLike(Protocol):
+    """What ``handle_error`` needs: AMQPError, FrameError, or the runtime's own."""
+
+    reply_code: int
+    reply_text: str
+    class_id: int
+    method_id: int
+    hard: bool
+
+
+class AMQPError(Exception):
+    """A protocol error with its AMQP reply code.
+
+    ``reply_text`` is the explanation without the code-name prefix (added by
+    ``handle_error``).  ``hard`` defaults from the spec's table: soft codes
+    close the channel, hard codes the connection.
+    """
+
+    def __init__(
+        self,
+        reply_code: int,
+        reply_text: str,
+        class_id: int = 0,
+        method_id: int = 0,
+        *,
+        hard: bool | None = None,
+    ) -> None:
+        super().__init__(format_reply_text(reply_code, reply_text))
+        self.reply_code = reply_code
+        self.reply_text = reply_text
+        self.class_id = class_id
+        self.method_id = method_id
+        self.hard = reply_code in HARD_REPLY_CODES if hard is None else hard
+
+
+def method_ids(method: base.Frame) -> tuple[int, int]:
+    """(class id, method id) of a pamqp method, for close frames."""
+    return method.index >> 16, method.index & 0xFFFF
+
+
+# -- the connection state machine ---------------------------------------------
+
+
+class State(enum.Enum):
+    """Connection states, named as RabbitMQ's rabbit_reader names them."""
+
+    HANDSHAKE = "handshake"  # waiting for the protocol header
+    STARTING = "starting"  # connection.start sent
+    TUNING = "tuning"  # connection.tune sent
+    OPENING = "opening"  # tune-ok received, waiting for connection.open
+    RUNNING = "running"
+    CLOSING = "closing"  # we sent connection.close; waiting for close-ok
+    CLOSED = "closed"
+
+
+class Input(enum.Enum):
+    PROTOCOL_HEADER = "protocol header"
+    START_OK = "connection.start-ok"
+    TUNE_OK = "connection.tune-ok"
+    OPEN = "connection.open"
+    CLOSE = "connection.close"
+    CLOSE_OK = "connection.close-ok"
+    SEND_CLOSE = "server connection.close"
+    ABORT = "abort"
+
+
+_TRANSITIONS: dict[tuple[State, Input], State] = {
+    (State.HANDSHAKE, Input.PROTOCOL_HEADER): State.STARTING,
+    (State.STARTING, Input.START_OK): State.TUNING,
+    (State.TUNING, Input.TUNE_OK): State.OPENING,
+    (State.OPENING, Input.OPEN): State.RUNNING,
+    (State.RUNNING, Input.CLOSE): State.CLOSED,
+    (State.CLOSING, Input.CLOSE): State.CLOSED,
+    (State.CLOSING, Input.CLOSE_OK): State.CLOSED,
+    **{
+        (state, Input.SEND_CLOSE): State.CLOSING
+        for state in (State.STARTING, State.TUNING, State.OPENING, State.RUNNING)
+    },
+    **{(state, Input.ABORT): State.CLOSED for state in State if state is not State.CLOSED},
+}
+
+_METHOD_INPUTS: dict[int, Input] = {
+    commands.Connection.StartOk.index: Input.START_OK,
+    commands.Connection.TuneOk.index: Input.TUNE_OK,
+    commands.Connection.Open.index: Input.OPEN,
+    commands.Connection.Close.index: Input.CLOSE,
+    commands.Connection.CloseOk.index: Input.CLOSE_OK,
+}
+
+
+class UnexpectedMethod(AMQPError):
+    """A (state, input) pair the connection table does not have."""
+
+    def __init__(self, state: State, input_: Input | str, class_id: int, method_id: int) -> None:
+        # RabbitMQ's wording; 504 is what rabbit_reader answers.
+        super().__init__(
+            CHANNEL_ERROR, f"unexpected method in connection state {state.value}", class_id, method_id
+        )
+        self.state = state
+        self.input = input_
+
+
+# Accepted protocol headers.  RabbitMQ also takes the 0-9 header (AMQP 1 1 0 9)
+# as 0-9-1 (rabbit_reader version_negotiation); anything else is refused.
+ACCEPTED_PROTOCOL_HEADERS = frozenset((PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"))
+_SASL_DECODERS = {"PLAIN": codec.decode_plain_response, "AMQPLAIN": codec.decode_amqplain_response}
+MECHANISMS = tuple(_SASL_DECODERS)
+
+SERVER_CAPABILITIES: dict[str, Any] = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+}
+
+
+def default_server_properties(product: str = "Shoal", version: str = "0.1.0") -> dict[str, Any]:
+    """Server properties as RabbitMQ shapes them (capabilities included)."""
+    return {
+        "capabilities": dict(SERVER_CAPABILITIES),
+        "product": product,
+        "version": version,
+        "platform": "Python",
+        "information": "An AMQP 0-9-1 broker",
+    }
+
+
+# -- channels -----------------------------------------------------------------
+
+
+class ChannelState(enum.Enum):
+    UNOPENED = "unopened"
+    IDLE = "idle"  # open, expecting a method frame
+    AWAIT_HEADER = "awaiting content header"
+    AWAIT_BODY = "awaiting content body"
+    CLOSING = "closing"  # we sent channel.close; waiting for close-ok
+
+
+class _Channel:
+    """One open channel and the publish it is assembling."""
+
+    __slots__ = (
+        "state",
+        "handlers",
+        "exchange",
+        "routing_key",
+        "mandatory",
+        "immediate",
+        "header_payload",
+        "body_size",
+        "remaining",
+        "chunks",
+    )
+
+    def __init__(self, state: ChannelState = ChannelState.IDLE) -> None:
+        self.move(state)
+        self.reset_content()
+
+    def move(self, state: ChannelState) -> None:
+        """Enter ``state``; ``handlers`` is its row of _CHANNEL_TABLE (frame type -> handler)."""
+        self.state = state
+        self.handlers = _CHANNEL_ROWS[state]
+
+    def reset_content(self) -> None:
+        self.exchange = ""
+        self.routing_key = ""
+        self.mandatory = False
+        self.immediate = False
+        self.header_payload = b""
+        self.body_size = 0
+        self.remaining = 0
+        self.chunks: list[bytes | memoryview] = []
+
+
+_PUBLISH_IDS = (codec.BASIC_CLASS, codec.BASIC_PUBLISH)
+_ACK_IDS = (codec.BASIC_CLASS, codec.BASIC_ACK)
+# RabbitMQ's rabbit_command_assembler texts for a frame the state does not expect.
+_UNEXPECTED_FRAME_TEXT = {
+    ChannelState.UNOPENED: "expected method frame, got non method frame instead",
+    ChannelState.IDLE: "expected method frame, got non method frame instead",
+    ChannelState.AWAIT_HEADER: (
+        "expected content header for class 60, got non content header frame instead"
+    ),
+    ChannelState.AWAIT_BODY: "expected content body, got non content body frame instead",
+}
+
+# Methods a client may send on an open channel and the runtime handles.
+_CLIENT_METHODS = frozenset(
+    getattr(getattr(commands, class_name), method_name).index
+    for class_name, method_names in {
+        "Channel": "Flow FlowOk",
+        "Exchange": "Declare Delete Bind Unbind",
+        "Queue": "Declare Bind Purge Delete Unbind",
+        "Basic": "Qos Consume Cancel Get Ack Reject RecoverAsync Recover Nack",
+        "Tx": "Select Commit Rollback",
+        "Confirm": "Select",
+    }.items()
+    for method_name in method_names.split()
+)
+
+_IDS = struct.Struct(">HH")
+
+
+class AMQPConnection:
+    """One client connection, server side.  See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        server_properties: dict[str, Any],
+        frame_max: int = 131072,
+        channel_max: int = 2047,
+        heartbeat: int = 60,
+        users: Mapping[str, str] | None = None,
+        max_body_size: int = 16 << 20,
+        handshake_timeout: float = 10.0,
+    ) -> None:
+        self._server_properties = server_properties
+        self._server_frame_max = frame_max
+        self._server_channel_max = channel_max
+        self._server_heartbeat = heartbeat
+        self._users = dict(users) if users is not None else {"guest": "guest"}
+        self._max_body_size = max_body_size
+        self._handshake_timeout = handshake_timeout
+
+        self._state = State.HANDSHAKE
+        self._buffer = FrameBuffer(FRAME_MIN_SIZE)
+        self._out: list[bytes | bytearray | memoryview] = []
+        self._events: list[Event] = []
+        self._channels: dict[int, _Channel] = {}
+
+        # Negotiated values (AMQP 0-9-1 §4.2.3: frame-min-size until tuned).
+        self.frame_max = FRAME_MIN_SIZE
+        self.channel_max = channel_max
+        self.heartbeat = 0
+        self.vhost = ""
+        self.user = ""
+        self.client_properties: dict[str, Any] = {}
+        self.close_reason: str | None = None
+        self._auth_failure_close = False
+
+        # Liveness, in the runtime's clock (heartbeat_tick), from byte counts.
+        self._bytes_received = 0
+        self._bytes_sent = 0
+        self._seen_received = 0
+        self._seen_sent = 0
+        self._started_at: float | None = None
+        self._last_received = 0.0
+        self._last_sent = 0.0
+        self._closing_since: float | None = None
+
+    # -- public: state ----------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def closed(self) -> bool:
+        """True once the socket should be closed (after flushing data_to_send)."""
+        return self._state is State.CLOSED
+
+    def is_channel_open(self, channel: int) -> bool:
+        """Open and not closing: frames may be sent on it."""
+        chan = self._channels.get(channel)
+        return chan is not None and chan.state is not ChannelState.CLOSING
+
+    @property
+    def open_channels(self) -> list[int]:
+        return [ch for ch, chan in self._channels.items() if chan.state is not ChannelState.CLOSING]
+
+    # -- public: input ----------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Process received bytes; return the events they complete."""
+        self._events = []
+        if self._state is State.CLOSED or not data:
+            return self._events
+        self._bytes_received += len(data)
+        self._buffer.add_data(data)
+        try:
+            if self._state is State.HANDSHAKE:
+                self._read_protocol_header()
+            if self._state not in (State.HANDSHAKE, State.CLOSED):
+                self._read_frames()
+        except FrameError as exc:
+            self._on_frame_error(exc)
+        return self._events
+
+    def heartbeat_tick(self, now: float) -> bool:
+        """Send a heartbeat if due; False when the connection is dead.
+
+        Call about once a second with a monotonic clock, from accept time on
+        (the handshake timeout counts from the first call).  Like RabbitMQ,
+        a heartbeat goes out when nothing was sent for heartbeat/2 seconds,
+        and the client is dead after 2 x heartbeat seconds of silence; any
+        received byte counts.  Also ends a handshake that takes longer than
+        handshake_timeout and a close whose close-ok never comes.
+        """
+        if self._state is State.CLOSED:
+            return False
+        self._observe_traffic(now)
+        reason = self._timeout_reason(now)
+        if reason is not None:
+            self._finish(Input.ABORT, reason)
+            return False
+        if self._heartbeat_due(now):
+            self._out.append(codec.HEARTBEAT_FRAME)
+            self._last_sent = now
+        return True
+
+    # -- public: output ---------------------------------------------------------
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the socket since the last call."""
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        self._bytes_sent += len(data)
+        return data
+
+    def send_method(self, channel: int, method: base.Frame) -> bool:
+        """Queue a pamqp method; False (dropped) if the channel is not open."""
+        if not self._can_send(channel):
+            return False
+        self._out.append(codec.encode_method(channel, method))
+        return True
+
+    def send_raw(self, data: bytes | bytearray | memoryview, channel: int | None = None) -> bool:
+        """Queue pre-encoded frames (workers.codec); False (dropped) once the
+        connection, or ``channel`` when given, is no longer open."""
+        if not self._can_send(0 if channel is None else channel):
+            return False
+        self._out.append(data)
+        return True
+
+    def close_channel(
+        self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
+    ) -> None:
+        """Send channel.close (text verbatim); ChannelClosed follows its close-ok."""
+        chan = self._channels.get(channel)
+        if self._state is not State.RUNNING or chan is None or chan.state is ChannelState.CLOSING:
+            return
+        chan.reset_content()
+        chan.move(ChannelState.CLOSING)
+        close = commands.Channel.Close(reply_code, _shortstr(reply_text), class_id, method_id)
+        self._out.append(codec.encode_method(channel, close))
+
+    def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """Send connection.close (text verbatim), e.g. 320 CONNECTION_FORCED at
+        shutdown; the connection is closed when the client's close-ok arrives."""
+        if self._state is State.CLOSING or self._state is State.CLOSED:
+            return
+        if self._state is State.HANDSHAKE:
+            self._finish(Input.ABORT, reply_text)
+            return
+        self._send_close(reply_code, reply_text, class_id, method_id)
+
+    def handle_error(self, exc: ErrorLike, channel: int = 0) -> None:
+        """Turn a protocol error into channel.close or connection.close.
+
+        The one place errors become frames.  Soft errors on an open channel
+        close that channel; anything else closes the connection -- before
+        ``running`` only where RabbitMQ would say why (refused login with the
+        authentication_failure_close capability, a 530 while tuning, any
+        error while opening); otherwise the socket is just closed.  Errors
+        after we sent connection.close are ignored, as RabbitMQ does.
+        """
+        if self._state is State.CLOSING or self._state is State.CLOSED:
+            return
+        if not exc.hard and channel:
+            if self._state is State.RUNNING:
+                text = format_reply_text(exc.reply_code, exc.reply_text)
+                self.close_channel(channel, exc.reply_code, text, exc.class_id, exc.method_id)
+            return
+        text = format_reply_text(exc.reply_code, exc.reply_text)
+        if self._error_is_announced(exc):
+            self._send_close(exc.reply_code, text, exc.class_id, exc.method_id)
+        else:
+            self._finish(Input.ABORT, f"handshake failed: {text}")
+
+    # -- connection state machine ---------------------------------------------------
+
+    def _transition(self, input_: Input, class_id: int = 0, method_id: int = 0) -> State:
+        target = _TRANSITIONS.get((self._state, input_))
+        if target is None:
+            raise UnexpectedMethod(self._state, input_, class_id, method_id)
+        return target
+
+    def _enter(self, state: State) -> None:
+        self._state = state
+        if state is State.CLOSED:
+            self._channels.clear()
+            self._events.append(ConnectionClosed(self.close_reason or ""))
+
+    def _finish(self, input_: Input, reason: str) -> None:
+        self.close_reason = reason
+        self._enter(self._transition(input_))
+
+    def _send_close(self, reply_code: int, reply_text: str, class_id: int, method_id: int) -> None:
+        close = commands.Connection.Close(reply_code, _shortstr(reply_text), class_id, method_id)
+        self._out.append(codec.encode_method(0, close))
+        self.close_reason = f"closed by server: {reply_text}"
+        self._enter(self._transition(Input.SEND_CLOSE))
+
+    def _error_is_announced(self, exc: ErrorLike) -> bool:
+        """Whether RabbitMQ sends connection.close for this error in this state."""
+        if self._state is State.RUNNING or self._state is State.OPENING:
+            return True
+        if self._state is State.TUNING:
+            return exc.reply_code == NOT_ALLOWED
+        if self._state is State.STARTING:
+            return exc.reply_code == ACCESS_REFUSED and self._auth_failure_close
+        return False
+
+    def _read_protocol_header(self) -> None:
+        header = self._buffer.read_protocol_header()
+        if header is None:
+            return
+        if header not in ACCEPTED_PROTOCOL_HEADERS:
+            # AMQP 0-9-1 §4.2.2: answer with the header we support, then close.
+            self._out.append(PROTOCOL_HEADER)
+            self._finish(Input.ABORT, f"bad protocol header {header!r}")
+            return
+        self._enter(self._transition(Input.PROTOCOL_HEADER))
+        start = commands.Connection.Start(
+            version_major=0,
+            version_minor=9,
+            server_properties=self._server_properties,
+            mechanisms=" ".join(MECHANISMS),
+            locales="en_US",
+        )
+        self._out.append(codec.encode_method(0, start))
+
+    def _read_frames(self) -> None:
+        for frame in self._buffer:
+            try:
+                self._on_frame(frame)
+            except AMQPError as exc:
+                self.handle_error(exc, frame.channel)
+            if self._state is State.CLOSED:
+                return
+
+    def _on_frame_error(self, exc: FrameError) -> None:
+        # We have lost sync with the stream: say why, then stop reading
+        # (rabbit_reader fatal_frame_error).
+        self.handle_error(exc)
+        if self._state is not State.CLOSED:
+            self._finish(Input.ABORT, f"frame error: {exc.reply_text}")
+
+    def _on_frame(self, frame: Frame) -> None:
+        if frame.channel and self._state is State.RUNNING:  # the hot path first
+            self._on_channel_frame(frame)
+        elif frame.channel == 0:
+            self._on_channel0_frame(frame)
+        elif self._state is not State.CLOSING:
+            raise AMQPError(UNEXPECTED_FRAME, f"type {frame.type} frame on channel {frame.channel}")
+
+    def _on_channel0_frame(self, frame: Frame) -> None:
+        if frame.type == FRAME_METHOD:
+            self._on_connection_method(_decode(frame.payload))
+        elif frame.type != FRAME_HEARTBEAT:
+            raise AMQPError(UNEXPECTED_FRAME, f"type {frame.type} frame on channel 0")
+
+    def _on_connection_method(self, method: base.Frame) -> None:
+        class_id, method_id = method_ids(method)
+        input_ = _METHOD_INPUTS.get(method.index)
+        if input_ is None:
+            raise UnexpectedMethod(self._state, method.name, class_id, method_id)
+        target = self._transition(input_, class_id, method_id)
+        _CONNECTION_HANDLERS[input_](self, method)
+        self._enter(target)
+
+    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
+        self.client_properties = dict(method.client_properties or {})
+        capabilities = self.client_properties.get("capabilities")
+        self._auth_failure_close = (
+            isinstance(capabilities, dict) and capabilities.get("authentication_failure_close") is True
+        )
+        self.user = self._authenticate(method.mechanism, method.response)
+        tune = commands.Connection.Tune(
+            channel_max=self._server_channel_max,
+            frame_max=self._server_frame_max,
+            heartbeat=self._server_heartbeat,
+        )
+        self._out.append(codec.encode_method(0, tune))
+
+    def _authenticate(self, mechanism: str, response: str | bytes) -> str:
+        decoder = _SASL_DECODERS.get(mechanism)
+        if decoder is None:
+            raise AMQPError(COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'", 10, 11)
+        raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
+        try:
+            user, password = decoder(raw)
+        except codec.DecodeError as exc:
+            raise AMQPError(SYNTAX_ERROR, str(exc), 10, 11) from exc
+        if user not in self._users or self._users[user] != password:
+            raise AMQPError(
+                ACCESS_REFUSED,
+                f"Login was refused using authentication mechanism {mechanism}. "
+                "For details see the broker logfile.",
+                hard=True,
+            )
+        return user
+
+    def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        self.frame_max = _negotiate("frame_max", method.frame_max, self._server_frame_max, FRAME_MIN_SIZE)
+        self.channel_max = _negotiate("channel_max", method.channel_max, self._server_channel_max, 1)
+        # RabbitMQ takes the client's heartbeat as is; 0 disables heartbeats.
+        self.heartbeat = method.heartbeat
+        self._buffer.frame_max = self.frame_max
+
+    def _on_open(self, method: commands.Connection.Open) -> None:
+        vhost = method.virtual_host
+        if vhost != "/":
+            raise AMQPError(NOT_ALLOWED, f"vhost {vhost} not found", 10, 40)
+        self.vhost = vhost
+        self._out.append(codec.encode_method(0, commands.Connection.OpenOk()))
+        self._events.append(
+            ConnectionOpened(
+                vhost, self.user, self.client_properties, self.frame_max, self.channel_max, self.heartbeat
+            )
+        )
+
+    def _on_close(self, method: commands.Connection.Close) -> None:
+        self._out.append(codec.encode_method(0, commands.Connection.CloseOk()))
+        self.close_reason = f"closed by client: {method.reply_code} {method.reply_text}"
+
+    def _on_close_ok(self, method: commands.Connection.CloseOk) -> None:
+        pass  # close_reason was set when we sent connection.close
+
+    # -- channels -----------------------------------------------------------------
+
+    def _on_channel_frame(self, frame: Frame) -> None:
+        chan = self._channels.get(frame.channel)
+        if chan is None:
+            if frame.channel > self.channel_max:
+                raise AMQPError(
+                    NOT_ALLOWED,
+                    f"channel {frame.channel} is above the negotiated channel_max ({self.channel_max})",
+                )
+            chan = _UNOPENED
+        handler = chan.handlers.get(frame.type)  # a row of _CHANNEL_TABLE
+        if handler is None:
+            raise _unexpected_frame(chan.state)
+        handler(self, frame.channel, chan, frame.payload)
+
+    def _on_unopened_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
+        method = _decode(payload)
+        if not isinstance(method, commands.Channel.Open):
+            raise AMQPError(CHANNEL_ERROR, "expected 'channel.open'", *method_ids(method))
+        self._channels[channel] = _Channel()
+        self._out.append(codec.encode_method(channel, commands.Channel.OpenOk()))
+        self._events.append(ChannelOpened(channel))
+
+    def _on_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
+        ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
+        if ids == _PUBLISH_IDS:
+            self._begin_publish(chan, payload)
+            return
+        method = _decode_ack(payload) if ids == _ACK_IDS else _decode(payload)
+        if isinstance(method, commands.Channel.Close):
+            self._out.append(codec.encode_method(channel, commands.Channel.CloseOk()))
+            self._drop_channel(channel)
+        elif isinstance(method, commands.Channel.Open):
+            raise AMQPError(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+        elif method.index in _CLIENT_METHODS:
+            self._events.append(MethodReceived(channel, method))
+        else:
+            # rabbit_channel's answer to a method a client may not send.
+            raise AMQPError(COMMAND_INVALID, "unimplemented method", *method_ids(method))
+
+    def _on_closing_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
+        ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
+        if ids == (20, 40):  # channel.close crossing ours: answer it, keep waiting
+            self._out.append(codec.encode_method(channel, commands.Channel.CloseOk()))
+        elif ids == (20, 41):
+            self._drop_channel(channel)
+
+    def _discard(self, channel: int, chan: _Channel, payload: memoryview) -> None:
+        pass
+
+    def _drop_channel(self, channel: int) -> None:
+        del self._channels[channel]
+        self._events.append(ChannelClosed(channel))
+
+    def _begin_publish(self, chan: _Channel, payload: memoryview) -> None:
+        try:
+            exchange, routing_key, mandatory, immediate = codec.decode_basic_publish(payload)
+        except codec.DecodeError as exc:
+            raise AMQPError(FRAME_ERROR, str(exc), *_PUBLISH_IDS) from exc
+        chan.exchange, chan.routing_key = exchange, routing_key
+        chan.mandatory, chan.immediate = mandatory, immediate
+        chan.move(ChannelState.AWAIT_HEADER)
+
+    def _on_content_header(self, channel: int, chan: _Channel, payload: memoryview) -> None:
+        try:
+            class_id, body_size, _ = codec.parse_content_header(payload)
+        except codec.DecodeError as exc:
+            raise AMQPError(FRAME_ERROR, str(exc)) from exc
+        if class_id != codec.BASIC_CLASS:
+            raise AMQPError(
+                UNEXPECTED_FRAME,
+                f"expected content header for class 60, got one for class {class_id} instead",
+                *_PUBLISH_IDS,
+            )
+        if body_size > self._max_body_size:
+            chan.reset_content()
+            chan.move(ChannelState.IDLE)
+            raise AMQPError(
+                PRECONDITION_FAILED,
+                f"message size {body_size} is larger than configured max size {self._max_body_size}",
+                *_PUBLISH_IDS,
+            )
+        chan.header_payload = bytes(payload)
+        chan.body_size = chan.remaining = body_size
+        if body_size:
+            chan.move(ChannelState.AWAIT_BODY)
+        else:
+            self._publish_complete(channel, chan)
+
+    def _on_content_body(self, channel: int, chan: _Channel, payload: memoryview) -> None:
+        size = len(payload)
+        if size > chan.remaining:
+            # rabbit_command_assembler: a frame_error, not unexpected_frame.
+            raise AMQPError(FRAME_ERROR, "content body frame exceeds remaining content size", *_PUBLISH_IDS)
+        if size:
+            chan.chunks.append(payload)
+            chan.remaining -= size
+        if not chan.remaining:
+            self._publish_complete(channel, chan)
+
+    def _publish_complete(self, channel: int, chan: _Channel) -> None:
+        self._events.append(
+            PublishReceived(
+                channel,
+                chan.exchange,
+                chan.routing_key,
+                chan.mandatory,
+                chan.immediate,
+                chan.header_payload,
+                chan.body_size,
+                chan.chunks,
+            )
+        )
+        chan.reset_content()
+        chan.move(ChannelState.IDLE)
+
+    # -- liveness -----------------------------------------------------------------
+
+    def _observe_traffic(self, now: float) -> None:
+        if self._started_at is None:
+            self._started_at = self._last_received = self._last_sent = now
+        if self._bytes_received != self._seen_received:
+            self._seen_received = self._bytes_received
+            self._last_received = now
+        if self._bytes_sent != self._seen_sent:
+            self._seen_sent = self._bytes_sent
+            self._last_sent = now
+        if self._state is State.CLOSING and self._closing_since is None:
+            self._closing_since = now
+
+    def _timeout_reason(self, now: float) -> str | None:
+        state = self._state
+        if state is State.CLOSING:
+            assert self._closing_since is not None
+            if now - self._closing_since >= self._close_timeout():
+                return "timed out waiting for connection.close-ok"
+            return None
+        assert self._started_at is not None
+        if state is not State.RUNNING and now - self._started_at >= self._handshake_timeout:
+            return "handshake timeout"
+        if self._heartbeat_monitored() and now - self._last_received >= 2 * self.heartbeat:
+            return f"missed heartbeats from client, timeout: {self.heartbeat}s"
+        return None
+
+    def _close_timeout(self) -> float:
+        # rabbit_reader close_connection: the heartbeat, but at most 30 s.
+        return self.heartbeat if 0 < self.heartbeat < 30 else 30
+
+    def _heartbeat_monitored(self) -> bool:
+        return bool(self.heartbeat) and self._state in (State.OPENING, State.RUNNING)
+
+    def _heartbeat_due(self, now: float) -> bool:
+        return self._heartbeat_monitored() and now - self._last_sent >= self.heartbeat / 2
+
+    def _can_send(self, channel: int) -> bool:
+        if self._state is not State.RUNNING:
+            return False
+        return channel == 0 or self.is_channel_open(channel)
+
+
+_CONNECTION_HANDLERS: dict[Input, Callable[[AMQPConnection, Any], None]] = {
+    Input.START_OK: AMQPConnection._on_start_ok,
+    Input.TUNE_OK: AMQPConnection._on_tune_ok,
+    Input.OPEN: AMQPConnection._on_open,
+    Input.CLOSE: AMQPConnection._on_close,
+    Input.CLOSE_OK: AMQPConnection._on_close_ok,
+}
+
+_ChannelHandler = Callable[[AMQPConnection, int, _Channel, memoryview], None]
+
+# (channel state, frame type) -> handler.  A miss is 505 UNEXPECTED_FRAME.
+_CHANNEL_TABLE: dict[tuple[ChannelState, int], _ChannelHandler] = {
+    (ChannelState.UNOPENED, FRAME_METHOD): AMQPConnection._on_unopened_method,
+    (ChannelState.IDLE, FRAME_METHOD): AMQPConnection._on_method,
+    (ChannelState.AWAIT_HEADER, FRAME_HEADER): AMQPConnection._on_content_header,
+    (ChannelState.AWAIT_BODY, FRAME_BODY): AMQPConnection._on_content_body,
+    (ChannelState.CLOSING, FRAME_METHOD): AMQPConnection._on_closing_method,
+    (ChannelState.CLOSING, FRAME_HEADER): AMQPConnection._discard,
+    (ChannelState.CLOSING, FRAME_BODY): AMQPConnection._discard,
+    (ChannelState.CLOSING, FRAME_HEARTBEAT): AMQPConnection._discard,
+}
+# The table by row, so that dispatch is one int-keyed lookup per frame.
+_CHANNEL_ROWS: dict[ChannelState, dict[int, _ChannelHandler]] = {
+    state: {frame_type: handler for (row, frame_type), handler in _CHANNEL_TABLE.items() if row is state}
+    for state in ChannelState
+}
+_UNOPENED = _Channel(ChannelState.UNOPENED)  # shared, never mutated
+
+
+def _unexpected_frame(state: ChannelState) -> AMQPError:
+    ids = _PUBLISH_IDS if state in (ChannelState.AWAIT_HEADER, ChannelState.AWAIT_BODY) else (0, 0)
+    return AMQPError(UNEXPECTED_FRAME, _UNEXPECTED_FRAME_TEXT[state], *ids)
+
+
+def _decode(payload: memoryview) -> base.Frame:
+    """A method frame via pamqp; unknown ids are 540, undecodable fields 501."""
+    try:
+        return codec.decode_method(payload)
+    except codec.UnknownMethod as exc:
+        raise AMQPError(NOT_IMPLEMENTED, str(exc), exc.class_id, exc.method_id) from exc
+    except codec.DecodeError as exc:
+        raise AMQPError(FRAME_ERROR, str(exc)) from exc
+
+
+def _decode_ack(payload: memoryview) -> base.Frame:
+    try:
+        return codec.decode_basic_ack(payload)
+    except codec.DecodeError as exc:
+        raise AMQPError(FRAME_ERROR, str(exc), *_ACK_IDS) from exc
+
+
+def _negotiate(name: str, client: int, server: int, minimum: int) -> int:
+    """Tune-ok value: the client's when lower and non-zero, else ours."""
+    if 0 < client < minimum:
+        raise AMQPError(
+            NOT_ALLOWED,
+            f"negotiated {name} = {client} is lower than the minimum allowed value ({minimum})",
+            10,
+            30,
+        )
+    return min(client, server) if client else server
+
+
+def _shortstr(text: str) -> str:
+    """Reply texts are short strings: at most 255 octets on the wire."""
+    data = text.encode("utf-8")
+    if len(data) <= 255:
+        return text
+    return data[:252].decode("utf-8", "ignore") + "..."
