@@ -128,11 +128,21 @@ class Dispatcher:
         except AMQPError as exc:
             self._fail(worker, rec, exc)
 
+    def internal_error(self, worker: int, rec: Any) -> None:
+        """A request failed unexpectedly: close its connection with 541."""
+        if hasattr(rec, "conn"):
+            self._fail(worker, rec, InternalError("internal error"))
+
     def worker_died(self, worker: int) -> None:
         """Forget a dead worker: its consumers leave every queue, its channels'
         unacked messages go back to their original positions, its connections'
         exclusive queues are deleted."""
-        for owner in [o for o in self._conns if o[0] == worker]:
+        owners = {o for o in self._conns if o[0] == worker}
+        owners.update(
+            q.exclusive_owner for q in self.vhost.queues.values()
+            if q.exclusive_owner is not None and q.exclusive_owner[0] == worker
+        )
+        for owner in sorted(owners):
             self._conn_close(worker, r.ConnClose(conn=owner[1]))
         self.outbox[worker].clear()
         self.notify[worker].clear()

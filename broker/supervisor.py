@@ -196,6 +196,8 @@ class Supervisor:
         """Seed failure model: a dead worker's consumers and unacked messages
         are released, and its region is made ready for a replacement."""
         w.ready = False
+        # Records it finished writing still count: acks settle, publishes route.
+        self._apply(w, w.region.request_ring.get_all_nowait())
         self.dispatcher.worker_died(w.index)
         w.pending.clear()
         w.region.request_ring.reset()
@@ -215,16 +217,10 @@ class Supervisor:
         """Apply worker k's requests in ring order; sleep on its eventfd when idle."""
         ring = w.region.request_ring
         flag = w.region.supervisor_sleeping
-        decode = self.codec.decode_request
-        handle = self.dispatcher.handle
         while True:
             batch = ring.get_all_nowait(BATCH)
             if batch:
-                for raw in batch:
-                    rec = decode(raw)
-                    if isinstance(rec, r.Hello):
-                        self._hello(w, rec)
-                    handle(w.index, rec)
+                self._apply(w, batch)
                 self.flush()
                 await trio.sleep(0)
                 continue
@@ -234,6 +230,19 @@ class Supervisor:
                 continue
             await w.request_efd.wait()
             flag.clear()
+
+    def _apply(self, w: _WorkerSlot, batch: list[bytes]) -> None:
+        decode = self.codec.decode_request
+        handle = self.dispatcher.handle
+        for raw in batch:
+            rec = decode(raw)
+            if isinstance(rec, r.Hello):
+                self._hello(w, rec)
+            try:
+                handle(w.index, rec)
+            except Exception:  # noqa: BLE001 — a bug must not take every client down
+                log.exception("worker %d: failed to apply %r", w.index, rec)
+                self.dispatcher.internal_error(w.index, rec)
 
     def flush(self) -> None:
         """Move every outbox into its event ring and set notify slots; wake

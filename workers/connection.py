@@ -220,7 +220,10 @@ class UnexpectedMethod(AMQPError):
     def __init__(self, state: State, input_: Input | str, class_id: int, method_id: int) -> None:
         # RabbitMQ's wording; 504 is what rabbit_reader answers.
         super().__init__(
-            CHANNEL_ERROR, f"unexpected method in connection state {state.value}", class_id, method_id
+            CHANNEL_ERROR,
+            f"unexpected method in connection state {state.value}",
+            class_id,
+            method_id,
         )
         self.state = state
         self.input = input_
@@ -478,7 +481,9 @@ class AMQPConnection:
         close = commands.Channel.Close(reply_code, _shortstr(reply_text), class_id, method_id)
         self._out.append(codec.encode_method(channel, close))
 
-    def close(self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0) -> None:
+    def close(
+        self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
+    ) -> None:
         """Send connection.close (text verbatim), e.g. 320 CONNECTION_FORCED at
         shutdown; the connection is closed when the client's close-ok arrives."""
         if self._state is State.CLOSING or self._state is State.CLOSED:
@@ -607,7 +612,8 @@ class AMQPConnection:
         self.client_properties = dict(method.client_properties or {})
         capabilities = self.client_properties.get("capabilities")
         self._auth_failure_close = (
-            isinstance(capabilities, dict) and capabilities.get("authentication_failure_close") is True
+            isinstance(capabilities, dict)
+            and capabilities.get("authentication_failure_close") is True
         )
         self.user = self._authenticate(method.mechanism, method.response)
         tune = commands.Connection.Tune(
@@ -620,7 +626,9 @@ class AMQPConnection:
     def _authenticate(self, mechanism: str, response: str | bytes) -> str:
         decoder = _SASL_DECODERS.get(mechanism)
         if decoder is None:
-            raise AMQPError(COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'", 10, 11)
+            raise AMQPError(
+                COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'", 10, 11
+            )
         raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
         try:
             user, password = decoder(raw)
@@ -636,8 +644,12 @@ class AMQPConnection:
         return user
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
-        self.frame_max = _negotiate("frame_max", method.frame_max, self._server_frame_max, FRAME_MIN_SIZE)
-        self.channel_max = _negotiate("channel_max", method.channel_max, self._server_channel_max, 1)
+        self.frame_max = _negotiate(
+            "frame_max", method.frame_max, self._server_frame_max, FRAME_MIN_SIZE
+        )
+        self.channel_max = _negotiate(
+            "channel_max", method.channel_max, self._server_channel_max, 1
+        )
         # RabbitMQ takes the client's heartbeat as is; 0 disables heartbeats.
         self.heartbeat = method.heartbeat
         self._buffer.frame_max = self.frame_max
@@ -650,7 +662,12 @@ class AMQPConnection:
         self._out.append(codec.encode_method(0, commands.Connection.OpenOk()))
         self._events.append(
             ConnectionOpened(
-                vhost, self.user, self.client_properties, self.frame_max, self.channel_max, self.heartbeat
+                vhost,
+                self.user,
+                self.client_properties,
+                self.frame_max,
+                self.channel_max,
+                self.heartbeat,
             )
         )
 
@@ -669,7 +686,8 @@ class AMQPConnection:
             if frame.channel > self.channel_max:
                 raise AMQPError(
                     NOT_ALLOWED,
-                    f"channel {frame.channel} is above the negotiated channel_max ({self.channel_max})",
+                    f"channel {frame.channel} is above the negotiated channel_max "
+                    f"({self.channel_max})",
                 )
             chan = _UNOPENED
         handler = chan.handlers.get(frame.type)  # a row of _CHANNEL_TABLE
@@ -741,7 +759,8 @@ class AMQPConnection:
             chan.move(ChannelState.IDLE)
             raise AMQPError(
                 PRECONDITION_FAILED,
-                f"message size {body_size} is larger than configured max size {self._max_body_size}",
+                f"message size {body_size} is larger than configured max size "
+                f"{self._max_body_size}",
                 *_PUBLISH_IDS,
             )
         chan.header_payload = bytes(payload)
@@ -755,7 +774,9 @@ class AMQPConnection:
         size = len(payload)
         if size > chan.remaining:
             # rabbit_command_assembler: a frame_error, not unexpected_frame.
-            raise AMQPError(FRAME_ERROR, "content body frame exceeds remaining content size", *_PUBLISH_IDS)
+            raise AMQPError(
+                FRAME_ERROR, "content body frame exceeds remaining content size", *_PUBLISH_IDS
+            )
         if size:
             chan.chunks.append(payload)
             chan.remaining -= size
@@ -845,7 +866,9 @@ _CHANNEL_TABLE: dict[tuple[ChannelState, int], _ChannelHandler] = {
 }
 # The table by row, so that dispatch is one int-keyed lookup per frame.
 _CHANNEL_ROWS: dict[ChannelState, dict[int, _ChannelHandler]] = {
-    state: {frame_type: handler for (row, frame_type), handler in _CHANNEL_TABLE.items() if row is state}
+    state: {
+        frame_type: handler for (row, frame_type), handler in _CHANNEL_TABLE.items() if row is state
+    }
     for state in ChannelState
 }
 _UNOPENED = _Channel(ChannelState.UNOPENED)  # shared, never mutated

@@ -26,7 +26,7 @@ from ipc import records as r
 from ipc.region import Region
 from workers import codec
 from workers import events as ev
-from workers.connection import AMQPConnection
+from workers.connection import INTERNAL_ERROR, AMQPConnection, AMQPError
 from workers.session import Session
 from workers.worker import Worker
 
@@ -205,11 +205,15 @@ class Server:
                 return
             if not data:
                 return
-            for event in proto.receive_data(data):
-                if isinstance(event, ev.PublishReceived):
-                    await self._publish(session, event)
-                else:
-                    session.handle(event)
+            try:
+                for event in proto.receive_data(data):
+                    if isinstance(event, ev.PublishReceived):
+                        await self._publish(session, event)
+                    else:
+                        session.handle(event)
+            except Exception:  # noqa: BLE001 — one connection's bug must not end the worker
+                log.exception("connection %d: internal error", session.conn_id)
+                session.fail(AMQPError(INTERNAL_ERROR, "internal error", hard=True))
             worker.dirty.add(session)
             worker.after_batch()
 

@@ -49,11 +49,18 @@ def test_decode_basic_publish_matches_pamqp(
     exchange: str, routing_key: str, mandatory: bool, immediate: bool
 ) -> None:
     """The fast Basic.Publish decoder agrees with pamqp's."""
-    method = commands.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate)
+    method = commands.Basic.Publish(
+        exchange=exchange, routing_key=routing_key, mandatory=mandatory, immediate=immediate
+    )
     payload = memoryview(_method_payload(method))
     assert codec.decode_basic_publish(payload) == (exchange, routing_key, mandatory, immediate)
     pamqp_view: Any = codec.decode_method(payload)
-    assert (pamqp_view.exchange, pamqp_view.routing_key, pamqp_view.mandatory, pamqp_view.immediate) == (
+    assert (
+        pamqp_view.exchange,
+        pamqp_view.routing_key,
+        pamqp_view.mandatory,
+        pamqp_view.immediate,
+    ) == (
         exchange,
         routing_key,
         mandatory,
@@ -108,7 +115,9 @@ def test_encode_deliver_matches_pamqp(size: int) -> None:
     header_payload = _header_payload(size, PROPERTIES)
     expected = frame.marshal(commands.Basic.Deliver("ctag", 2**40, True, "ex", "rk"), 5)
     expected += _pamqp_content(5, header_payload, data, 4096)
-    got = codec.encode_deliver(5, "ctag", 2**40, True, "ex", "rk", header_payload, memoryview(data), 4096)
+    got = codec.encode_deliver(
+        5, "ctag", 2**40, True, "ex", "rk", header_payload, memoryview(data), 4096
+    )
     assert got == expected
 
 
@@ -139,7 +148,9 @@ def test_encode_return_matches_pamqp() -> None:
     header_payload = _header_payload(len(data), PROPERTIES)
     expected = frame.marshal(commands.Basic.Return(312, "NO_ROUTE", "ex", "rk"), 3)
     expected += _pamqp_content(3, header_payload, data, 8192)
-    assert codec.encode_return(3, 312, "NO_ROUTE", "ex", "rk", header_payload, data, 8192) == expected
+    assert (
+        codec.encode_return(3, 312, "NO_ROUTE", "ex", "rk", header_payload, data, 8192) == expected
+    )
 
 
 @pytest.mark.parametrize("multiple", [False, True])
@@ -151,7 +162,9 @@ def test_encode_ack_matches_pamqp(multiple: bool) -> None:
 @pytest.mark.parametrize(("multiple", "requeue"), [(False, True), (True, True), (True, False)])
 def test_encode_nack_matches_pamqp(multiple: bool, requeue: bool) -> None:
     """Basic.Nack for confirms, byte for byte."""
-    assert codec.encode_nack(4, 77, multiple, requeue) == frame.marshal(commands.Basic.Nack(77, multiple, requeue), 4)
+    assert codec.encode_nack(4, 77, multiple, requeue) == frame.marshal(
+        commands.Basic.Nack(77, multiple, requeue), 4
+    )
 
 
 def test_encode_method_is_pamqp() -> None:
@@ -179,7 +192,11 @@ def test_decode_basic_ack_matches_pamqp(multiple: bool) -> None:
     payload = memoryview(_method_payload(commands.Basic.Ack(2**50 + 3, multiple)))
     fast, slow = codec.decode_basic_ack(payload), codec.decode_method(payload)
     assert isinstance(slow, commands.Basic.Ack)
-    assert (fast.delivery_tag, fast.multiple) == (slow.delivery_tag, slow.multiple) == (2**50 + 3, multiple)
+    assert (
+        (fast.delivery_tag, fast.multiple)
+        == (slow.delivery_tag, slow.multiple)
+        == (2**50 + 3, multiple)
+    )
 
 
 def test_plain_response() -> None:

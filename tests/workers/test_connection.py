@@ -36,7 +36,9 @@ def method(channel: int, value: base.Frame) -> bytes:
     return frame.marshal(value, channel)
 
 
-def content_header(channel: int, body_size: int, properties: commands.Basic.Properties | None = None) -> bytes:
+def content_header(
+    channel: int, body_size: int, properties: commands.Basic.Properties | None = None
+) -> bytes:
     return frame.marshal(header.ContentHeader(0, body_size, properties), channel)
 
 
@@ -65,7 +67,10 @@ def sent(conn: AMQPConnection) -> list[tuple[int, Any]]:
 def start_ok(
     mechanism: str = "PLAIN", response: str | bytes = "\0guest\0guest", failure_close: bool = True
 ) -> bytes:
-    client_properties = {"product": "test", "capabilities": {"authentication_failure_close": failure_close}}
+    client_properties = {
+        "product": "test",
+        "capabilities": {"authentication_failure_close": failure_close},
+    }
     return method(0, commands.Connection.StartOk(client_properties, mechanism, response))  # type: ignore[arg-type]
 
 
@@ -74,7 +79,9 @@ def new_connection(**kwargs: Any) -> AMQPConnection:
     return AMQPConnection(**kwargs)
 
 
-def tuned(conn: AMQPConnection, frame_max: int = 131072, channel_max: int = 2047, heartbeat: int = 60) -> None:
+def tuned(
+    conn: AMQPConnection, frame_max: int = 131072, channel_max: int = 2047, heartbeat: int = 60
+) -> None:
     """Run the handshake up to (not including) connection.open."""
     conn.receive_data(PROTOCOL_HEADER)
     conn.receive_data(start_ok())
@@ -102,9 +109,16 @@ def only_close(conn: AMQPConnection) -> commands.Connection.Close:
     return close
 
 
-def assert_closing(conn: AMQPConnection, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+def assert_closing(
+    conn: AMQPConnection, code: int, text: str, class_id: int = 0, method_id: int = 0
+) -> None:
     close = only_close(conn)
-    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (code, text, class_id, method_id)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        code,
+        text,
+        class_id,
+        method_id,
+    )
     assert conn.state is State.CLOSING
 
 
@@ -157,7 +171,7 @@ def test_handshake_with_amqplain() -> None:
     ],
 )
 def test_bad_login_is_403_close_when_client_asks(mechanism: str, response: str | bytes) -> None:
-    """A refused login gets connection.close 403 with RabbitMQ's text (authentication_failure_close)."""
+    """A refused login is connection.close 403, RabbitMQ's text (authentication_failure_close)."""
     conn = new_connection()
     conn.receive_data(PROTOCOL_HEADER)
     conn.data_to_send()
@@ -190,7 +204,9 @@ def test_unknown_mechanism_closes_silently() -> None:
     assert [type(e) for e in events] == [ConnectionClosed] and conn.closed
 
 
-@pytest.mark.parametrize("header_bytes", [b"AMQP\x00\x00\x09\x00", b"AMQP\x01\x01\x08\x00", b"GET / HTTP/1.1\r\n"])
+@pytest.mark.parametrize(
+    "header_bytes", [b"AMQP\x00\x00\x09\x00", b"AMQP\x01\x01\x08\x00", b"GET / HTTP/1.1\r\n"]
+)
 def test_bad_protocol_header_gets_ours_and_close(header_bytes: bytes) -> None:
     """An unsupported protocol header is answered with AMQP 0-9-1's, then the socket closes."""
     conn = new_connection()
@@ -232,6 +248,12 @@ def test_tune_ok_zero_keeps_server_limits() -> None:
     assert conn.data_to_send() == b""
 
 
+def test_tune_ok_higher_values_keep_server_limits() -> None:
+    """A tune-ok above our frame_max/channel_max does not raise them; its heartbeat is taken."""
+    conn = opened(frame_max=1 << 20, channel_max=65535, heartbeat=600)
+    assert (conn.frame_max, conn.channel_max, conn.heartbeat) == (131072, 2047, 600)
+
+
 def test_tune_ok_frame_max_below_minimum_is_530() -> None:
     """frame_max below 4096 fails negotiation: 530 NOT_ALLOWED, as RabbitMQ."""
     conn = new_connection()
@@ -240,7 +262,11 @@ def test_tune_ok_frame_max_below_minimum_is_530() -> None:
     conn.data_to_send()
     conn.receive_data(method(0, commands.Connection.TuneOk(2047, 1024, 60)))
     assert_closing(
-        conn, 530, "NOT_ALLOWED - negotiated frame_max = 1024 is lower than the minimum allowed value (4096)", 10, 30
+        conn,
+        530,
+        "NOT_ALLOWED - negotiated frame_max = 1024 is lower than the minimum allowed value (4096)",
+        10,
+        30,
     )
 
 
@@ -272,10 +298,12 @@ def test_unexpected_method_error_names_state_and_input() -> None:
 
 
 def test_handshake_method_while_running_is_504() -> None:
-    """connection.start-ok once running is RabbitMQ's 504 "unexpected method in connection state"."""
+    """connection.start-ok once running: RabbitMQ's 504 "unexpected method in connection state"."""
     conn = opened()
     conn.receive_data(start_ok())
-    assert_closing(conn, 504, "CHANNEL_ERROR - unexpected method in connection state running", 10, 11)
+    assert_closing(
+        conn, 504, "CHANNEL_ERROR - unexpected method in connection state running", 10, 11
+    )
 
 
 # -- framing errors -----------------------------------------------------------
@@ -370,7 +398,9 @@ def test_channel_method_on_channel_zero_is_504() -> None:
     """Channel 0 carries only connection methods: RabbitMQ answers 504."""
     conn = opened()
     conn.receive_data(method(0, commands.Channel.Open()))
-    assert_closing(conn, 504, "CHANNEL_ERROR - unexpected method in connection state running", 20, 10)
+    assert_closing(
+        conn, 504, "CHANNEL_ERROR - unexpected method in connection state running", 20, 10
+    )
 
 
 def test_method_received() -> None:
@@ -398,7 +428,12 @@ def test_server_closes_channel_and_discards_until_close_ok() -> None:
     conn = opened(channels=(1, 2))
     conn.close_channel(1, 404, "NOT_FOUND - no queue 'q' in vhost '/'", 50, 10)
     [(channel, close)] = sent(conn)
-    assert channel == 1 and (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+    assert channel == 1 and (
+        close.reply_code,
+        close.reply_text,
+        close.class_id,
+        close.method_id,
+    ) == (
         404,
         "NOT_FOUND - no queue 'q' in vhost '/'",
         50,
@@ -440,7 +475,9 @@ def test_publish_reassembled_from_many_body_frames() -> None:
     conn = opened(frame_max=4096)
     data = bytes(i % 256 for i in range(20_000))
     props = commands.Basic.Properties(content_type="text/plain", headers={"h": 1})
-    wire = method(1, commands.Basic.Publish(exchange="amq.direct", routing_key="rk", mandatory=True))
+    wire = method(
+        1, commands.Basic.Publish(exchange="amq.direct", routing_key="rk", mandatory=True)
+    )
     wire += content_header(1, len(data), props)
     chunks = [data[i : i + 4088] for i in range(0, len(data), 4088)]
     assert len(chunks) == 5
@@ -480,18 +517,26 @@ def test_publish_fed_one_byte_at_a_time() -> None:
 def test_publish_with_empty_body() -> None:
     """A zero body_size completes the publish at its content header."""
     conn = opened()
-    [event] = conn.receive_data(method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 0))
+    [event] = conn.receive_data(
+        method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 0)
+    )
     assert isinstance(event, PublishReceived) and event.body == [] and event.body_size == 0
 
 
 def test_publishes_interleave_across_channels() -> None:
     """Content is assembled per channel: frames of two channels may interleave."""
     conn = opened(channels=(1, 2))
-    wire = method(1, commands.Basic.Publish(routing_key="a")) + method(2, commands.Basic.Publish(routing_key="b"))
+    wire = method(1, commands.Basic.Publish(routing_key="a")) + method(
+        2, commands.Basic.Publish(routing_key="b")
+    )
     wire += content_header(2, 2) + content_header(1, 1) + body_frame(1, b"A") + body_frame(2, b"BB")
     events = conn.receive_data(wire)
     assert all(isinstance(e, PublishReceived) for e in events)
-    got = [(e.channel, e.routing_key, b"".join(e.body)) for e in events if isinstance(e, PublishReceived)]
+    got = [
+        (e.channel, e.routing_key, b"".join(e.body))
+        for e in events
+        if isinstance(e, PublishReceived)
+    ]
     assert got == [(1, "a", b"A"), (2, "b", b"BB")]
 
 
@@ -499,7 +544,9 @@ def test_content_header_without_publish_is_505() -> None:
     """A content header with no content-bearing method before it is 505 UNEXPECTED_FRAME."""
     conn = opened()
     conn.receive_data(content_header(1, 3))
-    assert_closing(conn, 505, "UNEXPECTED_FRAME - expected method frame, got non method frame instead")
+    assert_closing(
+        conn, 505, "UNEXPECTED_FRAME - expected method frame, got non method frame instead"
+    )
 
 
 def test_body_without_header_is_505() -> None:
@@ -509,7 +556,8 @@ def test_body_without_header_is_505() -> None:
     assert_closing(
         conn,
         505,
-        "UNEXPECTED_FRAME - expected content header for class 60, got non content header frame instead",
+        "UNEXPECTED_FRAME - expected content header for class 60, "
+        "got non content header frame instead",
         60,
         40,
     )
@@ -520,22 +568,38 @@ def test_method_mid_body_is_505() -> None:
     conn = opened()
     conn.receive_data(method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 10))
     conn.receive_data(body_frame(1, b"12345") + method(1, commands.Basic.Qos(prefetch_count=1)))
-    assert_closing(conn, 505, "UNEXPECTED_FRAME - expected content body, got non content body frame instead", 60, 40)
+    assert_closing(
+        conn,
+        505,
+        "UNEXPECTED_FRAME - expected content body, got non content body frame instead",
+        60,
+        40,
+    )
 
 
 def test_body_longer_than_declared_is_501() -> None:
     """A body frame past the header's body_size: RabbitMQ's 501 FRAME_ERROR."""
     conn = opened()
-    wire = method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 3) + body_frame(1, b"abcd")
+    wire = (
+        method(1, commands.Basic.Publish(routing_key="q"))
+        + content_header(1, 3)
+        + body_frame(1, b"abcd")
+    )
     events = conn.receive_data(wire)
     assert events == []
-    assert_closing(conn, 501, "FRAME_ERROR - content body frame exceeds remaining content size", 60, 40)
+    assert_closing(
+        conn, 501, "FRAME_ERROR - content body frame exceeds remaining content size", 60, 40
+    )
 
 
 def test_oversize_body_is_406_channel_close() -> None:
     """body_size over max_body_size is channel.close 406; its body frames are then discarded."""
     conn = opened(channels=(1, 2), max_body_size=1000)
-    wire = method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 1001) + body_frame(1, b"x" * 1001)
+    wire = (
+        method(1, commands.Basic.Publish(routing_key="q"))
+        + content_header(1, 1001)
+        + body_frame(1, b"x" * 1001)
+    )
     assert conn.receive_data(wire) == []
     [(channel, close)] = sent(conn)
     assert channel == 1 and isinstance(close, commands.Channel.Close)
@@ -578,7 +642,7 @@ def test_no_heartbeat_while_other_frames_flow() -> None:
 
 
 def test_missed_heartbeats_kill_the_connection() -> None:
-    """Nothing received for 2 x heartbeat: heartbeat_tick returns False and the connection is closed."""
+    """Nothing received for 2 x heartbeat: heartbeat_tick returns False and the connection ends."""
     conn = opened(heartbeat=10)
     assert conn.heartbeat_tick(100.0)
     assert conn.heartbeat_tick(119.0)
@@ -638,7 +702,8 @@ def test_server_closes_connection_and_waits_for_close_ok() -> None:
     ignored += content_header(1, 3) + method(0, commands.Connection.Open("/"))
     assert conn.receive_data(ignored) == [] and conn.data_to_send() == b""
     assert conn.send_raw(b"\x08\x00\x00\x00\x00\x00\x00\xce") is False
-    assert conn.receive_data(method(0, commands.Connection.CloseOk())) == [ConnectionClosed(f"closed by server: {text}")]
+    closed = conn.receive_data(method(0, commands.Connection.CloseOk()))
+    assert closed == [ConnectionClosed(f"closed by server: {text}")] and conn.closed
 
 
 def test_connection_close_crossing_ours() -> None:
@@ -659,7 +724,10 @@ def test_handle_error_soft_closes_the_channel() -> None:
     conn = opened()
     conn.handle_error(AMQPError(404, "no queue 'q' in vhost '/'", 50, 10), channel=1)
     [(channel, close)] = sent(conn)
-    assert channel == 1 and (close.reply_code, close.reply_text) == (404, "NOT_FOUND - no queue 'q' in vhost '/'")
+    assert channel == 1 and (close.reply_code, close.reply_text) == (
+        404,
+        "NOT_FOUND - no queue 'q' in vhost '/'",
+    )
     assert conn.state is State.RUNNING
 
 

@@ -1,0 +1,223 @@
+"""The supervisor's record dispatch: requests in, events, notify slots and
+body frees out — without processes or shared memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.dispatch import Dispatcher
+from ipc import records as r
+
+W0, W1 = 0, 1
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.freed: list[tuple[int, int]] = []
+        self.d = Dispatcher(2, lambda region, offset: self.freed.append((region, offset)))
+        self._offset = 0
+
+    def send(self, worker: int, rec: r.Request) -> None:
+        self.d.handle(worker, rec)
+
+    def events(self, worker: int) -> list[r.Event]:
+        out = list(self.d.outbox[worker])
+        self.d.outbox[worker].clear()
+        return out
+
+    def woken(self, worker: int) -> list[int]:
+        slots = list(self.d.notify[worker])
+        self.d.notify[worker].clear()
+        return slots
+
+    def declare(self, name: str, worker: int = W0, conn: int = 1, **kw: bool) -> None:
+        self.send(worker, r.QueueDeclare(conn, 1, name, False, False, kw.get("exclusive", False),
+                                         False, {}, False))
+        self.events(worker)
+
+    def publish(self, rk: str, worker: int = W0, *, exchange: str = "", mandatory: bool = False,
+                confirm: bool = False) -> int:
+        self._offset += 256
+        self.send(worker, r.Publish(1, 1, exchange, rk, mandatory, confirm, self._offset, 16, 100,
+                                    None))
+        return self._offset
+
+    def consume(self, queue: str, cid: int, slot: int, worker: int = W1, conn: int = 1,
+                ch: int = 1, *, browse: bool = False, priority: int = 0) -> None:
+        self.send(worker, r.Consume(conn, ch, cid, slot, queue, f"c{cid}", False, False,
+                                    priority, browse, True, False))
+        assert isinstance(self.events(worker)[0], r.Reply)
+
+    def pull(self, cid: int, n: int, worker: int = W1) -> r.Pulled:
+        self.send(worker, r.Pull(cid, n))
+        (pulled,) = self.events(worker)
+        assert isinstance(pulled, r.Pulled)
+        return pulled
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_new_message_wakes_one_consumer_slot_on_its_worker(h: Harness) -> None:
+    """notifyWork is the consumer's notify slot on its own worker, one consumer per message."""
+    h.declare("q")
+    h.consume("q", cid=1, slot=10)
+    h.consume("q", cid=2, slot=11)
+    h.publish("q")
+    assert h.woken(W1) in ([10], [11])
+    assert h.woken(W0) == []
+
+
+def test_pull_answers_with_the_publishers_arena_handle(h: Harness) -> None:
+    """deliverSingleMessage hands out the body's handle, never the bytes."""
+    h.declare("q")
+    offset = h.publish("q", worker=W0)
+    h.consume("q", cid=1, slot=3)
+    pulled = h.pull(1, 10)
+    (d,) = pulled.deliveries
+    assert (d.region, d.offset, d.header_len, d.body_len) == (W0, offset, 16, 100)
+    assert (d.exchange, d.routing_key, d.redelivered) == ("", "q", False)
+    assert pulled.more is False
+
+
+def test_ack_frees_the_body_once_the_last_queue_settles(h: Harness) -> None:
+    """A fanned-out body is freed only when every queue's entry is settled."""
+    h.declare("a")
+    h.declare("b")
+    for q in ("a", "b"):
+        h.send(W0, r.QueueBind(1, 1, q, "amq.fanout", "", {}, False))
+    h.events(W0)
+    offset = h.publish("", exchange="amq.fanout")
+    h.consume("a", cid=1, slot=1)
+    h.consume("b", cid=2, slot=2, ch=2)
+    (da,) = h.pull(1, 1).deliveries
+    (db,) = h.pull(2, 1).deliveries
+    h.send(W1, r.Settle(1, 1, [da.entry], r.ACK))
+    assert h.freed == []
+    h.send(W1, r.Settle(1, 2, [db.entry], r.ACK))
+    assert h.freed == [(W0, offset)]
+
+
+def test_closed_channel_requeues_unacked_to_original_position_redelivered(h: Harness) -> None:
+    """Unacked messages of a closed channel go back in front, marked redelivered."""
+    h.declare("q")
+    h.publish("q")
+    h.publish("q")
+    h.consume("q", cid=1, slot=1)
+    first = h.pull(1, 1).deliveries[0]
+    h.send(W1, r.ChanClose(1, 1))
+    h.consume("q", cid=2, slot=2, ch=2)
+    again = h.pull(2, 10).deliveries
+    assert [d.entry for d in again][0] == first.entry
+    assert [d.redelivered for d in again] == [True, False]
+
+
+def test_dead_worker_releases_consumers_unacked_and_exclusive_queues(h: Harness) -> None:
+    """A worker dying requeues what its channels held and deletes its connections'
+    exclusive queues; consumers on other workers are woken for the work."""
+    h.declare("shared")
+    h.declare("mine", worker=W1, conn=7, exclusive=True)
+    h.publish("shared")
+    h.consume("shared", cid=1, slot=1, worker=W1)
+    held = h.pull(1, 1, worker=W1).deliveries[0]
+    h.consume("shared", cid=5, slot=9, worker=W0, conn=2)
+    h.woken(W0)
+    h.d.worker_died(W1)
+    assert "mine" not in h.d.vhost.queues
+    assert h.woken(W0) == [9]
+    (again,) = h.pull(5, 1, worker=W0).deliveries
+    assert (again.entry, again.redelivered) == (held.entry, True)
+
+
+def test_unroutable_mandatory_is_returned_and_left_for_the_publisher_to_free(h: Harness) -> None:
+    """An unroutable mandatory publish comes back as Returned (312 NO_ROUTE); the
+    publishing worker frees the block after sending basic.return."""
+    offset = h.publish("nowhere", mandatory=True, confirm=True)
+    ret, confirm = h.events(W0)
+    assert isinstance(ret, r.Returned) and (ret.code, ret.offset) == (312, offset)
+    assert isinstance(confirm, r.Confirm)
+    assert h.freed == []
+
+
+def test_unroutable_plain_publish_is_dropped_and_freed(h: Harness) -> None:
+    """A non-mandatory unroutable message is dropped and its block freed at once."""
+    offset = h.publish("nowhere")
+    assert h.events(W0) == []
+    assert h.freed == [(W0, offset)]
+
+
+def test_confirm_comes_after_enqueue(h: Harness) -> None:
+    """Publisher confirms: ack once the message is enqueued."""
+    h.declare("q")
+    h.publish("q", confirm=True)
+    assert h.events(W0) == [r.Confirm(1, 1, True)]
+    assert h.d.vhost.queues["q"].message_count == 1
+
+
+def test_error_names_the_failing_method(h: Harness) -> None:
+    """A domain error becomes an Error record with the reply code and the
+    (class, method) of the request, as channel.close carries them."""
+    h.send(W0, r.QueueDeclare(1, 1, "missing", True, False, False, False, {}, False))
+    (err,) = h.events(W0)
+    assert isinstance(err, r.Error)
+    assert (err.code, err.class_id, err.method_id) == (404, 50, 10)
+
+
+def test_replies_come_in_request_order(h: Harness) -> None:
+    """The supervisor answers a worker's requests in ring order."""
+    h.send(W0, r.ExchangeDeclare(1, 1, "x", "direct", False, False, False, False, {}, False))
+    h.send(W0, r.QueueDeclare(1, 1, "q", False, False, False, False, {}, False))
+    h.send(W0, r.QueueBind(1, 1, "q", "x", "k", {}, False))
+    assert [e.method for e in h.events(W0)] == ["xdecl", "qdecl", "qbind"]
+
+
+def test_nowait_requests_get_no_reply(h: Harness) -> None:
+    """nowait=true: the worker expects no -ok, so none is produced."""
+    h.send(W0, r.QueueDeclare(1, 1, "q", False, False, False, False, {}, True))
+    assert h.events(W0) == []
+    assert "q" in h.d.vhost.queues
+
+
+def test_browser_delivery_pins_the_body_until_the_worker_settles(h: Harness) -> None:
+    """A browser does not acquire; its delivery still keeps the body alive
+    until the worker has copied it, even if an acquiring consumer acks meanwhile."""
+    h.declare("q")
+    offset = h.publish("q")
+    h.consume("q", cid=1, slot=1, browse=True)
+    (seen,) = h.pull(1, 1).deliveries
+    h.consume("q", cid=2, slot=2, ch=2)
+    (taken,) = h.pull(2, 1).deliveries
+    h.send(W1, r.Settle(1, 2, [taken.entry], r.ACK))
+    assert h.freed == []
+    h.send(W1, r.Settle(1, 1, [seen.entry], r.ACK))
+    assert h.freed == [(W0, offset)]
+
+
+def test_queue_deletion_cancels_its_consumers(h: Harness) -> None:
+    """Deleting a queue tells each consumer's worker (consumer_cancel_notify)."""
+    h.declare("q")
+    h.consume("q", cid=4, slot=1)
+    h.send(W0, r.QueueDelete(1, 1, "q", False, False, False))
+    assert h.events(W1) == [r.Cancelled(4)]
+
+
+def test_live_offsets_cover_queued_and_unacked_bodies(h: Harness) -> None:
+    """The arena sweep after a worker death keeps every body still referenced."""
+    h.declare("q")
+    a = h.publish("q")
+    b = h.publish("q")
+    h.consume("q", cid=1, slot=1)
+    h.pull(1, 1)
+    assert h.d.live_offsets(W0) == {a, b}
+    assert h.d.live_offsets(W1) == set()
+
+
+def test_pull_for_a_cancelled_consumer_is_answered_empty(h: Harness) -> None:
+    """A pull that crossed a cancel gets an empty answer, not a delivery."""
+    h.declare("q")
+    h.publish("q")
+    h.consume("q", cid=1, slot=1)
+    h.send(W1, r.Cancel(1, 1, 1, True))
+    assert h.pull(1, 5) == r.Pulled(1, [], False)
