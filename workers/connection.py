@@ -394,6 +394,10 @@ class AMQPConnection:
         """True once the socket should be closed (after flushing data_to_send)."""
         return self._state is State.CLOSED
 
+    @property
+    def has_data_to_send(self) -> bool:
+        return bool(self._out)
+
     def is_channel_open(self, channel: int) -> bool:
         """Open and not closing: frames may be sent on it."""
         chan = self._channels.get(channel)
@@ -739,6 +743,9 @@ class AMQPConnection:
             exchange, routing_key, mandatory, immediate = codec.decode_basic_publish(payload)
         except codec.DecodeError as exc:
             raise AMQPError(FRAME_ERROR, str(exc), *_PUBLISH_IDS) from exc
+        if immediate:
+            # RabbitMQ (3.0+) does not implement immediate (rabbit_channel).
+            raise AMQPError(NOT_IMPLEMENTED, "immediate=true", *_PUBLISH_IDS)
         chan.exchange, chan.routing_key = exchange, routing_key
         chan.mandatory, chan.immediate = mandatory, immediate
         chan.move(ChannelState.AWAIT_HEADER)

@@ -47,7 +47,8 @@ class PublishReceived:
     ``header_payload`` is the content header frame's payload verbatim (class
     id, weight, body size, property flags and properties), ready to be passed
     through to ``codec.encode_deliver``.  ``body`` is the body frames'
-    payloads in order; their lengths sum to ``body_size``.
+    payloads in order; their lengths sum to ``body_size``.  ``immediate`` is
+    always False: the connection answers immediate=true with 540, as RabbitMQ.
     """
 
     channel: int

@@ -64,7 +64,7 @@ class Session:
         return data
 
     def proto_has_output(self) -> bool:
-        return bool(self.proto._out)  # TODO(has_output): public accessor
+        return self.proto.has_data_to_send
 
     def written(self) -> None:
         """The socket took what ``take_output`` gave: lift back-pressure."""

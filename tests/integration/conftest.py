@@ -40,6 +40,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -237,6 +238,7 @@ class Broker:
         self._clients: list[pika.BlockingConnection] = []
         self._known: dict[int, psutil.Process] = {}
         self._stopped = False
+        self._exit_expected = False
         command = [
             *serve_command(), "serve",
             "--host", HOST, "--port", "0", "--workers", str(workers),
@@ -318,6 +320,11 @@ class Broker:
 
     # ---- processes
 
+    def signal_supervisor(self, signum: int) -> None:
+        """Send the supervisor a signal from the test (so its exit is not reported as a crash)."""
+        self._exit_expected = True
+        os.kill(self.pid, signum)
+
     def _remember(self, pids: Iterable[int]) -> None:
         for pid in pids:
             if pid not in self._known:
@@ -378,24 +385,31 @@ class Broker:
         return connection
 
     def connections_on_workers(
-        self, indexes: Iterable[int], attempts: int = 64
+        self, indexes: Iterable[int], rounds: int = 8, burst: int = 8
     ) -> dict[int, pika.BlockingConnection]:
-        """Open connections until one has landed on each wanted worker index (bounded)."""
+        """Open connections until one has landed on each wanted worker index (bounded).
+
+        They are opened `burst` at a time, concurrently: workers share one listening socket, and
+        when connections arrive one by one on an idle broker the same worker can win every
+        accept(); concurrent arrivals are what spread them.
+        """
         wanted = set(indexes)
         found: dict[int, pika.BlockingConnection] = {}
-        seen: list[int] = []
-        for _ in range(attempts):
-            connection = self.connect()
-            index = worker_of(connection)
-            seen.append(index)
-            if index in wanted and index not in found:
-                found[index] = connection
+        seen: set[int] = set()
+        with ThreadPoolExecutor(burst) as pool:
+            for _ in range(rounds):
+                opened = list(pool.map(lambda _: self.connect(), range(burst)))
+                for connection in opened:
+                    index = worker_of(connection)
+                    seen.add(index)
+                    if index in wanted and index not in found:
+                        found[index] = connection
+                    else:
+                        close_quietly(connection)
                 if len(found) == len(wanted):
                     return found
-            else:
-                close_quietly(connection)
         raise AssertionError(
-            f"after {attempts} connections the workers seen were {sorted(set(seen))}; wanted {sorted(wanted)}"
+            f"after {rounds} x {burst} connections the workers seen were {sorted(seen)}; wanted {sorted(wanted)}"
         )
 
     def connections_on_distinct_workers(self, count: int = 2) -> list[pika.BlockingConnection]:
@@ -416,6 +430,8 @@ class Broker:
         self.close_clients()
         problems: list[str] = []
         tracked = self.processes()
+        if self.popen.poll() is not None and not self._exit_expected:
+            problems.append(f"supervisor had exited with {self.popen.returncode} before the test ended")
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
@@ -582,13 +598,20 @@ def finish(broker: Broker) -> None:
         pytest.fail("broker did not shut down cleanly:\n" + "\n".join(problems), pytrace=False)
 
 
+def _show_log_if_failed(request: pytest.FixtureRequest, instance: Broker) -> None:
+    # Shown by pytest under "Captured stdout teardown" of the failed test.
+    if request.node.stash.get(_CALL_FAILED, False):
+        print(instance.log_tail())
+
+
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
+def broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Broker]:
     """A fresh broker for this test alone; stopped and checked for leftovers afterwards."""
     instance = start_broker(tmp_path / "broker")
     try:
         yield instance
     finally:
+        _show_log_if_failed(request, instance)
         finish(instance)
 
 
@@ -628,6 +651,7 @@ def shared_broker(_shared_brokers: _SharedBrokers, request: pytest.FixtureReques
     instance = _shared_brokers.get()
     yield instance
     instance.close_clients()
+    _show_log_if_failed(request, instance)
     if request.node.stash.get(_CALL_FAILED, False) or not instance.running():
         problems = _shared_brokers.discard()
         if problems:

@@ -40,21 +40,26 @@ async def _ready_count(channel: aio_pika.abc.AbstractChannel, queue: str) -> int
 
 
 async def _connections_on_distinct_workers(
-    url: str, attempts: int = 64
+    url: str, rounds: int = 8, burst: int = 8
 ) -> list[aio_pika.abc.AbstractConnection]:
+    """One connection on each of workers 0 and 1, opened `burst` at a time (see
+    Broker.connections_on_workers for why concurrently)."""
     by_worker: dict[int, aio_pika.abc.AbstractConnection] = {}
-    for _ in range(attempts):
-        connection: aio_pika.abc.AbstractConnection = await aio_pika.connect(url, timeout=10)
-        worker = worker_of(connection)
-        if worker in by_worker:
-            await connection.close()
-        else:
-            by_worker[worker] = connection
-            if len(by_worker) == 2:
-                return list(by_worker.values())
-    for opened in by_worker.values():
-        await opened.close()
-    raise AssertionError(f"after {attempts} aio-pika connections only workers {sorted(by_worker)} answered")
+    for _ in range(rounds):
+        opened = await asyncio.gather(*(aio_pika.connect(url, timeout=10) for _ in range(burst)))
+        for connection in opened:
+            worker = worker_of(connection)
+            if worker in by_worker:
+                await connection.close()
+            else:
+                by_worker[worker] = connection
+        if len(by_worker) >= 2:
+            return list(by_worker.values())
+    for leftover in by_worker.values():
+        await leftover.close()
+    raise AssertionError(
+        f"after {rounds} x {burst} aio-pika connections only workers {sorted(by_worker)} answered"
+    )
 
 
 async def _round_trip(url: str, queue_name: str) -> None:

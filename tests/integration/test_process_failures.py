@@ -94,7 +94,7 @@ def test_sigterm_shuts_down_cleanly(broker: Broker) -> None:
     processes = broker.processes()
     assert len(processes) >= 3
 
-    os.kill(broker.pid, signal.SIGTERM)
+    broker.signal_supervisor(signal.SIGTERM)
     codes: dict[int, int] = {}
     limit = time.monotonic() + 10
     while len(codes) < len(connections) and time.monotonic() < limit:
@@ -120,7 +120,7 @@ def test_supervisor_sigkill_takes_workers_down(broker: Broker, shared_broker: Br
     bystander_segments = shm_segments(shared_broker.instance)
     assert bystander_segments, "the running shared broker has no /dev/shm segments to protect"
 
-    os.kill(broker.pid, signal.SIGKILL)
+    broker.signal_supervisor(signal.SIGKILL)
     broker.popen.wait(5)
     # Required: within a second. Tests never assert on wall time, so: they do exit.
     assert not wait_gone(workers, 5), "workers outlived their SIGKILLed supervisor"

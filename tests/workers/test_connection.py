@@ -540,6 +540,13 @@ def test_publishes_interleave_across_channels() -> None:
     assert got == [(1, "a", b"A"), (2, "b", b"BB")]
 
 
+def test_publish_immediate_is_540() -> None:
+    """basic.publish with immediate=true is 540 NOT_IMPLEMENTED, as in RabbitMQ 3.0+."""
+    conn = opened()
+    conn.receive_data(publish(1, b"abc", routing_key="q", immediate=True))
+    assert_closing(conn, 540, "NOT_IMPLEMENTED - immediate=true", 60, 40)
+
+
 def test_content_header_without_publish_is_505() -> None:
     """A content header with no content-bearing method before it is 505 UNEXPECTED_FRAME."""
     conn = opened()
