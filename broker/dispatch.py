@@ -138,10 +138,10 @@ class Dispatcher:
         unacked messages go back to their original positions, its connections'
         exclusive queues are deleted."""
         owners = {o for o in self._conns if o[0] == worker}
-        owners.update(
-            q.exclusive_owner for q in self.vhost.queues.values()
-            if q.exclusive_owner is not None and q.exclusive_owner[0] == worker
-        )
+        for q in self.vhost.queues.values():
+            owner = q.exclusive_owner
+            if isinstance(owner, tuple) and owner[0] == worker:
+                owners.add(owner)
         for owner in sorted(owners):
             self._conn_close(worker, r.ConnClose(conn=owner[1]))
         self.outbox[worker].clear()

@@ -23,6 +23,7 @@ If the supervisor dies, the workers see EOF on the ``alive`` pipe and exit.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -38,7 +39,6 @@ import trio
 from broker.dispatch import Dispatcher
 from ipc import records as r
 from ipc.region import Region, region_name, sweep_stale
-from ipc.ring import RingFull
 from ipc.wakeup import EventFd, wake_if_sleeping
 
 log = logging.getLogger("shoal.supervisor")
@@ -46,6 +46,7 @@ log = logging.getLogger("shoal.supervisor")
 SHUTDOWN_GRACE = 5.0
 BATCH = 1024
 RESTART_BACKOFF = 1.0
+SHM_DIR = "/dev/shm"
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Supervisor:
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
+        self._fit_arena()
         c = self.config
         for k in range(c.workers):
             region = Region.create(
@@ -105,6 +107,21 @@ class Supervisor:
             self.workers.append(_WorkerSlot(k, region))
         self._listener = self._bind()
         self.port = self._listener.getsockname()[1]
+
+    def _fit_arena(self) -> None:
+        """Shrink the arenas to what /dev/shm can hold: tmpfs pages are only
+        allocated when touched, and touching one past the mount's size limit
+        kills the worker with SIGBUS."""
+        c = self.config
+        st = os.statvfs(SHM_DIR)
+        free_mb = st.f_bavail * st.f_frsize >> 20
+        per_worker = free_mb // c.workers - 2 * c.ring_kb // 1024 - 1
+        if per_worker < c.arena_mb:
+            fitted = max(per_worker, 4)
+            log.warning("%s has %d MiB free: arenas shrunk from %d to %d MiB per worker",
+                        SHM_DIR, free_mb, c.arena_mb, fitted)
+            c.arena_mb = fitted
+            c.max_message_size = min(c.max_message_size, (fitted << 20) // 4)
 
     def _bind(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -125,10 +142,8 @@ class Supervisor:
         for fd in (self._alive_r, self._alive_w):
             os.close(fd)
         if self.config.ready_file:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.ready_file)
-            except FileNotFoundError:
-                pass
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:

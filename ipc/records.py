@@ -18,7 +18,7 @@ header payload followed by the body.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -32,31 +32,31 @@ class _Record(msgspec.Struct, frozen=True, array_like=True, tag_field="t", tag=T
 # --------------------------------------------------------------------------
 
 
-class Hello(_Record, tag="hello"):
+class Hello(_Record, frozen=True, tag="hello"):
     """A worker attached to its region and is about to accept connections."""
 
     pid: int
 
 
-class ConnOpen(_Record, tag="copen"):
+class ConnOpen(_Record, frozen=True, tag="copen"):
     conn: int
 
 
-class ConnClose(_Record, tag="cclose"):
+class ConnClose(_Record, frozen=True, tag="cclose"):
     """A connection is gone: its consumers go, its unacked messages are requeued,
     its exclusive queues are deleted."""
 
     conn: int
 
 
-class ChanClose(_Record, tag="chclose"):
+class ChanClose(_Record, frozen=True, tag="chclose"):
     """A channel is gone: its consumers go, its unacked messages are requeued."""
 
     conn: int
     ch: int
 
 
-class ExchangeDeclare(_Record, tag="xdecl"):
+class ExchangeDeclare(_Record, frozen=True, tag="xdecl"):
     conn: int
     ch: int
     name: str
@@ -69,7 +69,7 @@ class ExchangeDeclare(_Record, tag="xdecl"):
     nowait: bool
 
 
-class ExchangeDelete(_Record, tag="xdel"):
+class ExchangeDelete(_Record, frozen=True, tag="xdel"):
     conn: int
     ch: int
     name: str
@@ -77,7 +77,7 @@ class ExchangeDelete(_Record, tag="xdel"):
     nowait: bool
 
 
-class QueueDeclare(_Record, tag="qdecl"):
+class QueueDeclare(_Record, frozen=True, tag="qdecl"):
     conn: int
     ch: int
     name: str
@@ -89,7 +89,7 @@ class QueueDeclare(_Record, tag="qdecl"):
     nowait: bool
 
 
-class QueueBind(_Record, tag="qbind"):
+class QueueBind(_Record, frozen=True, tag="qbind"):
     conn: int
     ch: int
     queue: str
@@ -99,7 +99,7 @@ class QueueBind(_Record, tag="qbind"):
     nowait: bool
 
 
-class QueueUnbind(_Record, tag="qunbind"):
+class QueueUnbind(_Record, frozen=True, tag="qunbind"):
     conn: int
     ch: int
     queue: str
@@ -108,14 +108,14 @@ class QueueUnbind(_Record, tag="qunbind"):
     arguments: dict[str, Any]
 
 
-class QueuePurge(_Record, tag="qpurge"):
+class QueuePurge(_Record, frozen=True, tag="qpurge"):
     conn: int
     ch: int
     queue: str
     nowait: bool
 
 
-class QueueDelete(_Record, tag="qdel"):
+class QueueDelete(_Record, frozen=True, tag="qdel"):
     conn: int
     ch: int
     queue: str
@@ -124,7 +124,7 @@ class QueueDelete(_Record, tag="qdel"):
     nowait: bool
 
 
-class Consume(_Record, tag="consume"):
+class Consume(_Record, frozen=True, tag="consume"):
     """Subscribe a consumer to ``queue``; its notifyWork is notify slot ``slot``.
 
     ``consumer`` is unique for the worker's lifetime (slots are reused, ids
@@ -146,35 +146,35 @@ class Consume(_Record, tag="consume"):
     nowait: bool
 
 
-class Cancel(_Record, tag="cancel"):
+class Cancel(_Record, frozen=True, tag="cancel"):
     conn: int
     ch: int
     consumer: int
     nowait: bool
 
 
-class Interest(_Record, tag="interest"):
+class Interest(_Record, frozen=True, tag="interest"):
     """seed: AbstractQueue#setNotifyWorkDesired (credit, flow, back-pressure)."""
 
     consumer: int
     desired: bool
 
 
-class Pull(_Record, tag="pull"):
+class Pull(_Record, frozen=True, tag="pull"):
     """seed: AbstractQueue#deliverSingleMessage, up to ``max`` times."""
 
     consumer: int
     max: int
 
 
-class Get(_Record, tag="get"):
+class Get(_Record, frozen=True, tag="get"):
     conn: int
     ch: int
     queue: str
     no_ack: bool
 
 
-class Publish(_Record, tag="pub"):
+class Publish(_Record, frozen=True, tag="pub"):
     """A complete message whose header+body sit in this worker's arena."""
 
     conn: int
@@ -195,7 +195,7 @@ REQUEUE = 1
 DROP = 2
 
 
-class Settle(_Record, tag="settle"):
+class Settle(_Record, frozen=True, tag="settle"):
     """Acknowledge, requeue or drop entries this channel acquired."""
 
     conn: int
@@ -204,26 +204,26 @@ class Settle(_Record, tag="settle"):
     action: int
 
 
-Request = Union[
-    Hello,
-    ConnOpen,
-    ConnClose,
-    ChanClose,
-    ExchangeDeclare,
-    ExchangeDelete,
-    QueueDeclare,
-    QueueBind,
-    QueueUnbind,
-    QueuePurge,
-    QueueDelete,
-    Consume,
-    Cancel,
-    Interest,
-    Pull,
-    Get,
-    Publish,
-    Settle,
-]
+Request = (
+    Hello
+    | ConnOpen
+    | ConnClose
+    | ChanClose
+    | ExchangeDeclare
+    | ExchangeDelete
+    | QueueDeclare
+    | QueueBind
+    | QueueUnbind
+    | QueuePurge
+    | QueueDelete
+    | Consume
+    | Cancel
+    | Interest
+    | Pull
+    | Get
+    | Publish
+    | Settle
+)
 
 
 # --------------------------------------------------------------------------
@@ -231,7 +231,7 @@ Request = Union[
 # --------------------------------------------------------------------------
 
 
-class Reply(_Record, tag="ok"):
+class Reply(_Record, frozen=True, tag="ok"):
     """The successful answer to the channel's oldest outstanding request.
 
     ``method`` names the request's record tag; the other fields are filled
@@ -245,7 +245,7 @@ class Reply(_Record, tag="ok"):
     consumer_count: int = 0
 
 
-class Error(_Record, tag="err"):
+class Error(_Record, frozen=True, tag="err"):
     """The request failed with an AMQP reply code (soft or hard)."""
 
     conn: int
@@ -267,7 +267,7 @@ class Delivery(msgspec.Struct, frozen=True, array_like=True):
     body_len: int
 
 
-class Pulled(_Record, tag="pulled"):
+class Pulled(_Record, frozen=True, tag="pulled"):
     """The answer to a Pull: what was acquired, and whether the consumer is
     still Notified (``more``) or went back to Interested."""
 
@@ -276,19 +276,19 @@ class Pulled(_Record, tag="pulled"):
     more: bool
 
 
-class GetOk(_Record, tag="getok"):
+class GetOk(_Record, frozen=True, tag="getok"):
     conn: int
     ch: int
     delivery: Delivery
     message_count: int
 
 
-class GetEmpty(_Record, tag="getempty"):
+class GetEmpty(_Record, frozen=True, tag="getempty"):
     conn: int
     ch: int
 
 
-class Returned(_Record, tag="ret"):
+class Returned(_Record, frozen=True, tag="ret"):
     """An unroutable mandatory publish: the worker sends basic.return and
     frees the block (it is in its own arena)."""
 
@@ -303,7 +303,7 @@ class Returned(_Record, tag="ret"):
     body_len: int
 
 
-class Confirm(_Record, tag="confirm"):
+class Confirm(_Record, frozen=True, tag="confirm"):
     """Publisher confirm for the channel's oldest unconfirmed publish."""
 
     conn: int
@@ -311,13 +311,22 @@ class Confirm(_Record, tag="confirm"):
     ack: bool
 
 
-class Cancelled(_Record, tag="cancelled"):
+class Cancelled(_Record, frozen=True, tag="cancelled"):
     """The broker cancelled a consumer (its queue was deleted)."""
 
     consumer: int
 
 
-Event = Union[Reply, Error, Pulled, GetOk, GetEmpty, Returned, Confirm, Cancelled]
+Event = (
+    Reply
+    | Error
+    | Pulled
+    | GetOk
+    | GetEmpty
+    | Returned
+    | Confirm
+    | Cancelled
+)
 
 
 class Codec:

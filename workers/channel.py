@@ -220,10 +220,11 @@ class Channel:
         self.refresh(target)
 
     def _cancel(self, m: spec.Basic.Cancel) -> None:
-        target = self.consumers.pop(m.consumer_tag, None)
+        tag = m.consumer_tag or ""
+        target = self.consumers.pop(tag, None)
         if target is None:  # RabbitMQ answers cancel-ok for an unknown tag too
             if not m.nowait:
-                self._local_reply(spec.Basic.CancelOk(m.consumer_tag))
+                self._local_reply(spec.Basic.CancelOk(tag))
             return
         target.active = False
         rec = r.Cancel(self.session.conn_id, self.number, target.id, m.nowait)
@@ -316,7 +317,7 @@ class Channel:
             raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", *_ids(m),
                             hard=False)
         touched: set[ConsumerTarget] = set()
-        for entry, target in taken:
+        for _, target in taken:
             if target is not None:
                 target.unacked -= 1
                 self.consumer_unacked -= 1

@@ -15,7 +15,6 @@ Tasks of a worker process:
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 from typing import Any
