@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import platform
 from importlib import metadata
-from pathlib import Path
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 _REPORTED_DISTRIBUTIONS = ("trio", "pamqp", "msgspec", "posix-ipc", "pika", "aio-pika")
 

@@ -15,7 +15,9 @@ Nothing here waits without a bound:
 - starting waits at most `READY_TIMEOUT` for the ready file, then fails with the broker's log;
 - stopping sends SIGTERM, waits `STOP_TIMEOUT`, then SIGKILLs by PID every process of the broker
   it knows (the supervisor, every worker PID the ready file ever named, and every process still
-  in the supervisor's session), and fails if any survives or a /dev/shm/shoal.<instance>.* is left;
+  in the supervisor's session), and fails if any survives, if a /dev/shm/shoal.<instance>.* is
+  left, or if the supervisor had exited before the test ended without the test stopping it
+  (`Broker.signal_supervisor`); a failed test also gets the broker's log tail in its report;
 - a test's call phase runs under a SIGALRM deadline (`@pytest.mark.deadline(seconds)`, default
   `DEFAULT_DEADLINE`), so a broker that never answers a synchronous pika call fails the test
   instead of hanging the run. (A signal handler raising in the main thread interrupts pika's and
