@@ -39,6 +39,7 @@ import trio
 from broker.dispatch import Dispatcher
 from ipc import records as r
 from ipc.region import Region, region_name, sweep_stale
+from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wake_if_sleeping
 
 log = logging.getLogger("shoal.supervisor")
@@ -223,6 +224,17 @@ class Supervisor:
             log.info("worker %d: reclaimed %d unfinished body block(s)", w.index, swept)
         self.flush()
 
+    def _kill(self, w: _WorkerSlot) -> None:
+        """A worker whose ring no longer adds up is killed; its replacement
+        starts on reset rings (the failure model of a crashed worker)."""
+        log.error("worker %d: ring corrupt; replacing the worker", w.index)
+        if w.process is not None and w.process.returncode is None:
+            w.process.kill()
+
+    async def _corrupt(self, w: _WorkerSlot) -> None:
+        self._kill(w)
+        await trio.sleep(RESTART_BACKOFF / 10)  # _supervise resets the rings
+
     def _free_body(self, region: int, offset: int) -> None:
         self.workers[region].region.arena.free(offset)
 
@@ -233,7 +245,11 @@ class Supervisor:
         ring = w.region.request_ring
         flag = w.region.supervisor_sleeping
         while True:
-            batch = ring.get_all_nowait(BATCH)
+            try:
+                batch = ring.get_all_nowait(BATCH)
+            except RingCorrupt:
+                await self._corrupt(w)
+                continue
             if batch:
                 self._apply(w, batch)
                 self.flush()
@@ -272,7 +288,11 @@ class Supervisor:
                 w.pending.extend(encode(e) for e in out)
                 out.clear()
             if w.pending:
-                written = w.region.event_ring.put_many_nowait(w.pending)
+                try:
+                    written = w.region.event_ring.put_many_nowait(w.pending)
+                except RingCorrupt:
+                    self._kill(w)
+                    continue
                 del w.pending[:written]
                 if w.pending:
                     self._backlog.set()

@@ -320,6 +320,24 @@ def test_events_for_a_closed_channel_are_ignored() -> None:
     assert h.take() == []
 
 
+def test_events_for_a_channel_awaiting_close_ok_are_ignored() -> None:
+    """A channel the broker closed is gone at once: later events for it do nothing."""
+    h = Harness()
+    h.client(1, commands.Confirm.Select())
+    h.publish(1, b"m", exchange="", routing_key="q")
+    h.client(1, commands.Queue.Declare(queue="nope", passive=True))
+    h.client(1, commands.Queue.Bind(queue="nope", exchange="amq.direct", routing_key="k"))
+    h.frames()
+    h.take()
+    h.supervisor(r.Error(CONN, 1, 404, "no queue 'nope'", 50, 10))
+    assert h.take() == [r.ChanClose(CONN, 1)]
+    h.frames()
+    assert h.channel().closing  # still waiting for the client's close-ok
+    h.supervisor(r.Confirm(CONN, 1, True), r.Error(CONN, 1, 404, "no queue 'nope'", 50, 20))
+    assert h.take() == []
+    assert h.frames() == []
+
+
 def test_pull_in_flight_when_channel_closes_sends_nothing_more() -> None:
     """A channel closing with a pull in flight neither pulls nor settles afterwards."""
     h = Harness()

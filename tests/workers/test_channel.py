@@ -1,0 +1,474 @@
+"""Channel: credit and interest (setNotifyWorkDesired), pulls (deliverSingleMessage),
+delivery tags and settling, reply order, confirms, the "last declared queue".
+
+Driven through a real AMQPConnection and Session (see the harness in
+``test_session.py``); the records the channel sends are what is asserted on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pamqp import commands
+
+from ipc import records as r
+from tests.workers.test_session import (
+    CONN,
+    Harness,
+    consumer,
+    interests,
+    methods,
+    pulls,
+)
+from workers.consumer_target import PULL_BATCH, ConsumerTarget
+
+
+def deliver(h: Harness, target: ConsumerTarget, entries: list[int], more: bool = False) -> None:
+    h.supervisor(r.Pulled(target.id, [h.delivery(e) for e in entries], more))
+
+
+def delivery_tags(frames: list[tuple[int, Any]]) -> list[tuple[int, int | None]]:
+    """(channel, delivery tag) of each basic.deliver / basic.get-ok written."""
+    return [(n, f.delivery_tag) for n, f in frames
+            if isinstance(f, (commands.Basic.Deliver, commands.Basic.GetOk))]
+
+
+def with_prefetch(h: Harness, count: int, tag: str = "c1", *, global_: bool = False,
+                  queue: str = "q") -> ConsumerTarget:
+    h.client(1, commands.Basic.Qos(prefetch_count=count, global_=global_))
+    return consumer(h, 1, tag, queue)
+
+
+def only_channel_close(h: Harness) -> commands.Channel.Close:
+    [(n, close)] = methods(h.frames())
+    assert n == 1 and isinstance(close, commands.Channel.Close)
+    return close
+
+
+# -- credit and interest (seed: setNotifyWorkDesired) --------------------------------
+
+
+def test_consume_with_credit_is_interested() -> None:
+    """A consumer with prefetch credit says it is interested in its Consume record."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=2))
+    h.client(1, commands.Basic.Consume(queue="q", consumer_tag="c1"))
+    [consume] = h.take()
+    assert isinstance(consume, r.Consume)
+    assert (consume.queue, consume.tag, consume.interested) == ("q", "c1", True)
+
+
+def test_prefetch_exhausted_makes_consumer_uninterested_and_ack_restores() -> None:
+    """seed: setNotifyWorkDesired follows credit: N unacked → Interest(False); an ack → (True)."""
+    h = Harness()
+    target = with_prefetch(h, 2)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 2)]
+    deliver(h, target, [11], more=True)
+    assert interests(h.take()) == []  # one unacked, one credit left
+    h.notify(target)
+    h.take()
+    deliver(h, target, [12], more=True)
+    assert h.take() == [r.Interest(target.id, False)]
+
+    h.client(1, commands.Basic.Ack(delivery_tag=1))
+    assert h.take() == [r.Settle(CONN, 1, [11], r.ACK), r.Interest(target.id, True)]
+
+
+def test_notify_leads_to_one_pull_of_the_credit() -> None:
+    """seed: notifyWork → deliverSingleMessage: one Pull for the credit, none while in flight."""
+    h = Harness()
+    target = with_prefetch(h, 5)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 5)]
+    h.notify(target)
+    h.channel().refresh_all()
+    assert h.take() == []
+
+
+def test_pulled_with_more_pulls_again_with_remaining_credit() -> None:
+    """seed: a notified consumer keeps pulling while pulls succeed and credit remains."""
+    h = Harness()
+    target = with_prefetch(h, 5)
+    h.notify(target)
+    h.take()
+    deliver(h, target, [1, 2], more=True)
+    assert pulls(h.take()) == [r.Pull(target.id, 3)]
+
+
+def test_pulled_without_more_stops_until_next_notify() -> None:
+    """seed: the first empty pull sends the consumer back to Interested: no pull until notified."""
+    h = Harness()
+    target = with_prefetch(h, 5)
+    h.notify(target)
+    h.take()
+    deliver(h, target, [1], more=False)
+    assert h.take() == []
+    h.channel().refresh_all()
+    assert h.take() == []
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 4)]
+
+
+def test_unlimited_consumer_pulls_a_batch() -> None:
+    """Without prefetch a Pull asks for PULL_BATCH, the most one turn may take."""
+    h = Harness()
+    target = consumer(h)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, PULL_BATCH)]
+
+
+def test_global_qos_is_shared_by_the_channels_consumers() -> None:
+    """basic.qos global=true: consumers notified together never pull more than the shared credit."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=3, global_=True))
+    first = consumer(h, 1, "c1", "q1")
+    second = consumer(h, 1, "c2", "q2")
+    h.notify(first)
+    h.notify(second)
+    asked = pulls(h.take())
+    assert sum(p.max for p in asked) == 3
+    assert h.channel().pull_reserved == 3
+
+    deliver(h, first, [1, 2, 3], more=True)
+    h.notify(second)
+    assert pulls(h.take()) == []
+    assert not first.interested and not second.interested
+
+
+def test_global_qos_ack_gives_credit_back_to_every_consumer() -> None:
+    """An ack under global qos makes every consumer of the channel interested again."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=1, global_=True))
+    first = consumer(h, 1, "c1", "q1")
+    second = consumer(h, 1, "c2", "q2")
+    h.notify(first)
+    h.take()
+    deliver(h, first, [1], more=True)
+    h.notify(second)
+    assert set(interests(h.take())) == {r.Interest(first.id, False), r.Interest(second.id, False)}
+    h.client(1, commands.Basic.Ack(delivery_tag=1))
+    assert set(interests(h.take())) == {r.Interest(first.id, True), r.Interest(second.id, True)}
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Channel.on_pulled releases the pull's reserved global credit but refreshes only the "
+    "pulled target: a sibling made uninterested by that reservation stays uninterested"
+))
+def test_global_credit_released_by_a_short_pull_reaches_the_other_consumers() -> None:
+    """Global credit a pull reserved but did not use makes the channel's other consumers interested."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=3, global_=True))
+    first = consumer(h, 1, "c1", "q1")
+    second = consumer(h, 1, "c2", "q2")
+    h.notify(first)
+    h.notify(second)
+    assert h.take() == [r.Pull(first.id, 3), r.Interest(second.id, False)]
+    deliver(h, first, [], more=False)  # q1 was empty after all
+    assert r.Interest(second.id, True) in h.take()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "basic.cancel nowait drops the target while its Pull is in flight: the Pulled answer is "
+    "never routed, so Channel.pull_reserved keeps the reserved global credit forever"
+))
+def test_cancel_nowait_with_pull_in_flight_gives_its_credit_back() -> None:
+    """A consumer cancelled while pulling does not keep the channel's global credit."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=2, global_=True))
+    first = consumer(h, 1, "c1", "q1")
+    h.notify(first)
+    assert h.take() == [r.Pull(first.id, 2)]
+    h.client(1, commands.Basic.Cancel(consumer_tag="c1", nowait=True))
+    deliver(h, first, [], more=False)
+    h.client(1, commands.Basic.Consume(queue="q2", consumer_tag="c2"))
+    [consume] = [rec for rec in h.take() if isinstance(rec, r.Consume)]
+    assert consume.interested
+
+
+def test_no_ack_consumer_ignores_prefetch_and_settles_on_delivery() -> None:
+    """no-ack deliveries are not limited by prefetch and are settled (ACK) right after delivery."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=1))
+    target = consumer(h, no_ack=True)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, PULL_BATCH)]
+    deliver(h, target, [21, 22], more=True)
+    assert h.take() == [r.Settle(CONN, 1, [21, 22], r.ACK), r.Pull(target.id, PULL_BATCH)]
+    assert delivery_tags(h.frames()) == [(1, 1), (1, 2)]
+    assert not h.channel().unacked and target.unacked == 0
+
+
+def test_consume_before_consume_ok_does_not_pull() -> None:
+    """Deliveries never precede consume-ok: a notified consumer pulls only once it is sent."""
+    h = Harness()
+    h.client(1, commands.Basic.Consume(queue="q", consumer_tag="c1"))
+    h.take()
+    target = h.channel().consumers["c1"]
+    h.notify(target)
+    assert h.take() == []
+    h.supervisor(r.Reply(CONN, 1, "consume"))
+    [(n, ok)] = methods(h.frames())
+    assert n == 1 and isinstance(ok, commands.Basic.ConsumeOk) and ok.consumer_tag == "c1"
+    assert h.take() == [r.Pull(target.id, PULL_BATCH)]
+
+
+def test_channel_flow_switches_interest() -> None:
+    """channel.flow active=false: consumers uninterested; active=true: interested again."""
+    h = Harness()
+    target = consumer(h)
+    h.client(1, commands.Channel.Flow(active=False))
+    assert h.take() == [r.Interest(target.id, False)]
+    h.notify(target)
+    assert h.take() == []
+    h.client(1, commands.Channel.Flow(active=True))
+    assert h.take()[0] == r.Interest(target.id, True)
+    assert [f.active for _, f in methods(h.frames())] == [False, True]
+
+
+# -- delivery tags and settling ---------------------------------------------------------
+
+
+def test_delivery_tags_increase_per_channel_from_one() -> None:
+    """Delivery tags are the channel's: 1, 2, 3… on each channel, get-ok included."""
+    h = Harness(channels=(1, 2))
+    first = consumer(h, 1, "c1")
+    second = consumer(h, 2, "c2")
+    h.notify(first)
+    h.notify(second)
+    deliver(h, first, [1, 2])
+    deliver(h, second, [3])
+    h.client(1, commands.Basic.Get(queue="q"))
+    h.supervisor(r.GetOk(CONN, 1, h.delivery(4), 0))
+    deliver(h, second, [5])
+    assert delivery_tags(h.frames()) == [(1, 1), (1, 2), (2, 1), (1, 3), (2, 2)]
+
+
+def _three_delivered(h: Harness) -> ConsumerTarget:
+    target = consumer(h)
+    h.notify(target)
+    deliver(h, target, [11, 12, 13])
+    h.take()
+    h.frames()
+    return target
+
+
+def test_ack_multiple_settles_every_tag_up_to_it() -> None:
+    """basic.ack multiple=true settles every unacked tag up to it, in one Settle, in order."""
+    h = Harness()
+    _three_delivered(h)
+    h.client(1, commands.Basic.Ack(delivery_tag=2, multiple=True))
+    assert h.take() == [r.Settle(CONN, 1, [11, 12], r.ACK)]
+    h.client(1, commands.Basic.Ack(delivery_tag=3))
+    assert h.take() == [r.Settle(CONN, 1, [13], r.ACK)]
+    assert not h.channel().unacked
+
+
+def test_ack_multiple_zero_settles_everything() -> None:
+    """AMQP 0-9-1: multiple with delivery tag 0 acknowledges all outstanding messages."""
+    h = Harness()
+    _three_delivered(h)
+    h.client(1, commands.Basic.Ack(delivery_tag=0, multiple=True))
+    assert h.take() == [r.Settle(CONN, 1, [11, 12, 13], r.ACK)]
+
+
+@pytest.mark.parametrize("tag", [5, 2])
+def test_ack_of_unknown_tag_closes_the_channel(tag: int) -> None:
+    """An unknown (or already acked) delivery tag is 406 PRECONDITION_FAILED, channel closed."""
+    h = Harness()
+    _three_delivered(h)
+    h.client(1, commands.Basic.Ack(delivery_tag=2))
+    h.take()
+    h.client(1, commands.Basic.Ack(delivery_tag=tag))
+    close = only_channel_close(h)
+    assert close.reply_code == 406
+    assert close.reply_text == f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+    assert (close.class_id, close.method_id) == (60, 80)
+    assert h.take() == [r.ChanClose(CONN, 1)]
+
+
+def test_nack_without_requeue_drops() -> None:
+    """basic.nack requeue=false drops the message (Settle DROP)."""
+    h = Harness()
+    _three_delivered(h)
+    h.client(1, commands.Basic.Nack(delivery_tag=2, requeue=False))
+    assert h.take() == [r.Settle(CONN, 1, [12], r.DROP)]
+
+
+def test_nack_multiple_with_requeue_requeues_up_to_it() -> None:
+    """basic.nack multiple=true requeue=true requeues every tag up to it."""
+    h = Harness()
+    _three_delivered(h)
+    h.client(1, commands.Basic.Nack(delivery_tag=2, multiple=True, requeue=True))
+    assert h.take() == [r.Settle(CONN, 1, [11, 12], r.REQUEUE)]
+
+
+@pytest.mark.parametrize(("requeue", "action"), [(True, r.REQUEUE), (False, r.DROP)])
+def test_reject(requeue: bool, action: int) -> None:
+    """basic.reject requeue=true requeues (Settle REQUEUE); requeue=false drops."""
+    h = Harness()
+    _three_delivered(h)
+    h.client(1, commands.Basic.Reject(delivery_tag=3, requeue=requeue))
+    assert h.take() == [r.Settle(CONN, 1, [13], action)]
+
+
+def test_recover_requeues_every_unacked_message() -> None:
+    """basic.recover requeues all unacked messages of the channel and answers recover-ok."""
+    h = Harness()
+    _three_delivered(h)
+    h.client(1, commands.Basic.Ack(delivery_tag=2))
+    h.take()
+    h.client(1, commands.Basic.Recover(requeue=True))
+    assert h.take() == [r.Settle(CONN, 1, [11, 13], r.REQUEUE)]
+    assert [type(f) for _, f in methods(h.frames())] == [commands.Basic.RecoverOk]
+    assert not h.channel().unacked
+
+
+def test_get_no_ack_settles_and_get_ack_waits_for_ack() -> None:
+    """basic.get no-ack settles at once; with acks the entry waits for basic.ack."""
+    h = Harness()
+    h.client(1, commands.Basic.Get(queue="q", no_ack=True))
+    h.client(1, commands.Basic.Get(queue="q"))
+    assert [rec.no_ack for rec in h.take()] == [True, False]
+    h.supervisor(r.GetOk(CONN, 1, h.delivery(31), 1), r.GetOk(CONN, 1, h.delivery(32), 0))
+    assert h.take() == [r.Settle(CONN, 1, [31], r.ACK)]
+    assert delivery_tags(h.frames()) == [(1, 1), (1, 2)]
+    h.client(1, commands.Basic.Ack(delivery_tag=2))
+    assert h.take() == [r.Settle(CONN, 1, [32], r.ACK)]
+
+
+# -- reply order -------------------------------------------------------------------------
+
+
+def test_local_reply_waits_behind_supervisor_reply() -> None:
+    """AMQP 0-9-1 §2.2.2: queue.declare then basic.qos: qos-ok never precedes declare-ok."""
+    h = Harness()
+    h.client(1, commands.Queue.Declare(queue="q"))
+    h.client(1, commands.Basic.Qos(prefetch_count=10))
+    assert h.frames() == []
+    h.supervisor(r.Reply(CONN, 1, "qdecl", queue="q", message_count=4))
+    assert [type(f) for _, f in methods(h.frames())] == [
+        commands.Queue.DeclareOk, commands.Basic.QosOk,
+    ]
+
+
+def test_local_replies_after_several_supervisor_replies_keep_their_order() -> None:
+    """Local replies asked after several supervisor requests follow all of their replies."""
+    h = Harness()
+    h.client(1, commands.Queue.Declare(queue="q"))
+    h.client(1, commands.Queue.Bind(queue="q", exchange="amq.fanout"))
+    h.client(1, commands.Basic.Qos(prefetch_count=10))
+    h.client(1, commands.Channel.Flow(active=True))
+    h.supervisor(r.Reply(CONN, 1, "qdecl", queue="q"))
+    assert [type(f) for _, f in methods(h.frames())] == [commands.Queue.DeclareOk]
+    h.supervisor(r.Reply(CONN, 1, "qbind"))
+    assert [type(f) for _, f in methods(h.frames())] == [
+        commands.Queue.BindOk, commands.Basic.QosOk, commands.Channel.FlowOk,
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Channel._local_reply defers a local reply until *no* supervisor reply is owed, so it "
+    "also waits for replies to methods the client sent after it"
+))
+def test_replies_come_in_request_order() -> None:
+    """AMQP 0-9-1 §2.2.2: pipelined methods on one channel are answered in the order asked."""
+    h = Harness()
+    h.client(1, commands.Exchange.Declare(exchange="x", exchange_type="fanout"))
+    h.client(1, commands.Queue.Declare(queue="q"))
+    h.client(1, commands.Confirm.Select())
+    h.client(1, commands.Queue.Bind(queue="q", exchange="x"))
+    h.client(1, commands.Channel.Flow(active=True))
+    h.supervisor(r.Reply(CONN, 1, "xdecl"), r.Reply(CONN, 1, "qdecl", queue="q"))
+    h.supervisor(r.Reply(CONN, 1, "qbind"))
+    assert [type(f) for _, f in methods(h.frames())] == [
+        commands.Exchange.DeclareOk, commands.Queue.DeclareOk, commands.Confirm.SelectOk,
+        commands.Queue.BindOk, commands.Channel.FlowOk,
+    ]
+
+
+# -- publisher confirms ------------------------------------------------------------------
+
+
+def test_confirms_of_one_batch_become_one_ack_multiple() -> None:
+    """Confirms arriving in one batch are one basic.ack multiple=true for the last sequence."""
+    h = Harness()
+    h.client(1, commands.Confirm.Select())
+    h.frames()
+    for _ in range(4):
+        h.publish(1, b"m", exchange="", routing_key="q")
+    assert [rec.confirm for rec in h.take()] == [True] * 4
+    h.supervisor(*[r.Confirm(CONN, 1, True)] * 3)
+    [(n, ack)] = h.frames()
+    assert n == 1 and isinstance(ack, commands.Basic.Ack)
+    assert (ack.delivery_tag, ack.multiple) == (3, True)
+    h.supervisor(r.Confirm(CONN, 1, True))
+    [(_, ack)] = h.frames()
+    assert (ack.delivery_tag, ack.multiple) == (4, False)
+
+
+def test_publish_without_confirm_mode_is_not_numbered() -> None:
+    """Outside confirm mode a publish carries confirm=false and nothing is acked."""
+    h = Harness()
+    h.publish(1, b"m", exchange="", routing_key="q")
+    [pub] = h.take()
+    assert isinstance(pub, r.Publish) and not pub.confirm and pub.body_len == 1
+    assert h.channel().published == 0
+
+
+# -- queue name "" means the last declared queue ------------------------------------------
+
+_EMPTY_QUEUE_METHODS = [
+    (commands.Basic.Consume(queue="", consumer_tag="c1"), r.Consume),
+    (commands.Queue.Bind(queue="", exchange="amq.fanout", routing_key="k"), r.QueueBind),
+    (commands.Basic.Get(queue=""), r.Get),
+]
+
+
+@pytest.mark.parametrize(("method", "record"), _EMPTY_QUEUE_METHODS)
+def test_empty_queue_name_means_last_declared(method: Any, record: type[Any]) -> None:
+    """AMQP 0-9-1: queue name "" means the last queue declared on the channel."""
+    h = Harness()
+    h.client(1, commands.Queue.Declare(queue=""))
+    h.supervisor(r.Reply(CONN, 1, "qdecl", queue="amq.gen-abc"))
+    h.frames()
+    h.take()
+    h.client(1, method)
+    [rec] = h.take()
+    assert isinstance(rec, record) and rec.queue == "amq.gen-abc"
+
+
+@pytest.mark.parametrize(("method", "record"), _EMPTY_QUEUE_METHODS)
+def test_empty_queue_name_without_declared_queue_is_not_found(method: Any, record: type) -> None:
+    """Queue name "" with no queue declared on the channel is 404 NOT_FOUND, channel closed."""
+    h = Harness()
+    h.client(1, method)
+    close = only_channel_close(h)
+    assert close.reply_code == 404
+    assert h.take() == [r.ChanClose(CONN, 1)]
+
+
+def test_bind_with_empty_queue_and_key_uses_the_queue_name_as_key() -> None:
+    """queue.bind with queue "" and routing key "" binds the last queue by its own name."""
+    h = Harness()
+    h.client(1, commands.Queue.Declare(queue="q"))
+    h.take()
+    h.client(1, commands.Queue.Bind(queue="", exchange="amq.direct", routing_key=""))
+    [bind] = h.take()
+    assert (bind.queue, bind.routing_key) == ("q", "q")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Channel._queue_name resolves \"\" when the method arrives, but a server-named queue's "
+    "name is only known at declare-ok: a pipelined consume after declare(\"\") gets 404"
+))
+def test_empty_queue_name_after_pipelined_server_named_declare() -> None:
+    """A channel is serial: "" names the queue a still-unanswered queue.declare creates."""
+    h = Harness()
+    h.client(1, commands.Queue.Declare(queue="", exclusive=True))
+    h.client(1, commands.Basic.Consume(queue="", consumer_tag="c1"))
+    assert h.proto.is_channel_open(1)
+    h.supervisor(r.Reply(CONN, 1, "qdecl", queue="amq.gen-abc"))
+    consumes = [rec for rec in h.take() if isinstance(rec, r.Consume)]
+    assert [c.queue for c in consumes] == ["amq.gen-abc"]
