@@ -218,6 +218,9 @@ class Dispatcher:
         chans = self._conns.get(key[:2])
         if chans is not None:
             chans.discard(rec.ch)
+        # The barrier: whatever the worker receives for (conn, ch) before this
+        # belongs to the closed channel, not to a reopened one of the same number.
+        self.outbox[worker].append(r.Reply(rec.conn, rec.ch, "chclose"))
 
     def _release_channel(self, key: ChannelKey) -> None:
         chan = self._channels.pop(key, None)

@@ -50,7 +50,9 @@ class ConnClose(_Record, frozen=True, tag="cclose"):
 
 
 class ChanClose(_Record, frozen=True, tag="chclose"):
-    """A channel is gone: its consumers go, its unacked messages are requeued."""
+    """A channel is gone: its consumers go, its unacked messages are requeued.
+    Answered by ``Reply(method="chclose")``, after which nothing more comes
+    for that channel number until it is reused."""
 
     conn: int
     ch: int

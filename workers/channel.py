@@ -74,8 +74,13 @@ class Channel:
         self._next_tag = 0
         self.unacked: OrderedDict[int, tuple[int, ConsumerTarget | None]] = OrderedDict()
         self.consumers: dict[str, ConsumerTarget] = {}
-        self._expect: deque[Callable[[Any], None]] = deque()
-        self._deferred: deque[Callable[[], None]] = deque()
+        # Replies owed to the client, in request order: (from_supervisor, fn).
+        # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
+        self._expect: deque[tuple[bool, Callable[[Any], None]]] = deque()
+        # While a server-named queue.declare is unanswered, "" cannot be resolved:
+        # later methods and publishes wait here, in order (RabbitMQ runs a channel's
+        # methods one at a time).
+        self._inbox: deque[Callable[[], None]] | None = None
 
     # ----------------------------------------------------------- plumbing
 
@@ -86,7 +91,7 @@ class Channel:
     def _request(self, rec: Any, on_reply: Callable[[Any], None] | None) -> None:
         self.worker.send(rec)
         if on_reply is not None:
-            self._expect.append(on_reply)
+            self._expect.append((True, on_reply))
 
     def _send(self, method: Any) -> None:
         self.session.send_method(self.number, method)
@@ -94,7 +99,7 @@ class Channel:
     def _local_reply(self, method: Any) -> None:
         """Answer locally, but never ahead of a reply the supervisor still owes."""
         if self._expect:
-            self._deferred.append(lambda: self._send(method))
+            self._expect.append((False, lambda _: self._send(method)))
         else:
             self._send(method)
 
@@ -112,6 +117,12 @@ class Channel:
     # ------------------------------------------------------ client methods
 
     def on_method(self, m: Any) -> None:
+        if self._inbox is not None:
+            self._inbox.append(lambda: self._dispatch(m))
+            return
+        self._dispatch(m)
+
+    def _dispatch(self, m: Any) -> None:
         handler = self._METHODS.get(type(m))
         if handler is None:
             raise AMQPError(NOT_IMPLEMENTED, f"{m.name} is not implemented", *_ids(m), hard=True)
@@ -137,6 +148,8 @@ class Channel:
         if m.queue:
             self.last_queue = m.queue
         self._request(rec, None if m.nowait else self._declare_ok)
+        if not m.queue and not m.nowait:
+            self._inbox = deque()  # "" is unknown until declare-ok names the queue
 
     def _queue_bind(self, m: spec.Queue.Bind) -> None:
         queue = self._queue_name(m.queue, m)
@@ -168,6 +181,11 @@ class Channel:
     def _declare_ok(self, rep: r.Reply) -> None:
         self.last_queue = rep.queue
         self._send(spec.Queue.DeclareOk(rep.queue, rep.message_count, rep.consumer_count))
+        inbox, self._inbox = self._inbox, None
+        while inbox and self._inbox is None and not self.closing:
+            inbox.popleft()()
+        if inbox and self._inbox is not None:  # another server-named declare: keep waiting
+            self._inbox.extendleft(reversed(inbox))
 
     def _qos(self, m: spec.Basic.Qos) -> None:
         if m.prefetch_size:
@@ -349,6 +367,10 @@ class Channel:
 
     def publish(self, exchange: str, routing_key: str, mandatory: bool, offset: int,
                 header_len: int, body_len: int, headers: dict[str, Any] | None) -> None:
+        if self._inbox is not None:
+            self._inbox.append(lambda: self.publish(
+                exchange, routing_key, mandatory, offset, header_len, body_len, headers))
+            return
         if self.confirm:
             self.published += 1
         self.worker.send(r.Publish(
@@ -361,10 +383,10 @@ class Channel:
     def on_reply(self, ev: Any) -> None:
         """A Reply, GetOk or GetEmpty: the answer to the oldest expectation."""
         if not self._expect:
-            return  # the channel closed and reopened with the same number meanwhile
-        self._expect.popleft()(ev)
-        while self._deferred and not self._expect:
-            self._deferred.popleft()()
+            return
+        self._expect.popleft()[1](ev)
+        while self._expect and not self._expect[0][0]:
+            self._expect.popleft()[1](None)
 
     def on_confirm(self, ev: r.Confirm) -> None:
         self.confirmed += 1
@@ -388,6 +410,13 @@ class Channel:
         """Deliveries from a pull: the seed's step 12, onto the IO buffer."""
         self.pull_reserved -= target.pulling
         target.pulling = 0
+        if self.closing:  # ChanClose requeues whatever this pull acquired
+            return
+        if not target.active:  # cancelled (nowait) while the pull was in flight
+            self._settle([d.entry for d in ev.deliveries], r.REQUEUE)
+            self.worker.drop_target(target)
+            self._refresh_after_credit(target)
+            return
         settled = target.settles_on_delivery
         done: list[int] = []
         for d in ev.deliveries:
@@ -401,7 +430,15 @@ class Channel:
                 done.append(d.entry)
         self._settle(done, r.ACK)
         target.notified = ev.more
-        self.refresh(target)
+        self._refresh_after_credit(target)
+
+    def _refresh_after_credit(self, target: ConsumerTarget) -> None:
+        """A pull's reservation came back: with global qos every consumer of the
+        channel may now have credit, not just the one that pulled."""
+        if self.global_prefetch:
+            self.refresh_all()
+        else:
+            self.refresh(target)
 
     def on_cancelled(self, target: ConsumerTarget) -> None:
         """The queue went away: tell the client if it understands basic.cancel."""
@@ -445,4 +482,4 @@ class Channel:
             self.worker.drop_target(target)
         self.consumers.clear()
         self._expect.clear()
-        self._deferred.clear()
+        self._inbox = None

@@ -34,6 +34,7 @@ class Session:
         self.finished = False
         self.cancel_notify = False
         self.confirms_pending: set[Channel] = set()
+        self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
         self.pending_bytes = 0  # produced since the writer last took output
         self.in_flight = 0  # handed to the socket, not yet written
         self.wake_writer = lambda: None
@@ -130,6 +131,7 @@ class Session:
         ch.close()
         self.confirms_pending.discard(ch)
         self.worker.send(r.ChanClose(self.conn_id, ch.number))
+        self._closed_numbers[ch.number] = self._closed_numbers.get(ch.number, 0) + 1
 
     def _close_all_channels(self) -> None:
         for ch in list(self.channels.values()):
@@ -151,6 +153,14 @@ class Session:
     # ---------------------------------------------------- supervisor events
 
     def on_event(self, event: Any) -> None:
+        owed = self._closed_numbers.get(event.ch)
+        if owed:  # an answer to the closed channel that had this number
+            if isinstance(event, r.Reply) and event.method == "chclose":
+                if owed == 1:
+                    del self._closed_numbers[event.ch]
+                else:
+                    self._closed_numbers[event.ch] = owed - 1
+            return
         ch = self.channels.get(event.ch)
         if ch is None or ch.closing:
             return

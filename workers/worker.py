@@ -94,11 +94,13 @@ class Worker:
         return target
 
     def drop_target(self, target: ConsumerTarget) -> None:
-        if self.targets.pop(target.id, None) is None:
-            return
+        """Free the target's slot; a target with a pull in flight stays known by
+        id until the answer comes (its channel requeues what it brings)."""
         if self._by_slot.get(target.slot) is target:
             del self._by_slot[target.slot]
             self._free_slots.append(target.slot)
+        if not target.pulling or target.channel.closing:
+            self.targets.pop(target.id, None)
 
     # ------------------------------------------------------------- events
 

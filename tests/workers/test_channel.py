@@ -152,10 +152,6 @@ def test_global_qos_ack_gives_credit_back_to_every_consumer() -> None:
     assert set(interests(h.take())) == {r.Interest(first.id, True), r.Interest(second.id, True)}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Channel.on_pulled releases the pull's reserved global credit but refreshes only the "
-    "pulled target: a sibling made uninterested by that reservation stays uninterested"
-))
 def test_global_credit_released_by_a_short_pull_reaches_the_other_consumers() -> None:
     """Global credit a pull reserved but did not use makes the channel's other consumers interested."""
     h = Harness()
@@ -169,10 +165,6 @@ def test_global_credit_released_by_a_short_pull_reaches_the_other_consumers() ->
     assert r.Interest(second.id, True) in h.take()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "basic.cancel nowait drops the target while its Pull is in flight: the Pulled answer is "
-    "never routed, so Channel.pull_reserved keeps the reserved global credit forever"
-))
 def test_cancel_nowait_with_pull_in_flight_gives_its_credit_back() -> None:
     """A consumer cancelled while pulling does not keep the channel's global credit."""
     h = Harness()
@@ -368,10 +360,6 @@ def test_local_replies_after_several_supervisor_replies_keep_their_order() -> No
     ]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Channel._local_reply defers a local reply until *no* supervisor reply is owed, so it "
-    "also waits for replies to methods the client sent after it"
-))
 def test_replies_come_in_request_order() -> None:
     """AMQP 0-9-1 §2.2.2: pipelined methods on one channel are answered in the order asked."""
     h = Harness()
@@ -459,10 +447,6 @@ def test_bind_with_empty_queue_and_key_uses_the_queue_name_as_key() -> None:
     assert (bind.queue, bind.routing_key) == ("q", "q")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Channel._queue_name resolves \"\" when the method arrives, but a server-named queue's "
-    "name is only known at declare-ok: a pipelined consume after declare(\"\") gets 404"
-))
 def test_empty_queue_name_after_pipelined_server_named_declare() -> None:
     """A channel is serial: "" names the queue a still-unanswered queue.declare creates."""
     h = Harness()
