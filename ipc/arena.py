@@ -45,6 +45,9 @@ __all__ = ["ALIGN", "HEADER_BYTES", "Arena", "ArenaCorrupt", "Block", "BlockStat
 
 HEADER_BYTES = 16
 ALIGN = 16
+# How far allocation may run ahead before looking back at the start of the arena:
+# keeps a steady pipeline in its first pages instead of cycling through all of them.
+RECHECK_BYTES = 1 << 20
 
 _HEADER = struct.Struct("<QB7x")
 _SIZE = struct.Struct("<Q")
@@ -88,7 +91,7 @@ def _byte_view(buf: memoryview | bytearray) -> memoryview:
 class Arena:
     """Blocks over ``buf``; ``init=True`` (the creator) makes it one free block."""
 
-    __slots__ = ("_buf", "_capacity", "_rover")
+    __slots__ = ("_buf", "_capacity", "_rover", "_spare_at", "_spare_size", "_recheck_at")
 
     def __init__(self, buf: memoryview | bytearray, *, init: bool) -> None:
         view = _byte_view(buf)
@@ -98,6 +101,12 @@ class Arena:
         self._buf = view
         self._capacity = capacity
         self._rover = 0
+        # The FREE run left by the last split: only this process allocates and
+        # others only ever turn USED into FREE, so it stays free and can be
+        # carved without reading headers. -1: unknown.
+        self._spare_at = -1
+        self._spare_size = 0
+        self._recheck_at = 0  # past this offset, take the slow path (prefers the start)
         if init:
             self._write_header(0, capacity, _FREE)
 
@@ -113,10 +122,23 @@ class Arena:
 
         Owning worker only. Raises ValueError if ``n`` could never fit.
         """
+        need = (n + HEADER_BYTES + ALIGN - 1) & -ALIGN
+        at = self._spare_at
+        if at >= 0 and at < self._recheck_at and n >= 0 and self._spare_size - need >= HEADER_BYTES:
+            rest = self._spare_size - need
+            self._write_header(at + need, rest, _FREE)  # first, as in _take
+            self._write_header(at, need, _USED)
+            self._spare_at = self._rover = at + need
+            self._spare_size = rest
+            return at + HEADER_BYTES
+        self._spare_at = -1
         need = self._block_size(n)
         if self._rover != 0 and self._fits_at_start(need):
-            return self._take(0, need)
-        return self._next_fit(need)
+            offset = self._take(0, need)
+        else:
+            offset = self._next_fit(need)
+        self._recheck_at = self._rover + min(RECHECK_BYTES, self._capacity // 128)
+        return offset
 
     def _block_size(self, n: int) -> int:
         if n < 0:
@@ -166,6 +188,7 @@ class Arena:
         if rest >= HEADER_BYTES:
             self._write_header(at + need, rest, _FREE)  # first: until the next
             size = need  # store the old, bigger FREE block still covers it
+            self._spare_at, self._spare_size = at + need, rest
         self._write_header(at, size, _USED)
         self._rover = at + size if at + size < self._capacity else 0
         return at + HEADER_BYTES

@@ -81,6 +81,8 @@ class Server:
         self._properties = server_properties(config.index)
         self._stopping = False
         self._scopes: dict[int, trio.CancelScope] = {}
+        self._flush_bell = _Doorbell()
+        self.worker.want_flush = self._flush_bell.ring
 
     async def run(self) -> None:
         sock = socket.socket(fileno=self.config.listen_fd)
@@ -90,6 +92,7 @@ class Server:
             nursery.start_soon(self._watch_supervisor, nursery)
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._events)
+            nursery.start_soon(self._flusher)
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(self._accept, listener, nursery)
             self.worker.hello()
@@ -127,12 +130,9 @@ class Server:
         flag = region.worker_sleeping
         while True:
             done = worker.handle_events()
-            flushed = worker.after_batch()
-            if done or not flushed:
-                if not flushed:
-                    await trio.sleep(ALLOC_RETRY)  # request ring full: let the supervisor drain
-                else:
-                    await trio.sleep(0)
+            worker.after_batch()
+            if done:
+                await trio.sleep(0)
                 continue
             flag.set_sleeping()
             if not region.event_ring.is_empty() or region.any_slot_set():
@@ -140,6 +140,16 @@ class Server:
                 continue
             await worker.event_efd.wait()
             flag.clear()
+
+    async def _flusher(self) -> None:
+        """Write the request outbox once per scheduling round: every task that
+        was ready adds its records first, then one ring write, one wake-up."""
+        worker = self.worker
+        while True:
+            await self._flush_bell.wait()
+            await trio.sleep(0)
+            while not worker.flush_requests():
+                await trio.sleep(ALLOC_RETRY)  # request ring full: let the supervisor drain
 
     async def _heartbeats(self) -> None:
         while True:

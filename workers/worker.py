@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from ipc import records as r
@@ -44,6 +45,7 @@ class Worker:
         self._consumer_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
         self.dirty: set[Session] = set()
+        self.want_flush: Callable[[], None] = self.flush_requests  # the server defers it
 
     # ---------------------------------------------------------- requests
 
@@ -143,9 +145,12 @@ class Worker:
             session.on_event(event)
             self.dirty.add(session)
 
-    def after_batch(self) -> bool:
-        """Wake the socket writers of sessions with output; flush requests."""
+    def after_batch(self) -> None:
+        """Wake the socket writers of sessions with output; ask for a flush of
+        the requests (the server folds the flushes of one scheduling round
+        into one, so a sleeping supervisor is woken once, not per connection)."""
         for session in self.dirty:
             session.wake_writer()
         self.dirty.clear()
-        return self.flush_requests()
+        if self.outbox:
+            self.want_flush()
