@@ -133,6 +133,7 @@ class Arena:
             return at + HEADER_BYTES
         self._spare_at = -1
         need = self._block_size(n)
+        offset: int | None
         if self._rover != 0 and self._fits_at_start(need):
             offset = self._take(0, need)
         else:

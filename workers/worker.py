@@ -45,7 +45,7 @@ class Worker:
         self._consumer_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
         self.dirty: set[Session] = set()
-        self.want_flush: Callable[[], None] = self.flush_requests  # the server defers it
+        self.want_flush: Callable[[], object] = self.flush_requests  # the server defers it
 
     # ---------------------------------------------------------- requests
 
