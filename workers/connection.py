@@ -574,13 +574,43 @@ class AMQPConnection:
         self._out.append(codec.encode_method(0, start))
 
     def _read_frames(self) -> None:
-        for frame in self._buffer:
+        buffer = self._buffer
+        while True:
+            if self._state is State.RUNNING:
+                whole = buffer.next_publish()
+                if whole is not None and self._whole_publish(*whole):
+                    continue
+            frame = buffer.next_frame()
+            if frame is None:
+                return
             try:
                 self._on_frame(frame)
             except AMQPError as exc:
                 self.handle_error(exc, frame.channel)
             if self._state is State.CLOSED:
                 return
+
+    def _whole_publish(
+        self, channel: int, method: memoryview, header: memoryview, body: memoryview, end: int
+    ) -> bool:
+        """The publish hot path: three frames taken at once. Declines (False)
+        whenever the frame-by-frame path could answer differently, so every
+        error still comes from one place."""
+        chan = self._channels.get(channel)
+        if chan is None or chan.state is not ChannelState.IDLE or len(body) > self._max_body_size:
+            return False
+        try:
+            exchange, routing_key, mandatory, immediate = codec.decode_basic_publish(method)
+        except codec.DecodeError:
+            return False
+        if immediate:
+            return False
+        self._buffer.skip_to(end)
+        self._events.append(PublishReceived(
+            channel, exchange, routing_key, mandatory, False, bytes(header), len(body),
+            [body] if len(body) else [],
+        ))
+        return True
 
     def _on_frame_error(self, exc: FrameError) -> None:
         # We have lost sync with the stream: say why, then stop reading

@@ -35,6 +35,10 @@ FRAME_MIN_SIZE = 4096
 _KNOWN_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
 _FRAME_HEADER = struct.Struct(">BHI")
 _unpack_header = _FRAME_HEADER.unpack_from
+_BODY_SIZE = struct.Struct(">Q")
+_PUBLISH_IDS = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
+_PUBLISH_MIN = 9  # ids, ticket, two empty short strings, bits
+_HEADER_MIN = 14  # class, weight, body size, property flags
 
 
 class FrameError(Exception):
@@ -128,6 +132,51 @@ class FrameBuffer:
             raise FrameError(f"type {frame_type}, invalid frame end marker {self._data[end]}")
         self._pos = end + 1
         return _new_frame(Frame, (frame_type, channel, self._view[pos + FRAME_HEADER_SIZE : end]))
+
+    def next_publish(self) -> tuple[int, memoryview, memoryview, memoryview, int] | None:
+        """A whole small publish at the read position, or None.
+
+        The hot path: when a basic.publish method frame, its content header
+        and at most one body frame holding the whole body are all here,
+        well-formed and on one channel, return ``(channel, method payload,
+        header payload, body, end)`` without moving the read position (the
+        caller calls ``skip_to(end)`` once it accepts them). Anything else —
+        incomplete, malformed, split bodies — is None, and is then read frame
+        by frame with every check and error of ``next_frame``.
+        """
+        data, pos = self._data, self._pos
+        if len(data) - pos < 2 * FRAME_OVERHEAD + _PUBLISH_MIN:
+            return None
+        kind, channel, size = _unpack_header(data, pos)
+        if kind != FRAME_METHOD or size > self.frame_max or data[pos + 7 : pos + 11] != _PUBLISH_IDS:
+            return None
+        end1 = pos + FRAME_HEADER_SIZE + size  # the method frame's frame-end octet
+        if end1 + FRAME_OVERHEAD + _HEADER_MIN >= len(data) or data[end1] != FRAME_END:
+            return None
+        kind, ch, size = _unpack_header(data, end1 + 1)
+        header_at = end1 + 1 + FRAME_HEADER_SIZE
+        if kind != FRAME_HEADER or ch != channel or size > self.frame_max or size < _HEADER_MIN:
+            return None
+        end2 = header_at + size
+        if end2 >= len(data) or data[end2] != FRAME_END or data[header_at : header_at + 2] != b"\x00\x3c":
+            return None
+        body_size = _BODY_SIZE.unpack_from(data, header_at + 4)[0]
+        view = self._view
+        if not body_size:
+            return channel, view[pos + 7 : end1], view[header_at:end2], view[end2:end2], end2 + 1
+        if end2 + FRAME_OVERHEAD >= len(data):
+            return None
+        kind, ch, size = _unpack_header(data, end2 + 1)
+        if kind != FRAME_BODY or ch != channel or size != body_size or size > self.frame_max:
+            return None
+        end3 = end2 + FRAME_OVERHEAD + size
+        if end3 >= len(data) or data[end3] != FRAME_END:
+            return None
+        return channel, view[pos + 7 : end1], view[header_at:end2], view[end2 + 8 : end3], end3 + 1
+
+    def skip_to(self, end: int) -> None:
+        """Consume everything before ``end`` (an offset ``next_publish`` returned)."""
+        self._pos = end
 
     def __iter__(self) -> Iterator[Frame]:
         while (frame := self.next_frame()) is not None:

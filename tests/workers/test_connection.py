@@ -760,3 +760,60 @@ def test_send_raw_checks_the_channel() -> None:
     assert conn.send_raw(b"one", channel=1) is False
     assert conn.send_raw(b"two", channel=2) is True
     assert conn.data_to_send() == b"two"
+
+
+# -- the whole-publish fast path ---------------------------------------------
+
+
+def _frame_by_frame(conn: AMQPConnection) -> AMQPConnection:
+    conn._buffer.next_publish = lambda: None  # type: ignore[method-assign]
+    return conn
+
+
+def _comparable(events: list[Any]) -> list[Any]:
+    return [
+        (e.channel, e.exchange, e.routing_key, e.mandatory, bytes(e.header_payload), e.body_size,
+         b"".join(bytes(c) for c in e.body)) if isinstance(e, PublishReceived)
+        else (e.channel, e.method.name, sorted(vars(e.method).items())) if isinstance(e, MethodReceived)
+        else e
+        for e in events
+    ]
+
+
+def test_whole_publish_gives_the_events_of_frame_by_frame_reading() -> None:
+    """Publishes taken three frames at a time are the same events, in the same
+    order, as when each frame is read on its own — small, empty, multi-frame
+    and interleaved with other methods and channels."""
+    stream = b"".join([
+        publish(1, b"small", exchange="amq.direct", routing_key="k", mandatory=True),
+        publish(1, b""),
+        method(2, commands.Basic.Ack(delivery_tag=0, multiple=True)),
+        publish(2, b"x" * 10_000, frame_max=4096),
+        method(1, commands.Basic.Publish(routing_key="h"))
+        + content_header(1, 4, commands.Basic.Properties(headers={"h": 1}))
+        + body_frame(1, b"last"),
+    ])
+    fast, slow = opened(channels=(1, 2)), _frame_by_frame(opened(channels=(1, 2)))
+    assert _comparable(fast.receive_data(stream)) == _comparable(slow.receive_data(stream))
+    assert len([e for e in fast.receive_data(publish(1, b"z")) if isinstance(e, PublishReceived)]) == 1
+
+
+def test_whole_publish_split_anywhere_gives_the_same_events() -> None:
+    """A publish cut at any byte still comes out once and whole."""
+    stream = publish(1, b"payload") * 2
+    for cut in range(1, len(stream)):
+        conn = opened()
+        events = conn.receive_data(stream[:cut]) + conn.receive_data(stream[cut:])
+        bodies = [b"".join(bytes(c) for c in e.body) for e in events if isinstance(e, PublishReceived)]
+        assert bodies == [b"payload", b"payload"], cut
+
+
+def test_whole_publish_declines_what_frame_by_frame_must_refuse() -> None:
+    """An oversize body still gets 406 and an immediate publish 540: the fast
+    path never answers differently from the frame-by-frame path."""
+    conn = opened(max_body_size=3)
+    conn.receive_data(publish(1, b"toolong"))
+    assert any(isinstance(m, commands.Channel.Close) and m.reply_code == 406 for _, m in sent(conn))
+    conn = opened()
+    conn.receive_data(publish(1, b"x", immediate=True))
+    assert only_close(conn).reply_code == 540
