@@ -2,7 +2,9 @@
 
 An :class:`Exchange` keeps its bindings -- ``(destination, routing key, arguments)`` triples,
 compared with arguments as an order-insensitive table -- and hands routing to one router per
-exchange type. Destinations are opaque hashables (the virtual host binds queue names).
+exchange type. Destinations are opaque hashables: the virtual host binds queue names (``str``)
+and, for exchange-to-exchange bindings, :class:`ExchangeDestination`; following those, and the
+``alternate-exchange`` argument, is the virtual host's walk (RabbitMQ ``rabbit_exchange:route``).
 
 * direct: routing key → destinations, one dict lookup.
 * fanout: every destination.
@@ -37,6 +39,12 @@ _TOPIC_CACHE_MAX = 4096
 
 Arguments = Mapping[str, Any]
 BindingKey = tuple[Hashable, str, Hashable]
+
+
+class ExchangeDestination(NamedTuple):
+    """An exchange as the destination of a binding (exchange.bind), never equal to a queue name."""
+
+    name: str
 
 
 class Binding(NamedTuple):
@@ -401,6 +409,16 @@ class Exchange:
         self._router: _Router = _ROUTERS[type]()
         self._bindings: dict[BindingKey, Binding] = {}
         self._by_destination: dict[Hashable, dict[BindingKey, None]] = {}
+        # Bindings to exchanges: while there are none and no alternate exchange, every route
+        # is a set of queue names and publishing takes the direct path.
+        self.exchange_bindings = 0
+        alternate = (arguments or {}).get("alternate-exchange")
+        if isinstance(alternate, (bytes, bytearray)):
+            alternate = bytes(alternate).decode(errors="replace")
+        self.alternate: str | None = alternate if isinstance(alternate, str) else None
+        # No exchange-to-exchange binding and no alternate exchange to follow (a plain
+        # attribute: publish reads it every time).
+        self.routes_only_to_queues = self.alternate is None
 
     @property
     def description(self) -> str:
@@ -424,6 +442,9 @@ class Exchange:
             return False
         self._router.add(key, destination, routing_key, args)  # validates before any change
         self._bindings[key] = Binding(destination, routing_key, args)
+        if type(destination) is ExchangeDestination:
+            self.exchange_bindings += 1
+            self.routes_only_to_queues = False
         self._by_destination.setdefault(destination, {})[key] = None
         return True
 
@@ -445,6 +466,9 @@ class Exchange:
     def _forget(self, key: BindingKey) -> None:
         binding = self._bindings.pop(key)
         self._router.remove(key, binding.destination, binding.routing_key)
+        if type(binding.destination) is ExchangeDestination:
+            self.exchange_bindings -= 1
+            self.routes_only_to_queues = not self.exchange_bindings and self.alternate is None
         keys = self._by_destination[binding.destination]
         del keys[key]
         if not keys:

@@ -4,18 +4,34 @@ DESIGN.md (MUST): the supervisor never touches body bytes on the hot path. ``bod
 opaque handle to the body in a worker's shared-memory arena; the domain only counts how many
 queue entries hold it (``refs``) and calls the queue's ``on_drop`` when that reaches zero so the
 runtime can free the block.
+
+Dead-lettering (RabbitMQ ``rabbit_dead_letter:make_msg``) republishes a message with new headers
+(``x-death``) and a new exchange and routing key. The domain cannot re-encode a content header,
+so the copy is a :class:`broker.deadletter.DeadLetter` that shares the body: it holds one
+reference on its ``origin`` (the message that owns ``body_ref``) for as long as anything holds
+the copy. ``on_drop`` is only ever called for an origin, exactly once per body. Every reference
+drop therefore goes through :func:`drop_reference`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 
 class Message:
     """One published message, shared by every queue entry it was routed to."""
 
     # A queue may hold 1,000,000 entries: no per-instance __dict__.
-    __slots__ = ("body_ref", "body_size", "exchange", "headers", "id", "refs", "routing_key")
+    __slots__ = (
+        "body_ref", "body_size", "exchange", "expiration", "headers", "id", "priority", "refs",
+        "routing_key",
+    )
+
+    # A dead-letter copy overrides both (broker.deadletter.DeadLetter): the copy shares its
+    # origin's body, and its content header must be re-encoded from ``headers`` on delivery.
+    origin: Message | None = None
+    reheadered: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -25,6 +41,9 @@ class Message:
         body_ref: object,
         body_size: int,
         headers: dict[str, Any] | None = None,
+        *,
+        expiration: str | None = None,
+        priority: int | None = None,
     ) -> None:
         self.id = id
         self.exchange = exchange
@@ -32,11 +51,33 @@ class Message:
         self.body_ref: Any = body_ref
         self.body_size = body_size
         self.headers = headers
+        # basic.properties expiration (per-message TTL, milliseconds as a string) and priority,
+        # exactly as published; None when the property is absent.
+        self.expiration = expiration
+        self.priority = priority
         # Queue entries (and runtime pins) referencing this message; 0 after publish until routed.
         self.refs = 0
 
     def __repr__(self) -> str:
         return (
-            f"Message(id={self.id}, exchange={self.exchange!r}, "
+            f"{type(self).__name__}(id={self.id}, exchange={self.exchange!r}, "
             f"routing_key={self.routing_key!r}, refs={self.refs})"
         )
+
+
+def drop_reference(message: Message, on_drop: Callable[[Message], None] | None) -> None:
+    """Release one reference; the last one releases the origin, whose last calls ``on_drop``.
+
+    The one way to let go of a message: queues settling entries, the runtime unpinning a
+    browsed delivery. ``on_drop`` receives the message that owns ``body_ref``, never a copy.
+    """
+    while True:
+        message.refs -= 1
+        if message.refs:
+            return
+        origin = message.origin
+        if origin is None:
+            if on_drop is not None:
+                on_drop(message)
+            return
+        message = origin

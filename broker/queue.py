@@ -27,6 +27,14 @@ first available entry -- so the queue keeps one head for all of them:
 
 Every per-message operation is O(1) (O(log r) for r released entries); ``purge`` and ``delete``
 are O(entries), as they must be.
+
+This is the plain queue, the hot path: no TTL, limits, priorities, groups or held messages.
+Queue arguments that need those pick :class:`broker.featured_queue.FeaturedQueue` at declare
+time (:mod:`broker.queue_kinds`), so nothing here tests for them per message.
+
+Time and the virtual host. The domain reads no clock: a queue asks its *host* (the
+VirtualHost, or a standalone stand-in) for the last ``now`` the runtime passed in, tells it of
+its next deadline (``schedule``) and hands it messages to dead-letter (``dead_letter``).
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ import enum
 import heapq
 import itertools
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
+from broker.arguments import PLAIN, QueueSettings
 from broker.consumer_manager import (
     INTERESTED,
     NOTIFIED,
@@ -45,18 +54,20 @@ from broker.consumer_manager import (
     QueueConsumerManager,
 )
 from broker.errors import AccessRefused, InternalError, NotFound
-from broker.message import Message
+from broker.message import Message, drop_reference
 
 
 class EntryState(enum.Enum):
     """Where a queue entry is in its life (seed: QueueEntry available / acquired / deleted)."""
 
     AVAILABLE = "available"
+    HELD = "held"  # seed: "held" -- not available before its not-valid-before time
     ACQUIRED = "acquired"
     DELETED = "deleted"
 
 
 AVAILABLE = EntryState.AVAILABLE
+HELD = EntryState.HELD
 ACQUIRED = EntryState.ACQUIRED
 DELETED = EntryState.DELETED
 
@@ -87,8 +98,45 @@ class QueueEntry:
         )
 
 
+class QueueHost(Protocol):
+    """What a queue needs from its virtual host (broker.vhost.VirtualHost implements it)."""
+
+    now: float  # the latest monotonic time the runtime passed in
+    epoch_offset: float  # Unix time minus monotonic time
+
+    def advance(self, now: float) -> None: ...
+
+    def schedule(self, queue: Queue, deadline: float) -> None: ...
+
+    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None: ...
+
+
+class StandaloneHost:
+    """The host of a queue made outside a virtual host: keeps time, has no exchanges.
+
+    Dead-lettered messages have nowhere to go, so they are simply dropped.
+    """
+
+    def __init__(self, now: float = 0.0, epoch_offset: float = 0.0) -> None:
+        self.now = now
+        self.epoch_offset = epoch_offset
+        self.deadlines: dict[Queue, float] = {}
+
+    def advance(self, now: float) -> None:
+        self.now = max(self.now, now)
+
+    def schedule(self, queue: Queue, deadline: float) -> None:
+        self.deadlines[queue] = deadline
+
+    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+        return None
+
+
 class Queue:
     """A queue of one virtual host (seed: AbstractQueue) with its QueueConsumerManager."""
+
+    # Class-level facts the virtual host reads on publish, so a plain queue costs no branch.
+    plain: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -100,6 +148,8 @@ class Queue:
         arguments: Mapping[str, Any] | None = None,
         on_drop: Callable[[Message], None] | None = None,
         vhost: str = "/",
+        settings: QueueSettings = PLAIN,
+        host: QueueHost | None = None,
     ) -> None:
         self.name = name
         self.durable = durable
@@ -117,6 +167,12 @@ class Queue:
         self._acquired: dict[int, QueueEntry] = {}
         self._next_position = 1
         self._exclusive_consumer: QueueConsumer | None = None
+        self.settings = settings
+        self._host: QueueHost = host if host is not None else StandaloneHost()
+        self._setup(settings)
+
+    def _setup(self, settings: QueueSettings) -> None:
+        """Per-kind initialisation; storage and consumer modes extend it (broker.queue_kinds)."""
 
     def __repr__(self) -> str:
         return (
@@ -181,14 +237,25 @@ class Queue:
             notify.append(consumer)
         return notify
 
-    def pull(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
+    def offer(self, message: Message, now: float | None = None) -> list[QueueConsumer] | None:
+        """Enqueue unless the queue refuses (x-overflow reject-publish): None when refused.
+
+        Called by VirtualHost.publish for queues with arguments and for dead-lettered copies;
+        a plain queue never refuses.
+        """
+        return self.enqueue(message)
+
+    def pull(
+        self, consumer: QueueConsumer, max_n: int, now: float | None = None
+    ) -> tuple[list[QueueEntry], bool]:
         """Deliver up to ``max_n`` entries to ``consumer``; returns ``(entries, more)``.
 
         seed ``AbstractQueue#deliverSingleMessage``, batched; called when a worker's pull
         request arrives. Acquiring consumers acquire; browsers only advance their pointer.
         ``more`` is True when ``max_n`` came back and more is available to this consumer: it
         stays Notified and should pull again. Otherwise it moves to the back of Interested
-        (seed: "asymptotic fairness") and waits for the next notification.
+        (seed: "asymptotic fairness") and waits for the next notification. ``now`` matters to
+        queues with TTLs (expired messages are never delivered); a plain queue ignores it.
         """
         if max_n < 1:
             raise ValueError(f"max_n must be at least 1, not {max_n}")
@@ -208,7 +275,7 @@ class Queue:
             self.consumers.back_of_interested(consumer)
         return entries, more
 
-    def get(self) -> QueueEntry | None:
+    def get(self, now: float | None = None) -> QueueEntry | None:
         """Acquire the next available entry for basic.get, or None (basic.get-empty).
 
         seed 001: Basic.Get is "a temporary subscription that can only ever receive one
@@ -217,7 +284,7 @@ class Queue:
         """
         return self._take_next()
 
-    def release(self, entry: QueueEntry) -> list[QueueConsumer]:
+    def release(self, entry: QueueEntry, now: float | None = None) -> list[QueueConsumer]:
         """Put an acquired entry back at its original position, redelivered; returns whom to wake.
 
         Called for basic.reject/nack with requeue, basic.recover, and a channel, connection or
@@ -239,17 +306,31 @@ class Queue:
             notify.append(consumer)
         return notify
 
-    def settle(self, entry: QueueEntry) -> None:
-        """Remove an acquired entry for good: basic.ack, or reject/nack without requeue.
+    def settle(self, entry: QueueEntry) -> list[QueueConsumer]:
+        """Remove an acquired entry for good (basic.ack); returns whom to wake.
 
         The message's body is dropped (``on_drop``) when no entry references it any more.
         No-op for an entry that is not acquired (already settled, or its queue was deleted).
+        Only a message-group queue wakes anyone: settling can free a group (seed: "a
+        previously unavailable (blocked by message grouping) message becomes available").
         """
         if entry.queue is not self or entry.state is not ACQUIRED:
-            return
+            return []
         del self._acquired[entry.id]
         entry.state = DELETED
         self._unref(entry.message)
+        return []
+
+    def discard(self, entry: QueueEntry) -> list[QueueConsumer]:
+        """basic.reject / basic.nack with requeue=false: dead-letter (reason ``rejected``), settle.
+
+        Without ``x-dead-letter-exchange`` this is settle. The dead-lettered copy is routed when
+        the runtime next calls ``VirtualHost.drain``. Returns whom to wake on this queue.
+        """
+        if entry.queue is not self or entry.state is not ACQUIRED:
+            return []
+        self._dead_letter(entry.message, "rejected")
+        return self.settle(entry)
 
     def purge(self) -> int:
         """Drop every available entry (queue.purge); acquired ones stay until settled."""
@@ -291,6 +372,41 @@ class Queue:
         """Every entry still holding its message: available ones, then acquired ones."""
         yield from self.available_entries()
         yield from list(self._acquired.values())
+
+    # ----------------------------------------------------------------------- timers
+
+    def next_deadline(self) -> float | None:
+        """The earliest ``now`` at which :meth:`tick` has work (a TTL, a held message, x-expires)."""
+        return None
+
+    def tick(self, now: float) -> list[QueueConsumer]:
+        """Expire messages at the head and release held ones that are due; returns whom to wake.
+
+        Called by VirtualHost.tick (the runtime's timer) once ``now`` reaches next_deadline().
+        """
+        return []
+
+    def touch(self, now: float | None = None) -> None:
+        """The queue was used (queue.declare, passive or not): restarts an x-expires lease."""
+
+    def unused_expired(self, now: float) -> bool:
+        """Whether an x-expires queue has been unused for its whole lease (VirtualHost.tick)."""
+        return False
+
+    # -------------------------------------------------------------- delivery content
+
+    def delivery_count(self, entry: QueueEntry) -> int:
+        """How many times this entry was returned to the queue (quorum ``delivery_count``)."""
+        return 0
+
+    def delivery_headers(self, entry: QueueEntry, *, basic_get: bool = False) -> dict[str, Any] | None:
+        """Headers to re-encode the delivered content header with; None: send it as published.
+
+        A dead-lettered copy (``message.reheadered``) carries new headers, and its expiration
+        property is gone (``message.expiration`` is None). Called by the runtime per delivery.
+        """
+        message = entry.message
+        return message.headers if message.reheadered else None
 
     # -------------------------------------------------------------------- consumers
 
@@ -430,5 +546,26 @@ class Queue:
 
     def _unref(self, message: Message) -> None:
         message.refs -= 1
-        if message.refs == 0 and self._on_drop is not None:
-            self._on_drop(message)
+        if message.refs == 0:
+            # A dead-letter copy releases its origin, whose last reference calls on_drop.
+            if message.origin is not None:
+                drop_reference(message.origin, self._on_drop)
+            elif self._on_drop is not None:
+                self._on_drop(message)
+
+    def _dead_letter(self, message: Message, reason: str) -> None:
+        # rabbit_amqqueue_process with_dlx: only a queue with a dead-letter exchange republishes.
+        if self.settings.dead_letter_exchange is not None:
+            self._host.dead_letter(self, message, reason)
+
+    def _time(self, now: float | None) -> float:
+        """``now`` if the runtime passed it (and the host learns it), else the host's latest."""
+        if now is None:
+            return self._host.now
+        self._host.advance(now)
+        return now
+
+    def _reschedule(self) -> None:
+        deadline = self.next_deadline()
+        if deadline is not None:
+            self._host.schedule(self, deadline)

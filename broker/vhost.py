@@ -9,27 +9,47 @@ exclusive queue is never durable, and exclusivity mismatches are 405 RESOURCE_LO
 ``owner`` is an opaque connection key (the runtime uses ``(worker, conn)``); exclusive queues
 belong to one owner and go with it.
 
+Routing follows RabbitMQ ``rabbit_exchange:route``: from the published-to exchange through
+exchange-to-exchange bindings, each exchange visited once (cycles end), an exchange that routes
+nowhere handing over to its ``alternate-exchange``; each queue receives the message once.
+
+Time, timers and dead letters. The domain reads no clock: ``now`` (monotonic seconds) comes in
+as an argument, and the virtual host remembers the latest (:meth:`VirtualHost.advance`).
+Queues register deadlines (TTL at the head, held messages, x-expires leases) and the runtime
+calls :meth:`VirtualHost.tick` when :meth:`VirtualHost.next_deadline` is reached. A queue that
+dead-letters a message asks the virtual host for a copy (:meth:`VirtualHost.dead_letter`) at
+once, pinning the body; the copy is routed by :meth:`VirtualHost.drain`, which publish and tick
+call themselves and the runtime calls after each batch of requests: routing never re-enters a
+queue in the middle of one of its own operations.
+
 Called from: the supervisor process (``broker.dispatch``).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import secrets
-from collections.abc import Callable, Hashable, Mapping
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
+from broker.arguments import check_resource_arg, parse_expiration
 from broker.consumer_manager import QueueConsumer
+from broker.deadletter import REJECTED, DeadLetter, dead_letter_copy, is_cycle
 from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from broker.exchange import (
     Exchange,
+    ExchangeDestination,
     Inequivalence,
     args_inequivalence,
     check_exchange_type,
     field_inequivalence,
 )
-from broker.message import Message
+from broker.message import Message, drop_reference
 from broker.queue import Queue
+from broker.queue_kinds import make_queue, upgrade
 
 # AMQP 0-9-1 §3.1.3: the default exchange plus the amq.* ones a broker must pre-declare.
 STANDARD_EXCHANGES = (
@@ -48,6 +68,7 @@ QUEUE_ARG_KEYS = (
     "x-max-priority", "x-overflow", "x-queue-mode", "x-single-active-consumer",
     "x-queue-type", "x-quorum-initial-group-size", "x-max-age",
     "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
+    "x-delivery-limit",  # compared as quorum queues do; Shoal accepts it on every queue
 )
 # A queue declared without x-queue-type is a classic queue; saying so explicitly is equivalent.
 _QUEUE_ARG_DEFAULTS = {"x-queue-type": "classic"}
@@ -55,10 +76,35 @@ _QUEUE_ARG_DEFAULTS = {"x-queue-type": "classic"}
 _DEFAULT_EXCHANGE_REFUSED = "operation not permitted on the default exchange"
 
 
+class PublishOutcome(NamedTuple):
+    """What basic.publish did: see VirtualHost.publish_outcome."""
+
+    routed: int  # queues the message was routed to (0: basic.return if mandatory, else free it)
+    notify: list[QueueConsumer]  # consumers to notifyWork
+    rejected: tuple[str, ...] = ()  # queues that refused it (x-overflow reject-publish*): nack
+    dead_lettered: int = 0  # dead-letter copies made on the way (drop-head, reject-publish-dlx)
+
+
+class TickOutcome(NamedTuple):
+    """What a timer tick did: see VirtualHost.tick."""
+
+    notify: list[QueueConsumer]  # consumers to notifyWork (held messages released, dead letters)
+    deleted_queues: list[str]  # queues deleted by x-expires
+    cancelled: list[QueueConsumer]  # their consumers, to cancel (consumer_cancel_notify)
+    dead_lettered: int = 0  # dead-letter copies made (expired messages of queues with a DLX)
+
+
 class VirtualHost:
     """Exchanges, queues and bindings of one vhost; the supervisor's domain entry point."""
 
-    def __init__(self, name: str = "/", on_drop: Callable[[Message], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "/",
+        on_drop: Callable[[Message], None] | None = None,
+        *,
+        epoch_offset: float = 0.0,
+        now: float = 0.0,
+    ) -> None:
         self.name = name
         self._on_drop = on_drop
         self._exchanges: dict[str, Exchange] = {}
@@ -66,8 +112,25 @@ class VirtualHost:
         self._owned: dict[Hashable, dict[str, None]] = {}
         # queue name → exchanges holding a binding to it, so deleting a queue is O(its bindings).
         self._sources: dict[str, dict[str, None]] = {}
+        # exchange name → exchanges holding a binding to it (exchange.bind).
+        self._exchange_sources: dict[str, dict[str, None]] = {}
         for exchange_name, type_name in STANDARD_EXCHANGES:
             self._exchanges[exchange_name] = Exchange(exchange_name, type_name, durable=True, vhost=name)
+        # The latest monotonic time the runtime passed in, and Unix time minus monotonic time
+        # (the runtime's time.time() - time.monotonic()): x-death times and held messages'
+        # x-qpid-not-valid-before are Unix times.
+        self.now = now
+        self.epoch_offset = epoch_offset
+        self._deadlines: list[tuple[float, int, Queue]] = []
+        self._scheduled: dict[Queue, float] = {}
+        self._tiebreak = itertools.count()
+        self._dead_letters: deque[tuple[DeadLetter, str]] = deque()
+        self._pending: list[QueueConsumer] = []
+        self._rejected: list[str] | tuple[str, ...] = ()
+        self.dead_lettered = 0  # dead-letter copies made, ever
+        # Queues whose kind is not plain: while there are none, publishing through an exchange
+        # needs no per-queue check.
+        self._featured_queues = 0
 
     @property
     def exchanges(self) -> Mapping[str, Exchange]:
@@ -115,6 +178,7 @@ class VirtualHost:
             # amq.direct as it is succeeds.
             if name.startswith("amq."):
                 raise AccessRefused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
+            check_resource_arg(arguments, "alternate-exchange", self._rs("exchange", name))
             exchange = Exchange(
                 name, type, durable=durable, auto_delete=auto_delete, internal=internal,
                 arguments=arguments, vhost=self.name,
@@ -143,15 +207,68 @@ class VirtualHost:
 
     def _remove_exchange(self, exchange: Exchange) -> None:
         for destination in exchange.destinations():
-            sources = self._sources.get(str(destination))
+            if type(destination) is ExchangeDestination:
+                sources = self._exchange_sources.get(destination.name)
+            else:
+                sources = self._sources.get(str(destination))
             if sources is not None:
                 sources.pop(exchange.name, None)
         del self._exchanges[exchange.name]
+        # RabbitMQ remove_for_destination: bindings to it go too, and may auto-delete sources.
+        as_destination = ExchangeDestination(exchange.name)
+        for source_name in self._exchange_sources.pop(exchange.name, {}):
+            source = self._exchanges.get(source_name)
+            if source is not None:
+                source.unbind_destination(as_destination)
+                self._maybe_auto_delete(source)
 
     def _maybe_auto_delete(self, exchange: Exchange) -> None:
-        # An auto-delete exchange goes when its last binding does.
+        # An auto-delete exchange goes when its last binding -- to a queue or an exchange --
+        # does (RabbitMQ conditional_delete: no bindings with it as the source).
         if exchange.auto_delete and not exchange.has_bindings and self._exchanges.get(exchange.name) is exchange:
             self._remove_exchange(exchange)
+
+    def bind_exchange(
+        self,
+        destination: str,
+        source: str,
+        routing_key: str,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """exchange.bind: messages ``source`` routes by this binding go on through ``destination``.
+
+        Binding twice is a no-op. The default exchange can be neither end (403); a missing end
+        is 404, the source first (rabbit_binding call_with_source_and_destination).
+        """
+        if destination == "" or source == "":
+            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
+        src = self.exchange(source)
+        self.exchange(destination)
+        if src.bind(ExchangeDestination(destination), routing_key, arguments):
+            self._exchange_sources.setdefault(destination, {})[source] = None
+
+    def unbind_exchange(
+        self,
+        destination: str,
+        source: str,
+        routing_key: str,
+        arguments: Mapping[str, Any] | None = None,
+    ) -> None:
+        """exchange.unbind; may auto-delete the source.
+
+        As RabbitMQ 3.10 (rabbit_binding absent_errs_only): unbinding what is not bound, or
+        naming an exchange that does not exist, succeeds; the default exchange is still 403.
+        """
+        if destination == "" or source == "":
+            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
+        src = self._exchanges.get(source)
+        as_destination = ExchangeDestination(destination)
+        if src is None or not src.unbind(as_destination, routing_key, arguments):
+            return
+        if not src.is_bound(as_destination):
+            self._exchange_sources.get(destination, {}).pop(source, None)
+        self._maybe_auto_delete(src)
+
 
     # ---------------------------------------------------------------------- queues
 
@@ -165,10 +282,19 @@ class VirtualHost:
         exclusive: bool = False,
         auto_delete: bool = False,
         arguments: Mapping[str, Any] | None = None,
+        now: float | None = None,
     ) -> Queue:
-        """queue.declare: create, or check an existing queue is equivalent (rabbit_channel)."""
+        """queue.declare: create, or check an existing queue is equivalent (rabbit_channel).
+
+        A new queue's arguments are validated (406 ``invalid arg ...``) and pick its kind. Any
+        declare of an existing queue, passive or not, restarts its x-expires lease.
+        """
+        if now is not None:
+            self.advance(now)
         if passive:
-            return self.queue(name, owner=owner)
+            found = self.queue(name, owner=owner)
+            found.touch()
+            return found
         if name == "":
             name = self._server_name()
         elif name.startswith("amq."):
@@ -187,6 +313,7 @@ class VirtualHost:
         )
         if diff is not None:
             raise self._inequivalent(diff, queue.description)
+        queue.touch()
         return queue
 
     def _server_name(self) -> str:
@@ -205,11 +332,13 @@ class VirtualHost:
         auto_delete: bool,
         arguments: Mapping[str, Any] | None,
     ) -> Queue:
-        queue = Queue(
+        queue = make_queue(
             name, durable=durable, exclusive_owner=owner if exclusive else None,
             auto_delete=auto_delete, arguments=arguments, on_drop=self._on_drop, vhost=self.name,
+            host=self,
         )
         self._queues[name] = queue
+        self._featured_queues += not queue.plain
         if exclusive:
             self._owned.setdefault(owner, {})[name] = None
         # AMQP 0-9-1 §3.1.3.1: every queue is bound to the default exchange by its name.
@@ -261,6 +390,8 @@ class VirtualHost:
         return count, self._delete_queue(queue)
 
     def _delete_queue(self, queue: Queue) -> list[QueueConsumer]:
+        self._scheduled.pop(queue, None)
+        self._featured_queues -= not queue.plain
         for exchange_name in self._sources.pop(queue.name, {}):
             exchange = self._exchanges.get(exchange_name)
             if exchange is not None:
@@ -350,30 +481,206 @@ class VirtualHost:
         message: Message,
         *,
         mandatory: bool = False,
+        now: float | None = None,
     ) -> tuple[int, list[QueueConsumer]]:
         """basic.publish: enqueue on every matched queue once; ``(queues, consumers to wake)``.
 
         With 0 queues nothing references the message and ``on_drop`` is not called: the runtime
-        returns it (``mandatory``) or frees it. ``mandatory`` is accepted for the record; the
-        domain's answer is the same either way.
+        returns it (``mandatory``) or frees it. Otherwise the domain owns it: if every queue
+        refused or at once dropped it, ``on_drop`` has been called. ``mandatory`` is accepted
+        for the record; the domain's answer is the same either way. Checks, in rabbit_channel's
+        order: the exchange exists (404), is not internal (403), the expiration is valid (406).
+        publish_outcome also says which queues refused the message.
         """
         exchange = self._exchanges.get(exchange_name)
         if exchange is None:
             raise NotFound(f"no {self._rs('exchange', exchange_name)}")
         if exchange.internal:
             raise AccessRefused(f"cannot publish to internal {exchange.description}")
+        if message.expiration is not None:
+            parse_expiration(message.expiration)
+            return self._deliver(self._route(exchange, message), message, now)
         if exchange_name == "":
             # Hot path: the default exchange's bindings are exactly "each queue by its name".
             queue = self._queues.get(message.routing_key)
-            return (1, queue.enqueue(message)) if queue is not None else (0, [])
+            if queue is None:
+                return 0, []
+            return (1, queue.enqueue(message)) if queue.plain else self._deliver([queue], message, now)
+        if not exchange.routes_only_to_queues or self._featured_queues:
+            return self._deliver(self._route(exchange, message), message, now)
         notify: list[QueueConsumer] = []
         routed = 0
         for destination in exchange.route(message.routing_key, message.headers):
-            queue = self._queues.get(str(destination))
+            queue = self._queues.get(destination)  # type: ignore[call-overload]
             if queue is not None:
                 notify += queue.enqueue(message)
                 routed += 1
         return routed, notify
+
+    def publish_outcome(
+        self,
+        exchange_name: str,
+        message: Message,
+        *,
+        mandatory: bool = False,
+        now: float | None = None,
+    ) -> PublishOutcome:
+        """basic.publish with everything a confirming channel needs: see PublishOutcome.
+
+        RabbitMQ nacks a confirm when any queue refused the message (reject-publish) and
+        acks it otherwise; a mandatory return is only for a message routed nowhere.
+        """
+        self._rejected = ()
+        before = self.dead_lettered
+        routed, notify = self.publish(exchange_name, message, mandatory=mandatory, now=now)
+        return PublishOutcome(routed, notify, tuple(self._rejected), self.dead_lettered - before)
+
+    def _route(self, exchange: Exchange, message: Message) -> list[Queue]:
+        """rabbit_exchange:route -- the queues a message reaches from ``exchange``, each once."""
+        if exchange.routes_only_to_queues:
+            names: Iterable[Any] = exchange.route(message.routing_key, message.headers)
+        else:
+            names = self._walk(exchange, message)
+        return [queue for name in names if (queue := self._queues.get(name)) is not None]
+
+    def _walk(self, exchange: Exchange, message: Message) -> dict[str, None]:
+        # Each exchange is visited once, so exchange-to-exchange cycles end; an exchange whose
+        # own route is empty hands over to its alternate exchange (process_alternate).
+        queues: dict[str, None] = {}
+        seen = {exchange.name}
+        work = [exchange]
+        while work:
+            current = work.pop()
+            destinations: Iterable[Any] = current.route(message.routing_key, message.headers)
+            if not destinations and current.alternate is not None:
+                destinations = (ExchangeDestination(current.alternate),)
+            for destination in destinations:
+                if type(destination) is not ExchangeDestination:
+                    queues[destination] = None
+                elif destination.name not in seen:
+                    seen.add(destination.name)
+                    following = self._exchanges.get(destination.name)
+                    if following is not None:
+                        work.append(following)
+        return queues
+
+    def _deliver(self, queues: list[Queue], message: Message, now: float | None) -> tuple[int, list[QueueConsumer]]:
+        """Offer to queues that may refuse, drop or dead-letter it at once; then drain."""
+        if now is not None:
+            self.advance(now)
+        rejected: list[str] = []
+        self._rejected = rejected
+        # Held while routing: a queue dropping it (drop-head, TTL) must not free it under the
+        # queues still to come.
+        message.refs += 1
+        notify: list[QueueConsumer] = []
+        for queue in queues:
+            if message.expiration is not None and queue.plain:
+                upgrade(queue)
+                self._featured_queues += 1
+            taken = queue.offer(message, now)
+            if taken is None:
+                rejected.append(queue.name)
+            else:
+                notify += taken
+        if queues:
+            drop_reference(message, self._on_drop)
+        else:
+            message.refs -= 1  # unroutable: the runtime returns or frees it
+        notify += self.drain()
+        return len(queues), notify
+
+    # ------------------------------------------------------------ dead letters, timers
+
+    def advance(self, now: float) -> None:
+        """The runtime's clock moved on: the ``now`` used where a call passes none."""
+        self.now = max(self.now, now)
+
+    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+        """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain).
+
+        RabbitMQ with_dlx: a dead-letter exchange that does not exist drops the message.
+        """
+        settings = queue.settings
+        dlx = settings.dead_letter_exchange
+        if dlx is None or dlx not in self._exchanges:
+            return
+        copy = dead_letter_copy(
+            message, reason, queue.name, dlx, settings.dead_letter_routing_key,
+            self.now + self.epoch_offset,
+        )
+        copy.refs += 1  # in flight until drain routes it
+        self.dead_lettered += 1
+        self._dead_letters.append((copy, reason))
+
+    def drain(self) -> list[QueueConsumer]:
+        """Route pending dead letters; returns consumers to notify that no call returned yet.
+
+        The runtime calls it after each batch of requests (queue-level calls -- pull, get,
+        release, discard -- can dead-letter). publish and tick call it themselves.
+        """
+        while self._dead_letters:
+            copy, reason = self._dead_letters.popleft()
+            exchange = self._exchanges.get(copy.exchange)
+            queues = self._route(exchange, copy) if exchange is not None else []
+            for queue in queues:
+                # rabbit_dead_letter detect_cycles: automatic cycles are dropped.
+                if reason == REJECTED or not is_cycle(queue.name, copy.headers):
+                    taken = queue.offer(copy)
+                    if taken:
+                        self._pending += taken
+            drop_reference(copy, self._on_drop)
+        notify, self._pending = self._pending, []
+        return notify
+
+    def schedule(self, queue: Queue, deadline: float) -> None:
+        """Called by a queue: call its tick at ``deadline`` (earlier requests win)."""
+        current = self._scheduled.get(queue)
+        if current is not None and current <= deadline:
+            return
+        self._scheduled[queue] = deadline
+        heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), queue))
+
+    def next_deadline(self) -> float | None:
+        """When the runtime's timer should next call :meth:`tick` (monotonic seconds), or None."""
+        deadlines = self._deadlines
+        while deadlines:
+            deadline, _, queue = deadlines[0]
+            if self._scheduled.get(queue) == deadline:
+                return deadline
+            heapq.heappop(deadlines)  # superseded, or the queue is gone
+        return None
+
+    def tick(self, now: float) -> TickOutcome:
+        """The runtime's timer: expire messages, release held ones, delete unused x-expires queues.
+
+        Expired messages are dead-lettered or dropped (``on_drop`` already called). Returns the
+        consumers to notify, and the queues deleted with the consumers to cancel.
+        """
+        self.advance(now)
+        before = self.dead_lettered
+        due: list[Queue] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, _, queue = heapq.heappop(self._deadlines)
+            if self._scheduled.get(queue) == deadline:
+                del self._scheduled[queue]
+                due.append(queue)
+        notify: list[QueueConsumer] = []
+        deleted: list[str] = []
+        cancelled: list[QueueConsumer] = []
+        for queue in due:
+            if self._queues.get(queue.name) is not queue:
+                continue
+            if queue.unused_expired(now):
+                deleted.append(queue.name)
+                cancelled += self._delete_queue(queue)
+                continue
+            notify += queue.tick(now)
+            following = queue.next_deadline()
+            if following is not None:
+                self.schedule(queue, following)
+        notify += self.drain()
+        return TickOutcome(notify, deleted, cancelled, self.dead_lettered - before)
 
     # ---------------------------------------------------------------------- errors
 

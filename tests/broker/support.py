@@ -12,10 +12,21 @@ from broker.queue import Queue
 _message_ids = itertools.count(1)
 
 
-def message(routing_key: str = "q", headers: dict[str, Any] | None = None, exchange: str = "") -> Message:
+def message(
+    routing_key: str = "q",
+    headers: dict[str, Any] | None = None,
+    exchange: str = "",
+    *,
+    expiration: str | None = None,
+    priority: int | None = None,
+    size: int = 10,
+) -> Message:
     """A message whose body handle is just its id (the domain never looks inside)."""
     mid = next(_message_ids)
-    return Message(mid, exchange, routing_key, ("body", mid), 10, headers)
+    return Message(
+        mid, exchange, routing_key, ("body", mid), size, headers,
+        expiration=expiration, priority=priority,
+    )
 
 
 def consumer(name: str, priority: int = 0, *, acquiring: bool = True, exclusive: bool = False) -> QueueConsumer:

@@ -1,0 +1,558 @@
+"""The queue for arguments: TTLs, length limits, priorities, held messages, groups, delivery limit.
+
+Theory of operation
+-------------------
+A plain :class:`broker.queue.Queue` serves every acquiring consumer from one FIFO head. The
+arguments handled here break that, so this storage trades the plain log for heaps (``heapq``,
+O(log n) per message) and is chosen at declare time only for queues that need it:
+
+* ``_ready`` -- available entries as ``(key, entry)``, a min-heap. The key is the position, or
+  for ``x-max-priority`` queues ``(max - priority) << 48 | position``: higher priority first,
+  FIFO within a priority, and a released entry goes back to its original place in its priority.
+* ``_held`` -- entries held until their ``x-qpid-not-valid-before`` time (Qpid Broker-J
+  ``holdOnPublishEnabled``), ``(due, position, entry)``. :meth:`tick` moves the due ones into
+  ``_ready`` and notifies (seed: "a previously unavailable (held) message becomes available").
+* ``_parked`` -- message groups (Qpid ``qpid.group_header_key``): while a group belongs to one
+  consumer its entries are skipped by the others. An entry of someone else's group met at the
+  head is parked in that group's own heap (seed: "blocked by message grouping"); when the
+  group is free again its parked entries return to ``_ready`` and one consumer is notified.
+  Shared groups (``qpid.shared_msg_group=1``) belong to a consumer while it holds unsettled
+  messages of the group; standard groups stay with their consumer until it goes (Broker-J).
+* ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
+  seed 001); deleted entries are pruned lazily.
+* ``_expiry`` / ``_returns`` -- per entry id: expiry time (monotonic seconds) and how many times
+  it was returned (quorum queues' ``delivery_count``; ``x-delivery-limit``).
+
+RabbitMQ's rules, 3.10: an expiry is ``min(x-message-ttl, expiration)`` from enqueue and is kept
+when a message is requeued; expired messages are removed only at the head (so per-message TTLs
+can queue up behind longer ones, and in a priority queue low priorities behind high ones),
+checked on publish, on delivery and on the timer, and are never delivered. ``x-max-length`` /
+``-bytes`` count ready messages (held ones too, here): ``drop-head`` dead-letters from the head
+after an enqueue or requeue takes the queue over; ``reject-publish`` refuses the new message
+(``reject-publish-dlx`` also dead-letters it). A message returned more than ``x-delivery-limit``
+times is dead-lettered (reason ``delivery_limit``) instead of requeued.
+
+Called from: the supervisor process, as a :class:`broker.queue.Queue`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Hashable, Iterator
+from typing import Any, ClassVar
+
+from broker.arguments import (
+    DROP_HEAD,
+    NOT_VALID_BEFORE,
+    REJECT_PUBLISH_DLX,
+    QueueSettings,
+    parse_expiration,
+)
+from broker.consumer_manager import INTERESTED, QueueConsumer
+from broker.errors import InternalError
+from broker.exchange import freeze
+from broker.message import Message
+from broker.queue import ACQUIRED, AVAILABLE, DELETED, HELD, Queue, QueueEntry
+
+_PRIORITY_SHIFT = 48  # positions stay below 2**48
+_COMPACT_AT = 1024
+
+HeapItem = tuple[int, QueueEntry]
+Owner = Any  # a QueueConsumer, or a _GetOwner for a basic.get in a shared-groups queue
+
+
+class _GetOwner:
+    """The owner of the groups one basic.get acquired (seed 001: a one-message subscription)."""
+
+    __slots__ = ()
+
+
+def _position(entry: QueueEntry) -> int:
+    return entry.position
+
+
+class FeaturedQueue(Queue):
+    """A queue whose arguments need more than a FIFO (see the module docstring)."""
+
+    plain: ClassVar[bool] = False
+
+    def _setup(self, settings: QueueSettings) -> None:
+        super()._setup(settings)
+        self._init_storage(settings)
+
+    def _init_storage(self, settings: QueueSettings) -> None:
+        self._ttl = settings.message_ttl
+        self._max_length = settings.max_length
+        self._max_bytes = settings.max_length_bytes
+        self._limited = self._max_length is not None or self._max_bytes is not None
+        self._overflow = settings.overflow
+        self._max_priority = settings.max_priority
+        self._delivery_limit = settings.delivery_limit
+        self._hold = settings.hold_on_publish
+        self._group_header = settings.group_header
+        self._shared_groups = settings.shared_groups
+        self._default_group: Hashable | None = settings.default_group if settings.shared_groups else None
+        self._ready: list[HeapItem] = []
+        self._held: list[tuple[float, int, QueueEntry]] = []
+        self._parked: dict[Hashable, list[HeapItem]] = {}
+        self._owner: dict[Hashable, Owner] = {}
+        self._groups_of: dict[Owner, dict[Hashable, None]] = {}
+        self._in_flight: dict[Hashable, int] = {}
+        self._expiry: dict[int, float] = {}
+        self._returns: dict[int, int] = {}
+        self._order: list[QueueEntry] = []
+        self._order_dead = 0
+        self._count = 0
+        self._bytes = 0
+
+    def adopt_plain_entries(self) -> None:
+        """Take over a plain queue's entries after its class was switched to this one.
+
+        broker.queue_kinds.upgrade: the first message with a per-message ``expiration`` turns a
+        plain queue into this kind. Positions, redelivered flags and acquired entries carry over.
+        """
+        available = Queue.available_entries(self)
+        self._log, self._head, self._released = [], 0, []
+        self._init_storage(self.settings)
+        self._order = sorted(available + list(self._acquired.values()), key=_position)
+        for entry in available:
+            self._count += 1
+            self._bytes += entry.message.body_size
+            self._insert(entry)
+
+    # ------------------------------------------------------------------- properties
+
+    @property
+    def message_count(self) -> int:
+        """Ready entries, held ones included (Qpid counts them in the queue depth)."""
+        return self._count
+
+    @property
+    def message_bytes(self) -> int:
+        """Body bytes of the entries message_count counts (x-max-length-bytes)."""
+        return self._bytes
+
+    # --------------------------------------------------------------------- entries
+
+    def enqueue(self, message: Message) -> list[QueueConsumer]:
+        """Append a message; returns the consumers to notify ([] if the queue refused it)."""
+        return self.offer(message) or []
+
+    def offer(self, message: Message, now: float | None = None) -> list[QueueConsumer] | None:
+        """Enqueue, enforcing the length limit, TTL and hold; None when reject-publish refuses.
+
+        Called by VirtualHost.publish (basic.publish) and for dead-lettered copies.
+        """
+        if self.deleted:
+            raise InternalError(f"enqueue on deleted {self.description}")
+        if self._limited and self._overflow != DROP_HEAD and self._would_overflow(message):
+            if self._overflow == REJECT_PUBLISH_DLX:
+                self._dead_letter(message, "maxlen")
+            return None
+        now = self._time(now)
+        entry = QueueEntry(self, self._next_position, message)
+        self._next_position += 1
+        message.refs += 1
+        self._count += 1
+        self._bytes += message.body_size
+        self._order.append(entry)
+        self._set_expiry(entry, now)
+        due = self._hold_until(message, now) if self._hold else None
+        if due is None:
+            self._insert(entry)
+        else:
+            entry.state = HELD
+            heapq.heappush(self._held, (due, entry.position, entry))
+        return self._settle_in(entry, now)
+
+    def pull(
+        self, consumer: QueueConsumer, max_n: int, now: float | None = None
+    ) -> tuple[list[QueueEntry], bool]:
+        """seed ``deliverSingleMessage``, batched, skipping what this consumer may not take.
+
+        Expired entries met on the way are dead-lettered, never delivered. In a grouped queue a
+        higher-priority consumer does not hold lower ones back (it cannot take their groups).
+        """
+        if max_n < 1:
+            raise ValueError(f"max_n must be at least 1, not {max_n}")
+        if consumer not in self.consumers or not consumer.interested:
+            return [], False
+        if not consumer.acquiring:
+            return self._browse(consumer, max_n)
+        if self._group_header is None and self.consumers.higher_priority_active(consumer):
+            self.consumers.back_of_interested(consumer)
+            return [], False
+        now = self._time(now)
+        entries: list[QueueEntry] = []
+        while len(entries) < max_n:
+            entry = self._take_for(consumer, now)
+            if entry is None:
+                break
+            entries.append(entry)
+        more = len(entries) == max_n and self._next_heap(consumer) is not None
+        if more:
+            self.consumers.mark_notified(consumer)
+        else:
+            self.consumers.back_of_interested(consumer)
+        return entries, more
+
+    def get(self, now: float | None = None) -> QueueEntry | None:
+        """basic.get: the next entry no consumer's group blocks, or None (seed 001 one-shot)."""
+        owner = _GetOwner() if self._shared_groups else None
+        return self._take_for(owner, self._time(now))
+
+    def release(self, entry: QueueEntry, now: float | None = None) -> list[QueueConsumer]:
+        """Requeue at the original position, counting the return; over the limit, dead-letter.
+
+        quorum ``return_one``: the return is counted first and a count above
+        ``x-delivery-limit`` dead-letters (reason ``delivery_limit``) instead of requeueing.
+        """
+        if entry.queue is not self or entry.state is not ACQUIRED:
+            return []
+        notify = self._unacquire(entry)
+        entry.redelivered = True
+        returns = self._returns[entry.id] = self._returns.get(entry.id, 0) + 1
+        if self._delivery_limit is not None and returns > self._delivery_limit:
+            self._dead_letter(entry.message, "delivery_limit")
+            self._delete(entry)
+            return notify
+        self._count += 1
+        self._bytes += entry.message.body_size
+        self._insert(entry)
+        return notify + self._settle_in(entry, self._time(now))
+
+    def settle(self, entry: QueueEntry) -> list[QueueConsumer]:
+        """basic.ack: remove for good; returns whom to wake when that frees a message group."""
+        if entry.queue is not self or entry.state is not ACQUIRED:
+            return []
+        notify = self._unacquire(entry)
+        self._delete(entry)
+        return notify
+
+    def purge(self) -> int:
+        """queue.purge: drop ready and held entries (RabbitMQ does not dead-letter them)."""
+        dropped = [e for e in self._order if e.state is AVAILABLE or e.state is HELD]
+        self._ready, self._held, self._parked = [], [], {}
+        for entry in dropped:
+            self._count -= 1
+            self._bytes -= entry.message.body_size
+            self._delete(entry)
+        return len(dropped)
+
+    def delete(self) -> list[QueueConsumer]:
+        """queue.delete: drop everything, detach every consumer (see Queue.delete)."""
+        if self.deleted:
+            return []
+        dropped = [e for e in self._order if e.state is not DELETED]
+        self._acquired.clear()
+        self._init_storage(self.settings)
+        self._drop_entries(dropped)
+        self.deleted = True
+        self._exclusive_consumer = None
+        return self.consumers.clear()
+
+    def available_entries(self) -> list[QueueEntry]:
+        """Available (not held, not acquired) entries in position order (introspection)."""
+        return [e for e in self._order if e.state is AVAILABLE]
+
+    def held_entries(self) -> list[QueueEntry]:
+        """Entries held until their not-valid-before time, earliest due first."""
+        return [entry for _, _, entry in sorted(self._held)]
+
+    def entries(self) -> Iterator[QueueEntry]:
+        """Every entry still holding its message: available and held, then acquired."""
+        yield from [e for e in self._order if e.state is AVAILABLE or e.state is HELD]
+        yield from list(self._acquired.values())
+
+    # ----------------------------------------------------------------------- timers
+
+    def next_deadline(self) -> float | None:
+        """The head's expiry or the first held message's due time, whichever comes first."""
+        deadline = self._expiry.get(self._ready[0][1].id) if self._expiry and self._ready else None
+        if self._held and (deadline is None or self._held[0][0] < deadline):
+            deadline = self._held[0][0]
+        return deadline
+
+    def tick(self, now: float) -> list[QueueConsumer]:
+        """Make due held messages available, expire at the head; notify for what is left."""
+        now = self._time(now)
+        released: list[QueueEntry] = []
+        while self._held and self._held[0][0] <= now:
+            entry = heapq.heappop(self._held)[2]
+            self._insert(entry)
+            released.append(entry)
+        self._expire_head(now)  # a held message may have outlived its TTL meanwhile
+        notify: list[QueueConsumer] = []
+        for entry in released:
+            if entry.state is AVAILABLE:
+                notify += self._announce(entry)
+        return notify
+
+    # -------------------------------------------------------------- delivery content
+
+    def delivery_count(self, entry: QueueEntry) -> int:
+        """Returns counted so far (quorum queues' ``delivery_count``)."""
+        return self._returns.get(entry.id, 0)
+
+    def delivery_headers(self, entry: QueueEntry, *, basic_get: bool = False) -> dict[str, Any] | None:
+        """Adds ``x-delivery-count`` as quorum queues do: on redeliveries, and always on basic.get."""
+        headers = super().delivery_headers(entry)
+        if self._delivery_limit is None:
+            return headers
+        count = self._returns.get(entry.id, 0)
+        if not count and not basic_get:
+            return headers
+        return {**(entry.message.headers or {}), "x-delivery-count": count}
+
+    # -------------------------------------------------------------------- consumers
+
+    def remove_consumer(self, consumer: QueueConsumer) -> list[QueueConsumer]:
+        """Detach; a standard message group goes with its consumer (Broker-J clearAssignments)."""
+        notify = super().remove_consumer(consumer)
+        if not self._shared_groups and consumer in self._groups_of:
+            for group in list(self._groups_of[consumer]):
+                notify += self._free_group(group)
+        return notify
+
+    # ---------------------------------------------------------------------- helpers
+
+    def _notify_newly_interested(self, consumer: QueueConsumer) -> list[QueueConsumer]:
+        if not consumer.acquiring:
+            return [consumer] if self._next_after(consumer.browse_position) else []
+        if self._group_header is None and self.consumers.higher_priority_active(consumer):
+            return []
+        if self._next_heap(consumer) is None:
+            return []
+        self.consumers.mark_notified(consumer)
+        return [consumer]
+
+    def _hand_over(self) -> list[QueueConsumer]:
+        if not self._ready and not self._parked:
+            return []
+        consumer = self.consumers.notify_one(unless_notified=True)
+        return [consumer] if consumer is not None else []
+
+    def _settle_in(self, entry: QueueEntry, now: float) -> list[QueueConsumer]:
+        # rabbit_amqqueue_process deliver_or_enqueue / requeue_and_run: drop-head, then drop
+        # expired messages at the head; announce the entry only if it survived.
+        if self._limited and self._overflow == DROP_HEAD:
+            while self._over_limit() and self._drop_head():
+                pass
+        self._expire_head(now)
+        notify = self._announce(entry) if entry.state is AVAILABLE else []
+        self._reschedule()
+        return notify
+
+    def _announce(self, entry: QueueEntry) -> list[QueueConsumer]:
+        """seed notifyWork for an entry that became available: browsers behind it, one acquirer."""
+        notify = self._browsers_before(entry.position)
+        owner = self._owner.get(self._group(entry.message)) if self._group_header is not None else None
+        if owner is None:
+            consumer = self.consumers.notify_one()
+        elif isinstance(owner, QueueConsumer) and owner.state is INTERESTED:
+            self.consumers.mark_notified(owner)
+            consumer = owner
+        else:
+            consumer = None  # its owner is Notified already, not interested, or a basic.get
+        if consumer is not None:
+            notify.append(consumer)
+        return notify
+
+    def _key(self, entry: QueueEntry) -> int:
+        if self._max_priority is None:
+            return entry.position
+        priority = min(entry.message.priority or 0, self._max_priority)
+        return ((self._max_priority - priority) << _PRIORITY_SHIFT) | entry.position
+
+    def _group(self, message: Message) -> Hashable | None:
+        headers = message.headers
+        value = headers.get(self._group_header) if headers and self._group_header else None
+        if value is None:
+            return self._default_group
+        return freeze(value)
+
+    def _insert(self, entry: QueueEntry) -> None:
+        """Make an entry available: into its owned group's parked heap, else into _ready."""
+        entry.state = AVAILABLE
+        item = (self._key(entry), entry)
+        if self._group_header is not None:
+            group = self._group(entry.message)
+            if group in self._owner:
+                heapq.heappush(self._parked.setdefault(group, []), item)
+                return
+        heapq.heappush(self._ready, item)
+
+    def _next_heap(self, owner: Owner) -> list[HeapItem] | None:
+        """The heap whose top is ``owner``'s next entry, parking other owners' groups on the way."""
+        ready = self._ready
+        if self._group_header is None:
+            return ready or None
+        while ready:
+            group = self._group(ready[0][1].message)
+            holder = self._owner.get(group)
+            if holder is None or holder is owner:
+                break
+            heapq.heappush(self._parked.setdefault(group, []), heapq.heappop(ready))
+        best = ready or None
+        for group in self._groups_of.get(owner, ()):
+            parked = self._parked.get(group)
+            if parked and (best is None or parked[0][0] < best[0][0]):
+                best = parked
+        return best
+
+    def _take_for(self, owner: Owner, now: float) -> QueueEntry | None:
+        while True:
+            heap = self._next_heap(owner)
+            if heap is None:
+                return None
+            entry = heapq.heappop(heap)[1]
+            if heap is not self._ready and not heap:
+                del self._parked[self._group(entry.message)]
+            expires = self._expiry.get(entry.id) if self._expiry else None
+            if expires is not None and now >= expires:
+                self._drop_available(entry, "expired")  # never delivered
+                continue
+            self._acquire_entry(entry, owner)
+            return entry
+
+    def _acquire_entry(self, entry: QueueEntry, owner: Owner) -> None:
+        entry.state = ACQUIRED
+        self._acquired[entry.id] = entry
+        self._count -= 1
+        self._bytes -= entry.message.body_size
+        if self._group_header is None or owner is None:
+            return
+        group = self._group(entry.message)
+        if group is None:
+            return
+        if group not in self._owner:
+            self._owner[group] = owner
+            self._groups_of.setdefault(owner, {})[group] = None
+        if self._shared_groups:
+            self._in_flight[group] = self._in_flight.get(group, 0) + 1
+
+    def _unacquire(self, entry: QueueEntry) -> list[QueueConsumer]:
+        """An acquired entry is settled or returned; a shared group with none left is freed."""
+        del self._acquired[entry.id]
+        if not self._shared_groups:
+            return []
+        group = self._group(entry.message)
+        left = self._in_flight.get(group, 0) - 1
+        if left > 0:
+            self._in_flight[group] = left
+            return []
+        self._in_flight.pop(group, None)
+        return self._free_group(group)
+
+    def _free_group(self, group: Hashable) -> list[QueueConsumer]:
+        """The group may go to anyone again: unpark its entries and notify (seed notifyWork)."""
+        owner = self._owner.pop(group, None)
+        if owner is None:
+            return []
+        groups = self._groups_of[owner]
+        del groups[group]
+        if not groups:
+            del self._groups_of[owner]
+        parked = self._parked.pop(group, None)
+        if not parked:
+            return []
+        for item in parked:
+            heapq.heappush(self._ready, item)
+        consumer = self.consumers.notify_one()
+        return [consumer] if consumer is not None else []
+
+    def _set_expiry(self, entry: QueueEntry, now: float) -> None:
+        # rabbit_amqqueue_process calculate_msg_expiry: the smaller of the two TTLs.
+        ttl = self._ttl
+        expiration = entry.message.expiration
+        if expiration is not None:
+            own = parse_expiration(expiration)
+            ttl = own if ttl is None else min(ttl, own)
+        if ttl is not None:
+            self._expiry[entry.id] = now + ttl / 1000.0
+
+    def _hold_until(self, message: Message, now: float) -> float | None:
+        headers = message.headers
+        value = headers.get(NOT_VALID_BEFORE) if headers else None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        due = value / 1000.0 - self._host.epoch_offset  # Unix ms → monotonic seconds
+        return due if due > now else None
+
+    def _would_overflow(self, message: Message) -> bool:
+        # rabbit_amqqueue_process will_overflow
+        return (self._max_length is not None and self._count + 1 > self._max_length) or (
+            self._max_bytes is not None and self._bytes + message.body_size > self._max_bytes
+        )
+
+    def _over_limit(self) -> bool:
+        return (self._max_length is not None and self._count > self._max_length) or (
+            self._max_bytes is not None and self._bytes > self._max_bytes
+        )
+
+    def _drop_head(self) -> bool:
+        """Dead-letter the next message in delivery order (reason ``maxlen``); False if none."""
+        heap: list[HeapItem] | None = self._ready or None
+        for parked in self._parked.values():
+            if parked and (heap is None or parked[0][0] < heap[0][0]):
+                heap = parked
+        if heap is not None:
+            entry = heapq.heappop(heap)[1]
+            if heap is not self._ready and not heap:
+                del self._parked[self._group(entry.message)]
+        elif self._held:
+            entry = heapq.heappop(self._held)[2]
+        else:
+            return False
+        self._drop_available(entry, "maxlen")
+        return True
+
+    def _expire_head(self, now: float) -> None:
+        if not self._expiry:
+            return
+        ready = self._ready
+        while ready:
+            entry = ready[0][1]
+            expires = self._expiry.get(entry.id)
+            if expires is None or now < expires:
+                return
+            heapq.heappop(ready)
+            self._drop_available(entry, "expired")
+
+    def _drop_available(self, entry: QueueEntry, reason: str) -> None:
+        """Remove a ready or held entry already taken off its heap, dead-lettering it."""
+        self._count -= 1
+        self._bytes -= entry.message.body_size
+        self._dead_letter(entry.message, reason)
+        self._delete(entry)
+
+    def _delete(self, entry: QueueEntry) -> None:
+        entry.state = DELETED
+        self._expiry.pop(entry.id, None)
+        self._returns.pop(entry.id, None)
+        self._order_dead += 1
+        if self._order_dead > _COMPACT_AT and self._order_dead * 2 > len(self._order):
+            self._order = [e for e in self._order if e.state is not DELETED]
+            self._order_dead = 0
+        self._unref(entry.message)
+
+    def _next_after(self, position: int) -> QueueEntry | None:
+        """The first available entry past ``position`` in arrival order (a browser's next)."""
+        order = self._order
+        for index in range(bisect.bisect_right(order, position, key=_position), len(order)):
+            if order[index].state is AVAILABLE:
+                return order[index]
+        return None
+
+    def _browse(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
+        order = self._order
+        seen: list[QueueEntry] = []
+        index = bisect.bisect_right(order, consumer.browse_position, key=_position)
+        while index < len(order) and len(seen) < max_n:
+            if order[index].state is AVAILABLE:
+                seen.append(order[index])
+            index += 1
+        if seen:
+            consumer.browse_position = seen[-1].position
+        return seen, len(seen) == max_n and self._next_after(consumer.browse_position) is not None

@@ -1,0 +1,23 @@
+"""Fixtures for the domain tests of queue arguments, dead-lettering and routing."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.message import Message
+from broker.vhost import VirtualHost
+
+# Unix time at monotonic 0 in these tests: x-death times and not-valid-before headers use it.
+EPOCH = 1_700_000_000.0
+ME = ("w0", 1)
+
+
+@pytest.fixture
+def dropped() -> list[Message]:
+    """Messages whose bodies the domain handed back (on_drop), in order."""
+    return []
+
+
+@pytest.fixture
+def vhost(dropped: list[Message]) -> VirtualHost:
+    return VirtualHost("/", on_drop=dropped.append, epoch_offset=EPOCH)
