@@ -55,6 +55,9 @@ from broker.exchange import freeze
 from broker.message import Message
 from broker.queue import ACQUIRED, AVAILABLE, DELETED, HELD, Queue, QueueEntry
 
+# What a browser sees: the queue's contents, acquired-but-unsettled entries included.
+_BROWSABLE = frozenset((AVAILABLE, ACQUIRED))
+
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
 _COMPACT_AT = 1024
 
@@ -538,10 +541,11 @@ class FeaturedQueue(Queue):
         self._unref(entry.message)
 
     def _next_after(self, position: int) -> QueueEntry | None:
-        """The first available entry past ``position`` in arrival order (a browser's next)."""
+        """The first entry still on the queue past ``position`` in arrival order (a
+        browser's next): available or acquired, as a browser sees the queue's contents."""
         order = self._order
         for index in range(bisect.bisect_right(order, position, key=_position), len(order)):
-            if order[index].state is AVAILABLE:
+            if order[index].state in _BROWSABLE:
                 return order[index]
         return None
 
@@ -550,7 +554,7 @@ class FeaturedQueue(Queue):
         seen: list[QueueEntry] = []
         index = bisect.bisect_right(order, consumer.browse_position, key=_position)
         while index < len(order) and len(seen) < max_n:
-            if order[index].state is AVAILABLE:
+            if order[index].state in _BROWSABLE:
                 seen.append(order[index])
             index += 1
         if seen:

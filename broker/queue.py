@@ -78,6 +78,10 @@ _entry_ids = itertools.count(1)
 _COMPACT_AT = 4096
 
 
+def _position(entry: QueueEntry) -> int:
+    return entry.position
+
+
 class QueueEntry:
     """One message on one queue (seed: QueueEntry)."""
 
@@ -515,17 +519,32 @@ class Queue:
             self._head = 0
 
     def _next_after(self, position: int) -> QueueEntry | None:
-        """The first available entry past ``position`` (a browser's next entry)."""
+        """The first entry still on the queue past ``position`` (a browser's next).
+
+        Browsers see the queue's contents: available entries and acquired ones not
+        yet settled, so what a browser sees does not depend on whether an acquiring
+        consumer pulled first. Acquired entries all sit below the log head; they
+        are only searched when the browser lags behind it."""
         best: QueueEntry | None = None
         for released_position, entry in self._released:  # few: released entries go first
             if released_position > position and (best is None or released_position < best.position):
                 best = entry
-        if best is not None:
-            return best  # released entries all sit below the log head
-        if self._head >= len(self._log):
-            return None
-        index = self._head + max(0, position + 1 - self._log[self._head].position)
-        return self._log[index] if index < len(self._log) else None
+        has_log = self._head < len(self._log)
+        if self._acquired and (not has_log or self._log[self._head].position > position + 1):
+            acquired = self._first_acquired_after(position)
+            if acquired is not None and (best is None or acquired.position < best.position):
+                best = acquired
+        if not has_log:
+            return best
+        head = self._log[self._head]
+        if best is not None and best.position < head.position:
+            return best
+        index = self._head + max(0, position + 1 - head.position)
+        return self._log[index] if index < len(self._log) else best
+
+    def _first_acquired_after(self, position: int) -> QueueEntry | None:
+        after = [e for e in self._acquired.values() if e.position > position]
+        return min(after, key=_position) if after else None
 
     def _browse(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
         seen: list[QueueEntry] = []

@@ -80,6 +80,24 @@ def test_browsers_do_not_rewind_on_release() -> None:
     assert [e.position for e in later] == [4]
 
 
+def test_browsers_see_entries_acquired_but_not_yet_settled() -> None:
+    """A browser sees the queue's contents: a message an acquiring consumer took
+    first is still shown to it until it is settled, never a settled one."""
+    from broker.featured_queue import FeaturedQueue  # the same rule for queues with arguments
+
+    for q in (Queue("q"), FeaturedQueue("fq", arguments={"x-max-priority": 5})):
+        fill(q, 3)
+        taken = q.get()
+        settled = q.get()
+        assert taken is not None and settled is not None
+        q.settle(settled)
+        browser = consumer("browser", acquiring=False)
+        attach(q, browser)
+        seen, _ = q.pull(browser, 10)
+        assert [e.position for e in seen] == [1, 3], type(q).__name__
+        assert taken.state is ACQUIRED
+
+
 def test_browser_behind_a_released_message_still_sees_it() -> None:
     """A browser whose pointer has not reached the returned message's place sees it when it gets there."""
     q = Queue("q")

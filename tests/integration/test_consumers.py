@@ -72,9 +72,6 @@ def test_browser_sees_messages_without_taking_them(shared_broker: Broker, names:
     assert taken == seen
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a browser's pull skips entries an acquiring consumer took first; browsers should see "
-    "what is still on the queue, acquired or not (fix pending in broker/queue.py)"))
 def test_browser_is_notified_of_new_messages(shared_broker: Broker, names: Names) -> None:
     """Non-acquiring consumers are always notified of a new message, alongside
     the one acquiring consumer that takes it."""
