@@ -29,7 +29,7 @@ from typing import Any
 
 from broker.consumer_manager import QueueConsumer
 from broker.errors import AMQPError, InternalError
-from broker.message import Message
+from broker.message import Message, drop_reference
 from broker.queue import Queue, QueueEntry
 from broker.vhost import VirtualHost
 from ipc import records as r
@@ -44,6 +44,8 @@ Owner = tuple[int, int]  # (worker, conn): who owns an exclusive queue
 _METHOD_IDS: dict[type, tuple[int, int]] = {
     r.ExchangeDeclare: (40, 10),
     r.ExchangeDelete: (40, 20),
+    r.ExchangeBind: (40, 30),
+    r.ExchangeUnbind: (40, 40),
     r.QueueDeclare: (50, 10),
     r.QueueBind: (50, 20),
     r.QueuePurge: (50, 30),
@@ -88,9 +90,12 @@ class _Subscription:
 class Dispatcher:
     """Applies worker requests to the virtual host; collects events and wake-ups."""
 
-    def __init__(self, workers: int, free_body: Callable[[int, int], None]) -> None:
+    def __init__(self, workers: int, free_body: Callable[[int, int], None], *,
+                 now: float = 0.0, epoch_offset: float = 0.0) -> None:
         self._free_body = free_body
-        self.vhost = VirtualHost("/", on_drop=self._drop)
+        # Time comes in from the runtime (monotonic seconds); epoch_offset turns it
+        # into wall-clock time for x-death and held-message headers.
+        self.vhost = VirtualHost("/", on_drop=self._drop, now=now, epoch_offset=epoch_offset)
         self.outbox: list[list[r.Event]] = [[] for _ in range(workers)]
         self.notify: list[list[int]] = [[] for _ in range(workers)]
         self._subs: dict[tuple[int, int], _Subscription] = {}
@@ -105,6 +110,8 @@ class Dispatcher:
             r.ChanClose: self._chan_close,
             r.ExchangeDeclare: self._exchange_declare,
             r.ExchangeDelete: self._exchange_delete,
+            r.ExchangeBind: self._exchange_bind,
+            r.ExchangeUnbind: self._exchange_unbind,
             r.QueueDeclare: self._queue_declare,
             r.QueueBind: self._queue_bind,
             r.QueueUnbind: self._queue_unbind,
@@ -127,6 +134,23 @@ class Dispatcher:
             self._handlers[type(rec)](worker, rec)
         except AMQPError as exc:
             self._fail(worker, rec, exc)
+
+    def begin_batch(self, now: float) -> None:
+        """Requests of one ring batch happen at ``now`` (TTL, x-expires, x-death time)."""
+        self.vhost.advance(now)
+
+    def end_batch(self) -> None:
+        """Route the dead letters the batch made (pull, get, release, discard can)."""
+        self._wake(self.vhost.drain())
+
+    def tick(self, now: float) -> float | None:
+        """The timer: expire messages, delete unused x-expires queues, release held
+        messages. Returns the next deadline (None: nothing pending)."""
+        self.vhost.advance(now)
+        outcome = self.vhost.tick(now)
+        self._wake(outcome.notify)
+        self._cancel_all(outcome.cancelled)
+        return self.vhost.next_deadline()
 
     def internal_error(self, worker: int, rec: Any) -> None:
         """A request failed unexpectedly: close its connection with 541."""
@@ -194,11 +218,18 @@ class Dispatcher:
         self._free_body(region, offset)
 
     @staticmethod
-    def _delivery(entry_id: int, redelivered: bool, message: Message) -> r.Delivery:
+    def _delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
+        message = entry.message
         region, offset, header_len, body_len = message.body_ref
+        headers = entry.queue.delivery_headers(entry, basic_get=basic_get)
+        if headers is None:
+            return r.Delivery(
+                entry_id, entry.redelivered, message.exchange, message.routing_key,
+                region, offset, header_len, body_len,
+            )
         return r.Delivery(
-            entry_id, redelivered, message.exchange, message.routing_key,
-            region, offset, header_len, body_len,
+            entry_id, entry.redelivered, message.exchange, message.routing_key,
+            region, offset, header_len, body_len, True, headers, message.expiration,
         )
 
     # ------------------------------------------------- connections, channels
@@ -241,9 +272,7 @@ class Dispatcher:
             self._wake(held.queue.release(held))
 
     def _unpin(self, pin: _Pin) -> None:
-        pin.message.refs -= 1
-        if pin.message.refs == 0:
-            self._drop(pin.message)
+        drop_reference(pin.message, self._drop)
 
     def _cancel_all(self, consumers: Iterable[QueueConsumer]) -> None:
         """The broker cancels consumers whose queue went away (consumer_cancel_notify)."""
@@ -268,6 +297,14 @@ class Dispatcher:
 
     def _exchange_delete(self, worker: int, rec: r.ExchangeDelete) -> None:
         self.vhost.delete_exchange(rec.name, if_unused=rec.if_unused)
+        self._reply(worker, rec)
+
+    def _exchange_bind(self, worker: int, rec: r.ExchangeBind) -> None:
+        self.vhost.bind_exchange(rec.destination, rec.source, rec.routing_key, rec.arguments)
+        self._reply(worker, rec)
+
+    def _exchange_unbind(self, worker: int, rec: r.ExchangeUnbind) -> None:
+        self.vhost.unbind_exchange(rec.destination, rec.source, rec.routing_key, rec.arguments)
         self._reply(worker, rec)
 
     # --------------------------------------------------------------- queues
@@ -344,12 +381,12 @@ class Dispatcher:
         for entry in entries:
             if sub.consumer.acquiring:
                 held[entry.id] = entry
-                deliveries.append(self._delivery(entry.id, entry.redelivered, entry.message))
+                deliveries.append(self._delivery(entry.id, entry))
             else:
                 pin_id = next(self._pin_ids)
                 entry.message.refs += 1
                 held[pin_id] = _Pin(entry.message)
-                deliveries.append(self._delivery(pin_id, entry.redelivered, entry.message))
+                deliveries.append(self._delivery(pin_id, entry))
         self.outbox[worker].append(r.Pulled(rec.consumer, deliveries, more))
 
     def _get(self, worker: int, rec: r.Get) -> None:
@@ -359,7 +396,7 @@ class Dispatcher:
             self.outbox[worker].append(r.GetEmpty(rec.conn, rec.ch))
             return
         self._channel((worker, rec.conn, rec.ch)).acquired[entry.id] = entry
-        delivery = self._delivery(entry.id, entry.redelivered, entry.message)
+        delivery = self._delivery(entry.id, entry, basic_get=True)
         self.outbox[worker].append(r.GetOk(rec.conn, rec.ch, delivery, q.message_count))
 
     # ----------------------------------------------------------- publishing
@@ -368,12 +405,14 @@ class Dispatcher:
         message = Message(
             next(self._ids), rec.exchange, rec.routing_key,
             (worker, rec.offset, rec.header_len, rec.body_len), rec.body_len, rec.headers,
+            expiration=rec.expiration, priority=rec.priority,
         )
         try:
-            routed, consumers = self.vhost.publish(rec.exchange, message, mandatory=rec.mandatory)
+            outcome = self.vhost.publish_outcome(rec.exchange, message, mandatory=rec.mandatory)
         except AMQPError:
             self._free_body(worker, rec.offset)
             raise
+        routed = outcome.routed
         if routed == 0:
             if rec.mandatory:
                 self.outbox[worker].append(
@@ -384,9 +423,9 @@ class Dispatcher:
                 )
             else:
                 self._free_body(worker, rec.offset)
-        if rec.confirm:
-            self.outbox[worker].append(r.Confirm(rec.conn, rec.ch, True))
-        self._wake(consumers)
+        if rec.confirm:  # a queue refusing it (x-overflow reject-publish) is a nack
+            self.outbox[worker].append(r.Confirm(rec.conn, rec.ch, not outcome.rejected))
+        self._wake(outcome.notify)
 
     def _settle(self, worker: int, rec: r.Settle) -> None:
         chan = self._channels.get((worker, rec.conn, rec.ch))
@@ -398,9 +437,11 @@ class Dispatcher:
                 continue  # the worker validates delivery tags; a stale id is harmless
             if isinstance(held, _Pin):
                 self._unpin(held)
+            elif rec.action == r.ACK:
+                self._wake(held.queue.settle(held))
             elif rec.action == r.REQUEUE:
                 self._wake(held.queue.release(held))
-            elif rec.action in (r.ACK, r.DROP):
-                held.queue.settle(held)
+            elif rec.action == r.DROP:  # reject/nack requeue=false: dead-lettered if the queue says so
+                self._wake(held.queue.discard(held))
             else:
                 raise InternalError(f"unknown settle action {rec.action}")

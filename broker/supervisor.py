@@ -31,6 +31,7 @@ import secrets
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 import msgspec
@@ -47,6 +48,7 @@ log = logging.getLogger("shoal.supervisor")
 SHUTDOWN_GRACE = 5.0
 BATCH = 1024
 RESTART_BACKOFF = 1.0
+IDLE_TICK = 1.0  # the timer's longest sleep
 SHM_DIR = "/dev/shm"
 
 
@@ -84,7 +86,12 @@ class Supervisor:
         self.instance = f"{os.getpid()}-{secrets.token_hex(4)}"
         self.codec = r.Codec()
         self.workers: list[_WorkerSlot] = []
-        self.dispatcher = Dispatcher(config.workers, self._free_body)
+        self.dispatcher = Dispatcher(
+            config.workers, self._free_body, now=time.monotonic(),
+            epoch_offset=time.time() - time.monotonic(),
+        )
+        self._deadline_changed = trio.Event()
+        self._deadline: float | None = None
         self.stopping = False
         self.port = 0
         self._listener: socket.socket | None = None
@@ -150,6 +157,7 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._retry_backlog)
+            nursery.start_soon(self._timer)
             for w in self.workers:
                 nursery.start_soon(self._supervise, w)
                 nursery.start_soon(self._drain, w)
@@ -265,6 +273,7 @@ class Supervisor:
     def _apply(self, w: _WorkerSlot, batch: list[bytes]) -> None:
         decode = self.codec.decode_request
         handle = self.dispatcher.handle
+        self.dispatcher.begin_batch(time.monotonic())
         for raw in batch:
             rec = decode(raw)
             if isinstance(rec, r.Hello):
@@ -274,6 +283,10 @@ class Supervisor:
             except Exception:  # noqa: BLE001 — a bug must not take every client down
                 log.exception("worker %d: failed to apply %r", w.index, rec)
                 self.dispatcher.internal_error(w.index, rec)
+        self.dispatcher.end_batch()
+        deadline = self.dispatcher.vhost.next_deadline()
+        if deadline is not None and (self._deadline is None or deadline < self._deadline):
+            self._deadline_changed.set()  # the timer sleeps too long for this one
 
     def flush(self) -> None:
         """Move every outbox into its event ring and set notify slots; wake
@@ -300,6 +313,16 @@ class Supervisor:
                 w.region.set_slot(slot)
             slots.clear()
             wake_if_sleeping(w.region.worker_sleeping, w.event_efd)
+
+    async def _timer(self) -> None:
+        """Message TTL, queue x-expires and held messages: tick at the next deadline."""
+        while True:
+            self._deadline = self.dispatcher.tick(time.monotonic())
+            self.flush()
+            delay = IDLE_TICK if self._deadline is None else self._deadline - time.monotonic()
+            with trio.move_on_after(max(0.0, min(delay, IDLE_TICK))):
+                await self._deadline_changed.wait()
+            self._deadline_changed = trio.Event()
 
     async def _retry_backlog(self) -> None:
         """An event ring was full: retry until the slow worker has room."""

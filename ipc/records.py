@@ -189,6 +189,30 @@ class Publish(_Record, frozen=True, tag="pub"):
     header_len: int
     body_len: int
     headers: dict[str, Any] | None
+    expiration: str | None = None
+    priority: int | None = None
+
+
+class ExchangeBind(_Record, frozen=True, tag="xbind"):
+    """exchange.bind: messages routed by ``source`` also go to ``destination``."""
+
+    conn: int
+    ch: int
+    destination: str
+    source: str
+    routing_key: str
+    arguments: dict[str, Any]
+    nowait: bool
+
+
+class ExchangeUnbind(_Record, frozen=True, tag="xunbind"):
+    conn: int
+    ch: int
+    destination: str
+    source: str
+    routing_key: str
+    arguments: dict[str, Any]
+    nowait: bool
 
 
 # Settle actions.
@@ -213,6 +237,8 @@ Request = (
     | ChanClose
     | ExchangeDeclare
     | ExchangeDelete
+    | ExchangeBind
+    | ExchangeUnbind
     | QueueDeclare
     | QueueBind
     | QueueUnbind
@@ -259,6 +285,10 @@ class Error(_Record, frozen=True, tag="err"):
 
 
 class Delivery(msgspec.Struct, frozen=True, array_like=True):
+    """One message handed to a consumer. ``reheader``: the content header must
+    be re-encoded with ``headers`` and ``expiration`` (a dead-lettered message
+    carries x-death; a redelivery from a delivery-limited queue x-delivery-count)."""
+
     entry: int
     redelivered: bool
     exchange: str
@@ -267,6 +297,9 @@ class Delivery(msgspec.Struct, frozen=True, array_like=True):
     offset: int
     header_len: int
     body_len: int
+    reheader: bool = False
+    headers: dict[str, Any] | None = None
+    expiration: str | None = None
 
 
 class Pulled(_Record, frozen=True, tag="pulled"):

@@ -46,6 +46,8 @@ RESOURCE_ERROR = 506
 _PLAIN_OK: dict[str, Callable[[], Any]] = {
     "xdecl": spec.Exchange.DeclareOk,
     "xdel": spec.Exchange.DeleteOk,
+    "xbind": spec.Exchange.BindOk,
+    "xunbind": spec.Exchange.UnbindOk,
     "qbind": spec.Queue.BindOk,
     "qunbind": spec.Queue.UnbindOk,
 }
@@ -138,6 +140,16 @@ class Channel:
     def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
         rec = r.ExchangeDelete(self.session.conn_id, self.number, m.exchange, m.if_unused,
                                m.nowait)
+        self._request(rec, None if m.nowait else self._plain_ok)
+
+    def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
+        rec = r.ExchangeBind(self.session.conn_id, self.number, m.destination, m.source,
+                             m.routing_key, dict(m.arguments or {}), m.nowait)
+        self._request(rec, None if m.nowait else self._plain_ok)
+
+    def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
+        rec = r.ExchangeUnbind(self.session.conn_id, self.number, m.destination, m.source,
+                               m.routing_key, dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _queue_declare(self, m: spec.Queue.Declare) -> None:
@@ -301,6 +313,8 @@ class Channel:
     _METHODS: dict[type, Callable[[Channel, Any], None]] = {
         spec.Exchange.Declare: _exchange_declare,
         spec.Exchange.Delete: _exchange_delete,
+        spec.Exchange.Bind: _exchange_bind,
+        spec.Exchange.Unbind: _exchange_unbind,
         spec.Queue.Declare: _queue_declare,
         spec.Queue.Bind: _queue_bind,
         spec.Queue.Unbind: _queue_unbind,
@@ -366,16 +380,18 @@ class Channel:
     # ------------------------------------------------------- publishing
 
     def publish(self, exchange: str, routing_key: str, mandatory: bool, offset: int,
-                header_len: int, body_len: int, headers: dict[str, Any] | None) -> None:
+                header_len: int, body_len: int, headers: dict[str, Any] | None,
+                expiration: str | None = None, priority: int | None = None) -> None:
         if self._inbox is not None:
             self._inbox.append(lambda: self.publish(
-                exchange, routing_key, mandatory, offset, header_len, body_len, headers))
+                exchange, routing_key, mandatory, offset, header_len, body_len, headers,
+                expiration, priority))
             return
         if self.confirm:
             self.published += 1
         self.worker.send(r.Publish(
             self.session.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
-            offset, header_len, body_len, headers,
+            offset, header_len, body_len, headers, expiration, priority,
         ))
 
     # ------------------------------------------------- supervisor events
@@ -390,6 +406,13 @@ class Channel:
 
     def on_confirm(self, ev: r.Confirm) -> None:
         self.confirmed += 1
+        if not ev.ack:  # a queue refused it: nack this one, after the acks before it
+            self.confirmed -= 1
+            self.flush_confirms()
+            self.confirmed += 1
+            self.session.send_raw(codec.encode_nack(self.number, self.confirmed, False))
+            self.acked_upto = self.confirmed
+            return
         self.session.confirms_pending.add(self)
 
     def flush_confirms(self) -> None:

@@ -144,6 +144,40 @@ def headers_from_content_header(payload: Buffer) -> dict[str, Any] | None:
     return table
 
 
+_ROUTING_FLAGS = (
+    HEADERS_FLAG
+    | commands.Basic.Properties.flags["expiration"]
+    | commands.Basic.Properties.flags["priority"]
+)
+
+
+def routing_properties(payload: Buffer) -> tuple[dict[str, Any] | None, str | None, int | None]:
+    """(headers, expiration, priority): what the broker routes and queues by.
+
+    Reads only the property flags when none of the three is set — the common
+    case costs one struct unpack."""
+    _, _, flags = parse_content_header(payload)
+    if not flags & _ROUTING_FLAGS:
+        return None, None, None
+    if flags & _ROUTING_FLAGS == HEADERS_FLAG:
+        return headers_from_content_header(payload), None, None
+    props = decode_properties(payload)
+    return props.headers, props.expiration, props.priority
+
+
+def reheader(payload: Buffer, headers: dict[str, Any] | None, expiration: str | None) -> bytes:
+    """The content header payload with new ``headers`` and ``expiration``
+    (a dead-lettered message's x-death; its expiration is dropped)."""
+    content_header = header.ContentHeader()
+    try:
+        content_header.unmarshal(bytes(payload))
+    except (struct.error, ValueError, TypeError, IndexError, KeyError) as exc:
+        raise DecodeError(f"cannot decode content header: {exc}") from exc
+    content_header.properties.headers = headers
+    content_header.properties.expiration = expiration
+    return content_header.marshal()
+
+
 def decode_properties(payload: Buffer) -> commands.Basic.Properties:
     """All properties of a content header, through pamqp."""
     content_header = header.ContentHeader()

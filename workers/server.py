@@ -36,6 +36,7 @@ SHUTDOWN_GRACE = 1.0
 ALLOC_RETRY = 0.002
 CAPABILITIES = {
     "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
     "basic.nack": True,
     "consumer_cancel_notify": True,
     "consumer_priorities": True,
@@ -243,7 +244,7 @@ class Server:
         for chunk in event.body:
             view[pos : pos + len(chunk)] = chunk
             pos += len(chunk)
-        session.publish(event, offset, codec.headers_from_content_header(header))
+        session.publish(event, offset, *codec.routing_properties(header))
 
     async def _writer(self, stream: trio.SocketStream, session: Session, bell: _Doorbell) -> None:
         try:

@@ -107,13 +107,14 @@ class Session:
         self.opened = True
         self.worker.send(r.ConnOpen(self.conn_id))
 
-    def publish(self, event: ev.PublishReceived, offset: int, headers: dict | None) -> None:
+    def publish(self, event: ev.PublishReceived, offset: int, headers: dict | None,
+                expiration: str | None = None, priority: int | None = None) -> None:
         ch = self.channels.get(event.channel)
         if ch is None or ch.closing:
             self.worker.region.arena.free(offset)
             return
         ch.publish(event.exchange, event.routing_key, event.mandatory, offset,
-                   len(event.header_payload), event.body_size, headers)
+                   len(event.header_payload), event.body_size, headers, expiration, priority)
 
     # ----------------------------------------------------- errors, closing
 

@@ -18,6 +18,7 @@ from typing import Any
 from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
+from workers import codec
 from workers.consumer_target import ConsumerTarget
 from workers.session import Session
 
@@ -73,9 +74,13 @@ class Worker:
         return region
 
     def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]:
-        """The content header payload and body of a delivery, zero-copy."""
+        """The content header payload and body of a delivery (zero-copy unless
+        the supervisor asked for new headers)."""
         view = self._region(d.region).arena.view(d.offset, d.header_len + d.body_len)
-        return view[: d.header_len], view[d.header_len :]
+        header = view[: d.header_len]
+        if d.reheader:  # dead-lettered / delivery-counted: new headers, same body
+            return memoryview(codec.reheader(header, d.headers, d.expiration)), view[d.header_len :]
+        return header, view[d.header_len :]
 
     def own_body(self, offset: int, header_len: int, body_len: int) -> tuple[memoryview, memoryview]:
         view = self.region.arena.view(offset, header_len + body_len)

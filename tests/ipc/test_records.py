@@ -27,10 +27,14 @@ REQUESTS = [
     r.Get(1, 1, "q", True),
     r.Publish(1, 1, "", "q", True, True, 4096, 20, 128, {"k": "v"}),
     r.Publish(1, 1, "", "q", False, False, 0, 14, 0, None),
+    r.Publish(1, 1, "", "q", False, False, 0, 14, 0, None, expiration="60000", priority=5),
+    r.ExchangeBind(1, 1, "dest", "src", "a.#", {}, False),
+    r.ExchangeUnbind(1, 1, "dest", "src", "a.#", {}, True),
     r.Settle(1, 1, [1, 2, 3], r.REQUEUE),
 ]
 
 DELIVERY = r.Delivery(9, True, "amq.direct", "rk", 1, 8192, 20, 100)
+REHEADERED = r.Delivery(9, True, "dlx", "rk", 1, 8192, 20, 100, True, {"x-death": [{"count": 1}]}, None)
 EVENTS = [
     r.Reply(1, 1, "qdecl", queue="amq.gen-x", message_count=3, consumer_count=1),
     r.Reply(1, 1, "xdecl"),
@@ -38,6 +42,7 @@ EVENTS = [
     r.Pulled(7, [DELIVERY, DELIVERY], True),
     r.Pulled(7, [], False),
     r.GetOk(1, 1, DELIVERY, 5),
+    r.Pulled(7, [REHEADERED], False),
     r.GetEmpty(1, 1),
     r.Returned(1, 1, 312, "NO_ROUTE", "", "nowhere", 64, 20, 5),
     r.Confirm(1, 1, True),
