@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -58,6 +59,7 @@ _METHOD_IDS: dict[type, tuple[int, int]] = {
 }
 
 NO_ROUTE = 312
+REPLY_TO = "amq.rabbitmq.reply-to"
 
 
 class _Pin:
@@ -124,7 +126,11 @@ class Dispatcher:
             r.Get: self._get,
             r.Publish: self._publish,
             r.Settle: self._settle,
+            r.Sync: self._reply,
         }
+        self.body_bytes = 0  # header + body bytes of messages held (the memory watermark)
+        self.high_watermark = 0  # 0: never block publishers
+        self.blocked = False
 
     # ------------------------------------------------------------------ entry
 
@@ -140,8 +146,13 @@ class Dispatcher:
         self.vhost.advance(now)
 
     def end_batch(self) -> None:
-        """Route the dead letters the batch made (pull, get, release, discard can)."""
+        """Route the dead letters the batch made (pull, get, release, discard can);
+        block or unblock publishers around the memory high watermark."""
         self._wake(self.vhost.drain())
+        if self.high_watermark and (self.body_bytes >= self.high_watermark) != self.blocked:
+            self.blocked = not self.blocked
+            for out in self.outbox:
+                out.append(r.Blocked(self.blocked))
 
     def tick(self, now: float) -> float | None:
         """The timer: expire messages, delete unused x-expires queues, release held
@@ -214,7 +225,8 @@ class Dispatcher:
         return chan
 
     def _drop(self, message: Message) -> None:
-        region, offset = message.body_ref[0], message.body_ref[1]
+        region, offset, header_len, body_len = message.body_ref
+        self.body_bytes -= header_len + body_len
         self._free_body(region, offset)
 
     @staticmethod
@@ -345,7 +357,10 @@ class Dispatcher:
     # ------------------------------------------------------------ consumers
 
     def _consume(self, worker: int, rec: r.Consume) -> None:
-        q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
+        if rec.queue == REPLY_TO:
+            q = self._reply_queue(worker, rec)
+        else:
+            q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
         consumer = QueueConsumer(
             (worker, rec.consumer, rec.slot), rec.tag, priority=rec.priority, acquiring=not rec.browse,
             exclusive=rec.exclusive, no_ack=rec.no_ack,
@@ -354,9 +369,17 @@ class Dispatcher:
         key = (worker, rec.conn, rec.ch)
         self._subs[(worker, rec.consumer)] = _Subscription(consumer, q, key)
         self._channel(key).consumers.add(rec.consumer)
-        self._reply(worker, rec)
+        self._reply(worker, rec, queue=q.name)
         if rec.interested:
             self._wake(q.set_notify_work_desired(consumer, True))
+
+    def _reply_queue(self, worker: int, rec: r.Consume) -> Queue:
+        """Direct reply-to (RabbitMQ's amq.rabbitmq.reply-to): the consuming channel
+        gets a queue of its own, named for the requester's reply_to; it goes with
+        the consumer (auto-delete) or the connection (exclusive)."""
+        name = f"{REPLY_TO}.{secrets.token_urlsafe(18)}"
+        return self.vhost.declare_queue(name, owner=(worker, rec.conn), exclusive=True,
+                                        auto_delete=True, reserved=True)
 
     def _cancel(self, worker: int, rec: r.Cancel) -> None:
         sub = self._subs.pop((worker, rec.consumer), None)
@@ -413,6 +436,8 @@ class Dispatcher:
             self._free_body(worker, rec.offset)
             raise
         routed = outcome.routed
+        if routed:
+            self.body_bytes += rec.header_len + rec.body_len
         if routed == 0:
             if rec.mandatory:
                 self.outbox[worker].append(

@@ -63,6 +63,7 @@ class ServeConfig:
     frame_max: int = 131072
     channel_max: int = 2047
     max_message_size: int = 16 << 20
+    memory_high_watermark: int = 0  # bytes of messages held; 0: 80% of all arenas
     log_level: str = "info"
     ready_file: str | None = None
 
@@ -114,6 +115,8 @@ class Supervisor:
             )
             self.workers.append(_WorkerSlot(k, region))
         self._listener = self._bind()
+        self.dispatcher.high_watermark = c.memory_high_watermark or (
+            c.workers * (c.arena_mb << 20) * 4 // 5)
         self.port = self._listener.getsockname()[1]
 
     def _fit_arena(self) -> None:

@@ -283,8 +283,11 @@ class VirtualHost:
         auto_delete: bool = False,
         arguments: Mapping[str, Any] | None = None,
         now: float | None = None,
+        reserved: bool = False,
     ) -> Queue:
         """queue.declare: create, or check an existing queue is equivalent (rabbit_channel).
+
+        ``reserved``: the broker itself names an ``amq.*`` queue (direct reply-to).
 
         A new queue's arguments are validated (406 ``invalid arg ...``) and pick its kind. Any
         declare of an existing queue, passive or not, restarts its x-expires lease.
@@ -297,7 +300,7 @@ class VirtualHost:
             return found
         if name == "":
             name = self._server_name()
-        elif name.startswith("amq."):
+        elif name.startswith("amq.") and not reserved:
             # Unlike exchanges, RabbitMQ checks this even when the queue exists.
             raise AccessRefused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         # RabbitMQ: an exclusive queue is never durable (it dies with its connection).

@@ -34,6 +34,9 @@ def main() -> None:
               help="Most channels per connection offered to clients.")
 @click.option("--max-message-size", default=16 << 20, show_default=True,
               type=click.IntRange(1, 512 << 20), help="Largest message body accepted, in bytes.")
+@click.option("--memory-high-watermark", default=0, show_default="80% of all arenas",
+              type=click.IntRange(0), help="Bytes of messages held above which publishers get "
+              "connection.blocked and are paused until it drops (0: the default).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),

@@ -215,6 +215,14 @@ class ExchangeUnbind(_Record, frozen=True, tag="xunbind"):
     nowait: bool
 
 
+class Sync(_Record, frozen=True, tag="sync"):
+    """A barrier answered by ``Reply(method="sync")`` once everything the
+    channel sent before it is applied (tx.commit-ok waits for it)."""
+
+    conn: int
+    ch: int
+
+
 # Settle actions.
 ACK = 0
 REQUEUE = 1
@@ -251,6 +259,7 @@ Request = (
     | Get
     | Publish
     | Settle
+    | Sync
 )
 
 
@@ -352,6 +361,13 @@ class Cancelled(_Record, frozen=True, tag="cancelled"):
     consumer: int
 
 
+class Blocked(_Record, frozen=True, tag="blocked"):
+    """Message bodies held crossed the memory high watermark (``active``) or
+    fell back below it: connection.blocked / unblocked, publishing paused."""
+
+    active: bool
+
+
 Event = (
     Reply
     | Error
@@ -361,6 +377,7 @@ Event = (
     | Returned
     | Confirm
     | Cancelled
+    | Blocked
 )
 
 

@@ -41,6 +41,7 @@ PRECONDITION_FAILED = 406
 NOT_ALLOWED = 530
 NOT_IMPLEMENTED = 540
 RESOURCE_ERROR = 506
+REPLY_TO = "amq.rabbitmq.reply-to"
 
 # Replies that carry no fields: the request's record tag → the -ok method.
 _PLAIN_OK: dict[str, Callable[[], Any]] = {
@@ -73,6 +74,10 @@ class Channel:
         self.consumer_unacked = 0
         self.pull_reserved = 0  # credit held by this channel's pulls in flight
         self.last_queue = ""  # AMQP 0-9-1 §1.7.2.1: "" means the last declared queue
+        self.reply_to = ""  # direct reply-to: this channel's reply queue, once consuming
+        self.tx = False
+        self._tx_publishes: list[r.Publish] = []
+        self._tx_settles: list[tuple[int, int, ConsumerTarget | None, int]] = []
         self._next_tag = 0
         self.unacked: OrderedDict[int, tuple[int, ConsumerTarget | None]] = OrderedDict()
         self.consumers: dict[str, ConsumerTarget] = {}
@@ -217,6 +222,9 @@ class Channel:
             raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'",
                             *_ids(m), hard=True)
         queue = self._queue_name(m.queue, m)
+        if queue == REPLY_TO and not m.no_ack:  # RabbitMQ's text
+            raise AMQPError(PRECONDITION_FAILED, "reply consumer cannot acknowledge",
+                            *_ids(m), hard=False)
         args = m.arguments or {}
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -239,9 +247,11 @@ class Channel:
             self._request(rec, None)
             self._activate(target)
         else:
-            self._request(rec, lambda rep: self._consume_ok(target))
+            self._request(rec, lambda rep: self._consume_ok(target, rep.queue))
 
-    def _consume_ok(self, target: ConsumerTarget) -> None:
+    def _consume_ok(self, target: ConsumerTarget, queue: str = "") -> None:
+        if target.queue == REPLY_TO:
+            self.reply_to = queue
         self._send(spec.Basic.ConsumeOk(target.tag))
         self._activate(target)
 
@@ -301,9 +311,63 @@ class Channel:
         self._local_reply(spec.Basic.RecoverOk())
 
     def _confirm_select(self, m: spec.Confirm.Select) -> None:
+        if self.tx:  # RabbitMQ's text
+            raise AMQPError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode",
+                            *_ids(m), hard=False)
         self.confirm = True
         if not m.nowait:
             self._local_reply(spec.Confirm.SelectOk())
+
+    def _tx_select(self, m: spec.Tx.Select) -> None:
+        if self.confirm:
+            raise AMQPError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode",
+                            *_ids(m), hard=False)
+        self.tx = True
+        self._local_reply(spec.Tx.SelectOk())
+
+    def _check_tx(self, m: Any) -> None:
+        if not self.tx:
+            raise AMQPError(PRECONDITION_FAILED, "channel is not transactional", *_ids(m),
+                            hard=False)
+
+    def _tx_commit(self, m: spec.Tx.Commit) -> None:
+        """Publish what the transaction held and settle its acks, in order; commit-ok
+        once the supervisor has applied them all (the Sync barrier)."""
+        self._check_tx(m)
+        for rec in self._tx_publishes:
+            self.worker.send(rec)
+        run: list[int] = []
+        action = -1
+        for _, entry, _, act in self._tx_settles:
+            if act != action and run:
+                self._settle(run, action)
+                run = []
+            run.append(entry)
+            action = act
+        self._settle(run, action)
+        self._tx_publishes.clear()
+        self._tx_settles.clear()
+        self._request(r.Sync(self.session.conn_id, self.number),
+                      lambda rep: self._send(spec.Tx.CommitOk()))
+
+    def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
+        """Drop the held publishes; the held acks' messages are unacked again."""
+        self._check_tx(m)
+        self._discard_tx()
+        for tag, entry, target, _ in self._tx_settles:
+            self.unacked[tag] = (entry, target)
+            if target is not None:
+                target.unacked += 1
+                self.consumer_unacked += 1
+        self._tx_settles.clear()
+        self.unacked = OrderedDict(sorted(self.unacked.items()))
+        self.refresh_all()
+        self._local_reply(spec.Tx.RollbackOk())
+
+    def _discard_tx(self) -> None:
+        for rec in self._tx_publishes:
+            self.worker.region.arena.free(rec.offset)
+        self._tx_publishes.clear()
 
     def _flow(self, m: spec.Channel.Flow) -> None:
         self.flow_active = bool(m.active)
@@ -330,6 +394,9 @@ class Channel:
         spec.Basic.Recover: _recover,
         spec.Confirm.Select: _confirm_select,
         spec.Channel.Flow: _flow,
+        spec.Tx.Select: _tx_select,
+        spec.Tx.Commit: _tx_commit,
+        spec.Tx.Rollback: _tx_rollback,
     }
 
     # ------------------------------------------------------ acknowledgements
@@ -349,22 +416,26 @@ class Channel:
             raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", *_ids(m),
                             hard=False)
         touched: set[ConsumerTarget] = set()
-        for _, target in taken:
+        for _, _, target in taken:
             if target is not None:
                 target.unacked -= 1
                 self.consumer_unacked -= 1
                 touched.add(target)
-        self._settle([entry for entry, _ in taken], action)
+        if self.tx:  # takes effect at tx.commit; tx.rollback gives them back
+            self._tx_settles.extend((tag_, entry, target, action) for tag_, entry, target in taken)
+        else:
+            self._settle([entry for _, entry, _ in taken], action)
         if self.global_prefetch:
             self.refresh_all()
         else:
             for target in touched:
                 self.refresh(target)
 
-    def _take(self, tag: int, multiple: bool) -> list[tuple[int, ConsumerTarget | None]]:
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, int, ConsumerTarget | None]]:
+        """(tag, entry, target) of the deliveries an ack/nack/reject names."""
         if not multiple:
             held = self.unacked.pop(tag, None)
-            return [] if held is None else [held]
+            return [] if held is None else [(tag, *held)]
         if tag == 0:  # AMQP 0-9-1 §1.8.3.13: multiple with tag 0 means "all"
             tag = self._next_tag
         elif tag not in self.unacked:
@@ -374,7 +445,8 @@ class Channel:
             first = next(iter(self.unacked))
             if first > tag:
                 break
-            taken.append(self.unacked.popitem(last=False)[1])
+            tag_, held = self.unacked.popitem(last=False)
+            taken.append((tag_, *held))
         return taken
 
     # ------------------------------------------------------- publishing
@@ -389,10 +461,14 @@ class Channel:
             return
         if self.confirm:
             self.published += 1
-        self.worker.send(r.Publish(
+        rec = r.Publish(
             self.session.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
             offset, header_len, body_len, headers, expiration, priority,
-        ))
+        )
+        if self.tx:  # invisible until tx.commit
+            self._tx_publishes.append(rec)
+        else:
+            self.worker.send(rec)
 
     # ------------------------------------------------- supervisor events
 
@@ -500,6 +576,7 @@ class Channel:
     def close(self) -> None:
         """The channel is gone; the supervisor requeues what it held (ChanClose)."""
         self.closing = True
+        self._discard_tx()
         for target in self.consumers.values():
             target.active = False
             self.worker.drop_target(target)

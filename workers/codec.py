@@ -165,6 +165,25 @@ def routing_properties(payload: Buffer) -> tuple[dict[str, Any] | None, str | No
     return props.headers, props.expiration, props.priority
 
 
+_REPLY_TO_FLAG = commands.Basic.Properties.flags["reply_to"]
+
+
+def reply_to(payload: Buffer) -> str | None:
+    """The reply_to property (None when unset; decodes only when its flag is set)."""
+    _, _, flags = parse_content_header(payload)
+    if not flags & _REPLY_TO_FLAG:
+        return None
+    return decode_properties(payload).reply_to
+
+
+def with_reply_to(payload: Buffer, value: str) -> bytes:
+    """The content header payload with reply_to replaced (direct reply-to)."""
+    content_header = header.ContentHeader()
+    content_header.unmarshal(bytes(payload))
+    content_header.properties.reply_to = value
+    return content_header.marshal()
+
+
 def reheader(payload: Buffer, headers: dict[str, Any] | None, expiration: str | None) -> bytes:
     """The content header payload with new ``headers`` and ``expiration``
     (a dead-lettered message's x-death; its expiration is dropped)."""

@@ -37,6 +37,8 @@ ALLOC_RETRY = 0.002
 CAPABILITIES = {
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
+    "connection.blocked": True,
+    "direct_reply_to": True,
     "basic.nack": True,
     "consumer_cancel_notify": True,
     "consumer_priorities": True,
@@ -84,6 +86,9 @@ class Server:
         self._scopes: dict[int, trio.CancelScope] = {}
         self._flush_bell = _Doorbell()
         self.worker.want_flush = self._flush_bell.ring
+        self._unblocked = trio.Event()
+        self._unblocked.set()
+        self.worker.on_blocked = self._blocked
 
     async def run(self) -> None:
         sock = socket.socket(fileno=self.config.listen_fd)
@@ -141,6 +146,12 @@ class Server:
                 continue
             await worker.event_efd.wait()
             flag.clear()
+
+    def _blocked(self, active: bool) -> None:
+        if active and self._unblocked.is_set():
+            self._unblocked = trio.Event()
+        elif not active:
+            self._unblocked.set()
 
     async def _flusher(self) -> None:
         """Write the request outbox once per scheduling round: every task that
@@ -230,7 +241,12 @@ class Server:
     async def _publish(self, session: Session, event: ev.PublishReceived) -> None:
         """Copy a publish into this worker's arena; wait for room when it is full
         (the client is back-pressured by our not reading its socket)."""
-        header = event.header_payload
+        while self.worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
+            self.worker.after_batch()
+            await self._unblocked.wait()
+        header = session.publish_header(event)
+        if header is None:
+            return
         size = len(header) + event.body_size
         arena = self.worker.region.arena
         offset = arena.alloc(size)
@@ -244,7 +260,7 @@ class Server:
         for chunk in event.body:
             view[pos : pos + len(chunk)] = chunk
             pos += len(chunk)
-        session.publish(event, offset, *codec.routing_properties(header))
+        session.publish(event, offset, len(header), *codec.routing_properties(header))
 
     async def _writer(self, stream: trio.SocketStream, session: Session, bell: _Doorbell) -> None:
         try:

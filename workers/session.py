@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pamqp import commands as spec
+
 from ipc import records as r
+from workers import codec
 from workers import events as ev
 from workers.channel import Channel
 from workers.connection import AMQPConnection, AMQPError
@@ -21,6 +24,7 @@ if TYPE_CHECKING:
 # Output buffered for one connection beyond which its consumers stop pulling
 # (seed: TCP back-pressure turns into setNotifyWorkDesired(false)).
 HIGH_WATER = 4 << 20
+REPLY_TO = "amq.rabbitmq.reply-to"
 HARD_CODES = frozenset({320, 501, 502, 503, 504, 505, 506, 530, 540, 541})
 
 
@@ -33,6 +37,8 @@ class Session:
         self.opened = False
         self.finished = False
         self.cancel_notify = False
+        self.blocked_capable = False  # the client understands connection.blocked
+        self.told_blocked = False
         self.confirms_pending: set[Channel] = set()
         self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
         self.pending_bytes = 0  # produced since the writer last took output
@@ -104,17 +110,44 @@ class Session:
     def _opened(self, event: ev.ConnectionOpened) -> None:
         caps = (event.client_properties or {}).get("capabilities") or {}
         self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
+        self.blocked_capable = bool(caps.get("connection.blocked", False))
+        if self.worker.blocked:
+            self.set_blocked(True)
         self.opened = True
         self.worker.send(r.ConnOpen(self.conn_id))
 
-    def publish(self, event: ev.PublishReceived, offset: int, headers: dict | None,
-                expiration: str | None = None, priority: int | None = None) -> None:
+    def publish_header(self, event: ev.PublishReceived) -> bytes | None:
+        """The content header to store: the publisher's, or with reply_to set to
+        the channel's direct reply-to queue. None: the publish was refused."""
+        header = event.header_payload
+        if codec.reply_to(header) != REPLY_TO:
+            return header
+        ch = self.channels.get(event.channel)
+        if ch is None or ch.closing:
+            return None
+        if not ch.reply_to:  # RabbitMQ's text
+            self.fail(AMQPError(406, "fast reply consumer does not exist", 60, 40, hard=False), ch)
+            return None
+        return codec.with_reply_to(header, ch.reply_to)
+
+    def set_blocked(self, active: bool) -> None:
+        """connection.blocked / unblocked, to clients that asked for them."""
+        if not self.blocked_capable or self.told_blocked == active or not self.opened:
+            return
+        self.told_blocked = active
+        method = (spec.Connection.Blocked(reason="low on memory") if active
+                  else spec.Connection.Unblocked())
+        self.send_method(0, method)
+
+    def publish(self, event: ev.PublishReceived, offset: int, header_len: int,
+                headers: dict | None, expiration: str | None = None,
+                priority: int | None = None) -> None:
         ch = self.channels.get(event.channel)
         if ch is None or ch.closing:
             self.worker.region.arena.free(offset)
             return
         ch.publish(event.exchange, event.routing_key, event.mandatory, offset,
-                   len(event.header_payload), event.body_size, headers, expiration, priority)
+                   header_len, event.body_size, headers, expiration, priority)
 
     # ----------------------------------------------------- errors, closing
 

@@ -46,6 +46,8 @@ class Worker:
         self._consumer_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
         self.dirty: set[Session] = set()
+        self.blocked = False  # the supervisor says: memory high watermark crossed
+        self.on_blocked: Callable[[bool], object] = lambda active: None
         self.want_flush: Callable[[], object] = self.flush_requests  # the server defers it
 
     # ---------------------------------------------------------- requests
@@ -138,6 +140,11 @@ class Worker:
                 target = self.targets.get(cid)
                 if target is not None:
                     target.channel.on_cancelled(target)
+            case r.Blocked(active=active):
+                self.blocked = active
+                for session in self.sessions.values():
+                    session.set_blocked(active)
+                self.on_blocked(active)
             case r.Returned():
                 self._session_event(event)
                 self.region.arena.free(event.offset)  # our own block, always

@@ -60,6 +60,7 @@ class FakeWorker:
         self.sessions: dict[int, Session] = {}
         self.targets: dict[int, ConsumerTarget] = {}
         self.region = SimpleNamespace(arena=FakeArena(arena_size))
+        self.blocked = False
         self._ids = itertools.count(1)
 
     def send(self, rec: Any) -> None:
@@ -112,7 +113,7 @@ class Harness:
             if isinstance(event, ev.PublishReceived):  # as workers.server._publish does
                 payload = bytes(event.header_payload) + b"".join(bytes(c) for c in event.body)
                 offset = self.worker.region.arena.store(payload)
-                self.session.publish(event, offset, None)
+                self.session.publish(event, offset, len(event.header_payload), None)
             else:
                 self.session.handle(event)
 
