@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -106,7 +107,7 @@ class Dispatcher:
         self._ids = itertools.count(1)
         self._pin_ids = itertools.count(-1, -1)
         self._handlers: dict[type, Callable[[int, Any], None]] = {
-            r.Hello: lambda w, rec: None,
+            r.Hello: self._hello,
             r.ConnOpen: self._conn_open,
             r.ConnClose: self._conn_close,
             r.ChanClose: self._chan_close,
@@ -128,6 +129,13 @@ class Dispatcher:
             r.Settle: self._settle,
             r.Sync: self._reply,
         }
+        # Tracing (shoal serve --trace): a perf.tracewriter.TraceWriter, else None;
+        # every hook below is behind one `is not None` check.
+        self.trace: Any = None
+        self.worker_pids = [0] * workers
+        self._pub_seq = [0] * workers  # Publish records seen per worker incarnation
+        self._pulled_ns: dict[int, int] = {}
+        self._notified: set[tuple[int, int]] = set()
         self.body_bytes = 0  # header + body bytes of messages held (the memory watermark)
         self.high_watermark = 0  # 0: never block publishers
         self.blocked = False
@@ -140,6 +148,11 @@ class Dispatcher:
             self._handlers[type(rec)](worker, rec)
         except AMQPError as exc:
             self._fail(worker, rec, exc)
+
+    def _hello(self, worker: int, rec: r.Hello) -> None:
+        """A worker (re)started: its Publish records are counted afresh (trace join key)."""
+        self.worker_pids[worker] = rec.pid
+        self._pub_seq[worker] = 0
 
     def begin_batch(self, now: float) -> None:
         """Requests of one ring batch happen at ``now`` (TTL, x-expires, x-death time)."""
@@ -213,9 +226,14 @@ class Dispatcher:
             self.outbox[worker].append(r.Reply(rec.conn, rec.ch, rec.__struct_config__.tag, **fields))
 
     def _wake(self, consumers: Iterable[QueueConsumer]) -> None:
+        trace = self.trace
         for c in consumers:
-            worker, _, slot = c.key
+            worker, cid, slot = c.key
             self.notify[worker].append(slot)
+            if trace is not None:
+                sub = self._subs.get((worker, cid))
+                trace.notify_event(time.monotonic_ns(), sub.queue.name if sub else "", worker, cid)
+                self._notified.add((worker, cid))
 
     def _channel(self, key: ChannelKey) -> _Channel:
         chan = self._channels.get(key)
@@ -275,6 +293,8 @@ class Dispatcher:
                 self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
         # AMQP 0-9-1 §4.7: unacknowledged messages of a closed channel are requeued.
         for held in chan.acquired.values():
+            if self.trace is not None and isinstance(held, QueueEntry):
+                self.trace.requeue_event(time.monotonic_ns(), held.queue.name, held.id, key[0], None)
             self._requeue(held)
 
     def _requeue(self, held: QueueEntry | _Pin) -> None:
@@ -310,6 +330,21 @@ class Dispatcher:
     def _exchange_delete(self, worker: int, rec: r.ExchangeDelete) -> None:
         self.vhost.delete_exchange(rec.name, if_unused=rec.if_unused)
         self._reply(worker, rec)
+
+    def _trace_settle(self, worker: int, entry: QueueEntry, action: int) -> None:
+        now = time.monotonic_ns()
+        pulled = self._pulled_ns.pop(entry.id, None)
+        if action == r.REQUEUE:
+            self.trace.requeue_event(now, entry.queue.name, entry.id, worker, None)
+            return
+        m = entry.message
+        pub = m.trace or (None, None, None, None)
+        self.trace.settled(
+            now, "acked" if action == r.ACK else "rejected", m.id, entry.id, entry.queue.name,
+            pub[0], pub[1], pub[2], consumer_worker=worker, redelivered=int(entry.redelivered),
+            enqueued_ns=pub[3], pulled_ns=pulled, exchange=m.exchange,
+            routing_key=m.routing_key, body_size=m.body_size,
+        )
 
     def _exchange_bind(self, worker: int, rec: r.ExchangeBind) -> None:
         self.vhost.bind_exchange(rec.destination, rec.source, rec.routing_key, rec.arguments)
@@ -370,6 +405,9 @@ class Dispatcher:
         self._subs[(worker, rec.consumer)] = _Subscription(consumer, q, key)
         self._channel(key).consumers.add(rec.consumer)
         self._reply(worker, rec, queue=q.name)
+        if self.trace is not None:
+            self.trace.consume_event(time.monotonic_ns(), q.name, worker, rec.consumer, rec.tag,
+                                     rec.priority, rec.browse)
         if rec.interested:
             self._wake(q.set_notify_work_desired(consumer, True))
 
@@ -384,6 +422,8 @@ class Dispatcher:
     def _cancel(self, worker: int, rec: r.Cancel) -> None:
         sub = self._subs.pop((worker, rec.consumer), None)
         if sub is not None:
+            if self.trace is not None:
+                self.trace.cancel_event(time.monotonic_ns(), sub.queue.name, worker, rec.consumer)
             self._channel(sub.channel).consumers.discard(rec.consumer)
             self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
         self._reply(worker, rec)
@@ -411,6 +451,18 @@ class Dispatcher:
                 held[pin_id] = _Pin(entry.message)
                 deliveries.append(self._delivery(pin_id, entry))
         self.outbox[worker].append(r.Pulled(rec.consumer, deliveries, more))
+        if self.trace is not None:
+            self._trace_pull(worker, rec.consumer, sub.queue.name, entries)
+
+    def _trace_pull(self, worker: int, cid: int, queue: str, entries: list[QueueEntry]) -> None:
+        """seed: a pull a notifyWork caused either found work or was a spurious wake-up."""
+        now = time.monotonic_ns()
+        key = (worker, cid)
+        found = bool(entries) if key in self._notified else None
+        self._notified.discard(key)
+        self.trace.pull_event(now, queue, worker, cid, len(entries), found)
+        for entry in entries:
+            self._pulled_ns[entry.id] = now
 
     def _get(self, worker: int, rec: r.Get) -> None:
         q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
@@ -430,6 +482,10 @@ class Dispatcher:
             (worker, rec.offset, rec.header_len, rec.body_len), rec.body_len, rec.headers,
             expiration=rec.expiration, priority=rec.priority,
         )
+        if self.trace is not None:  # the join key of the worker's published row
+            self._pub_seq[worker] += 1
+            message.trace = (worker, self.worker_pids[worker], self._pub_seq[worker],
+                             time.monotonic_ns())
         try:
             outcome = self.vhost.publish_outcome(rec.exchange, message, mandatory=rec.mandatory)
         except AMQPError:
@@ -460,6 +516,8 @@ class Dispatcher:
             held = chan.acquired.pop(entry_id, None)
             if held is None:
                 continue  # the worker validates delivery tags; a stale id is harmless
+            if self.trace is not None and not isinstance(held, _Pin):
+                self._trace_settle(worker, held, rec.action)
             if isinstance(held, _Pin):
                 self._unpin(held)
             elif rec.action == r.ACK:

@@ -25,7 +25,7 @@ class Message:
     # A queue may hold 1,000,000 entries: no per-instance __dict__.
     __slots__ = (
         "body_ref", "body_size", "exchange", "expiration", "headers", "id", "priority", "refs",
-        "routing_key",
+        "routing_key", "trace",
     )
 
     # A dead-letter copy overrides both (broker.deadletter.DeadLetter): the copy shares its
@@ -57,6 +57,7 @@ class Message:
         self.priority = priority
         # Queue entries (and runtime pins) referencing this message; 0 after publish until routed.
         self.refs = 0
+        self.trace: tuple[int, int, int, int] | None = None  # (worker, pid, seq, ns) when tracing
 
     def __repr__(self) -> str:
         return (

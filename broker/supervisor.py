@@ -64,6 +64,7 @@ class ServeConfig:
     channel_max: int = 2047
     max_message_size: int = 16 << 20
     memory_high_watermark: int = 0  # bytes of messages held; 0: 80% of all arenas
+    trace: str | None = None  # directory for trace files (shoal report reads them)
     log_level: str = "info"
     ready_file: str | None = None
 
@@ -117,6 +118,11 @@ class Supervisor:
         self._listener = self._bind()
         self.dispatcher.high_watermark = c.memory_high_watermark or (
             c.workers * (c.arena_mb << 20) * 4 // 5)
+        if c.trace:
+            from perf.tracewriter import TraceWriter  # lazily: pyarrow is heavy
+
+            os.makedirs(c.trace, exist_ok=True)
+            self.dispatcher.trace = TraceWriter(c.trace, "supervisor")
         self.port = self._listener.getsockname()[1]
 
     def _fit_arena(self) -> None:
@@ -143,6 +149,8 @@ class Supervisor:
         return sock
 
     def cleanup(self) -> None:
+        if self.dispatcher.trace is not None:
+            self.dispatcher.trace.close()
         for w in self.workers:
             w.region.close()
             w.region.unlink()
@@ -214,6 +222,7 @@ class Supervisor:
             event_fd=w.event_efd.fileno(), alive_fd=self._alive_r,
             heartbeat=c.heartbeat, frame_max=c.frame_max, channel_max=c.channel_max,
             max_message_size=c.max_message_size, log_level=c.log_level,
+            trace_dir=c.trace or "",
         )
         fds = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd)
         argv = [sys.executable, "-m", "workers.main", msgspec.json.encode(cfg).decode()]
@@ -322,6 +331,8 @@ class Supervisor:
         while True:
             self._deadline = self.dispatcher.tick(time.monotonic())
             self.flush()
+            if self.dispatcher.trace is not None:
+                self.dispatcher.trace.maybe_flush()
             delay = IDLE_TICK if self._deadline is None else self._deadline - time.monotonic()
             with trio.move_on_after(max(0.0, min(delay, IDLE_TICK))):
                 await self._deadline_changed.wait()

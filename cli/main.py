@@ -7,6 +7,7 @@ import os
 import click
 
 from broker.supervisor import ServeConfig, run
+from cli.report import report
 
 
 @click.group()
@@ -37,6 +38,9 @@ def main() -> None:
 @click.option("--memory-high-watermark", default=0, show_default="80% of all arenas",
               type=click.IntRange(0), help="Bytes of messages held above which publishers get "
               "connection.blocked and are paused until it drops (0: the default).")
+@click.option("--trace", default=None, type=click.Path(file_okay=False),
+              help="Write trace files (Arrow IPC) of every message's stages into this "
+              "directory; analyse them with `shoal report DIR`.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
@@ -49,6 +53,9 @@ def serve(**options: object) -> None:
         raise click.BadParameter("must be at most a quarter of --arena-mb",
                                  param_hint="--max-message-size")
     raise SystemExit(run(config))
+
+
+main.add_command(report)
 
 
 if __name__ == "__main__":

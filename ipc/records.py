@@ -413,3 +413,4 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     channel_max: int = 2047
     max_message_size: int = 16 << 20
     log_level: str = "info"
+    trace_dir: str = ""  # shoal serve --trace: write trace files here

@@ -22,6 +22,7 @@ worker's request outbox.
 from __future__ import annotations
 
 import secrets
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ NOT_ALLOWED = 530
 NOT_IMPLEMENTED = 540
 RESOURCE_ERROR = 506
 REPLY_TO = "amq.rabbitmq.reply-to"
+_TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 
 # Replies that carry no fields: the request's record tag → the -ok method.
 _PLAIN_OK: dict[str, Callable[[], Any]] = {
@@ -293,6 +295,8 @@ class Channel:
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
             header, body, self.session.frame_max,
         ))
+        if self.worker.trace is not None:
+            self.worker.trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
         if no_ack:
             self._settle([d.entry], r.ACK)
 
@@ -335,7 +339,7 @@ class Channel:
         once the supervisor has applied them all (the Sync barrier)."""
         self._check_tx(m)
         for rec in self._tx_publishes:
-            self.worker.send(rec)
+            self._send_publish(rec)
         run: list[int] = []
         action = -1
         for _, entry, _, act in self._tx_settles:
@@ -421,6 +425,9 @@ class Channel:
                 target.unacked -= 1
                 self.consumer_unacked -= 1
                 touched.add(target)
+        if self.worker.trace is not None:
+            self.worker.trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
+                                         _TRACE_OUTCOME[action])
         if self.tx:  # takes effect at tx.commit; tx.rollback gives them back
             self._tx_settles.extend((tag_, entry, target, action) for tag_, entry, target in taken)
         else:
@@ -468,7 +475,14 @@ class Channel:
         if self.tx:  # invisible until tx.commit
             self._tx_publishes.append(rec)
         else:
-            self.worker.send(rec)
+            self._send_publish(rec)
+
+    def _send_publish(self, rec: r.Publish) -> None:
+        trace = self.worker.trace
+        if trace is not None:
+            trace.published(time.monotonic_ns(), rec.conn, rec.ch, rec.exchange, rec.routing_key,
+                            rec.body_len)
+        self.worker.send(rec)
 
     # ------------------------------------------------- supervisor events
 
@@ -518,6 +532,7 @@ class Channel:
             return
         settled = target.settles_on_delivery
         done: list[int] = []
+        trace = self.worker.trace
         for d in ev.deliveries:
             tag = self._tag(d.entry, target, settled)
             header, body = self.worker.body(d)
@@ -525,6 +540,9 @@ class Channel:
                 self.number, target.tag, tag, d.redelivered, d.exchange, d.routing_key,
                 header, body, self.session.frame_max,
             ))
+            if trace is not None:
+                trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
+                                d.redelivered)
             if settled:
                 done.append(d.entry)
         self._settle(done, r.ACK)

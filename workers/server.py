@@ -134,9 +134,12 @@ class Server:
         worker = self.worker
         region = worker.region
         flag = region.worker_sleeping
+        trace = worker.trace
         while True:
             done = worker.handle_events()
             worker.after_batch()
+            if trace is not None:
+                trace.maybe_flush()
             if done:
                 await trio.sleep(0)
                 continue
@@ -166,6 +169,8 @@ class Server:
     async def _heartbeats(self) -> None:
         while True:
             await trio.sleep(1)
+            if self.worker.trace is not None:
+                self.worker.trace.maybe_flush()
             now = trio.current_time()
             for session in list(self.worker.sessions.values()):
                 alive = session.proto.heartbeat_tick(now)
@@ -280,4 +285,9 @@ class Server:
 
 
 async def serve(config: r.WorkerConfig) -> None:
-    await Server(config).run()
+    server = Server(config)
+    try:
+        await server.run()
+    finally:
+        if server.worker.trace is not None:
+            server.worker.trace.close()

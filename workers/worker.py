@@ -46,6 +46,12 @@ class Worker:
         self._consumer_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
         self.dirty: set[Session] = set()
+        self.trace: Any = None  # perf.tracewriter.TraceWriter with shoal serve --trace
+        if config.trace_dir:
+            from perf.tracewriter import TraceWriter  # lazily: pyarrow is heavy
+
+            self.trace = TraceWriter(config.trace_dir, f"worker{config.index}",
+                                     worker=config.index)
         self.blocked = False  # the supervisor says: memory high watermark crossed
         self.on_blocked: Callable[[bool], object] = lambda active: None
         self.want_flush: Callable[[], object] = self.flush_requests  # the server defers it

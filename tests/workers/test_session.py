@@ -61,6 +61,7 @@ class FakeWorker:
         self.targets: dict[int, ConsumerTarget] = {}
         self.region = SimpleNamespace(arena=FakeArena(arena_size))
         self.blocked = False
+        self.trace = None
         self._ids = itertools.count(1)
 
     def send(self, rec: Any) -> None:

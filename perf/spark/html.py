@@ -1,0 +1,108 @@
+"""The self-contained ``report.html``: the summary as tables, the plots embedded as base64 PNGs."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from typing import Any
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1000px; color: #222; }
+h1 { margin-bottom: 0.2em; } .sub { color: #666; margin-top: 0; }
+table { border-collapse: collapse; margin: 0.6em 0 1.4em; font-size: 0.92em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; } th { background: #f3f3f3; }
+img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0 1.2em; }
+details pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
+"""
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return html.escape(str(value))
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _img(title: str, png: bytes) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return (f'<h3>{html.escape(title)}</h3>'
+            f'<img alt="{html.escape(title)}" src="data:image/png;base64,{data}">')
+
+
+def render(summary: dict[str, Any], images: dict[str, bytes]) -> str:
+    """The whole page."""
+    parts = [("<!doctype html><html><head><meta charset='utf-8'><title>Shoal trace report</title>"
+              f"<style>{_STYLE}</style></head><body>"),
+             "<h1>Shoal trace report</h1>",
+             (f"<p class='sub'>{html.escape(str(summary.get('trace_dir', '')))} — files: "
+              + ", ".join(f"{k} {v}" for k, v in (summary.get("files") or {}).items())
+              + (f"; cut short (crash?): {html.escape(', '.join(summary['truncated_files']))}"
+                 if summary.get("truncated_files") else "") + "</p>")]
+
+    parts.append("<h2>Messages</h2>")
+    keys = ["published", "delivered", "acked", "rejected", "requeued", "redelivered", "expired",
+            "dead_lettered", "dropped", "unsettled", "unrouted", "entries", "join_mismatches"]
+    parts.append(_table(keys, [[summary.get(k) for k in keys]]))
+    client = summary.get("client") or {}
+    if client.get("sent") or client.get("received"):
+        parts.append(_table(["load generator sent", "received", "redelivered"],
+                            [[client.get("sent"), client.get("received"), client.get("redelivered")]]))
+    tp = summary.get("throughput") or {}
+    if tp.get("mean"):
+        parts.append(_table(["msg/s", "published", "delivered", "acked"],
+                            [["mean", *(tp["mean"].get(k) for k in ("published", "delivered", "acked"))],
+                             ["peak", *(tp["peak"].get(k) for k in ("published", "delivered", "acked"))]]))
+    if "Throughput" in images:
+        parts.append(_img("Throughput", images["Throughput"]))
+
+    parts.append("<h2>Latency (µs)</h2>")
+    lat = summary.get("latency_us") or {}
+    qk = ["count", "p50", "p90", "p99", "p99.9", "mean", "max"]
+    parts.append(_table(["stage", *qk], [[s, *(v.get(k) for k in qk)] for s, v in lat.items()]))
+    for title in ("Latency distribution", "Latency percentiles"):
+        if title in images:
+            parts.append(_img(title, images[title]))
+
+    parts.append("<h2>Fairness</h2>")
+    rows = []
+    for queue, group in (summary.get("consumers") or {}).items():
+        for c in group:
+            rows.append([queue, c["consumer"], c["tag"], c["priority"], c["delivered"], c["share"]])
+    parts.append(_table(["queue", "consumer", "tag", "priority", "delivered", "share"], rows))
+    parts.append(_table(
+        ["queue", "Jain (all)", "Jain by priority"],
+        [[q, j, ", ".join(f"p{p}: {_fmt(v)}" for p, v in (summary.get("jain_by_priority") or {}).get(q, {}).items())]
+         for q, j in (summary.get("jain") or {}).items()]))
+    if "Consumer shares" in images:
+        parts.append(_img("Consumer shares", images["Consumer shares"]))
+
+    parts.append("<h2>Wake-ups</h2>")
+    w = summary.get("wakeups") or {}
+    wk = ["notifies", "pulls", "notified_pulls", "spurious_pulls", "per_delivered", "spurious_share"]
+    parts.append(_table(["queue", *wk], [["(all)", *(w.get(k) for k in wk)]]
+                        + [[q, *(v.get(k) for k in wk)] for q, v in (w.get("by_queue") or {}).items()]))
+
+    parts.append("<h2>Processes</h2>")
+    pk = ["cpu_percent_mean", "cpu_percent_max", "cpu_seconds", "rss_max_bytes", "ctx_voluntary",
+          "ctx_involuntary", "samples"]
+    parts.append(_table(["process", *pk],
+                        [[n, *(p.get(k) for k in pk)] for n, p in (summary.get("processes") or {}).items()]))
+    for title in ("CPU", "RSS"):
+        if title in images:
+            parts.append(_img(title, images[title]))
+
+    parts.append("<details><summary>summary.json</summary><pre>"
+                 + html.escape(json.dumps(summary, indent=1)) + "</pre></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

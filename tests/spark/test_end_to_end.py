@@ -1,0 +1,53 @@
+"""A real broker run with --trace, then `shoal report`: the counts are what the client did."""
+
+from __future__ import annotations
+
+import json
+
+import pika
+from click.testing import CliRunner
+
+from cli.report import report as report_command
+from tests.integration.conftest import finish, start_broker
+
+MESSAGES = 300
+REJECTED = 20
+
+
+def test_report_counts_match_what_the_client_sent_and_received(spark, tmp_path):
+    """published, delivered, acked and rejected in summary.json equal what a pika
+    client published, received and settled through a traced two-worker broker."""
+    trace = tmp_path / "trace"
+    broker = start_broker(tmp_path / "broker", extra_args=["--trace", str(trace)])
+    try:
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.queue_declare("traced")
+        channel.confirm_delivery()
+        for i in range(MESSAGES):
+            channel.basic_publish("", "traced", str(i).encode())
+        channel.basic_qos(prefetch_count=50)
+        received = 0
+        for method, _, _ in channel.consume("traced", inactivity_timeout=5):
+            assert method is not None, f"only {received} of {MESSAGES} messages arrived"
+            received += 1
+            if received <= REJECTED:
+                channel.basic_reject(method.delivery_tag, requeue=False)
+            else:
+                channel.basic_ack(method.delivery_tag)
+            if received == MESSAGES:
+                break
+        channel.cancel()
+        connection.close()
+    finally:
+        finish(broker)  # SIGTERM: every process flushes and closes its trace files
+
+    result = CliRunner().invoke(report_command, [str(trace), "--master", "local[1]"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    summary = json.loads((trace / "report" / "summary.json").read_text())
+    assert summary["published"] == MESSAGES
+    assert summary["delivered"] == MESSAGES
+    assert summary["acked"] == MESSAGES - REJECTED
+    assert summary["rejected"] == REJECTED
+    assert summary["join_mismatches"] == 0  # worker and supervisor rows of each message met
+    assert summary["jain"]["traced"] == 1.0  # one consumer has all of its queue
