@@ -357,6 +357,9 @@ class Dispatcher:
     # --------------------------------------------------------------- queues
 
     def _queue_declare(self, worker: int, rec: r.QueueDeclare) -> None:
+        if rec.passive and rec.name == REPLY_TO:  # RabbitMQ: the pseudo-queue always "exists"
+            self._reply(worker, rec, queue=REPLY_TO)
+            return
         q = self.vhost.declare_queue(
             rec.name, owner=(worker, rec.conn), passive=rec.passive, durable=rec.durable,
             exclusive=rec.exclusive, auto_delete=rec.auto_delete, arguments=rec.arguments,

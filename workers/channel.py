@@ -199,7 +199,8 @@ class Channel:
 
     def _declare_ok(self, rep: r.Reply) -> None:
         self.last_queue = rep.queue
-        self._send(spec.Queue.DeclareOk(rep.queue, rep.message_count, rep.consumer_count))
+        self.session.send_raw(codec.encode_declare_ok(
+            self.number, rep.queue, rep.message_count, rep.consumer_count))
         inbox, self._inbox = self._inbox, None
         while inbox and self._inbox is None and not self.closing:
             inbox.popleft()()
@@ -224,9 +225,13 @@ class Channel:
             raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'",
                             *_ids(m), hard=True)
         queue = self._queue_name(m.queue, m)
-        if queue == REPLY_TO and not m.no_ack:  # RabbitMQ's text
-            raise AMQPError(PRECONDITION_FAILED, "reply consumer cannot acknowledge",
-                            *_ids(m), hard=False)
+        if queue == REPLY_TO:  # RabbitMQ's texts
+            if not m.no_ack:
+                raise AMQPError(PRECONDITION_FAILED, "reply consumer cannot acknowledge",
+                                *_ids(m), hard=False)
+            if any(t.queue == REPLY_TO for t in self.consumers.values()):
+                raise AMQPError(PRECONDITION_FAILED, "reply consumer already set",
+                                *_ids(m), hard=False)
         args = m.arguments or {}
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -269,6 +274,8 @@ class Channel:
                 self._local_reply(spec.Basic.CancelOk(tag))
             return
         target.active = False
+        if target.queue == REPLY_TO:  # no reply consumer: reply_to is refused again
+            self.reply_to = ""
         rec = r.Cancel(self.session.conn_id, self.number, target.id, m.nowait)
         if m.nowait:
             self._request(rec, None)

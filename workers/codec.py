@@ -326,6 +326,17 @@ def encode_return(
     return _with_content(channel, method, header_payload, body, frame_max)
 
 
+_DECLARE_OK_IDS = _IDS.pack(50, 11)
+
+
+def encode_declare_ok(channel: int, queue: str, message_count: int, consumer_count: int) -> bytes:
+    """Queue.Declare-Ok, by hand: pamqp refuses queue names outside its own
+    pattern (``a[b]``, ``café``) that RabbitMQ and clients accept as any short string."""
+    payload = _DECLARE_OK_IDS + _shortstr(queue) + _UINT32.pack(message_count) + _UINT32.pack(
+        consumer_count)
+    return _method_frame(channel, payload)
+
+
 def encode_ack(channel: int, delivery_tag: int, multiple: bool) -> bytes:
     """Basic.Ack, as a broker sends it to confirm publishes."""
     return _method_frame(channel, _ACK_IDS + _TAG_BITS.pack(delivery_tag, bool(multiple)))

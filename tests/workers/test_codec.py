@@ -214,3 +214,16 @@ def test_amqplain_response(prefixed: bool) -> None:
     assert codec.decode_amqplain_response(table if prefixed else table[4:]) == ("guest", "pw")
     with pytest.raises(codec.DecodeError):
         codec.decode_amqplain_response(encode.field_table({"LOGIN": "guest"})[4:])
+
+
+def test_declare_ok_carries_any_short_string_queue_name() -> None:
+    """Queue.Declare-Ok is encoded for names pamqp's pattern refuses but AMQP allows
+    (any short string), and decodes to the same fields pamqp would give."""
+    from pamqp import frame as pamqp_frame
+
+    from workers.codec import encode_declare_ok
+
+    data = encode_declare_ok(3, "café[x] q", 7, 2)
+    _, channel, method = pamqp_frame.unmarshal(data)
+    assert channel == 3
+    assert (method.queue, method.message_count, method.consumer_count) == ("café[x] q", 7, 2)
