@@ -1,0 +1,135 @@
+"""Markdown tables of `python -m perf` results (pure functions of the result dicts)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "–"
+    if digits == 0:
+        return f"{value:,.0f}"
+    return f"{value:,.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or not b:
+        return "–"
+    return f"{a / b:.2f}"
+
+
+def _get(result: dict[str, Any] | None, *path: str) -> Any:
+    value: Any = result
+    for key in path:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
+def integrity(result: dict[str, Any] | None) -> str:
+    """'lost/duplicated/reordered', with '!' when anything is off or the run had errors."""
+    if not result:
+        return "–"
+    if result.get("failed"):
+        return "failed"
+    i = result.get("integrity") or {}
+    text = f"{i.get('lost', '?')}/{i.get('duplicates', '?')}/{i.get('reordered', '?')}"
+    bad = any(i.get(k) for k in ("lost", "duplicates", "reordered", "foreign")) or bool(result.get("errors"))
+    return text + (" !" if bad else "")
+
+
+def gen_flag(result: dict[str, Any] | None) -> str:
+    if not result or result.get("generator_max_cpu_fraction") is None:
+        return "–"
+    pct = f"{result['generator_max_cpu_fraction'] * 100:.0f}%"
+    return f"**yes** ({pct})" if result.get("generator_bound") else f"no ({pct})"
+
+
+def _latency(result: dict[str, Any] | None) -> str:
+    p50, p99 = _get(result, "latency", "p50_ms"), _get(result, "latency", "p99_ms")
+    if p50 is None:
+        return "–"
+    return f"{p50:.2f} / {p99:.2f}"
+
+
+def comparison_table(rows: Sequence[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]) -> str:
+    """rows: (scenario key, Shoal result, RabbitMQ result or None) for S1-S7."""
+    header = (
+        "| scenario | Shoal msg/s | RabbitMQ msg/s | ratio | Shoal msg/CPU-s | RabbitMQ msg/CPU-s | ratio "
+        "| broker cores S / R | p50 / p99 ms Shoal | p50 / p99 ms RabbitMQ | p99 ratio "
+        "| lost/dup/reord S; R | generator-bound S; R | other load, cores S; R |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---|---:|---|---|---|"
+    )
+    lines = [header]
+    for key, shoal, rabbit in rows:
+        s_rate, r_rate = _get(shoal, "delivered_per_s"), _get(rabbit, "delivered_per_s")
+        s_eff, r_eff = _get(shoal, "delivered_per_broker_cpu_s"), _get(rabbit, "delivered_per_broker_cpu_s")
+        s_p99, r_p99 = _get(shoal, "latency", "p99_ms"), _get(rabbit, "latency", "p99_ms")
+        cores = f"{num(_get(shoal, 'broker_cpu', 'cores_used'), 2)} / {num(_get(rabbit, 'broker_cpu', 'cores_used'), 2)}"
+        lines.append(
+            f"| {key} | {num(s_rate)} | {num(r_rate)} | {ratio(s_rate, r_rate)} | {num(s_eff)} | {num(r_eff)} "
+            f"| {ratio(s_eff, r_eff)} | {cores} | {_latency(shoal)} | {_latency(rabbit)} | {ratio(s_p99, r_p99)} "
+            f"| {integrity(shoal)}; {integrity(rabbit)} | {gen_flag(shoal)}; {gen_flag(rabbit)} "
+            f"| {num(_get(shoal, 'other_load_cores'), 2)}; {num(_get(rabbit, 'other_load_cores'), 2)} |"
+        )
+    return "\n".join(lines)
+
+
+def memory_table(shoal: dict[str, Any] | None, rabbit: dict[str, Any] | None) -> str:
+    """S8: broker memory with queued messages and with idle connections."""
+    messages = _get(shoal, "queued", "queued") or _get(rabbit, "queued", "queued")
+    conns = _get(shoal, "idle", "opened") or _get(rabbit, "idle", "opened")
+    figures = [
+        (f"{num(messages)} queued 128 B messages: RSS of all broker processes, MB", ("queued", "rss_mb"), 0),
+        (f"{num(messages)} queued 128 B messages: PSS of all broker processes, MB", ("queued", "pss_mb"), 0),
+        ("queued messages: broker PSS growth per message, bytes", ("queued", "bytes_per_message_pss"), 0),
+        ("RabbitMQ's own count of what it uses (Erlang allocated), MB", ("queued", "own_allocated_mb"), 0),
+        ("time to queue them, s", ("queued", "fill_seconds"), 1),
+        (f"{num(conns)} idle connections: RSS growth per connection, KB", ("idle", "per_connection_kb_rss"), 1),
+        (f"{num(conns)} idle connections: PSS growth per connection, KB", ("idle", "per_connection_kb_pss"), 1),
+        ("baseline (idle broker) RSS, MB", ("idle", "baseline", "rss_mb"), 0),
+    ]
+    lines = ["| S8 memory | Shoal | RabbitMQ | ratio |", "|---|---:|---:|---:|"]
+    for label, path, digits in figures:
+        a, b = _get(shoal, *path), _get(rabbit, *path)
+        lines.append(f"| {label} | {num(a, digits)} | {num(b, digits)} | {ratio(a, b)} |")
+    return "\n".join(lines)
+
+
+def scaling_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
+    """results: workers -> scenario key -> Shoal result."""
+    counts = sorted(results)
+    keys: list[str] = []
+    for per in results.values():
+        keys.extend(k for k in per if k not in keys)
+    base = counts[0] if counts else 1
+    head = ["scenario"]
+    head += [f"w={w} msg/s" for w in counts]
+    head += [f"w={w}/w={base}" for w in counts[1:]]
+    head += [f"w={w} msg/CPU-s" for w in counts]
+    head += [f"w={w} cores" for w in counts]
+    head += ["lost/dup/reord", "generator-bound", "other load, cores"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 4) + "---|---|---|"]
+    for key in keys:
+        row = [key]
+        rates = {w: _get(results[w].get(key), "delivered_per_s") for w in counts}
+        row += [num(rates[w]) for w in counts]
+        row += [ratio(rates[w], rates[base]) for w in counts[1:]]
+        row += [num(_get(results[w].get(key), "delivered_per_broker_cpu_s")) for w in counts]
+        row += [num(_get(results[w].get(key), "broker_cpu", "cores_used"), 2) for w in counts]
+        row.append(", ".join(integrity(results[w].get(key)) for w in counts))
+        row.append(", ".join(gen_flag(results[w].get(key)) for w in counts))
+        row.append(", ".join(num(_get(results[w].get(key), "other_load_cores"), 2) for w in counts))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def errors_section(results: Sequence[dict[str, Any]]) -> str:
+    lines = []
+    for r in results:
+        for error in r.get("errors") or []:
+            lines.append(f"- {r.get('broker')} {r.get('scenario')}: {error}")
+    return "\n".join(lines)

@@ -1,0 +1,264 @@
+"""Smoke tests of the perf harness pieces (no brokers, no timing assertions).
+
+The load generator's hot paths are hand-written against the AMQP wire format, so they are checked
+against pamqp: publish frames it pre-encodes must unmarshal to what was meant, and the delivery
+parser must read what pamqp marshals, however the bytes are split across reads.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from array import array
+from typing import Any
+
+import pytest
+from pamqp import commands, frame, header
+from pamqp.body import ContentBody
+from pamqp.heartbeat import Heartbeat
+
+from perf.accounting import latency_summary, merge_group, percentile
+from perf.report_table import comparison_table, integrity, memory_table, ratio, scaling_table
+from perf.sampler import Sample, Sampler, Series
+from perf.wire import (
+    MAGIC,
+    PAYLOAD,
+    DeliveryParser,
+    PublishBatch,
+    ack_frame,
+    publish_template,
+    split_frames,
+)
+
+
+def unmarshal_all(data: bytes) -> list[Any]:
+    out: list[Any] = []
+    while data:
+        used, _channel, value = frame.unmarshal(data)
+        out.append(value)
+        data = data[used:]
+    return out
+
+
+def delivery(tag: int, body: bytes, frame_max: int = 131072, redelivered: bool = False) -> bytes:
+    parts = [
+        frame.marshal(
+            commands.Basic.Deliver(
+                consumer_tag="ctag", delivery_tag=tag, redelivered=redelivered, exchange="", routing_key="q"
+            ),
+            1,
+        ),
+        frame.marshal(header.ContentHeader(0, len(body), commands.Basic.Properties()), 1),
+    ]
+    chunk = frame_max - 8
+    for start in range(0, len(body), chunk):
+        parts.append(frame.marshal(ContentBody(body[start : start + chunk]), 1))
+    return b"".join(parts)
+
+
+def payload_body(pub: int, seq: int, ts: int, size: int = 128) -> bytes:
+    return PAYLOAD.pack(MAGIC, pub, seq, ts) + b"x" * (size - PAYLOAD.size)
+
+
+# --------------------------------------------------------------------------- publish frames
+
+
+@pytest.mark.parametrize("body_size", [20, 128, 4096, 256 * 1024])
+def test_publish_batch_round_trips_through_pamqp(body_size: int) -> None:
+    frame_max = 131072
+    template, patch_at = publish_template("ex", "rk", body_size, publisher=3, frame_max=frame_max)
+    batch = PublishBatch(template, patch_at, capacity=4)
+    data = bytes(batch.fill(3, first_seq=41, timestamp_ns=123456789))
+    frames = unmarshal_all(data)
+    bodies_per_message = -(-body_size // (frame_max - 8))
+    assert len(frames) == 3 * (2 + bodies_per_message)
+    for n in range(3):
+        group = frames[n * (2 + bodies_per_message) : (n + 1) * (2 + bodies_per_message)]
+        publish, content_header, *bodies = group
+        assert isinstance(publish, commands.Basic.Publish)
+        assert (publish.exchange, publish.routing_key) == ("ex", "rk")
+        assert isinstance(content_header, header.ContentHeader)
+        assert content_header.body_size == body_size
+        body = b"".join(b.value for b in bodies)
+        assert len(body) == body_size
+        assert all(len(b.value) <= frame_max - 8 for b in bodies)
+        assert PAYLOAD.unpack_from(body) == (MAGIC, 3, 41 + n, 123456789)
+
+
+def test_publish_template_rejects_bodies_too_small_for_the_payload() -> None:
+    with pytest.raises(ValueError):
+        publish_template("", "q", PAYLOAD.size - 1, publisher=0, frame_max=131072)
+
+
+def test_ack_frame_matches_pamqp() -> None:
+    assert ack_frame(1, 77) == frame.marshal(commands.Basic.Ack(delivery_tag=77, multiple=True), 1)
+    assert ack_frame(5, 2**40, multiple=False) == frame.marshal(commands.Basic.Ack(delivery_tag=2**40), 5)
+
+
+def test_split_frames_keeps_incomplete_tail() -> None:
+    a = frame.marshal(commands.Basic.QosOk(), 1)
+    b = frame.marshal(commands.Basic.ConsumeOk(consumer_tag="t"), 1)
+    frames, used = split_frames(a + b[:-3])
+    assert [raw for _ch, raw in frames] == [a]
+    assert used == len(a)
+
+
+# --------------------------------------------------------------------------- the delivery parser
+
+
+def feed(parser: DeliveryParser, data: bytes, cuts: list[int], now_ns: int) -> None:
+    """Feed `data` to the parser split at `cuts`, like a socket delivering it in pieces."""
+    buf = bytearray()
+    pos = 0
+    edges = sorted(set(cuts)) + [len(data)]
+    start = 0
+    for edge in edges:
+        buf += data[start:edge]
+        start = edge
+        used = parser.parse(buf, pos, len(buf), now_ns)
+        del buf[:used]
+    assert not buf
+
+
+@pytest.mark.parametrize("body_size", [128, 300_000])
+def test_parser_reads_pamqp_deliveries_split_anywhere(body_size: int) -> None:
+    rng = random.Random(body_size)
+    stream = b"".join(delivery(tag, payload_body(0, tag - 1, 1_000_000, body_size)) for tag in range(1, 51))
+    stream += frame.marshal(Heartbeat(), 0) + frame.marshal(commands.Basic.CancelOk(consumer_tag="c"), 1)
+    parser = DeliveryParser([100])
+    feed(parser, stream, [rng.randrange(len(stream)) for _ in range(200)], now_ns=3_000_000)
+    assert parser.received == 50
+    assert parser.last_tag == 50
+    assert (parser.duplicates, parser.reordered, parser.foreign, parser.redelivered) == (0, 0, 0, 0)
+    assert sum(parser.seen[0]) == 50 and parser.seen[0][:50] == b"\x01" * 50
+    assert list(parser.latencies_us) == [2000] * 50
+    assert len(parser.other) == 1 and isinstance(parser.other[0], commands.Basic.CancelOk)
+
+
+def test_parser_counts_duplicates_reordering_redelivery_and_foreign_bodies() -> None:
+    order = [(0, 0), (0, 2), (0, 1), (0, 2), (1, 0), (1, 1)]  # 1 reordered, 1 duplicate
+    stream = b"".join(delivery(i + 1, payload_body(pub, seq, 0)) for i, (pub, seq) in enumerate(order))
+    stream += delivery(7, b"not one of ours, long enough to parse", redelivered=True)
+    stream += delivery(8, payload_body(1, 99, 0))  # beyond publisher 1's capacity
+    parser = DeliveryParser([10, 5])
+    feed(parser, stream, [], now_ns=0)
+    assert parser.received == 8
+    assert parser.duplicates == 1
+    assert parser.reordered == 1
+    assert parser.redelivered == 1
+    assert parser.foreign == 2
+    assert parser.last_tag == 8
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+def marks(seqs: list[int], size: int) -> bytes:
+    out = bytearray(size)
+    for s in seqs:
+        out[s] = 1
+    return bytes(out)
+
+
+def test_merge_group_competing_consumers() -> None:
+    a = {"seen": [marks([0, 2, 4], 8)], "received": 3, "duplicates": 0, "reordered": 0}
+    b = {"seen": [marks([1, 3], 8)], "received": 2, "duplicates": 0, "reordered": 1}
+    merged = merge_group([a, b], {0: 6})
+    assert merged["expected"] == 6
+    assert merged["distinct"] == 5
+    assert merged["lost"] == 1
+    assert merged["duplicates"] == 0
+    assert merged["reordered"] == 1
+
+    c = {"seen": [marks([4, 5], 8)], "received": 2, "duplicates": 1}
+    merged = merge_group([a, b, c], {0: 6})
+    assert (merged["lost"], merged["duplicates"]) == (0, 2)  # seq 4 twice + c's own duplicate
+
+
+def test_merge_group_ignores_publishers_not_routed_here() -> None:
+    a = {"seen": [b"", marks([0, 1, 2], 3)], "received": 3}
+    assert merge_group([a], {1: 3})["lost"] == 0
+    assert merge_group([a], {1: 4})["lost"] == 1
+
+
+def test_percentiles_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert percentile(values, 0.5) == 50
+    assert percentile(values, 0.99) == 99
+    assert percentile(values, 1.0) == 100
+    assert percentile([], 0.5) is None
+    summary = latency_summary([array("q", [1000] * 98 + [5000, 9000]).tobytes()])
+    assert summary["count"] == 100
+    assert (summary["p50_ms"], summary["p99_ms"], summary["max_ms"]) == (1.0, 5.0, 9.0)
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def test_sampler_summary_from_synthetic_samples() -> None:
+    sampler = Sampler(dict, interval=0.5)
+    series = Series("worker0", 42)
+    for i in range(5):
+        series.samples.append(Sample(10.0 + i * 0.5, 1.0 + i * 0.25, (100 + i) * 2**20, 10 * i, i))
+    sampler.series[42] = series
+    sampler.host = [(10.0, 0.0), (12.0, 3.0)]
+    summary = sampler.summary(10.0, 12.0)
+    worker = summary["processes"]["worker0"]
+    assert worker["cpu_s"] == 1.0
+    assert worker["cpu_percent_mean"] == 50.0
+    assert worker["rss_max_mb"] == 104.0
+    assert worker["ctx_voluntary"] == 40
+    assert summary["cores_used"] == 0.5
+    assert summary["host_busy_cores"] == 1.5
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def flow_result(rate: float, p99: float, lost: int = 0, bound: bool = False) -> dict:
+    return {
+        "scenario": "S1", "delivered_per_s": rate, "delivered_per_broker_cpu_s": rate / 2,
+        "broker_cpu": {"cores_used": 1.5}, "latency": {"p50_ms": p99 / 2, "p99_ms": p99},
+        "integrity": {"lost": lost, "duplicates": 0, "reordered": 0, "foreign": 0}, "errors": [],
+        "generator_max_cpu_fraction": 0.9 if bound else 0.1, "generator_bound": bound,
+    }  # fmt: skip
+
+
+def test_comparison_table_ratios_and_flags() -> None:
+    table = comparison_table([("S1", flow_result(30000, 2.0), flow_result(20000, 1.0, lost=3, bound=True))])
+    lines = table.splitlines()
+    assert len(lines) == 3
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    row = lines[2]
+    assert "| 1.50 |" in row  # msg/s ratio
+    assert "| 2.00 |" in row  # p99 ratio
+    assert "0/0/0; 3/0/0 !" in row
+    assert "**yes** (90%)" in row
+
+
+def test_comparison_table_without_rabbitmq() -> None:
+    row = comparison_table([("S2", flow_result(1000, 1.0), None)]).splitlines()[2]
+    assert "| – |" in row
+
+
+def test_memory_and_scaling_tables() -> None:
+    shoal = {"queued": {"queued": 1000, "rss_mb": 100.0, "pss_mb": 80.0}, "idle": {"opened": 10}}
+    rabbit = {"queued": {"queued": 1000, "rss_mb": 200.0, "pss_mb": 160.0}, "idle": {"opened": 10}}
+    table = memory_table(shoal, rabbit)
+    assert "| 0.50 |" in table
+    scaling = scaling_table({1: {"S1": flow_result(100, 1)}, 2: {"S1": flow_result(180, 1)}})
+    lines = scaling.splitlines()
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert "| 1.80 |" in lines[2]
+
+
+def test_small_formatters() -> None:
+    assert ratio(3, 2) == "1.50"
+    assert ratio(1, 0) == "–" and ratio(None, 1) == "–"
+    assert integrity({"failed": True}) == "failed"
+    assert integrity(None) == "–"
+
+
+def test_payload_layout_is_what_the_parser_expects() -> None:
+    assert PAYLOAD.size == 20
+    assert struct.unpack_from("<H", PAYLOAD.pack(MAGIC, 0, 0, 0))[0] == 0x5348
