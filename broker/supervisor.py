@@ -233,7 +233,10 @@ class Supervisor:
         are released, and its region is made ready for a replacement."""
         w.ready = False
         # Records it finished writing still count: acks settle, publishes route.
-        self._apply(w, w.region.request_ring.get_all_nowait())
+        try:
+            self._apply(w, w.region.request_ring.get_all_nowait())
+        except RingCorrupt as exc:
+            log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
         w.pending.clear()
         w.region.request_ring.reset()
@@ -267,7 +270,8 @@ class Supervisor:
         while True:
             try:
                 batch = ring.get_all_nowait(BATCH)
-            except RingCorrupt:
+            except RingCorrupt as exc:
+                log.error("worker %d: request ring: %s", w.index, exc)
                 await self._corrupt(w)
                 continue
             if batch:
@@ -315,7 +319,8 @@ class Supervisor:
             if w.pending:
                 try:
                     written = w.region.event_ring.put_many_nowait(w.pending)
-                except RingCorrupt:
+                except RingCorrupt as exc:
+                    log.error("worker %d: event ring: %s", w.index, exc)
                     self._kill(w)
                     continue
                 del w.pending[:written]

@@ -216,7 +216,8 @@ class Ring:
     def _read_record(self, tail: int, available: int) -> tuple[bytes, int]:
         """Read the record at ``tail``; return it and the tail past it."""
         if available < LENGTH_BYTES or available > self._capacity:
-            raise RingCorrupt(f"{available} bytes in use in a ring of {self._capacity}")
+            raise RingCorrupt(f"{available} bytes in use in a ring of {self._capacity} "
+                              f"(head {self._head()}, tail {tail})")
         (length,) = _LEN.unpack(self._read_at(tail, LENGTH_BYTES))
         if LENGTH_BYTES + length > available:
             raise RingCorrupt(f"record of {length} bytes but only {available} in use")
