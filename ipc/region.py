@@ -219,6 +219,8 @@ class Region:
         if self._closed:
             return
         self._closed = True
+        self.request_ring.release()
+        self.event_ring.release()
         for view in (
             self.slots,
             self._arena_view,

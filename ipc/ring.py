@@ -23,7 +23,8 @@ marker, so no space is wasted at the end).
 Publication order is what makes this safe without locks: the producer copies
 the payload first and stores ``head`` last; the consumer reads ``head``
 first, then the payload, then stores ``tail``. Each counter is one aligned
-8-byte ``struct.pack_into`` store, and on x86-64 (TSO) stores become visible
+8-byte store through a ``'Q'`` memoryview (never ``struct.pack_into``, which
+zeroes its destination first), and on x86-64 (TSO) stores become visible
 in program order and loads are not reordered with other loads, so the
 consumer never sees a head that covers bytes not yet written, and the
 producer never overwrites bytes the consumer has not finished reading.
@@ -52,7 +53,13 @@ LENGTH_BYTES = 4
 
 _HEAD_OFFSET = 0
 _TAIL_OFFSET = 64
-_U64 = struct.Struct("<Q")
+# The counters are read and written through a memoryview cast to 'Q' (native
+# order: little-endian on the x86-64 hosts this targets), never with struct:
+# CPython's Struct.pack_into memsets its destination before writing the value,
+# so a peer process could read a transient 0 (seen as a negative fill, or as
+# room that is not there). Item assignment on a 'Q' view is one 8-byte copy.
+_HEAD = _HEAD_OFFSET // 8
+_TAIL = _TAIL_OFFSET // 8
 _LEN = struct.Struct("<I")
 
 
@@ -82,7 +89,7 @@ def _byte_view(buf: memoryview | bytearray) -> memoryview:
 class Ring:
     """SPSC ring over ``buf``; ``init=True`` for the creator, ``False`` to attach."""
 
-    __slots__ = ("_buf", "_capacity")
+    __slots__ = ("_buf", "_capacity", "_counters")
 
     def __init__(self, buf: memoryview | bytearray, *, init: bool) -> None:
         view = _byte_view(buf)
@@ -90,8 +97,13 @@ class Ring:
             raise ValueError(f"a ring needs more than {HEADER_BYTES + LENGTH_BYTES} bytes")
         self._buf = view
         self._capacity = len(view) - HEADER_BYTES
+        self._counters = view[:HEADER_BYTES].cast("Q")
         if init:
             self.reset()
+
+    def release(self) -> None:
+        """Drop the counters' view (before the mapping under it is closed)."""
+        self._counters.release()
 
     # ------------------------------------------------------------ counters
 
@@ -106,11 +118,11 @@ class Ring:
         return self._capacity - LENGTH_BYTES
 
     def _head(self) -> int:
-        head: int = _U64.unpack_from(self._buf, _HEAD_OFFSET)[0]
+        head: int = self._counters[_HEAD]
         return head
 
     def _tail(self) -> int:
-        tail: int = _U64.unpack_from(self._buf, _TAIL_OFFSET)[0]
+        tail: int = self._counters[_TAIL]
         return tail
 
     def used(self) -> int:
@@ -127,8 +139,8 @@ class Ring:
     def reset(self) -> None:
         """Forget every record: head = tail = 0. Only while the peer is not running
         (at creation, or when a crashed peer is replaced)."""
-        _U64.pack_into(self._buf, _TAIL_OFFSET, 0)
-        _U64.pack_into(self._buf, _HEAD_OFFSET, 0)
+        self._counters[_TAIL] = 0
+        self._counters[_HEAD] = 0
 
     # ------------------------------------------------------------- producer
 
@@ -138,7 +150,7 @@ class Ring:
         head = self._head()
         if self._capacity - (head - self._tail()) < LENGTH_BYTES + len(payload):
             raise RingFull(f"{len(payload)}-byte record, {self.free()} bytes free")
-        _U64.pack_into(self._buf, _HEAD_OFFSET, self._write_record(head, payload))
+        self._counters[_HEAD] = self._write_record(head, payload)
 
     def put_many_nowait(self, payloads: Sequence[bytes]) -> int:
         """Append as many records as fit, in order, publishing the head once.
@@ -159,7 +171,7 @@ class Ring:
             room -= need
             written += 1
         if written:
-            _U64.pack_into(self._buf, _HEAD_OFFSET, head)
+            self._counters[_HEAD] = head
         return written
 
     def _check_size(self, payload: bytes) -> None:
@@ -195,7 +207,7 @@ class Ring:
         if available == 0:
             raise RingEmpty
         payload, tail = self._read_record(tail, available)
-        _U64.pack_into(self._buf, _TAIL_OFFSET, tail)
+        self._counters[_TAIL] = tail
         return payload
 
     def get_all_nowait(self, max_records: int | None = None) -> list[bytes]:
@@ -210,7 +222,7 @@ class Ring:
             tail = new_tail
             records.append(payload)
         if records:
-            _U64.pack_into(self._buf, _TAIL_OFFSET, tail)
+            self._counters[_TAIL] = tail
         return records
 
     def _read_record(self, tail: int, available: int) -> tuple[bytes, int]:
