@@ -246,7 +246,9 @@ class Server:
     async def _publish(self, session: Session, event: ev.PublishReceived) -> None:
         """Copy a publish into this worker's arena; wait for room when it is full
         (the client is back-pressured by our not reading its socket)."""
+        session.publishes = True
         while self.worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
+            session.set_blocked(True)
             self.worker.after_batch()
             await self._unblocked.wait()
         header = session.publish_header(event)

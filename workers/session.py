@@ -39,6 +39,7 @@ class Session:
         self.cancel_notify = False
         self.blocked_capable = False  # the client understands connection.blocked
         self.told_blocked = False
+        self.publishes = False  # RabbitMQ blocks (and tells) only publishing connections
         self.confirms_pending: set[Channel] = set()
         self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
         self.pending_bytes = 0  # produced since the writer last took output
@@ -111,8 +112,6 @@ class Session:
         caps = (event.client_properties or {}).get("capabilities") or {}
         self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
         self.blocked_capable = bool(caps.get("connection.blocked", False))
-        if self.worker.blocked:
-            self.set_blocked(True)
         self.opened = True
         self.worker.send(r.ConnOpen(self.conn_id))
 
@@ -132,7 +131,8 @@ class Session:
 
     def set_blocked(self, active: bool) -> None:
         """connection.blocked / unblocked, to clients that asked for them."""
-        if not self.blocked_capable or self.told_blocked == active or not self.opened:
+        if (not self.blocked_capable or self.told_blocked == active or not self.opened
+                or not self.publishes):
             return
         self.told_blocked = active
         method = (spec.Connection.Blocked(reason="low on memory") if active

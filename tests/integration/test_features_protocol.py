@@ -182,12 +182,6 @@ def test_publisher_is_blocked_above_the_memory_watermark(watermark_broker: Broke
     assert ready_count(setup, small) == 6
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: connection.blocked / unblocked are sent to every connection "
-    "that has the capability, including ones that never publish; RabbitMQ sends them "
-    "only to a connection that publishes while the alarm is on",
-)
 def test_only_publishing_connections_are_blocked(watermark_broker: Broker, names: Names) -> None:
     """RabbitMQ sends connection.blocked only to a connection that publishes while the alarm is
     on; a connection that only consumes is neither told nor held up, and drains the queue."""
