@@ -553,6 +553,17 @@ def ready_count(channel: Any, queue: str) -> int:
     return channel.queue_declare(queue, passive=True).method.message_count
 
 
+def passive_declare_code(connection: pika.BlockingConnection, queue: str) -> int | None:
+    """None if a passive queue.declare succeeds, else the reply code that closed the channel."""
+    channel = connection.channel()
+    try:
+        channel.queue_declare(queue, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        return exc.reply_code
+    channel.close()
+    return None
+
+
 def queue_exists(connection: pika.BlockingConnection, queue: str) -> bool:
     """Passive queue.declare on a fresh channel: True if declared, False on 404 NOT_FOUND."""
     channel = connection.channel()

@@ -7,6 +7,7 @@ import pika.exceptions
 import pytest
 
 from tests.integration.conftest import (
+    passive_declare_code,
     Broker,
     Names,
     channel_close_code,
@@ -23,16 +24,6 @@ def _close_code(action) -> int:
         action()
     return caught.value.reply_code
 
-
-def _lookup(connection: pika.BlockingConnection, queue: str) -> int | None:
-    """None if a passive queue.declare succeeds, else the reply code that closed the channel."""
-    channel = connection.channel()
-    try:
-        channel.queue_declare(queue, passive=True)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        return exc.reply_code
-    channel.close()
-    return None
 
 
 def _ignore(*args) -> None:
@@ -93,7 +84,7 @@ def test_exclusive_queue_deleted_with_connection(shared_broker: Broker, names: N
     owner.channel().queue_declare(queue, exclusive=True)
     assert queue_exists(owner, queue)
     owner.close()
-    wait_until(lambda: _lookup(other, queue) == 404, 10, "the exclusive queue to be deleted")
+    wait_until(lambda: passive_declare_code(other, queue) == 404, 10, "the exclusive queue to be deleted")
     other.channel().queue_declare(queue, exclusive=True)  # the name is free again
 
 
@@ -110,7 +101,7 @@ def test_auto_delete_queue_deleted_after_last_consumer(shared_broker: Broker, na
     pump([connection], 0.3)
     assert queue_exists(connection, queue)
     second.basic_cancel(tag2)
-    wait_until(lambda: _lookup(connection, queue) == 404, 10, "the auto-delete queue to be deleted")
+    wait_until(lambda: passive_declare_code(connection, queue) == 404, 10, "the auto-delete queue to be deleted")
 
 
 def test_queue_purge_and_delete_if_empty_if_unused(shared_broker: Broker, names: Names) -> None:
@@ -135,7 +126,7 @@ def test_queue_purge_and_delete_if_empty_if_unused(shared_broker: Broker, names:
     assert _close_code(lambda: connection.channel().queue_delete(queue, if_unused=True)) == 406
     consumer.basic_cancel(tag)
     assert channel.queue_delete(queue, if_unused=True, if_empty=True).method.message_count == 0
-    assert _lookup(connection, queue) == 404
+    assert passive_declare_code(connection, queue) == 404
 
     counted = names("counted")
     channel.queue_declare(counted)

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import (
+    passive_declare_code,
     Broker,
     Names,
     drain_with_get,
@@ -24,15 +25,6 @@ from tests.integration.conftest import (
     wait_until,
 )
 
-
-def _lookup(connection, queue: str) -> int | None:
-    channel = connection.channel()
-    try:
-        channel.queue_declare(queue, passive=True)
-    except pika.exceptions.ChannelClosedByBroker as exc:
-        return exc.reply_code
-    channel.close()
-    return None
 
 
 @pytest.mark.deadline(180)
@@ -71,7 +63,7 @@ def test_sigkilled_worker_is_replaced_and_nothing_is_lost(broker: Broker, names:
     side.basic_publish("", side_queue, b"still here")
     assert drain_with_get(side, side_queue, 1) == [(b"still here", False)]
 
-    wait_until(lambda: _lookup(survivor, owned) == 404, 10, "the dead connection's exclusive queue to go")
+    wait_until(lambda: passive_declare_code(survivor, owned) == 404, 10, "the dead connection's exclusive queue to go")
     wait_until(lambda: ready_count(side, queue) == total, 10, f"all {total} messages to be ready again")
     got = drain_with_get(side, queue, total)
     assert [body for body, _ in got] == expected, "messages lost, duplicated or moved from their positions"
