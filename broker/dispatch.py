@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -480,8 +481,12 @@ class Dispatcher:
     # ----------------------------------------------------------- publishing
 
     def _publish(self, worker: int, rec: r.Publish) -> None:
+        # Memory per queued message (S8): the decoded names are interned, so a queue's
+        # million messages share one routing-key string, and the message id (only trace
+        # rows use it) is the shared 0 unless tracing (459 -> 360 B per message, tracemalloc).
         message = Message(
-            next(self._ids), rec.exchange, rec.routing_key,
+            next(self._ids) if self.trace is not None else 0,
+            sys.intern(rec.exchange), sys.intern(rec.routing_key),
             (worker, rec.offset, rec.header_len, rec.body_len), rec.body_len, rec.headers,
             expiration=rec.expiration, priority=rec.priority,
         )
