@@ -37,6 +37,8 @@ from typing import Any
 import pika
 import psutil
 
+from perf.brokers import wait_gone
+
 HOST = "127.0.0.1"
 READY_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
@@ -116,22 +118,6 @@ def start_broker(workers: int, directory: Path) -> BrokerRun:
     raise RuntimeError(f"broker not ready (exit code {popen.poll()}):\n{run.log_tail()}")
 
 
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    limit = time.monotonic() + timeout
-    pending = [p for p in processes if _alive(p)]
-    while pending and time.monotonic() < limit:
-        time.sleep(0.05)
-        pending = [p for p in pending if _alive(p)]
-    return pending
-
-
 def stop_broker(run: BrokerRun) -> list[str]:
     """SIGTERM, bounded wait, SIGKILL by PID; return what was wrong."""
     problems: list[str] = []
@@ -146,7 +132,7 @@ def stop_broker(run: BrokerRun) -> list[str]:
                 problems.append(f"supervisor exited with {code} after SIGTERM")
         except subprocess.TimeoutExpired:
             problems.append(f"supervisor still running {STOP_TIMEOUT:g} s after SIGTERM")
-    survivors = _wait_gone(list(run.processes.values()), 5.0)
+    survivors = wait_gone(list(run.processes.values()), 5.0)
     for process in survivors:
         problems.append(f"pid {process.pid} still running; SIGKILL")
         with contextlib.suppress(psutil.Error):
