@@ -26,6 +26,7 @@ import multiprocessing.synchronize
 import os
 import shlex
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from perf.brokers import wait_gone
 HOST = "127.0.0.1"
 READY_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
+_STAMP = struct.Struct("<QQ")  # sequence number, send time (monotonic ns)
 SAMPLE_INTERVAL = 0.5
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--messages", type=int, default=20_000, help="messages to send (default 20000)")
     parser.add_argument("--seconds", type=float, default=10.0, help="cap on the measured run (default 10)")
     parser.add_argument("--body-size", type=int, default=128, help="body bytes (default 128)")
+    parser.add_argument(
+        "--trace", type=Path, default=None,
+        help="trace into this directory: the broker (shoal serve --trace), psutil samples of "
+        "every process, and the clients' send/receive times; then run `shoal report DIR`",
+    )
     parser.add_argument(
         "--window", type=int, default=10_000, help="publisher's lead over the consumer (default 10000)"
     )
@@ -92,12 +99,13 @@ def serve_command() -> list[str]:
     return shlex.split(override) if override else [sys.executable, "-m", "cli.main"]
 
 
-def start_broker(workers: int, directory: Path) -> BrokerRun:
+def start_broker(workers: int, directory: Path, trace: Path | None = None) -> BrokerRun:
     ready_file = directory / "ready.json"
     log_path = directory / "broker.log"
     command = [
         *serve_command(), "serve", "--host", HOST, "--port", "0", "--workers", str(workers),
         "--log-level", "warning", "--ready-file", str(ready_file),
+        *(["--trace", str(trace)] if trace else []),
     ]  # fmt: skip
     with log_path.open("wb") as log:
         popen = subprocess.Popen(
@@ -162,7 +170,9 @@ def publisher(
 ) -> None:  # fmt: skip
     connection = _connect(port)
     channel = connection.channel()
-    body = b"x" * args.body_size
+    # Each body carries its sequence number and CLOCK_MONOTONIC send time.
+    padding = b"x" * max(0, args.body_size - _STAMP.size)
+    trace = _client_trace(args, "publisher")
     ready.set()
     go.wait(60)
     limit = time.monotonic() + args.seconds
@@ -171,13 +181,18 @@ def publisher(
         if sent - consumed.value >= args.window:
             connection.process_data_events(time_limit=0.001)
             continue
-        channel.basic_publish("", queue, body)
+        now_ns = time.monotonic_ns()
+        channel.basic_publish("", queue, _STAMP.pack(sent, now_ns) + padding)
+        if trace is not None:
+            trace.sent(now_ns, 0, sent, 1, queue)
         sent += 1
         if sent % 1000 == 0:
             published.value = sent
             connection.process_data_events(time_limit=0)
     published.value = sent
     connection.close()
+    if trace is not None:
+        trace.close()
 
 
 def consumer(
@@ -188,8 +203,12 @@ def consumer(
     channel = connection.channel()
     channel.basic_qos(prefetch_count=args.prefetch)
     state = {"count": 0, "unacked": 0, "last_tag": 0}
+    trace = _client_trace(args, "consumer")
 
     def on_message(ch: Any, method: Any, properties: Any, body: bytes) -> None:
+        if trace is not None and len(body) >= _STAMP.size:
+            seq, sent_ns = _STAMP.unpack_from(body)
+            trace.received(time.monotonic_ns(), 0, seq, sent_ns, queue, method.redelivered)
         state["count"] += 1
         state["unacked"] += 1
         state["last_tag"] = method.delivery_tag
@@ -210,6 +229,16 @@ def consumer(
         channel.basic_ack(state["last_tag"], multiple=True)
     consumed.value = state["count"]
     connection.close()
+    if trace is not None:
+        trace.close()
+
+
+def _client_trace(args: argparse.Namespace, name: str) -> Any:
+    if args.trace is None:
+        return None
+    from perf.tracewriter import ClientTraceWriter  # pyarrow only when tracing
+
+    return ClientTraceWriter(args.trace, name)
 
 
 # --------------------------------------------------------------------------- measuring
@@ -261,6 +290,12 @@ def measure(run: BrokerRun, args: argparse.Namespace) -> dict[str, Any]:
             with contextlib.suppress(psutil.Error):
                 process.cpu_percent(None)
 
+        sampler = None
+        if args.trace is not None:
+            from perf.tracewriter import ProcSampleWriter
+
+            sampler = ProcSampleWriter(args.trace, "sampler")
+            sampler.sample_processes(watched)
         started = time.monotonic()
         go.set()
         next_sample = started + SAMPLE_INTERVAL
@@ -273,7 +308,12 @@ def measure(run: BrokerRun, args: argparse.Namespace) -> dict[str, Any]:
                 for label, process in watched.items():
                     with contextlib.suppress(psutil.Error):
                         samples[label].append(process.cpu_percent(None))
+                if sampler is not None:
+                    sampler.sample_processes(watched)
         ended = done_at.value or time.monotonic()
+        if sampler is not None:
+            sampler.sample_processes(watched)
+            sampler.close()
         cpu_after = {label: _cpu_seconds(p) for label, p in watched.items()}
     finally:
         stop.set()
@@ -335,7 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="shoal-perf-") as tmp:
         try:
-            run = start_broker(args.workers, Path(tmp))
+            if args.trace is not None:
+                args.trace.mkdir(parents=True, exist_ok=True)
+            run = start_broker(args.workers, Path(tmp), args.trace)
         except RuntimeError as exc:
             print(exc, file=sys.stderr)
             return 2
