@@ -144,36 +144,29 @@ def headers_from_content_header(payload: Buffer) -> dict[str, Any] | None:
     return table
 
 
-_ROUTING_FLAGS = (
+_PUBLISH_FLAGS = (
     HEADERS_FLAG
     | commands.Basic.Properties.flags["expiration"]
     | commands.Basic.Properties.flags["priority"]
+    | commands.Basic.Properties.flags["reply_to"]
 )
 
 
-def routing_properties(payload: Buffer) -> tuple[dict[str, Any] | None, str | None, int | None]:
-    """(headers, expiration, priority): what the broker routes and queues by.
+def publish_properties(
+    payload: Buffer,
+) -> tuple[dict[str, Any] | None, str | None, int | None, str | None]:
+    """(headers, expiration, priority, reply_to): what the broker routes, queues and
+    rewrites (direct reply-to) by.
 
-    Reads only the property flags when none of the three is set — the common
-    case costs one struct unpack."""
+    One read of the property flags decides; when none of the four is set — the
+    common case — that read is all it costs."""
     _, _, flags = parse_content_header(payload)
-    if not flags & _ROUTING_FLAGS:
-        return None, None, None
-    if flags & _ROUTING_FLAGS == HEADERS_FLAG:
-        return headers_from_content_header(payload), None, None
+    if not flags & _PUBLISH_FLAGS:
+        return None, None, None, None
+    if flags & _PUBLISH_FLAGS == HEADERS_FLAG:
+        return headers_from_content_header(payload), None, None, None
     props = decode_properties(payload)
-    return props.headers, props.expiration, props.priority
-
-
-_REPLY_TO_FLAG = commands.Basic.Properties.flags["reply_to"]
-
-
-def reply_to(payload: Buffer) -> str | None:
-    """The reply_to property (None when unset; decodes only when its flag is set)."""
-    _, _, flags = parse_content_header(payload)
-    if not flags & _REPLY_TO_FLAG:
-        return None
-    return decode_properties(payload).reply_to
+    return props.headers, props.expiration, props.priority, props.reply_to
 
 
 def with_reply_to(payload: Buffer, value: str) -> bytes:

@@ -251,7 +251,8 @@ class Server:
             session.set_blocked(True)
             self.worker.after_batch()
             await self._unblocked.wait()
-        header = session.publish_header(event)
+        headers, expiration, priority, reply_to = codec.publish_properties(event.header_payload)
+        header = session.publish_header(event, reply_to)
         if header is None:
             return
         size = len(header) + event.body_size
@@ -267,7 +268,7 @@ class Server:
         for chunk in event.body:
             view[pos : pos + len(chunk)] = chunk
             pos += len(chunk)
-        session.publish(event, offset, len(header), *codec.routing_properties(header))
+        session.publish(event, offset, len(header), headers, expiration, priority)
 
     async def _writer(self, stream: trio.SocketStream, session: Session, bell: _Doorbell) -> None:
         try:

@@ -115,11 +115,11 @@ class Session:
         self.opened = True
         self.worker.send(r.ConnOpen(self.conn_id))
 
-    def publish_header(self, event: ev.PublishReceived) -> bytes | None:
+    def publish_header(self, event: ev.PublishReceived, reply_to: str | None) -> bytes | None:
         """The content header to store: the publisher's, or with reply_to set to
         the channel's direct reply-to queue. None: the publish was refused."""
         header = event.header_payload
-        if codec.reply_to(header) != REPLY_TO:
+        if reply_to != REPLY_TO:
             return header
         ch = self.channels.get(event.channel)
         if ch is None or ch.closing:

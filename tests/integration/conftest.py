@@ -52,6 +52,8 @@ import pika.exceptions
 import psutil
 import pytest
 
+from perf.brokers import _alive, _kill, wait_gone
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 WORKERS = 2
@@ -154,13 +156,6 @@ def shm_segments(instance: str) -> list[Path]:
     return sorted(SHM_DIR.glob(f"shoal.{instance}.*"))
 
 
-def _alive(process: psutil.Process) -> bool:
-    """True while the process runs; a zombie (exited, not reaped) counts as gone."""
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
 
 def _describe(process: psutil.Process) -> str:
     try:
@@ -169,20 +164,6 @@ def _describe(process: psutil.Process) -> str:
         return f"pid {process.pid}"
 
 
-def wait_gone(processes: Iterable[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Wait up to `timeout` s for the processes to exit; return the ones still alive."""
-    limit = time.monotonic() + timeout
-    pending = [p for p in processes if _alive(p)]
-    while pending and time.monotonic() < limit:
-        time.sleep(0.05)
-        pending = [p for p in pending if _alive(p)]
-    return pending
-
-
-def _kill(process: psutil.Process) -> None:
-    # psutil checks the process's create time first, so a recycled PID is never hit.
-    with contextlib.suppress(psutil.Error):
-        process.kill()
 
 
 def serve_command() -> list[str]:
