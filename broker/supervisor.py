@@ -39,7 +39,7 @@ import trio
 
 from broker.dispatch import Dispatcher
 from ipc import records as r
-from ipc.region import Region, region_name, sweep_stale
+from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wake_if_sleeping
 
@@ -232,6 +232,7 @@ class Supervisor:
         """Seed failure model: a dead worker's consumers and unacked messages
         are released, and its region is made ready for a replacement."""
         w.ready = False
+        w.region.connections = NOT_ACCEPTING  # its peers stop leaving connections to it
         # Records it finished writing still count: acks settle, publishes route.
         try:
             self._apply(w, w.region.request_ring.get_all_nowait())

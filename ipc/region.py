@@ -20,6 +20,8 @@ Control block::
     40   supervisor pid u64      48   worker pid u64
     64   supervisor_sleeping (own cache line)  -- request ring's consumer
     128  worker_sleeping     (own cache line)  -- event ring's consumer
+    192  open connections u64 (own cache line) -- written by the worker only;
+         NOT_ACCEPTING while no worker is taking connections for this region
 
 The magic is written last on creation, so an attacher that sees it sees a
 complete layout. The segment is sized with ftruncate and never zero-filled:
@@ -55,6 +57,7 @@ from ipc.wakeup import SleepFlag
 
 __all__ = [
     "CONTROL_BYTES",
+    "NOT_ACCEPTING",
     "Layout",
     "Region",
     "RegionError",
@@ -77,6 +80,8 @@ _SUPERVISOR_PID_OFFSET = 40
 _WORKER_PID_OFFSET = 48
 _SUPERVISOR_SLEEPING_OFFSET = 64
 _WORKER_SLEEPING_OFFSET = 128
+_CONNECTIONS_OFFSET = 192
+NOT_ACCEPTING = (1 << 63) - 1
 
 _INSTANCE = re.compile(r"[0-9]+-[0-9a-f]+")
 
@@ -154,6 +159,9 @@ class Region:
         self.control = self._view[:CONTROL_BYTES]
         self.supervisor_sleeping = SleepFlag(self.control, _SUPERVISOR_SLEEPING_OFFSET)
         self.worker_sleeping = SleepFlag(self.control, _WORKER_SLEEPING_OFFSET)
+        # One aligned 8-byte store or load (struct.pack_into memsets first, so a
+        # reader in another process could see a transient 0).
+        self._connections = self.control[_CONNECTIONS_OFFSET : _CONNECTIONS_OFFSET + 8].cast("q")
         self._request_view = self._view[layout.request_ring]
         self._event_view = self._view[layout.event_ring]
         self._arena_view = self._view[layout.arena]
@@ -211,6 +219,7 @@ class Region:
         _U64.pack_into(self.control, _WORKER_PID_OFFSET, 0)
         self.supervisor_sleeping.clear()
         self.worker_sleeping.clear()
+        self.connections = NOT_ACCEPTING
         _MAGIC_VERSION.pack_into(self.control, 0, MAGIC, VERSION)
 
     def close(self) -> None:
@@ -221,6 +230,7 @@ class Region:
         self._closed = True
         self.request_ring.release()
         self.event_ring.release()
+        self._connections.release()
         for view in (
             self.slots,
             self._arena_view,
@@ -263,6 +273,18 @@ class Region:
     @worker_pid.setter
     def worker_pid(self, pid: int) -> None:
         _U64.pack_into(self.control, _WORKER_PID_OFFSET, pid)
+
+    @property
+    def connections(self) -> int:
+        """Client connections the worker holds open now, or NOT_ACCEPTING (set
+        at creation and by the supervisor when the worker dies). Workers read
+        each other's to balance accept() on the shared listening socket."""
+        count: int = self._connections[0]
+        return count
+
+    @connections.setter
+    def connections(self, count: int) -> None:
+        self._connections[0] = count
 
     # ------------------------------------------------------- notify slots
 

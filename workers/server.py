@@ -3,7 +3,8 @@
 Tasks of a worker process:
 
 * ``_accept``: takes connections from the listening socket shared with the
-  other workers; each connection gets a reader task (bytes → protocol →
+  other workers, standing back when it holds more than a peer does
+  (:mod:`workers.balance`); each connection gets a reader task (bytes → protocol →
   session) and a writer task (protocol output → socket);
 * ``_events``: drains the event ring and notify slots; sleeps on the worker's
   eventfd only after saying so in shared memory and checking once more;
@@ -14,6 +15,7 @@ Tasks of a worker process:
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
 import socket
@@ -22,9 +24,10 @@ from typing import Any
 import trio
 
 from ipc import records as r
-from ipc.region import Region
+from ipc.region import NOT_ACCEPTING, Region
 from workers import codec
 from workers import events as ev
+from workers.balance import ACCEPT_GRACE, ACCEPT_POLL, AcceptBalance
 from workers.connection import INTERNAL_ERROR, AMQPConnection, AMQPError
 from workers.session import Session
 from workers.worker import Worker
@@ -34,6 +37,13 @@ log = logging.getLogger("shoal.worker")
 RECEIVE_SIZE = 256 << 10
 SHUTDOWN_GRACE = 1.0
 ALLOC_RETRY = 0.002
+ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
+# accept() errors that concern only the connection being accepted (as trio's own listener)
+_ACCEPT_SKIP = {
+    errno.ECONNABORTED, errno.EPERM, errno.EPROTO, errno.ENETDOWN, errno.ENOPROTOOPT,
+    errno.EHOSTDOWN, errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETUNREACH,
+}
+_ACCEPT_PAUSE = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 CAPABILITIES = {
     "publisher_confirms": True,
     "exchange_exchange_bindings": True,
@@ -83,17 +93,22 @@ class Server:
         self.worker = Worker(config, Region.attach(config.regions[config.index]))
         self._properties = server_properties(config.index)
         self._stopping = False
+        self._accepting = False
+        self._open = 0  # client connections held now
         self._scopes: dict[int, trio.CancelScope] = {}
         self._flush_bell = _Doorbell()
         self.worker.want_flush = self._flush_bell.ring
         self._unblocked = trio.Event()
         self._unblocked.set()
         self.worker.on_blocked = self._blocked
+        worker = self.worker
+        self._balance = AcceptBalance(
+            config.index, lambda: [worker._region(k).connections for k in range(len(config.regions))]
+        )
 
     async def run(self) -> None:
-        sock = socket.socket(fileno=self.config.listen_fd)
-        sock.setblocking(False)
-        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        listener = socket.socket(fileno=self.config.listen_fd)
+        listener.setblocking(False)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_supervisor, nursery)
             nursery.start_soon(self._signals, nursery)
@@ -120,6 +135,8 @@ class Server:
 
     async def _shutdown(self) -> None:
         self._stopping = True
+        self._accepting = False
+        self.worker.region.connections = NOT_ACCEPTING  # peers must not wait for us
         for session in list(self.worker.sessions.values()):
             session.proto.close(320, "CONNECTION_FORCED - broker forced connection closure "
                                 "with reason 'shutdown'")
@@ -182,13 +199,43 @@ class Server:
 
     # ---------------------------------------------------------- connections
 
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        while True:
-            stream = await listener.accept()
-            if self._stopping:
-                await stream.aclose()
-                continue
-            nursery.start_soon(self._connection, stream)
+    async def _accept(self, listener: socket.socket, nursery: trio.Nursery) -> None:
+        region = self.worker.region
+        self._accepting = True
+        region.connections = self._open
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(listener)
+                if self._balance.stand_back():
+                    with trio.move_on_after(ACCEPT_GRACE):
+                        while self._balance.stand_back():
+                            await trio.sleep(ACCEPT_POLL)
+                try:
+                    sock, _ = listener.accept()
+                except BlockingIOError:
+                    continue  # a peer took it
+                except OSError as exc:
+                    if exc.errno in _ACCEPT_SKIP:
+                        continue
+                    if exc.errno in _ACCEPT_PAUSE:
+                        log.error("accept: %s; pausing for %.1f s", exc, ACCEPT_PAUSE)
+                        await trio.sleep(ACCEPT_PAUSE)
+                        continue
+                    raise
+                stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+                if self._stopping:
+                    await stream.aclose()
+                    continue
+                self._count_connection(+1)
+                nursery.start_soon(self._connection, stream)
+        finally:
+            self._accepting = False
+            region.connections = NOT_ACCEPTING
+
+    def _count_connection(self, delta: int) -> None:
+        self._open += delta
+        if self._accepting:
+            self.worker.region.connections = self._open
 
     async def _connection(self, stream: trio.SocketStream) -> None:
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -219,6 +266,7 @@ class Server:
             self._scopes.pop(session.conn_id, None)
             session.finish()
             self.worker.after_batch()
+            self._count_connection(-1)
             await stream.aclose()
 
     async def _reader(self, stream: trio.SocketStream, session: Session) -> None:

@@ -372,9 +372,9 @@ class Broker:
     ) -> dict[int, pika.BlockingConnection]:
         """Open connections until one has landed on each wanted worker index (bounded).
 
-        They are opened `burst` at a time, concurrently: workers share one listening socket, and
-        when connections arrive one by one on an idle broker the same worker can win every
-        accept(); concurrent arrivals are what spread them.
+        They are opened `burst` at a time, concurrently. Workers balance accept() by open
+        connections (workers.balance), so a burst normally covers every worker; a worker that is
+        slow to wake can still lose a few races, hence the rounds.
         """
         wanted = set(indexes)
         found: dict[int, pika.BlockingConnection] = {}

@@ -13,7 +13,7 @@ import posix_ipc
 import pytest
 import trio
 
-from ipc.region import Region, RegionError, _owner_pid, new_instance_id, region_name, sweep_stale
+from ipc.region import NOT_ACCEPTING, Region, RegionError, _owner_pid, new_instance_id, region_name, sweep_stale
 from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +110,18 @@ def test_attach_reads_the_layout_and_shares_every_section(region: Region) -> Non
     assert region.event_ring.get_nowait() == b"to worker"
     assert not region.any_slot_set()
     assert all(b.state.name == "FREE" for b in region.arena.blocks())
+
+
+def test_connection_count_starts_not_accepting_and_is_shared(region: Region) -> None:
+    """A new region's worker takes no connections yet; the count the worker writes is what a
+    peer attached to the same region reads."""
+    assert region.connections == NOT_ACCEPTING
+    with Region.attach(region.name) as peer:
+        assert peer.connections == NOT_ACCEPTING
+        region.connections = 3
+        assert peer.connections == 3
+        region.connections = 0
+        assert peer.connections == 0
 
 
 def test_sizes_are_configurable_and_page_aligned(shm_name: str) -> None:
