@@ -5,10 +5,12 @@ overflows a length limit or exceeds a delivery limit is republished to the queue
 dead-letter exchange with
 
 * exchange = the DLX, routing key = ``x-dead-letter-routing-key`` if set (and then the ``CC``
-  header is removed) or else the original routing key;
+  header is removed, and the copy is routed by that key alone) or else the original routing key
+  (and the copy is routed by the original's keys, CC and BCC included);
 * ``expiration`` removed (kept in the death record as ``original-expiration``);
 * ``x-death``: an array of tables, most recent first, one per (queue, reason) -- ``count``,
-  ``reason``, ``queue``, ``time``, ``exchange``, ``routing-keys`` and maybe
+  ``reason``, ``queue``, ``time``, ``exchange``, ``routing-keys`` (the routing key and the CC
+  keys: RabbitMQ reads them from the content, whose BCC header is already gone) and maybe
   ``original-expiration``. A repeated (queue, reason) increments that table's ``count`` and
   moves it to the front; it keeps its first ``time``, ``exchange`` and ``routing-keys``;
 * on the first death only, ``x-first-death-reason`` / ``-queue`` / ``-exchange``.
@@ -19,6 +21,11 @@ between was a rejection (``detect_cycles``): fully automatic cycles terminate.
 The domain does not own body bytes: the copy is a :class:`DeadLetter` sharing its origin's
 ``body_ref`` and holding one reference on it (see :mod:`broker.message`).
 
+BCC (sender-selected distribution): RabbitMQ strips it from the content at publish but keeps its
+keys in the message's routing keys, which a copy without ``x-dead-letter-routing-key`` is routed
+by. Here a copy keeps the BCC header in ``headers`` for routing; it is never delivered (a copy is
+always re-encoded, and the runtime leaves BCC out), and it is not in ``routing-keys``.
+
 Called from: the supervisor process, by VirtualHost when a queue dead-letters a message.
 """
 
@@ -28,7 +35,8 @@ import datetime
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from broker.message import Message
+from broker.exchange import header_routes
+from broker.message import BLIND_HEADER, Message
 
 REJECTED = "rejected"
 EXPIRED = "expired"
@@ -63,19 +71,19 @@ def dead_letter_copy(
     """RabbitMQ ``make_msg``: the copy of ``message`` that ``queue`` republishes to ``exchange``."""
     headers = _with_death(message, reason, queue, epoch_seconds)
     if routing_key is not None:
+        # rabbit_dead_letter make_msg: routed by [RK] only; CC removed (BCC is already gone).
         headers.pop("CC", None)
+        headers.pop(BLIND_HEADER, None)
     root = message.origin if message.origin is not None else message
     return DeadLetter(root, exchange, routing_key if routing_key is not None else message.routing_key, headers)
 
 
 def _routes(headers: dict[str, Any], routing_key: str) -> list[str]:
-    # rabbit_basic:header_routes: the publish routing key, then CC and BCC.
-    keys = [routing_key]
-    for name in ("CC", "BCC"):
-        value = headers.get(name)
-        if isinstance(value, (list, tuple)):
-            keys += [str(v) for v in value]
-    return keys
+    # make_msg: [hd(RoutingKeys) | rabbit_basic:header_routes(Headers)] on content whose BCC
+    # was stripped at publish: the routing key, then the CC keys (longstr elements only).
+    if not isinstance(headers.get("CC", ()), (list, tuple)):
+        return [routing_key]  # cannot have been published so; nothing to add
+    return [routing_key, *header_routes(headers, ("CC",))]
 
 
 def _with_death(message: Message, reason: str, queue: str, epoch_seconds: float) -> dict[str, Any]:

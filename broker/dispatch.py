@@ -32,7 +32,7 @@ from typing import Any
 
 from broker.consumer_manager import QueueConsumer
 from broker.errors import AMQPError, InternalError
-from broker.message import Message, drop_reference
+from broker.message import Message, delivered_headers, drop_reference
 from broker.queue import Queue, QueueEntry
 from broker.vhost import VirtualHost
 from ipc import records as r
@@ -258,9 +258,12 @@ class Dispatcher:
                 entry_id, entry.redelivered, message.exchange, message.routing_key,
                 region, offset, header_len, body_len,
             )
+        # A re-encoded header never carries BCC (sender-selected distribution: a message
+        # published with BCC is a BlindCopied, always re-encoded; so are its dead-letter copies).
         return r.Delivery(
             entry_id, entry.redelivered, message.exchange, message.routing_key,
-            region, offset, header_len, body_len, True, headers, message.expiration,
+            region, offset, header_len, body_len, True, delivered_headers(headers),
+            message.expiration,
         )
 
     # ------------------------------------------------- connections, channels
@@ -504,12 +507,17 @@ class Dispatcher:
             self.body_bytes += rec.header_len + rec.body_len
         if routed == 0:
             if rec.mandatory:
-                self.outbox[worker].append(
-                    r.Returned(
-                        rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
-                        rec.offset, rec.header_len, rec.body_len,
-                    )
+                returned = r.Returned(
+                    rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
+                    rec.offset, rec.header_len, rec.body_len,
                 )
+                if message.reheadered:  # published with BCC: returned without it, as RabbitMQ
+                    returned = r.Returned(
+                        rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
+                        rec.offset, rec.header_len, rec.body_len, True,
+                        delivered_headers(message.headers), rec.expiration,
+                    )
+                self.outbox[worker].append(returned)
             else:
                 self._free_body(worker, rec.offset)
         if rec.confirm:  # a queue refusing it (x-overflow reject-publish) is a nack

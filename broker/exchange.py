@@ -15,6 +15,11 @@ and, for exchange-to-exchange bindings, :class:`ExchangeDestination`; following 
 * headers: each binding is compiled once into an ``x-match`` mode and a pattern
   (``rabbit_exchange_type_headers:headers_match``).
 
+Sender-selected distribution (RabbitMQ's ``CC`` / ``BCC`` headers): a message may carry extra
+routing keys; :func:`header_routes` reads them as ``rabbit_basic:header_routes`` does and
+:meth:`Exchange.route_keys` routes with all of them at once (direct and topic take the union,
+fanout and headers ignore routing keys anyway).
+
 The redeclare checks (RabbitMQ ``assert_equivalence``) and the wording of their errors live
 here too, as :func:`field_inequivalence` / :func:`args_inequivalence`, shared with queues.
 
@@ -36,6 +41,9 @@ EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 EXCHANGE_ARG_KEYS = ("alternate-exchange",)
 
 _TOPIC_CACHE_MAX = 4096
+
+# rabbit_basic ?ROUTING_HEADERS: headers whose values are extra routing keys, in this order.
+ROUTING_HEADERS = ("CC", "BCC")
 
 Arguments = Mapping[str, Any]
 BindingKey = tuple[Hashable, str, Hashable]
@@ -177,6 +185,8 @@ def args_inequivalence(
 
 
 class _Router(Protocol):
+    uses_routing_key: bool
+
     def add(self, key: BindingKey, destination: Hashable, routing_key: str, arguments: Arguments) -> None: ...
 
     def remove(self, key: BindingKey, destination: Hashable, routing_key: str) -> None: ...
@@ -200,6 +210,8 @@ def _count_down(counts: dict[Hashable, int], destination: Hashable) -> None:
 class _DirectRouter:
     """Exact routing-key match (AMQP 0-9-1 §3.1.3.1)."""
 
+    uses_routing_key = True
+
     def __init__(self) -> None:
         self._by_key: dict[str, dict[Hashable, int]] = {}
 
@@ -219,6 +231,8 @@ class _DirectRouter:
 
 class _FanoutRouter:
     """Every bound destination, whatever the routing key (AMQP 0-9-1 §3.1.3.2)."""
+
+    uses_routing_key = False
 
     def __init__(self) -> None:
         self._counts: dict[Hashable, int] = {}
@@ -248,6 +262,8 @@ def topic_words(key: str) -> list[str]:
 
 class _TopicRouter:
     """Binding keys in a word trie; ``*`` one word, ``#`` zero or more (AMQP 0-9-1 §3.1.3.3)."""
+
+    uses_routing_key = True
 
     def __init__(self) -> None:
         self._root = _TopicNode()
@@ -353,6 +369,8 @@ def _x_match(value: Any) -> str:
 class _HeadersRouter:
     """Match message headers against each binding's arguments (AMQP 0-9-1 §3.1.3.4)."""
 
+    uses_routing_key = False
+
     def __init__(self) -> None:
         self._matchers: dict[BindingKey, tuple[Hashable, _HeadersMatcher]] = {}
 
@@ -380,6 +398,40 @@ def check_exchange_type(type_name: str) -> str:
     if type_name not in _ROUTERS:
         raise CommandInvalid(f"invalid exchange type '{type_name}'")
     return type_name
+
+
+def has_routing_headers(headers: Mapping[str, Any]) -> bool:
+    """Whether a message's headers ask for sender-selected distribution (``CC`` or ``BCC``)."""
+    return "CC" in headers or "BCC" in headers
+
+
+def _route_text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode(errors="replace")
+
+
+def header_routes(headers: Mapping[str, Any] | None, names: tuple[str, ...] = ROUTING_HEADERS) -> list[str]:
+    """The extra routing keys in ``headers``: the ``CC`` keys, then the ``BCC`` keys.
+
+    RabbitMQ ``rabbit_basic:header_routes``: each header's value must be an array; only its
+    longstr elements are keys (others are skipped). A header of another type makes
+    ``basic.publish`` fail with 406 PRECONDITION_FAILED
+    ``invalid message: {unacceptable_type_in_header,"CC",longstr}`` (rabbit_channel).
+    """
+    if not headers:
+        return []
+    routes: list[str] = []
+    for name in names:
+        if name not in headers:
+            continue
+        value = headers[name]
+        if not isinstance(value, (list, tuple)):
+            raise PreconditionFailed(
+                f'invalid message: {{unacceptable_type_in_header,"{name}",{amqp_type_name(value)}}}'
+            )
+        # bytes: a longstr that is not UTF-8 -- or a byte array ('x'), which RabbitMQ skips but
+        # a Publish record cannot tell apart (msgpack decodes both as bytes).
+        routes += [_route_text(v) for v in value if isinstance(v, (str, bytes))]
+    return routes
 
 
 # ----------------------------------------------------------------------------- exchange
@@ -499,6 +551,21 @@ class Exchange:
         Called by VirtualHost.publish (basic.publish, on the hot path).
         """
         return self._router.route(routing_key, headers)
+
+    def route_keys(self, routing_keys: Iterable[str], headers: Mapping[str, Any] | None = None) -> set[Hashable]:
+        """Destinations for a message with several routing keys (the publish key plus CC and
+        BCC keys): the union over the keys, each destination once (rabbit_exchange_type_direct /
+        _topic route every key of the delivery; fanout and headers ignore routing keys).
+
+        Called by VirtualHost when a message carries CC / BCC headers.
+        """
+        router = self._router
+        if not router.uses_routing_key:
+            return router.route("", headers)
+        found: set[Hashable] = set()
+        for routing_key in routing_keys:
+            found |= router.route(routing_key, headers)
+        return found
 
     # -------------------------------------------------------------------- redeclare
 

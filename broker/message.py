@@ -11,6 +11,12 @@ so the copy is a :class:`broker.deadletter.DeadLetter` that shares the body: it 
 reference on its ``origin`` (the message that owns ``body_ref``) for as long as anything holds
 the copy. ``on_drop`` is only ever called for an origin, exactly once per body. Every reference
 drop therefore goes through :func:`drop_reference`.
+
+Sender-selected distribution (RabbitMQ): a ``BCC`` header adds routing keys and is removed
+before consumers see the message. A message keeps its BCC header in ``headers`` (its keys route
+it, and its dead-letter copies, as RabbitMQ's ``routing_keys`` do); VirtualHost.publish makes
+it a :class:`BlindCopied`, whose content header is re-encoded on every delivery, and the runtime
+leaves BCC out of every re-encoded header (:func:`delivered_headers`).
 """
 
 from __future__ import annotations
@@ -64,6 +70,31 @@ class Message:
             f"{type(self).__name__}(id={self.id}, exchange={self.exchange!r}, "
             f"routing_key={self.routing_key!r}, refs={self.refs})"
         )
+
+
+BLIND_HEADER = "BCC"  # rabbit_basic ?DELETED_HEADER
+
+
+class BlindCopied(Message):
+    """A published message with a ``BCC`` header: delivered re-encoded, without BCC.
+
+    The same slots as :class:`Message` (VirtualHost.publish switches ``__class__`` in place);
+    only the class flag differs, so a plain message pays nothing.
+    """
+
+    __slots__ = ()
+    reheadered: ClassVar[bool] = True
+
+
+def delivered_headers(headers: dict[str, Any]) -> dict[str, Any]:
+    """``headers`` as a consumer receives them: without ``BCC`` (RabbitMQ strip_bcc_header).
+
+    Called by the runtime for every re-encoded content header; returns ``headers`` itself
+    when there is no BCC.
+    """
+    if BLIND_HEADER not in headers:
+        return headers
+    return {key: value for key, value in headers.items() if key != BLIND_HEADER}
 
 
 def drop_reference(message: Message, on_drop: Callable[[Message], None] | None) -> None:

@@ -11,7 +11,9 @@ belong to one owner and go with it.
 
 Routing follows RabbitMQ ``rabbit_exchange:route``: from the published-to exchange through
 exchange-to-exchange bindings, each exchange visited once (cycles end), an exchange that routes
-nowhere handing over to its ``alternate-exchange``; each queue receives the message once.
+nowhere handing over to its ``alternate-exchange``; each queue receives the message once. A
+message with ``CC`` / ``BCC`` headers (RabbitMQ's sender-selected distribution) is routed with
+its routing key and every CC and BCC key at each step, still reaching each queue once.
 
 Time, timers and dead letters. The domain reads no clock: ``now`` (monotonic seconds) comes in
 as an argument, and the virtual host remembers the latest (:meth:`VirtualHost.advance`).
@@ -46,8 +48,16 @@ from broker.exchange import (
     args_inequivalence,
     check_exchange_type,
     field_inequivalence,
+    has_routing_headers,
+    header_routes,
 )
-from broker.message import Message, drop_reference
+from broker.message import (
+    BLIND_HEADER,
+    BlindCopied,
+    Message,
+    delivered_headers,
+    drop_reference,
+)
 from broker.queue import Queue
 from broker.queue_kinds import make_queue, upgrade
 
@@ -492,8 +502,13 @@ class VirtualHost:
         returns it (``mandatory``) or frees it. Otherwise the domain owns it: if every queue
         refused or at once dropped it, ``on_drop`` has been called. ``mandatory`` is accepted
         for the record; the domain's answer is the same either way. Checks, in rabbit_channel's
-        order: the exchange exists (404), is not internal (403), the expiration is valid (406).
+        order: the exchange exists (404), is not internal (403), the expiration is valid (406),
+        the CC / BCC headers are arrays (406, rabbit_basic:message).
         publish_outcome also says which queues refused the message.
+
+        CC / BCC headers (sender-selected distribution) add routing keys; a message with BCC
+        becomes a :class:`BlindCopied` (delivered without it). Only a message with headers
+        pays for the check: one dict lookup per header name.
         """
         exchange = self._exchanges.get(exchange_name)
         if exchange is None:
@@ -502,7 +517,10 @@ class VirtualHost:
             raise AccessRefused(f"cannot publish to internal {exchange.description}")
         if message.expiration is not None:
             parse_expiration(message.expiration)
-            return self._deliver(self._route(exchange, message), message, now)
+            return self._deliver(self._route_published(exchange, message), message, now)
+        headers = message.headers
+        if headers is not None and ("CC" in headers or "BCC" in headers):
+            return self._deliver(self._route_published(exchange, message), message, now)
         if exchange_name == "":
             # Hot path: the default exchange's bindings are exactly "each queue by its name".
             queue = self._queues.get(message.routing_key)
@@ -538,23 +556,53 @@ class VirtualHost:
         routed, notify = self.publish(exchange_name, message, mandatory=mandatory, now=now)
         return PublishOutcome(routed, notify, tuple(self._rejected), self.dead_lettered - before)
 
+    def _route_published(self, exchange: Exchange, message: Message) -> list[Queue]:
+        """_route for basic.publish: CC / BCC are checked first (406), and a message with a
+        BCC header becomes a BlindCopied (its deliveries are re-encoded without BCC)."""
+        queues = self._route(exchange, message)
+        headers = message.headers
+        if headers is not None and BLIND_HEADER in headers and type(message) is Message:
+            message.__class__ = BlindCopied  # same slots: only the reheadered flag changes
+        return queues
+
     def _route(self, exchange: Exchange, message: Message) -> list[Queue]:
-        """rabbit_exchange:route -- the queues a message reaches from ``exchange``, each once."""
-        if exchange.routes_only_to_queues:
-            names: Iterable[Any] = exchange.route(message.routing_key, message.headers)
+        """rabbit_exchange:route -- the queues a message reaches from ``exchange``, each once.
+
+        With CC / BCC headers the message is routed with its routing key and every CC and BCC
+        key (rabbit_basic header_routes; PreconditionFailed when one is not an array); a
+        headers exchange matches the headers without BCC, as RabbitMQ strips it before routing.
+        """
+        headers = message.headers
+        keys: list[str] | None = None
+        if headers is not None and has_routing_headers(headers):
+            keys = [message.routing_key, *header_routes(headers)]
+            headers = delivered_headers(headers)
+        if not exchange.routes_only_to_queues:
+            names: Iterable[Any] = self._walk(exchange, message.routing_key, keys, headers)
+        elif keys is None:
+            names = exchange.route(message.routing_key, headers)
         else:
-            names = self._walk(exchange, message)
+            names = exchange.route_keys(keys, headers)
         return [queue for name in names if (queue := self._queues.get(name)) is not None]
 
-    def _walk(self, exchange: Exchange, message: Message) -> dict[str, None]:
+    def _walk(
+        self,
+        exchange: Exchange,
+        routing_key: str,
+        keys: list[str] | None,
+        headers: Mapping[str, Any] | None,
+    ) -> dict[str, None]:
         # Each exchange is visited once, so exchange-to-exchange cycles end; an exchange whose
-        # own route is empty hands over to its alternate exchange (process_alternate).
+        # own route is empty hands over to its alternate exchange (process_alternate). ``keys``:
+        # every routing key of a CC / BCC message (each hop routes with all of them).
         queues: dict[str, None] = {}
         seen = {exchange.name}
         work = [exchange]
         while work:
             current = work.pop()
-            destinations: Iterable[Any] = current.route(message.routing_key, message.headers)
+            destinations: Iterable[Any] = (
+                current.route(routing_key, headers) if keys is None else current.route_keys(keys, headers)
+            )
             if not destinations and current.alternate is not None:
                 destinations = (ExchangeDestination(current.alternate),)
             for destination in destinations:
@@ -625,7 +673,10 @@ class VirtualHost:
         while self._dead_letters:
             copy, reason = self._dead_letters.popleft()
             exchange = self._exchanges.get(copy.exchange)
-            queues = self._route(exchange, copy) if exchange is not None else []
+            try:
+                queues = self._route(exchange, copy) if exchange is not None else []
+            except PreconditionFailed:
+                queues = []  # CC / BCC not arrays: never published as such, so never seen here
             for queue in queues:
                 # rabbit_dead_letter detect_cycles: automatic cycles are dropped.
                 if reason == REJECTED or not is_cycle(queue.name, copy.headers):

@@ -334,7 +334,8 @@ class GetEmpty(_Record, frozen=True, tag="getempty"):
 
 class Returned(_Record, frozen=True, tag="ret"):
     """An unroutable mandatory publish: the worker sends basic.return and
-    frees the block (it is in its own arena)."""
+    frees the block (it is in its own arena). ``reheader``: send the content
+    header re-encoded with ``headers`` and ``expiration`` (BCC removed)."""
 
     conn: int
     ch: int
@@ -345,6 +346,9 @@ class Returned(_Record, frozen=True, tag="ret"):
     offset: int
     header_len: int
     body_len: int
+    reheader: bool = False
+    headers: dict[str, Any] | None = None
+    expiration: str | None = None
 
 
 class Confirm(_Record, frozen=True, tag="confirm"):

@@ -521,6 +521,8 @@ class Channel:
 
     def on_return(self, ev: r.Returned) -> None:
         header, body = self.worker.own_body(ev.offset, ev.header_len, ev.body_len)
+        if ev.reheader:  # published with BCC (sender-selected distribution): returned without
+            header = memoryview(codec.reheader(header, ev.headers, ev.expiration))
         self.session.send_raw(codec.encode_return(
             self.number, ev.code, ev.text, ev.exchange, ev.routing_key, header, body,
             self.session.frame_max,

@@ -19,6 +19,7 @@ from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
 from workers import codec
+from workers.connection import INTERNAL_ERROR, AMQPError
 from workers.consumer_target import ConsumerTarget
 from workers.session import Session
 
@@ -124,7 +125,11 @@ class Worker:
         batch = self.region.event_ring.get_all_nowait(EVENT_BATCH)
         decode = self.codec.decode_event
         for raw in batch:
-            self._dispatch(decode(raw))
+            event = decode(raw)
+            try:
+                self._dispatch(event)
+            except Exception:  # noqa: BLE001 -- one connection's bug must not end the worker
+                self._internal_error(event)
         slots = self.region.take_set_slots()
         for slot in slots:
             target = self._by_slot.get(slot)
@@ -156,6 +161,21 @@ class Worker:
                 self.region.arena.free(event.offset)  # our own block, always
             case _:
                 self._session_event(event)
+
+    def _internal_error(self, event: Any) -> None:
+        """An event we failed to apply: close its connection with 541 INTERNAL_ERROR (the
+        supervisor then requeues what it held) and carry on with every other connection."""
+        session = None
+        if isinstance(event, (r.Pulled, r.Cancelled)):
+            target = self.targets.get(event.consumer)
+            session = target.channel.session if target is not None else None
+        elif hasattr(event, "conn"):
+            session = self.sessions.get(event.conn)
+        log.exception("internal error on %s (connection %s)", type(event).__name__,
+                      session.conn_id if session is not None else "-")
+        if session is not None and not session.finished:
+            session.fail(AMQPError(INTERNAL_ERROR, "INTERNAL_ERROR", hard=True))
+            self.dirty.add(session)
 
     def _session_event(self, event: Any) -> None:
         session = self.sessions.get(event.conn)

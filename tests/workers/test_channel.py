@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from pamqp import commands
+from pamqp import commands, header
 
 from ipc import records as r
 from tests.workers.test_session import (
@@ -456,3 +456,33 @@ def test_empty_queue_name_after_pipelined_server_named_declare() -> None:
     h.supervisor(r.Reply(CONN, 1, "qdecl", queue="amq.gen-abc"))
     consumes = [rec for rec in h.take() if isinstance(rec, r.Consume)]
     assert [c.queue for c in consumes] == ["amq.gen-abc"]
+
+
+# -- basic.return -----------------------------------------------------------------
+
+
+def _returned(h: Harness, **reheader: Any) -> tuple[Any, Any, bytes]:
+    """Publish a message with headers, have the supervisor return it; what the client got."""
+    data = b"unroutable"
+    head = header.ContentHeader(0, len(data), commands.Basic.Properties(
+        headers={"CC": ["a"], "BCC": ["b"]}, expiration="500", message_id="m1")).marshal()
+    offset = h.worker.region.arena.store(head + data)
+    h.supervisor(r.Returned(CONN, 1, 312, "NO_ROUTE", "", "nowhere", offset, len(head),
+                            len(data), **reheader))
+    (_, method), (_, content), (_, payload) = h.frames()
+    assert isinstance(method, commands.Basic.Return)
+    assert (method.reply_code, method.routing_key) == (312, "nowhere")
+    return method, content, payload.value
+
+
+def test_return_passes_the_published_header_through() -> None:
+    _, content, body = _returned(Harness())
+    assert content.properties.headers == {"CC": ["a"], "BCC": ["b"]}
+    assert body == b"unroutable"
+
+
+def test_return_with_reheader_sends_the_new_headers_and_keeps_other_properties() -> None:
+    _, content, body = _returned(Harness(), reheader=True, headers={"CC": ["a"]}, expiration="500")
+    assert content.properties.headers == {"CC": ["a"]}
+    assert (content.properties.expiration, content.properties.message_id) == ("500", "m1")
+    assert body == b"unroutable"

@@ -1,0 +1,82 @@
+"""Worker.handle_events on a real region: an event the worker fails to apply costs its own
+connection (541 INTERNAL_ERROR), never the worker or the other connections."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ipc import records as r
+from ipc.region import Region
+from ipc.wakeup import EventFd
+from workers.connection import INTERNAL_ERROR, AMQPError
+from workers.worker import Worker
+
+
+class StubSession:
+    """Records what the worker asks of a session."""
+
+    def __init__(self, conn_id: int, *, broken: bool = False) -> None:
+        self.conn_id = conn_id
+        self.broken = broken
+        self.finished = False
+        self.events: list[Any] = []
+        self.failures: list[AMQPError] = []
+        self.confirms_pending: set[Any] = set()
+
+    def on_event(self, event: Any) -> None:
+        if self.broken:
+            raise ValueError("no 19-byte body at 20384")  # what a bad arena handle raises
+        self.events.append(event)
+
+    def fail(self, exc: AMQPError, ch: Any = None) -> None:
+        self.failures.append(exc)
+
+
+@pytest.fixture
+def worker() -> Iterator[Worker]:
+    name = f"/shoaltest.{os.getpid()}-{secrets.token_hex(4)}.w0"
+    region = Region.create(name, ring_bytes=1 << 16, slots=64, arena_bytes=1 << 16)
+    request, event = EventFd(), EventFd()
+    config = r.WorkerConfig(
+        index=0, instance=f"{os.getpid()}-00", regions=[name], listen_fd=-1,
+        request_fd=request.fileno(), event_fd=event.fileno(), alive_fd=-1,
+    )
+    try:
+        yield Worker(config, region)
+    finally:
+        region.close()
+        region.unlink()
+        request.close()
+        event.close()
+
+
+def _send(worker: Worker, *events: Any) -> None:
+    for event in events:
+        worker.region.event_ring.put_nowait(worker.codec.encode(event))
+
+
+def test_an_event_that_fails_closes_only_its_connection(worker: Worker) -> None:
+    healthy, broken = StubSession(1), StubSession(2, broken=True)
+    worker.sessions.update({1: healthy, 2: broken})
+    _send(worker, r.Reply(2, 1, "qos"), r.Reply(1, 1, "qos"), r.Reply(1, 2, "qos"))
+
+    assert worker.handle_events() == 3
+
+    assert [e.ch for e in healthy.events] == [1, 2], "events after the failure were not applied"
+    assert not healthy.failures
+    assert [(f.reply_code, f.hard) for f in broken.failures] == [(INTERNAL_ERROR, True)]
+    assert broken in worker.dirty  # its writer is woken to send connection.close
+
+
+def test_a_failing_event_for_a_finished_connection_is_only_logged(worker: Worker) -> None:
+    gone = StubSession(3, broken=True)
+    gone.finished = True
+    worker.sessions[3] = gone
+    _send(worker, r.Reply(3, 1, "qos"))
+    assert worker.handle_events() == 1
+    assert not gone.failures
