@@ -32,6 +32,42 @@ after an enqueue or requeue takes the queue over; ``reject-publish`` refuses the
 (``reject-publish-dlx`` also dead-letters it). A message returned more than ``x-delivery-limit``
 times is dead-lettered (reason ``delivery_limit``) instead of requeued.
 
+A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"`` -- which upgrades a plain queue to this
+kind, :func:`broker.queue_kinds.upgrade`) is RabbitMQ's replacement for the ``immediate`` flag: the
+message "will expire upon reaching a queue unless it can be delivered to a consumer immediately",
+and is then dead-lettered with reason ``expired``. RabbitMQ decides that synchronously
+(``deliver_or_enqueue``: ``attempt_delivery`` to a consumer with credit, else discard). Here
+delivery is a notification followed by the consumer's pull, so the decision is split in two:
+
+1. *At enqueue*: the message can be delivered at once when an acquiring consumer wants work --
+   Interested or Notified in the QueueConsumerManager, i.e. it has credit (a consumer whose
+   prefetch is full, whose channel is flowed off or whose socket is backed up has told the queue
+   it is not interested) and, in a grouped queue, the message's group is free or its owner is
+   such a consumer. Browsers do not count. If none can, the message expires on arrival: it is
+   dead-lettered (reason ``expired``) or dropped without ever entering a heap, wherever it would
+   have stood. If one can, the entry is *pending* (``_zero``) and the usual notifyWork goes out.
+2. *The round*: a pending entry is exempt from expiry only while the round of pulls that
+   notification started lasts, i.e. while some acquiring consumer of the queue is Notified (the
+   seed's promise that it will pull, or say it is no longer interested, or go). The round is
+   over when no consumer is Notified any more: after a pull that leaves its consumer Interested
+   (the "empty" pull: it found nothing more for itself), a consumer losing interest or going
+   away with nobody to hand the work to. Then every pending entry that was not taken is an
+   ordinary expired entry: dead-lettered at once if it is at the head -- the usual case, and
+   always so in an ``x-message-ttl: 0`` queue -- else, as RabbitMQ expires per-message TTLs,
+   when it reaches the head; either way it is never delivered. A late pending entry is thus
+   never lost (expired and dead-lettered) nor delivered twice (taking it ends its pending
+   state). As a safety net a pending entry stops being exempt at the timer ``ZERO_TTL_GRACE``
+   after its enqueue, should a round never end (a worker that neither pulls nor answers).
+
+While pending, an entry goes only to a consumer that could have taken it when it arrived: never
+to basic.get, and never to a consumer that became interested after it arrived (``_late`` keeps,
+for such consumers, the last position enqueued before their interest). Those step over pending
+entries and take what lies behind them (such a consumer may be woken for pending entries it
+then does not get: a spurious wake-up, as the seed allows). A pending entry taken by a pull is
+acquired once, like any other; its expiry is kept, so if it is requeued it expires at the head
+at once (RabbitMQ keeps the original expiry on requeue). Nothing of this costs a queue without
+zero-TTL messages more than an empty-dict check, nor the plain queue anything (untouched).
+
 Called from: the supervisor process, as a :class:`broker.queue.Queue`.
 """
 
@@ -49,7 +85,7 @@ from broker.arguments import (
     QueueSettings,
     parse_expiration,
 )
-from broker.consumer_manager import INTERESTED, QueueConsumer
+from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
 from broker.errors import InternalError
 from broker.exchange import freeze
 from broker.message import Message
@@ -60,6 +96,9 @@ _BROWSABLE = frozenset((AVAILABLE, ACQUIRED))
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
 _COMPACT_AT = 1024
+
+# A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
+ZERO_TTL_GRACE = 1.0
 
 HeapItem = tuple[int, QueueEntry]
 Owner = Any  # a QueueConsumer, or a _GetOwner for a basic.get in a shared-groups queue
@@ -106,6 +145,11 @@ class FeaturedQueue(Queue):
         self._returns: dict[int, int] = {}
         self._order: list[QueueEntry] = []
         self._order_dead = 0
+        # Zero-TTL entries awaiting the pulls their notification causes (module docstring),
+        # id -> entry in enqueue order; and consumers that became interested while some were
+        # pending -> the last position enqueued before that (they may not take those).
+        self._zero: dict[int, QueueEntry] = {}
+        self._late: dict[QueueConsumer, int] = {}
         self._count = 0
         self._bytes = 0
 
@@ -160,13 +204,17 @@ class FeaturedQueue(Queue):
         self._count += 1
         self._bytes += message.body_size
         self._order.append(entry)
-        self._set_expiry(entry, now)
+        ttl = self._set_expiry(entry, now)
         due = self._hold_until(message, now) if self._hold else None
-        if due is None:
-            self._insert(entry)
-        else:
+        if due is not None:
             entry.state = HELD
             heapq.heappush(self._held, (due, entry.position, entry))
+        elif ttl == 0 and not self._can_take_at_once(entry):
+            self._drop_available(entry, "expired")  # nobody can take it at once: expired on arrival
+        else:
+            self._insert(entry)
+            if ttl == 0:
+                self._zero[entry.id] = entry  # kept for this round of pulls only
         return self._settle_in(entry, now)
 
     def pull(
@@ -176,6 +224,8 @@ class FeaturedQueue(Queue):
 
         Expired entries met on the way are dead-lettered, never delivered. In a grouped queue a
         higher-priority consumer does not hold lower ones back (it cannot take their groups).
+        Pending zero-TTL entries this consumer may not take are stepped over; a pull that ends
+        the round of pulls expires the pending entries nobody took (module docstring).
         """
         if max_n < 1:
             raise ValueError(f"max_n must be at least 1, not {max_n}")
@@ -185,25 +235,39 @@ class FeaturedQueue(Queue):
             return self._browse(consumer, max_n)
         if self._group_header is None and self.consumers.higher_priority_active(consumer):
             self.consumers.back_of_interested(consumer)
+            if self._zero:
+                self._end_round_if_over(self._time(now))
             return [], False
         now = self._time(now)
         entries: list[QueueEntry] = []
+        skipped: list[QueueEntry] = []
         while len(entries) < max_n:
-            entry = self._take_for(consumer, now)
+            entry = self._take_for(consumer, now, skipped)
             if entry is None:
                 break
             entries.append(entry)
+        if skipped:
+            self._put_back(skipped)
         more = len(entries) == max_n and self._next_heap(consumer) is not None
         if more:
             self.consumers.mark_notified(consumer)
         else:
             self.consumers.back_of_interested(consumer)
+        if self._zero:
+            self._end_round_if_over(now)
         return entries, more
 
     def get(self, now: float | None = None) -> QueueEntry | None:
-        """basic.get: the next entry no consumer's group blocks, or None (seed 001 one-shot)."""
+        """basic.get: the next entry no consumer's group blocks, or None (seed 001 one-shot).
+
+        Never a pending zero-TTL entry: it is on its way to a consumer (module docstring).
+        """
         owner = _GetOwner() if self._shared_groups else None
-        return self._take_for(owner, self._time(now))
+        skipped: list[QueueEntry] = []
+        entry = self._take_for(owner, self._time(now), skipped)
+        if skipped:
+            self._put_back(skipped)
+        return entry
 
     def release(self, entry: QueueEntry, now: float | None = None) -> list[QueueConsumer]:
         """Requeue at the original position, counting the return; over the limit, dead-letter.
@@ -213,6 +277,8 @@ class FeaturedQueue(Queue):
         """
         if entry.queue is not self or entry.state is not ACQUIRED:
             return []
+        if self.deleted:
+            return self._settle_orphan(entry)
         notify = self._unacquire(entry)
         entry.redelivered = True
         returns = self._returns[entry.id] = self._returns.get(entry.id, 0) + 1
@@ -229,6 +295,8 @@ class FeaturedQueue(Queue):
         """basic.ack: remove for good; returns whom to wake when that frees a message group."""
         if entry.queue is not self or entry.state is not ACQUIRED:
             return []
+        if self.deleted:
+            return self._settle_orphan(entry)
         notify = self._unacquire(entry)
         self._delete(entry)
         return notify
@@ -247,8 +315,8 @@ class FeaturedQueue(Queue):
         """queue.delete: drop everything, detach every consumer (see Queue.delete)."""
         if self.deleted:
             return []
-        dropped = [e for e in self._order if e.state is not DELETED]
-        self._acquired.clear()
+        # Acquired entries stay in _acquired until settled or released (Queue.delete).
+        dropped = [e for e in self._order if e.state is not DELETED and e.state is not ACQUIRED]
         self._init_storage(self.settings)
         self._drop_entries(dropped)
         self.deleted = True
@@ -271,15 +339,35 @@ class FeaturedQueue(Queue):
     # ----------------------------------------------------------------------- timers
 
     def next_deadline(self) -> float | None:
-        """The head's expiry or the first held message's due time, whichever comes first."""
-        deadline = self._expiry.get(self._ready[0][1].id) if self._expiry and self._ready else None
+        """The head's expiry, the first held message's due time or the oldest pending zero-TTL
+        entry's ``ZERO_TTL_GRACE``, whichever comes first (a pending head is not expiring)."""
+        deadline = None
+        if self._expiry and self._ready:
+            head = self._ready[0][1].id
+            if not (self._zero and head in self._zero):
+                deadline = self._expiry.get(head)
+        if self._zero:
+            grace = self._expiry[next(iter(self._zero))] + ZERO_TTL_GRACE
+            if deadline is None or grace < deadline:
+                deadline = grace
         if self._held and (deadline is None or self._held[0][0] < deadline):
             deadline = self._held[0][0]
         return deadline
 
     def tick(self, now: float) -> list[QueueConsumer]:
-        """Make due held messages available, expire at the head; notify for what is left."""
+        """Make due held messages available, expire at the head; notify for what is left.
+
+        Pending zero-TTL entries older than ``ZERO_TTL_GRACE`` stop being exempt first.
+        """
         now = self._time(now)
+        zero = self._zero
+        while zero:
+            oldest = next(iter(zero))
+            if self._expiry[oldest] + ZERO_TTL_GRACE > now:
+                break
+            del zero[oldest]
+        if not zero:
+            self._late.clear()
         released: list[QueueEntry] = []
         while self._held and self._held[0][0] <= now:
             entry = heapq.heappop(self._held)[2]
@@ -311,11 +399,32 @@ class FeaturedQueue(Queue):
     # -------------------------------------------------------------------- consumers
 
     def remove_consumer(self, consumer: QueueConsumer) -> list[QueueConsumer]:
-        """Detach; a standard message group goes with its consumer (Broker-J clearAssignments)."""
+        """Detach; a standard message group goes with its consumer (Broker-J clearAssignments).
+
+        May end the round of pulls for pending zero-TTL entries (module docstring).
+        """
         notify = super().remove_consumer(consumer)
         if not self._shared_groups and consumer in self._groups_of:
             for group in list(self._groups_of[consumer]):
                 notify += self._free_group(group)
+        if self._late:
+            self._late.pop(consumer, None)
+        if self._zero:
+            self._end_round_if_over(self._time(None))
+        return notify
+
+    def set_notify_work_desired(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
+        """seed setNotifyWorkDesired, plus the zero-TTL round (module docstring).
+
+        A consumer becoming interested while zero-TTL entries are pending could not have taken
+        them when they arrived, so it is marked late for them; one losing interest may end the
+        round (its work was handed to another consumer, or there was nobody to take it).
+        """
+        if desired and self._zero and consumer.acquiring and consumer.state is NOT_INTERESTED:
+            self._late[consumer] = self._next_position - 1
+        notify = super().set_notify_work_desired(consumer, desired)
+        if not desired and self._zero:
+            self._end_round_if_over(self._time(None))
         return notify
 
     # ---------------------------------------------------------------------- helpers
@@ -404,7 +513,13 @@ class FeaturedQueue(Queue):
                 best = parked
         return best
 
-    def _take_for(self, owner: Owner, now: float) -> QueueEntry | None:
+    def _take_for(self, owner: Owner, now: float, skipped: list[QueueEntry]) -> QueueEntry | None:
+        """Acquire ``owner``'s next entry, dropping expired ones on the way.
+
+        Pending zero-TTL entries ``owner`` may not take are popped into ``skipped``: the caller
+        puts them back (:meth:`_put_back`) once it has taken what it wants, so that one pull
+        steps over each of them once.
+        """
         while True:
             heap = self._next_heap(owner)
             if heap is None:
@@ -412,12 +527,51 @@ class FeaturedQueue(Queue):
             entry = heapq.heappop(heap)[1]
             if heap is not self._ready and not heap:
                 del self._parked[self._group(entry.message)]
-            expires = self._expiry.get(entry.id) if self._expiry else None
-            if expires is not None and now >= expires:
-                self._drop_available(entry, "expired")  # never delivered
-                continue
+            zero = self._zero
+            if zero and entry.id in zero:
+                if not isinstance(owner, QueueConsumer) or self._late.get(owner, 0) >= entry.position:
+                    skipped.append(entry)  # basic.get, or a consumer that came too late
+                    continue
+                del zero[entry.id]  # delivered at once; its expiry stays for a requeue
+                if not zero:
+                    self._late.clear()
+            else:
+                expires = self._expiry.get(entry.id) if self._expiry else None
+                if expires is not None and now >= expires:
+                    self._drop_available(entry, "expired")  # never delivered
+                    continue
             self._acquire_entry(entry, owner)
             return entry
+
+    def _put_back(self, skipped: list[QueueEntry]) -> None:
+        """Return pending zero-TTL entries a take stepped over to their heaps, same keys."""
+        for entry in skipped:
+            self._insert(entry)
+
+    def _can_take_at_once(self, entry: QueueEntry) -> bool:
+        """Whether an acquiring consumer wants work now and may take ``entry`` (zero TTL).
+
+        Interested or Notified means it has credit: a consumer with a full prefetch, a flowed
+        channel or a backed-up socket has said it is not interested. In a grouped queue the
+        group must be free or owned by such a consumer.
+        """
+        if self._group_header is not None:
+            owner = self._owner.get(self._group(entry.message))
+            if owner is not None:
+                return isinstance(owner, QueueConsumer) and (
+                    owner.state is INTERESTED or owner.state is NOTIFIED
+                )
+        return self.consumers.top_active_priority() is not None
+
+    def _end_round_if_over(self, now: float) -> None:
+        """No acquiring consumer is Notified: the pulls the zero-TTL entries' notification
+        caused are over, so the pending ones nobody took expire (dead-lettered, ``expired``)."""
+        if self.consumers.notified():
+            return  # a Notified consumer will still pull (or give the work up)
+        self._zero.clear()
+        self._late.clear()
+        self._expire_head(now)
+        self._reschedule()
 
     def _acquire_entry(self, entry: QueueEntry, owner: Owner) -> None:
         entry.state = ACQUIRED
@@ -465,7 +619,7 @@ class FeaturedQueue(Queue):
         consumer = self.consumers.notify_one()
         return [consumer] if consumer is not None else []
 
-    def _set_expiry(self, entry: QueueEntry, now: float) -> None:
+    def _set_expiry(self, entry: QueueEntry, now: float) -> int | None:
         # rabbit_amqqueue_process calculate_msg_expiry: the smaller of the two TTLs.
         ttl = self._ttl
         expiration = entry.message.expiration
@@ -474,6 +628,7 @@ class FeaturedQueue(Queue):
             ttl = own if ttl is None else min(ttl, own)
         if ttl is not None:
             self._expiry[entry.id] = now + ttl / 1000.0
+        return ttl
 
     def _hold_until(self, message: Message, now: float) -> float | None:
         headers = message.headers
@@ -515,8 +670,11 @@ class FeaturedQueue(Queue):
         if not self._expiry:
             return
         ready = self._ready
+        zero = self._zero
         while ready:
             entry = ready[0][1]
+            if zero and entry.id in zero:
+                return  # pending: exempt until its round of pulls is over
             expires = self._expiry.get(entry.id)
             if expires is None or now < expires:
                 return
@@ -532,6 +690,8 @@ class FeaturedQueue(Queue):
 
     def _delete(self, entry: QueueEntry) -> None:
         entry.state = DELETED
+        if self._zero:
+            self._zero.pop(entry.id, None)
         self._expiry.pop(entry.id, None)
         self._returns.pop(entry.id, None)
         self._order_dead += 1

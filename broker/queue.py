@@ -300,6 +300,8 @@ class Queue:
         """
         if entry.queue is not self or entry.state is not ACQUIRED:
             return []
+        if self.deleted:
+            return self._settle_orphan(entry)
         del self._acquired[entry.id]
         entry.state = AVAILABLE
         entry.redelivered = True
@@ -333,6 +335,8 @@ class Queue:
         """
         if entry.queue is not self or entry.state is not ACQUIRED:
             return []
+        if self.deleted:
+            return self._settle_orphan(entry)
         self._dead_letter(entry.message, "rejected")
         return self.settle(entry)
 
@@ -346,22 +350,31 @@ class Queue:
         return len(dropped)
 
     def delete(self) -> list[QueueConsumer]:
-        """Drop every entry, acquired ones too, and detach every consumer (queue.delete).
+        """Drop every ready entry and detach every consumer (queue.delete).
 
-        Returns the consumers that were attached: the runtime sends them basic.cancel. Later
-        settle/release calls for this queue's entries are no-ops.
+        Returns the consumers that were attached: the runtime sends them basic.cancel.
+        Acquired (delivered, unsettled) entries keep their message until the runtime settles
+        or releases them, whatever the client does: a worker may still be copying the body
+        out of the arena. Releasing one then drops it (there is no queue to return to), and
+        discarding one does not dead-letter it. Both go through :meth:`_settle_orphan`.
         """
         if self.deleted:
             return []
         self.deleted = True
-        dropped = self.available_entries() + list(self._acquired.values())
+        dropped = self.available_entries()
         self._released.clear()
         self._log.clear()
         self._head = 0
-        self._acquired.clear()
         self._exclusive_consumer = None
         self._drop_entries(dropped)
         return self.consumers.clear()
+
+    def _settle_orphan(self, entry: QueueEntry) -> list[QueueConsumer]:
+        """An acquired entry of a deleted queue is given back: let its message go."""
+        del self._acquired[entry.id]
+        entry.state = DELETED
+        self._unref(entry.message)
+        return []
 
     def available_entries(self) -> list[QueueEntry]:
         """Available entries in position order (introspection; O(n))."""

@@ -555,7 +555,8 @@ class Channel:
             if settled:
                 done.append(d.entry)
         self._settle(done, r.ACK)
-        target.notified = ev.more
+        target.notified = ev.more or target.renotified
+        target.renotified = False
         self._refresh_after_credit(target)
 
     def _refresh_after_credit(self, target: ConsumerTarget) -> None:
@@ -579,6 +580,8 @@ class Channel:
     def notify(self, target: ConsumerTarget) -> None:
         """seed: QueueConsumer#notifyWork reached this target (its slot was set)."""
         target.notified = True
+        if target.pulling:
+            target.renotified = True
         self.refresh(target)
 
     def refresh(self, target: ConsumerTarget) -> None:
@@ -589,7 +592,7 @@ class Channel:
         if (credit > 0) != target.interested:
             target.interested = credit > 0
             if not target.interested:
-                target.notified = False  # the supervisor hands the work to someone else
+                target.notified = target.renotified = False  # the supervisor hands the work on
             self.worker.send(r.Interest(target.id, target.interested))
         if credit > 0 and target.notified and not target.pulling:
             target.pulling = credit

@@ -22,7 +22,7 @@ PULL_BATCH = 128
 class ConsumerTarget:
     __slots__ = (
         "id", "slot", "tag", "channel", "queue", "no_ack", "browse", "prefetch",
-        "unacked", "active", "notified", "pulling", "interested",
+        "unacked", "active", "notified", "pulling", "interested", "renotified",
     )
 
     def __init__(
@@ -42,6 +42,11 @@ class ConsumerTarget:
         self.notified = False  # the supervisor set our slot and we have not given it up
         self.pulling = 0  # size of the Pull in flight (one at a time), reserved credit
         self.interested = False  # what the supervisor last heard from us
+        # Our slot was set while a pull was in flight. The supervisor keeps a consumer
+        # Notified until it answers the pull, so such a notification is newer than that
+        # answer (the answer can be read after the slot: events are read before slots,
+        # and the supervisor may write both in between) and must survive its "more=False".
+        self.renotified = False
 
     @property
     def settles_on_delivery(self) -> bool:

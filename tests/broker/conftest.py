@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.message import Message
+from broker.queue import Queue
 from broker.vhost import VirtualHost
 
 # Unix time at monotonic 0 in these tests: x-death times and not-valid-before headers use it.
@@ -21,3 +22,12 @@ def dropped() -> list[Message]:
 @pytest.fixture
 def vhost(dropped: list[Message]) -> VirtualHost:
     return VirtualHost("/", on_drop=dropped.append, epoch_offset=EPOCH)
+
+
+@pytest.fixture
+def dlq(vhost: VirtualHost) -> Queue:
+    """A fanout dead-letter exchange 'dlx' feeding the queue 'dlq'."""
+    vhost.declare_exchange("dlx", "fanout")
+    q = vhost.declare_queue("dlq", owner=ME)
+    vhost.bind_queue("dlq", "dlx", "", owner=ME)
+    return q

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 
-import pytest
 
 from broker.deadletter import DeadLetter, dead_letter_copy, is_cycle
 from broker.message import Message, drop_reference
@@ -16,13 +15,6 @@ from tests.broker.support import attach, consumer, message
 DLX_ARGS = {"x-dead-letter-exchange": "dlx"}
 
 
-@pytest.fixture
-def dlq(vhost: VirtualHost) -> Queue:
-    """A fanout dead-letter exchange 'dlx' feeding the queue 'dlq'."""
-    vhost.declare_exchange("dlx", "fanout")
-    q = vhost.declare_queue("dlq", owner=ME)
-    vhost.bind_queue("dlq", "dlx", "", owner=ME)
-    return q
 
 
 def _dead(q: Queue) -> list[Message]:

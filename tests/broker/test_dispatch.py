@@ -221,3 +221,40 @@ def test_pull_for_a_cancelled_consumer_is_answered_empty(h: Harness) -> None:
     h.consume("q", cid=1, slot=1)
     h.send(W1, r.Cancel(1, 1, 1, True))
     assert h.pull(1, 5) == r.Pulled(1, [], False)
+
+
+@pytest.mark.parametrize("delivered_by", ["pull", "get"])
+def test_deleting_a_queue_keeps_delivered_bodies_until_the_worker_settles(h: Harness, delivered_by: str) -> None:
+    """queue.delete drops the ready messages at once, but a body already handed to a worker
+    (basic.deliver or basic.get-ok still being written) stays until that worker acks or
+    its channel goes: freeing it earlier let the arena reuse a block a worker was reading."""
+    h.declare("q")
+    delivered, ready = h.publish("q"), h.publish("q")
+    if delivered_by == "pull":
+        h.consume("q", cid=1, slot=1)
+        (d,) = h.pull(1, 1).deliveries
+        ack = r.Settle(1, 1, [d.entry], r.ACK)
+    else:
+        h.send(W1, r.Get(1, 1, "q", True))
+        (got,) = h.events(W1)
+        assert isinstance(got, r.GetOk)
+        ack = r.Settle(1, 1, [got.delivery.entry], r.ACK)
+    h.send(W0, r.QueueDelete(1, 2, "q", False, False, False))
+    assert h.freed == [(W0, ready)]
+    assert delivered in h.d.live_offsets(W0), "an arena sweep would free a body in use"
+    h.send(W1, ack)
+    assert h.freed == [(W0, ready), (W0, delivered)]
+    assert h.d.live_offsets(W0) == set()
+
+
+def test_requeue_into_a_deleted_queue_frees_the_body(h: Harness) -> None:
+    """A delivered message of a deleted queue that its channel gives back (close, nack with
+    requeue) has nowhere to go: its body is freed then, once."""
+    h.declare("q")
+    offset = h.publish("q")
+    h.consume("q", cid=1, slot=1)
+    assert len(h.pull(1, 1).deliveries) == 1
+    h.send(W0, r.QueueDelete(1, 2, "q", False, False, False))
+    assert h.freed == []
+    h.send(W1, r.ChanClose(1, 1))
+    assert h.freed == [(W0, offset)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from broker.consumer_manager import INTERESTED, NON_ACQUIRING
 from broker.message import Message
 from broker.queue import ACQUIRED, AVAILABLE, DELETED, Queue
@@ -182,8 +184,10 @@ def test_purge_then_release_makes_the_held_message_available() -> None:
     assert _positions(q) == [1, 3]
 
 
-def test_delete_drops_every_entry_and_later_settle_or_release_is_harmless() -> None:
-    """queue.delete drops acquired entries too; settling or releasing them later does nothing."""
+def test_delete_drops_ready_entries_and_delivered_ones_when_given_back() -> None:
+    """queue.delete drops the ready entries at once; an acquired one keeps its message (a
+    worker may still be reading its body) until it is released or settled, which drops it
+    once, without requeueing; a second settle does nothing."""
     dropped: list[Message] = []
     q = Queue("q", on_drop=dropped.append)
     messages = fill(q, 3)
@@ -192,11 +196,28 @@ def test_delete_drops_every_entry_and_later_settle_or_release_is_harmless() -> N
     a = consumer("a")
     attach(q, a)
     assert q.delete() == [a]
-    assert sorted(m.id for m in dropped) == sorted(m.id for m in messages)
+    assert sorted(m.id for m in dropped) == sorted(m.id for m in messages[1:])
     assert q.release(held) == [] and held.state is DELETED
+    assert sorted(m.id for m in dropped) == sorted(m.id for m in messages)
     q.settle(held)
     assert len(dropped) == 3 and q.message_count == 0 and q.acquired_count == 0
     assert q.consumer_count == 0 and a.state.name == "REMOVED"
+
+
+@pytest.mark.parametrize("give_back", ["settle", "release", "discard"])
+def test_a_deleted_queues_delivered_entry_is_dropped_once_when_given_back(give_back: str) -> None:
+    dropped: list[Message] = []
+    q = Queue("q", on_drop=dropped.append)
+    (message,) = fill(q, 1)
+    held = q.get()
+    assert held is not None
+    q.delete()
+    assert dropped == []
+    assert getattr(q, give_back)(held) == []
+    assert dropped == [message] and held.state is DELETED and q.acquired_count == 0
+    q.settle(held)
+    q.release(held)
+    assert dropped == [message]
 
 
 def test_browsing_does_not_take_messages_from_acquiring_consumers() -> None:

@@ -155,3 +155,23 @@ def test_low_priorities_expire_behind_unexpired_high_priorities(vhost: VirtualHo
     assert q.message_count == 2 and dropped == []
     assert q.get(now=1.0).message is high  # type: ignore[union-attr]
     assert q.get(now=1.0) is None and dropped == [low]
+
+
+def test_deleted_featured_queue_keeps_a_delivered_message_until_it_is_given_back(
+    vhost: VirtualHost, dropped: list[Message]
+) -> None:
+    """As a plain queue: queue.delete drops ready messages only; a delivered one goes when its
+    channel settles or releases it (its body may still be read), neither requeued nor
+    dead-lettered."""
+    q = _ttl_queue(vhost, 10_000, **{"x-dead-letter-exchange": "amq.fanout"})
+    delivered, ready = message(), message()
+    vhost.publish("", delivered, now=0.0)
+    vhost.publish("", ready, now=0.0)
+    entry = q.get(now=0.1)
+    assert entry is not None and entry.message is delivered
+    vhost.delete_queue("q", owner=ME)
+    assert dropped == [ready]
+    assert q.release(entry, now=0.2) == []
+    assert dropped == [ready, delivered] and q.acquired_count == 0
+    q.settle(entry)
+    assert dropped == [ready, delivered]

@@ -119,12 +119,6 @@ def test_per_message_expiration_skips_the_expired_message(shared_broker: Broker,
     assert received == [b"keeper"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a message with TTL 0 (queue x-message-ttl 0, or expiration '0') is discarded even "
-    "when a consumer with credit is waiting; RabbitMQ delivers it to that consumer and expires it "
-    "only when it cannot be delivered at once",
-)
 def test_zero_ttl_message_goes_to_a_waiting_consumer(shared_broker: Broker, names: Names) -> None:
     """A TTL of 0 expires a message on arrival unless a consumer can take it at once (RabbitMQ's
     replacement for the immediate flag): a waiting consumer gets it, basic.get never does."""
@@ -146,6 +140,78 @@ def test_zero_ttl_message_goes_to_a_waiting_consumer(shared_broker: Broker, name
     assert sorted(received) == [b"expiration 0", b"queue ttl 0"]
     method, _, _ = channel.basic_get(unconsumed, auto_ack=True)
     assert method is None
+
+
+def _zero_ttl_dead_lettered(channel: Any, dead: str, body: bytes, source: str) -> None:
+    """`body` reached the dead-letter queue `dead`, expired from `source` (x-death reason expired)."""
+    _wait_for_messages(channel, dead, 1, f"{body!r} to be dead-lettered")
+    _, properties, got = _get(channel, dead)
+    assert got == body
+    death = properties.headers["x-death"][0]
+    _assert_death(death, reason="expired", queue=source, exchange="", routing_keys=[source])
+    assert properties.headers["x-first-death-reason"] == "expired"
+
+
+def test_undeliverable_zero_ttl_message_is_dead_lettered_expired(shared_broker: Broker, names: Names) -> None:
+    """With nobody consuming, a TTL-0 message (queue x-message-ttl 0, or expiration '0' on a queue
+    without arguments) expires on arrival: dead-lettered at once with reason expired, never left
+    for basic.get."""
+    channel = shared_broker.connect().channel()
+    channel.confirm_delivery()
+    by_queue, dead = _dead_letter_queue(channel, names, {"x-message-ttl": 0})
+    channel.basic_publish("", by_queue, b"queue ttl 0")
+    _zero_ttl_dead_lettered(channel, dead, b"queue ttl 0", by_queue)
+    by_message, dead_too = names("by-message"), names("dead-too")
+    channel.queue_declare(dead_too)
+    channel.queue_declare(by_message, arguments={
+        "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead_too,
+    })  # fmt: skip
+    channel.basic_publish("", by_message, b"expiration 0", pika.BasicProperties(expiration="0"))
+    _zero_ttl_dead_lettered(channel, dead_too, b"expiration 0", by_message)
+    for queue in (by_queue, by_message):
+        assert ready_count(channel, queue) == 0
+        assert channel.basic_get(queue, auto_ack=True)[0] is None
+
+
+def test_zero_ttl_message_skips_a_consumer_with_full_prefetch(shared_broker: Broker, names: Names) -> None:
+    """A consumer whose prefetch is full cannot take a TTL-0 message at once: it is dead-lettered
+    (expired), and the consumer does not get it once it acks and has credit again."""
+    connection = shared_broker.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    source, dead = _dead_letter_queue(channel, names, {"x-message-ttl": 0})
+    consumer = connection.channel()
+    consumer.basic_qos(prefetch_count=1)
+    received: list[tuple[int, bytes]] = []
+    consumer.basic_consume(source, lambda ch, m, p, body: received.append((m.delivery_tag, body)))
+    channel.basic_publish("", source, b"first")  # delivered at once: the prefetch is now full
+    pump_until([connection], lambda: received, 5, "the first message at the consumer")
+    channel.basic_publish("", source, b"while full")
+    _zero_ttl_dead_lettered(channel, dead, b"while full", source)
+    consumer.basic_ack(received[0][0])
+    pump([connection], 0.3)
+    assert [body for _, body in received] == [b"first"]
+    assert ready_count(channel, dead) == 0  # "first" was delivered, not dead-lettered
+
+
+def test_zero_ttl_message_is_not_kept_for_a_later_consumer(shared_broker: Broker, names: Names) -> None:
+    """A TTL-0 message published before anyone consumes is gone: a consumer that arrives later gets
+    nothing (it is dead-lettered instead), while one published after it subscribed reaches it."""
+    connection = shared_broker.connect()
+    channel = connection.channel()
+    channel.confirm_delivery()
+    source, dead = _dead_letter_queue(channel, names, {})
+    channel.basic_publish("", source, b"too early", pika.BasicProperties(expiration="0"))
+    _zero_ttl_dead_lettered(channel, dead, b"too early", source)
+    received: list[bytes] = []
+    consumer = connection.channel()
+    consumer.basic_consume(source, lambda ch, m, p, body: received.append(body), auto_ack=True)
+    pump([connection], 0.3)
+    assert received == []
+    channel.basic_publish("", source, b"in time", pika.BasicProperties(expiration="0"))
+    pump_until([connection], lambda: received, 5, "the message published after the consumer came")
+    pump([connection], 0.2)
+    assert received == [b"in time"] and ready_count(channel, dead) == 0
 
 
 def test_invalid_expiration_is_406(shared_broker: Broker, names: Names) -> None:

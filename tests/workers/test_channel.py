@@ -111,6 +111,23 @@ def test_pulled_without_more_stops_until_next_notify() -> None:
     assert h.take() == [r.Pull(target.id, 4)]
 
 
+def test_notify_seen_before_the_answer_of_the_pull_in_flight_is_not_lost() -> None:
+    """The supervisor answers a pull (more=False: back to Interested), then a new message
+    notifies the consumer again; the worker can find the slot set before it reads that answer.
+    The answer must not undo the newer notification, or the consumer stalls while the
+    supervisor thinks it Notified."""
+    h = Harness()
+    target = with_prefetch(h, 5)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 5)]
+    h.notify(target)  # the slot, read before the Pulled event below
+    assert h.take() == []
+    deliver(h, target, [1], more=False)
+    assert pulls(h.take()) == [r.Pull(target.id, 4)]
+    deliver(h, target, [], more=False)  # that round is over: nothing more until notified
+    assert h.take() == []
+
+
 def test_unlimited_consumer_pulls_a_batch() -> None:
     """Without prefetch a Pull asks for PULL_BATCH, the most one turn may take."""
     h = Harness()
