@@ -89,7 +89,7 @@ from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueC
 from broker.errors import InternalError
 from broker.exchange import freeze
 from broker.message import Message
-from broker.queue import ACQUIRED, AVAILABLE, DELETED, HELD, Queue, QueueEntry
+from broker.queue import ACQUIRED, AVAILABLE, DELETED, HELD, Queue, QueueEntry, new_entry_id
 
 # What a browser sees: the queue's contents, acquired-but-unsettled entries included.
 _BROWSABLE = frozenset((AVAILABLE, ACQUIRED))
@@ -160,6 +160,9 @@ class FeaturedQueue(Queue):
         plain queue into this kind. Positions, redelivered flags and acquired entries carry over.
         """
         available = Queue.available_entries(self)
+        for entry in available:  # a plain queue draws ids at delivery; this kind at enqueue
+            if not entry.id:
+                entry.id = new_entry_id()
         self._log, self._head, self._released = [], 0, []
         self._init_storage(self.settings)
         self._order = sorted(available + list(self._acquired.values()), key=_position)
@@ -198,7 +201,7 @@ class FeaturedQueue(Queue):
                 self._dead_letter(message, "maxlen")
             return None
         now = self._time(now)
-        entry = QueueEntry(self, self._next_position, message)
+        entry = QueueEntry(self, self._next_position, message, new_entry_id())
         self._next_position += 1
         message.refs += 1
         self._count += 1

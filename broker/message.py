@@ -25,19 +25,59 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 
-class Message:
-    """One published message, shared by every queue entry it was routed to."""
+class BaseMessage:
+    """What every message stores: routing data, the body handle and the reference count.
 
-    # A queue may hold 1,000,000 entries: no per-instance __dict__.
-    __slots__ = (
-        "body_ref", "body_size", "exchange", "expiration", "headers", "id", "priority", "refs",
-        "routing_key", "trace",
-    )
+    Memory (S8: a queue may hold 1,000,000 messages). No per-instance ``__dict__``; a message
+    published without headers, expiration or priority (and not traced) is a
+    :class:`PlainMessage`, which stores these five slots and reads the other fields as the
+    class-level defaults below. Everything else is a :class:`Message`.
+    """
+
+    __slots__ = ("body_ref", "body_size", "exchange", "refs", "routing_key")
+
+    # A plain message's values (Message's slots shadow them).
+    id: int = 0
+    headers: dict[str, Any] | None = None
+    expiration: str | None = None
+    priority: int | None = None
+    trace: tuple[int, int, int, int] | None = None  # (worker, pid, seq, ns) when tracing
 
     # A dead-letter copy overrides both (broker.deadletter.DeadLetter): the copy shares its
     # origin's body, and its content header must be re-encoded from ``headers`` on delivery.
-    origin: Message | None = None
+    origin: BaseMessage | None = None
     reheadered: ClassVar[bool] = False
+
+    body_ref: Any  # opaque to the domain: the runtime's arena handle
+    body_size: int
+    exchange: str
+    refs: int  # queue entries (and runtime pins) referencing it; 0 after publish until routed
+    routing_key: str
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(id={self.id}, exchange={self.exchange!r}, "
+            f"routing_key={self.routing_key!r}, refs={self.refs})"
+        )
+
+
+class PlainMessage(BaseMessage):
+    """A published message with no headers, expiration or priority (the runtime's hot path)."""
+
+    __slots__ = ()
+
+    def __init__(self, exchange: str, routing_key: str, body_ref: object, body_size: int) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.body_ref = body_ref
+        self.body_size = body_size
+        self.refs = 0
+
+
+class Message(BaseMessage):
+    """One published message, shared by every queue entry it was routed to."""
+
+    __slots__ = ("expiration", "headers", "id", "priority", "trace")
 
     def __init__(
         self,
@@ -54,22 +94,15 @@ class Message:
         self.id = id
         self.exchange = exchange
         self.routing_key = routing_key
-        self.body_ref: Any = body_ref
+        self.body_ref = body_ref
         self.body_size = body_size
         self.headers = headers
         # basic.properties expiration (per-message TTL, milliseconds as a string) and priority,
         # exactly as published; None when the property is absent.
         self.expiration = expiration
         self.priority = priority
-        # Queue entries (and runtime pins) referencing this message; 0 after publish until routed.
         self.refs = 0
-        self.trace: tuple[int, int, int, int] | None = None  # (worker, pid, seq, ns) when tracing
-
-    def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}(id={self.id}, exchange={self.exchange!r}, "
-            f"routing_key={self.routing_key!r}, refs={self.refs})"
-        )
+        self.trace = None
 
 
 BLIND_HEADER = "BCC"  # rabbit_basic ?DELETED_HEADER
@@ -78,7 +111,8 @@ BLIND_HEADER = "BCC"  # rabbit_basic ?DELETED_HEADER
 class BlindCopied(Message):
     """A published message with a ``BCC`` header: delivered re-encoded, without BCC.
 
-    The same slots as :class:`Message` (VirtualHost.publish switches ``__class__`` in place);
+    The same slots as :class:`Message`, which every message with headers is
+    (VirtualHost.publish switches ``__class__`` in place);
     only the class flag differs, so a plain message pays nothing.
     """
 

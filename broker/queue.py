@@ -73,6 +73,7 @@ DELETED = EntryState.DELETED
 
 # Entry ids are unique across every queue of the process: the runtime uses them as handles.
 _entry_ids = itertools.count(1)
+new_entry_id = _entry_ids.__next__
 
 # Drop the consumed prefix of the log once it is this long and at least half of the list.
 _COMPACT_AT = 4096
@@ -83,12 +84,18 @@ def _position(entry: QueueEntry) -> int:
 
 
 class QueueEntry:
-    """One message on one queue (seed: QueueEntry)."""
+    """One message on one queue (seed: QueueEntry).
+
+    ``id`` is the runtime's handle for the entry, unique in the process (:func:`new_entry_id`).
+    A plain queue draws it when the entry is first handed out (acquired or browsed) and leaves
+    it 0 before: a million queued entries then share the int 0 instead of holding a million
+    ints (S8). Queues with arguments, whose bookkeeping is keyed by id, draw it at enqueue.
+    """
 
     __slots__ = ("id", "message", "position", "queue", "redelivered", "state")
 
-    def __init__(self, queue: Queue, position: int, message: Message) -> None:
-        self.id = next(_entry_ids)
+    def __init__(self, queue: Queue, position: int, message: Message, entry_id: int = 0) -> None:
+        self.id = entry_id
         self.position = position
         self.message = message
         self.redelivered = False
@@ -510,6 +517,8 @@ class Queue:
         else:
             return None
         entry.state = ACQUIRED
+        if not entry.id:
+            entry.id = new_entry_id()
         self._acquired[entry.id] = entry
         return entry
 
@@ -566,6 +575,8 @@ class Queue:
             entry = self._next_after(position)
             if entry is None:
                 break
+            if not entry.id:
+                entry.id = new_entry_id()
             seen.append(entry)
             position = entry.position
         consumer.browse_position = position

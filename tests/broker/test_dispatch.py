@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.dispatch import Dispatcher
+from broker.dispatch import Dispatcher, pack_body_ref, unpack_body_ref
+from broker.message import Message, PlainMessage
 from ipc import records as r
 
 W0, W1 = 0, 1
@@ -258,3 +259,28 @@ def test_requeue_into_a_deleted_queue_frees_the_body(h: Harness) -> None:
     assert h.freed == []
     h.send(W1, r.ChanClose(1, 1))
     assert h.freed == [(W0, offset)]
+
+
+def test_body_handle_round_trips_at_the_limits_the_cli_allows() -> None:
+    """256 workers, a content header up to frame_max (2**24), a body up to 512 MiB, any
+    arena offset: one packed int holds them all."""
+    for fields in [(0, 0, 0, 0), (255, (1 << 16) << 20, (1 << 24) - 1, 512 << 20), (1, 4096, 21, 128)]:
+        assert unpack_body_ref(pack_body_ref(*fields)) == fields
+
+
+def test_a_publish_without_properties_is_stored_as_a_plain_message(h: Harness) -> None:
+    """S8: no headers, expiration or priority: a PlainMessage (five slots); any of them, or
+    tracing: a Message. Both deliver from the same handle."""
+    h.declare("q")
+    plain_at = h.publish("q")
+    h.send(W0, r.Publish(1, 1, "", "q", False, False, 9000, 30, 7, {"k": 1}))
+    h.send(W0, r.Publish(1, 1, "", "q", False, False, 9500, 30, 7, None, "100"))
+    plain, with_headers, with_expiration = h.d.vhost.queues["q"].available_entries()
+    assert type(plain.message) is PlainMessage
+    assert (plain.message.headers, plain.message.expiration, plain.message.priority) == (None, None, None)
+    assert type(with_headers.message) is Message and with_headers.message.headers == {"k": 1}
+    assert type(with_expiration.message) is Message and with_expiration.message.expiration == "100"
+    h.consume("q", cid=1, slot=1)
+    deliveries = h.pull(1, 3).deliveries
+    assert [(d.region, d.offset, d.header_len, d.body_len) for d in deliveries] == [
+        (W0, plain_at, 16, 100), (W0, 9000, 30, 7), (W0, 9500, 30, 7)]

@@ -148,13 +148,32 @@ def test_settle_drops_message_when_last_queue_lets_go() -> None:
 
 
 def test_entry_ids_are_global_and_positions_per_queue() -> None:
-    """Entry ids are unique across queues; positions increase monotonically within one queue."""
+    """Entry ids (the runtime's handles) are unique across queues once entries are handed out,
+    acquired or browsed; positions increase monotonically within one queue."""
     q1, q2 = Queue("q1"), Queue("q2")
     fill(q1, 3)
     fill(q2, 3)
     e1, e2 = q1.available_entries(), q2.available_entries()
-    assert len({e.id for e in e1 + e2}) == 6
     assert [e.position for e in e1] == [1, 2, 3] == [e.position for e in e2]
+    browser = consumer("b", acquiring=False)
+    attach(q1, browser)
+    taker = consumer("t")
+    attach(q2, taker)
+    seen, _ = q1.pull(browser, 3)
+    taken, _ = q2.pull(taker, 3)
+    assert seen == e1 and taken == e2
+    assert len({e.id for e in seen + taken}) == 6 and all(e.id > 0 for e in seen + taken)
+    second = consumer("t2")
+    attach(q1, second)
+    again, _ = q1.pull(second, 3)
+    assert [e.id for e in again] == [e.id for e in seen], "an entry keeps its id once drawn"
+
+
+def test_a_queued_entry_of_a_plain_queue_holds_no_id_of_its_own() -> None:
+    """S8: a plain queue's never-delivered entries share the id 0 (no int per entry)."""
+    q = Queue("q")
+    fill(q, 3)
+    assert [e.id for e in q.available_entries()] == [0, 0, 0]
 
 
 def test_purge_removes_available_entries_only() -> None:
