@@ -4,8 +4,14 @@ Modelled on h2's ``frame_buffer``: a frame is parsed only once all of it is
 here, its size is checked against the negotiated maximum as soon as its 7-byte
 header is (so a peer can never make us buffer more than one frame), and the
 bytes of complete frames are handed out as zero-copy ``memoryview`` slices of
-an immutable ``bytes`` object, which stay valid however long the caller keeps
-them.
+a buffer that is never written again, which stay valid however long the caller
+keeps them.
+
+A large frame that arrives in pieces (a 128 KiB body frame comes in tens of
+socket reads) is assembled in a ``bytearray`` of exactly its size, allocated
+once its header is here: each piece is copied once, where growing a buffer
+piece by piece copied the frame again at every reallocation. What came after
+the frame in the read that completed it is parsed next (``_rest``).
 
 Frame layout (AMQP 0-9-1 §2.3.5, §4.2.3)::
 
@@ -39,6 +45,8 @@ _BODY_SIZE = struct.Struct(">Q")
 _PUBLISH_IDS = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
 _PUBLISH_MIN = 9  # ids, ticket, two empty short strings, bits
 _HEADER_MIN = 14  # class, weight, body size, property flags
+# A frame at least this long that is not all here yet is assembled in its own buffer.
+_BIG_FRAME = 8192
 
 
 class FrameError(Exception):
@@ -86,13 +94,39 @@ class FrameBuffer:
         # An incomplete frame waiting for more bytes, and how many it needs.
         self._pending = bytearray()
         self._needed = 0
+        # A big incomplete frame: its buffer (exactly its size) and how much of it is here.
+        self._frame: bytearray | None = None
+        self._filled = 0
+        # What followed a big frame in the read that completed it; parsed after the frame.
+        self._rest: memoryview | None = None
 
     def add_data(self, data: bytes) -> None:
         """Append received bytes."""
-        if self._pos < len(self._data):
+        if self._pos < len(self._data) or self._rest is not None:
             # The caller stopped iterating early: keep what it did not read.
             self._pending += self._view[self._pos :]
+            if self._rest is not None:
+                self._pending += self._rest
+                self._rest = None
             self._needed = 0
+            self._set_data(b"")
+        frame = self._frame
+        if frame is not None:
+            filled, size = self._filled, len(data)
+            missing = len(frame) - filled
+            if size < missing:
+                frame[filled : filled + size] = data
+                self._filled = filled + size
+                return
+            if type(data) is not bytes:
+                data = bytes(data)
+            view = memoryview(data)
+            frame[filled:] = view[:missing]
+            self._frame = None
+            self._set_data(frame)  # never written again: payload views of it stay valid
+            if size > missing:
+                self._rest = view[missing:]
+            return
         if self._pending:
             self._pending += data
             if len(self._pending) < self._needed:
@@ -109,7 +143,7 @@ class FrameBuffer:
             return None
         start = self._pos
         self._pos += PROTOCOL_HEADER_SIZE
-        return self._data[start : self._pos]
+        return bytes(self._data[start : self._pos])
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None until more bytes arrive.
@@ -119,6 +153,10 @@ class FrameBuffer:
         """
         pos = self._pos
         if len(self._data) - pos < FRAME_HEADER_SIZE:
+            if self._rest is not None and pos == len(self._data):
+                self._set_data(self._rest)
+                self._rest = None
+                return self.next_frame()
             self._stash(FRAME_HEADER_SIZE)
             return None
         frame_type, channel, size = _unpack_header(self._data, pos)
@@ -146,6 +184,10 @@ class FrameBuffer:
         """
         data, pos = self._data, self._pos
         if len(data) - pos < 2 * FRAME_OVERHEAD + _PUBLISH_MIN:
+            if self._rest is not None and pos == len(data):
+                self._set_data(self._rest)
+                self._rest = None
+                return self.next_publish()
             return None
         kind, channel, size = _unpack_header(data, pos)
         if kind != FRAME_METHOD or size > self.frame_max or data[pos + 7 : pos + 11] != _PUBLISH_IDS:
@@ -195,14 +237,19 @@ class FrameBuffer:
                 f"negotiated frame_max is {self.frame_max}"
             )
 
-    def _set_data(self, data: bytes) -> None:
+    def _set_data(self, data: bytes | bytearray | memoryview) -> None:
         self._data = data
         self._view = memoryview(data)
         self._pos = 0
 
     def _stash(self, needed: int) -> None:
         """Keep the unparsed tail until ``needed`` bytes of it are here."""
-        if self._pos < len(self._data):
+        if needed >= _BIG_FRAME and not self._pending:
+            tail = self._view[self._pos :]
+            frame = self._frame = bytearray(needed)
+            frame[: len(tail)] = tail
+            self._filled = len(tail)
+        elif self._pos < len(self._data):
             self._pending += self._view[self._pos :]
         self._needed = needed
         self._set_data(b"")

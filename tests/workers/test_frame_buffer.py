@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import pytest
-from pamqp import body, commands, frame
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pamqp import body, commands, frame, header
 
 from workers.frame_buffer import (
     FRAME_BODY,
@@ -123,3 +125,64 @@ def test_protocol_header_waits_for_eight_bytes() -> None:
     buffer.add_data(PROTOCOL_HEADER[5:] + _body_frame(1, b"z"))
     assert buffer.read_protocol_header() == PROTOCOL_HEADER
     assert _frames(buffer) == [(FRAME_BODY, 1, b"z")]
+
+
+# -- big frames, assembled in a buffer of their own ----------------------------------------
+
+
+def _big_stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
+    big1, big2 = bytes(range(256)) * 400, b"z" * 30_000  # 102,400 and 30,000 octets
+    expected = [(FRAME_BODY, 1, b"small"), (FRAME_BODY, 2, big1), (FRAME_BODY, 1, b"after"),
+                (FRAME_BODY, 3, big2), (FRAME_BODY, 3, b"")]
+    return b"".join(_body_frame(ch, payload) for _, ch, payload in expected), expected
+
+
+@settings(max_examples=60, derandomize=True, database=None)
+@given(st.lists(st.integers(1, 40_000), min_size=1, max_size=30))
+def test_big_frames_split_anywhere_reassemble_exactly(sizes: list[int]) -> None:
+    """However the reads cut the stream, every frame comes out once, whole, in order, and the
+    payloads handed out stay valid while more data arrives."""
+    data, expected = _big_stream()
+    buffer = FrameBuffer(131072)
+    kept = []
+    pos, k = 0, 0
+    while pos < len(data):
+        size = sizes[k % len(sizes)]
+        buffer.add_data(data[pos : pos + size])
+        kept += [(f.type, f.channel, f.payload) for f in buffer]
+        pos, k = pos + size, k + 1
+    assert [(t, c, bytes(p)) for t, c, p in kept] == expected
+
+
+def test_what_follows_a_big_frame_is_kept_when_iteration_stops_early() -> None:
+    data, expected = _big_stream()
+    buffer = FrameBuffer(131072)
+    buffer.add_data(data[:20_000])  # "small", then part of the 102,400-octet frame
+    assert [bytes(f.payload) for f in buffer] == [b"small"]
+    cut = len(data) - 10
+    buffer.add_data(data[20_000:cut])  # completes it, and brings the rest but the last frame's end
+    first = buffer.next_frame()
+    assert first is not None and bytes(first.payload) == expected[1][2]
+    buffer.add_data(data[cut:])  # iteration stopped after one frame: the rest must not be lost
+    assert [(f.type, f.channel, bytes(f.payload)) for f in buffer] == expected[2:]
+
+
+def test_a_big_frame_then_a_whole_publish_in_the_same_read() -> None:
+    """The publish fast path also reads what followed a big frame."""
+    publish = (frame.marshal(commands.Basic.Publish(exchange="", routing_key="q"), 1)
+               + frame.marshal(header.ContentHeader(0, 3, commands.Basic.Properties()), 1)
+               + _body_frame(1, b"abc"))
+    big = _body_frame(2, b"b" * 50_000)
+    buffer = FrameBuffer(131072)
+    buffer.add_data(big[:1000])
+    assert buffer.next_publish() is None and buffer.next_frame() is None
+    buffer.add_data(big[1000:] + publish)
+    assert buffer.next_publish() is None
+    got = buffer.next_frame()
+    assert got is not None and len(got.payload) == 50_000
+    whole = buffer.next_publish()
+    assert whole is not None
+    channel, _, head, payload, end = whole
+    assert (channel, bytes(payload)) == (1, b"abc")
+    buffer.skip_to(end)
+    assert buffer.next_frame() is None
