@@ -32,13 +32,14 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 import trio
 
 from broker.dispatch import Dispatcher
 from ipc import records as r
+from ipc.records import USERS_ENV
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wake_if_sleeping
@@ -67,6 +68,8 @@ class ServeConfig:
     trace: str | None = None  # directory for trace files (shoal report reads them)
     log_level: str = "info"
     ready_file: str | None = None
+    # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
+    users: dict[str, str] = field(default_factory=dict)
 
 
 class _WorkerSlot:
@@ -226,7 +229,9 @@ class Supervisor:
         )
         fds = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd)
         argv = [sys.executable, "-m", "workers.main", msgspec.json.encode(cfg).decode()]
-        return await trio.lowlevel.open_process(argv, pass_fds=fds)
+        # Passwords go through the environment (readable by this user only), not argv (ps).
+        env = {**os.environ, USERS_ENV: msgspec.json.encode(c.users).decode()}
+        return await trio.lowlevel.open_process(argv, pass_fds=fds, env=env)
 
     def _forget(self, w: _WorkerSlot) -> None:
         """Seed failure model: a dead worker's consumers and unacked messages

@@ -10,6 +10,16 @@ from broker.supervisor import ServeConfig, run
 from cli.report import report
 
 
+def _parse_users(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    users: dict[str, str] = {}
+    for value in values:
+        name, sep, password = value.partition(":")
+        if not sep or not name:
+            raise click.BadParameter("expected NAME:PASSWORD (a non-empty name, then ':')")
+        users[name] = password
+    return users
+
+
 @click.group()
 @click.version_option(package_name="shoal")
 def main() -> None:
@@ -41,6 +51,11 @@ def main() -> None:
 @click.option("--trace", default=None, type=click.Path(file_okay=False),
               help="Write trace files (Arrow IPC) of every message's stages into this "
               "directory; analyse them with `shoal report DIR`.")
+@click.option("--user", "users", multiple=True, metavar="NAME:PASSWORD", envvar="SHOAL_USERS",
+              callback=_parse_users,
+              help="A user who may log in (PLAIN or AMQPLAIN), repeatable; when given, these "
+              "replace the default guest/guest, as RabbitMQ's default_user does. Also read from "
+              "$SHOAL_USERS (space-separated), which keeps passwords out of `ps`.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),

@@ -402,6 +402,11 @@ class Codec:
 # --------------------------------------------------------------------------
 
 
+# The worker's users (JSON {name: password}) come in this environment variable, not on its
+# command line, where any local user could read them.
+USERS_ENV = "SHOAL_WORKER_USERS"
+
+
 class WorkerConfig(msgspec.Struct, frozen=True):
     """Everything a worker process needs to attach and serve."""
 
@@ -418,3 +423,4 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     max_message_size: int = 16 << 20
     log_level: str = "info"
     trace_dir: str = ""  # shoal serve --trace: write trace files here
+    users: dict[str, str] = {}  # name -> password; empty: guest/guest. Filled from USERS_ENV

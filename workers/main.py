@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
 import msgspec
 import trio
 
-from ipc.records import WorkerConfig
+from ipc.records import USERS_ENV, WorkerConfig
 from workers.server import serve
+
 
 def main(argv: list[str]) -> int:
     config = msgspec.json.decode(argv[1], type=WorkerConfig)
+    users = os.environ.pop(USERS_ENV, "")
+    if users:
+        config = msgspec.structs.replace(
+            config, users=msgspec.json.decode(users, type=dict[str, str]))
     logging.basicConfig(
         level=config.log_level.upper(),
         format=f"%(asctime)s %(name)s[%(process)d] w{config.index} %(levelname)s %(message)s",

@@ -243,7 +243,7 @@ class Server:
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
-            max_body_size=c.max_message_size,
+            max_body_size=c.max_message_size, users=c.users or None,
         )
         session = Session(self.worker, next(self.worker.conn_ids), proto)
         self.worker.sessions[session.conn_id] = session
