@@ -32,7 +32,13 @@ from typing import Any
 
 from broker.consumer_manager import QueueConsumer
 from broker.errors import AMQPError, InternalError
-from broker.message import BaseMessage, Message, PlainMessage, delivered_headers, drop_reference
+from broker.message import (
+    BaseMessage,
+    Message,
+    PlainMessage,
+    delivered_headers,
+    drop_reference,
+)
 from broker.queue import Queue, QueueEntry
 from broker.vhost import VirtualHost
 from ipc import records as r

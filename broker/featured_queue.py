@@ -89,7 +89,15 @@ from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueC
 from broker.errors import InternalError
 from broker.exchange import freeze
 from broker.message import Message
-from broker.queue import ACQUIRED, AVAILABLE, DELETED, HELD, Queue, QueueEntry, new_entry_id
+from broker.queue import (
+    ACQUIRED,
+    AVAILABLE,
+    DELETED,
+    HELD,
+    Queue,
+    QueueEntry,
+    new_entry_id,
+)
 
 # What a browser sees: the queue's contents, acquired-but-unsettled entries included.
 _BROWSABLE = frozenset((AVAILABLE, ACQUIRED))

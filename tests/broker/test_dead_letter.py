@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 
-
 from broker.deadletter import DeadLetter, dead_letter_copy, is_cycle
 from broker.message import Message, drop_reference
 from broker.queue import Queue

@@ -7,8 +7,8 @@ from __future__ import annotations
 import collections
 import os
 import signal
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 

@@ -13,7 +13,15 @@ import posix_ipc
 import pytest
 import trio
 
-from ipc.region import NOT_ACCEPTING, Region, RegionError, _owner_pid, new_instance_id, region_name, sweep_stale
+from ipc.region import (
+    NOT_ACCEPTING,
+    Region,
+    RegionError,
+    _owner_pid,
+    new_instance_id,
+    region_name,
+    sweep_stale,
+)
 from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -182,7 +182,7 @@ def test_a_big_frame_then_a_whole_publish_in_the_same_read() -> None:
     assert got is not None and len(got.payload) == 50_000
     whole = buffer.next_publish()
     assert whole is not None
-    channel, _, head, payload, end = whole
+    channel, _, _head, payload, end = whole
     assert (channel, bytes(payload)) == (1, b"abc")
     buffer.skip_to(end)
     assert buffer.next_frame() is None
