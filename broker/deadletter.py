@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from broker.exchange import header_routes
-from broker.message import BLIND_HEADER, Message
+from broker.message import BLIND_HEADER, FullMessage, Message
 
 REJECTED = "rejected"
 EXPIRED = "expired"
@@ -44,7 +44,7 @@ MAXLEN = "maxlen"
 DELIVERY_LIMIT = "delivery_limit"
 
 
-class DeadLetter(Message):
+class DeadLetter(FullMessage):
     """A dead-lettered copy: new routing and headers, the origin's body (one reference on it)."""
 
     __slots__ = ("origin",)

@@ -33,7 +33,7 @@ from typing import Any
 from broker.consumer_manager import QueueConsumer
 from broker.errors import AMQPError, InternalError
 from broker.message import (
-    BaseMessage,
+    FullMessage,
     Message,
     PlainMessage,
     delivered_headers,
@@ -521,12 +521,12 @@ class Dispatcher:
         body_ref = ((rec.offset << _OFFSET_SHIFT) | (rec.header_len << _HEADER_SHIFT)
                     | (rec.body_len << _BODY_SHIFT) | worker)
         exchange, routing_key = sys.intern(rec.exchange), sys.intern(rec.routing_key)
-        message: BaseMessage
+        message: Message
         if (rec.headers is None and rec.expiration is None and rec.priority is None
                 and self.trace is None):
             message = PlainMessage(exchange, routing_key, body_ref, rec.body_len)
         else:  # the message id only matters to trace rows: the shared 0 unless tracing
-            message = Message(
+            message = FullMessage(
                 next(self._ids) if self.trace is not None else 0, exchange, routing_key,
                 body_ref, rec.body_len, rec.headers, expiration=rec.expiration,
                 priority=rec.priority,
@@ -553,7 +553,7 @@ class Dispatcher:
                     returned = r.Returned(
                         rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
                         rec.offset, rec.header_len, rec.body_len, True,
-                        delivered_headers(message.headers), rec.expiration,
+                        delivered_headers(message.headers or {}), rec.expiration,
                     )
                 self.outbox[worker].append(returned)
             else:

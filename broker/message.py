@@ -25,18 +25,21 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 
-class BaseMessage:
-    """What every message stores: routing data, the body handle and the reference count.
+class Message:
+    """One published message, shared by every queue entry it was routed to.
+
+    What every message stores: routing data, the body handle and the reference count.
 
     Memory (S8: a queue may hold 1,000,000 messages). No per-instance ``__dict__``; a message
     published without headers, expiration or priority (and not traced) is a
     :class:`PlainMessage`, which stores these five slots and reads the other fields as the
-    class-level defaults below. Everything else is a :class:`Message`.
+    class-level defaults below. Everything else is a :class:`FullMessage`. Annotations say
+    ``Message`` for either; only the runtime (``broker.dispatch``) and tests build them.
     """
 
     __slots__ = ("body_ref", "body_size", "exchange", "refs", "routing_key")
 
-    # A plain message's values (Message's slots shadow them).
+    # A plain message's values (FullMessage's slots shadow them).
     id: int = 0
     headers: dict[str, Any] | None = None
     expiration: str | None = None
@@ -45,7 +48,7 @@ class BaseMessage:
 
     # A dead-letter copy overrides both (broker.deadletter.DeadLetter): the copy shares its
     # origin's body, and its content header must be re-encoded from ``headers`` on delivery.
-    origin: BaseMessage | None = None
+    origin: Message | None = None
     reheadered: ClassVar[bool] = False
 
     body_ref: Any  # opaque to the domain: the runtime's arena handle
@@ -61,7 +64,7 @@ class BaseMessage:
         )
 
 
-class PlainMessage(BaseMessage):
+class PlainMessage(Message):
     """A published message with no headers, expiration or priority (the runtime's hot path)."""
 
     __slots__ = ()
@@ -74,8 +77,8 @@ class PlainMessage(BaseMessage):
         self.refs = 0
 
 
-class Message(BaseMessage):
-    """One published message, shared by every queue entry it was routed to."""
+class FullMessage(Message):
+    """A message with headers, an expiration, a priority or a trace id (see :class:`Message`)."""
 
     __slots__ = ("expiration", "headers", "id", "priority", "trace")
 
@@ -108,10 +111,10 @@ class Message(BaseMessage):
 BLIND_HEADER = "BCC"  # rabbit_basic ?DELETED_HEADER
 
 
-class BlindCopied(Message):
+class BlindCopied(FullMessage):
     """A published message with a ``BCC`` header: delivered re-encoded, without BCC.
 
-    The same slots as :class:`Message`, which every message with headers is
+    The same slots as :class:`FullMessage`, which every message with headers is
     (VirtualHost.publish switches ``__class__`` in place);
     only the class flag differs, so a plain message pays nothing.
     """

@@ -54,6 +54,7 @@ from broker.exchange import (
 from broker.message import (
     BLIND_HEADER,
     BlindCopied,
+    FullMessage,
     Message,
     delivered_headers,
     drop_reference,
@@ -561,7 +562,7 @@ class VirtualHost:
         BCC header becomes a BlindCopied (its deliveries are re-encoded without BCC)."""
         queues = self._route(exchange, message)
         headers = message.headers
-        if headers is not None and BLIND_HEADER in headers and type(message) is Message:
+        if headers is not None and BLIND_HEADER in headers and type(message) is FullMessage:
             message.__class__ = BlindCopied  # same slots: only the reheadered flag changes
         return queues
 

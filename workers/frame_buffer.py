@@ -88,7 +88,7 @@ class FrameBuffer:
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
         self.frame_max = frame_max
         # Bytes being parsed (immutable, so payload views of it stay valid).
-        self._data = b""
+        self._data: bytes | bytearray | memoryview = b""
         self._view = memoryview(self._data)
         self._pos = 0
         # An incomplete frame waiting for more bytes, and how many it needs.

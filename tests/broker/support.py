@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 from broker.consumer_manager import QueueConsumer
-from broker.message import Message
+from broker.message import FullMessage, Message
 from broker.queue import Queue
 
 _message_ids = itertools.count(1)
@@ -23,7 +23,7 @@ def message(
 ) -> Message:
     """A message whose body handle is just its id (the domain never looks inside)."""
     mid = next(_message_ids)
-    return Message(
+    return FullMessage(
         mid, exchange, routing_key, ("body", mid), size, headers,
         expiration=expiration, priority=priority,
     )

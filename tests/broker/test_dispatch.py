@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from broker.dispatch import Dispatcher, pack_body_ref, unpack_body_ref
-from broker.message import Message, PlainMessage
+from broker.message import FullMessage, PlainMessage
 from ipc import records as r
 
 W0, W1 = 0, 1
@@ -278,8 +278,8 @@ def test_a_publish_without_properties_is_stored_as_a_plain_message(h: Harness) -
     plain, with_headers, with_expiration = h.d.vhost.queues["q"].available_entries()
     assert type(plain.message) is PlainMessage
     assert (plain.message.headers, plain.message.expiration, plain.message.priority) == (None, None, None)
-    assert type(with_headers.message) is Message and with_headers.message.headers == {"k": 1}
-    assert type(with_expiration.message) is Message and with_expiration.message.expiration == "100"
+    assert type(with_headers.message) is FullMessage and with_headers.message.headers == {"k": 1}
+    assert type(with_expiration.message) is FullMessage and with_expiration.message.expiration == "100"
     h.consume("q", cid=1, slot=1)
     deliveries = h.pull(1, 3).deliveries
     assert [(d.region, d.offset, d.header_len, d.body_len) for d in deliveries] == [

@@ -16,7 +16,7 @@ from broker.deadletter import DeadLetter
 from broker.dispatch import Dispatcher
 from broker.errors import NotFound, PreconditionFailed
 from broker.exchange import Exchange, header_routes
-from broker.message import BlindCopied, Message, delivered_headers
+from broker.message import BlindCopied, FullMessage, Message, delivered_headers
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 from ipc import records as r
@@ -220,8 +220,8 @@ def test_only_a_message_with_bcc_is_reheadered(vhost: VirtualHost) -> None:
         vhost.publish("", m)
     assert type(blind) is BlindCopied and blind.reheadered
     assert blind.headers == {"BCC": ["q"], "app": 1}  # kept for routing dead-letter copies
-    assert type(copied) is Message and not copied.reheadered
-    assert type(plain) is Message and not plain.reheadered
+    assert type(copied) is FullMessage and not copied.reheadered
+    assert type(plain) is FullMessage and not plain.reheadered
 
 
 def test_non_array_cc_refuses_the_publish_before_routing(vhost: VirtualHost, dropped: list[Message]) -> None:

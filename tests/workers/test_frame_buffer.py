@@ -137,7 +137,7 @@ def _big_stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
     return b"".join(_body_frame(ch, payload) for _, ch, payload in expected), expected
 
 
-@settings(max_examples=60, derandomize=True, database=None)
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
 @given(st.lists(st.integers(1, 40_000), min_size=1, max_size=30))
 def test_big_frames_split_anywhere_reassemble_exactly(sizes: list[int]) -> None:
     """However the reads cut the stream, every frame comes out once, whole, in order, and the
