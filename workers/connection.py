@@ -335,6 +335,10 @@ _CLIENT_METHODS = frozenset(
 _IDS = struct.Struct(">HH")
 
 
+# tuple.__new__ skips NamedTuple's Python-level __new__: one PublishReceived per message.
+_new_publish = tuple.__new__
+
+
 class AMQPConnection:
     """One client connection, server side.  See the module docstring."""
 
@@ -608,10 +612,10 @@ class AMQPConnection:
         if immediate:
             return False
         self._buffer.skip_to(end)
-        self._events.append(PublishReceived(
+        self._events.append(_new_publish(PublishReceived, (
             channel, exchange, routing_key, mandatory, False, bytes(header), len(body),
             [body] if len(body) else [],
-        ))
+        )))
         return True
 
     def _on_frame_error(self, exc: FrameError) -> None:

@@ -7,7 +7,7 @@ returns them in the order the frames arrived.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pamqp import base
 
@@ -40,8 +40,7 @@ class MethodReceived:
     method: base.Frame
 
 
-@dataclass(frozen=True, slots=True)
-class PublishReceived:
+class PublishReceived(NamedTuple):
     """A complete basic.publish: method, content header and all body frames.
 
     ``header_payload`` is the content header frame's payload verbatim (class
@@ -49,6 +48,10 @@ class PublishReceived:
     through to ``codec.encode_deliver``.  ``body`` is the body frames'
     payloads in order; their lengths sum to ``body_size``.  ``immediate`` is
     always False: the connection answers immediate=true with 540, as RabbitMQ.
+
+    A NamedTuple, not a frozen dataclass like the other events: one is made per
+    message, and ``tuple.__new__(PublishReceived, fields)`` costs a fraction of
+    a frozen dataclass's ``__init__`` (0.5 against 4.2 us, timeit, loaded machine).
     """
 
     channel: int
