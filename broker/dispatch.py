@@ -231,14 +231,14 @@ class Dispatcher:
         live: set[int] = set()
         for q in self.vhost.queues.values():
             for entry in q.entries():
-                ref = entry.message.body_ref
-                if ref & _REGION_MASK == region:
-                    live.add(ref >> _OFFSET_SHIFT)
+                in_region, offset, _, _ = unpack_body_ref(entry.message.body_ref)
+                if in_region == region:
+                    live.add(offset)
         for chan in self._channels.values():
             for held in chan.acquired.values():
-                ref = held.message.body_ref
-                if ref & _REGION_MASK == region:
-                    live.add(ref >> _OFFSET_SHIFT)
+                in_region, offset, _, _ = unpack_body_ref(held.message.body_ref)
+                if in_region == region:
+                    live.add(offset)
         return live
 
     # ------------------------------------------------------------- plumbing
@@ -517,9 +517,8 @@ class Dispatcher:
         # Memory per queued message (S8, tracemalloc, 1 queue): the decoded names are interned,
         # so a queue's million messages share one routing-key string (459 -> 364 B); a message
         # without headers, expiration or priority is a PlainMessage and its body handle one
-        # packed int (pack_body_ref, inlined here) (-> 232 B with QueueEntry's lazy id).
-        body_ref = ((rec.offset << _OFFSET_SHIFT) | (rec.header_len << _HEADER_SHIFT)
-                    | (rec.body_len << _BODY_SHIFT) | worker)
+        # packed int (-> 232 B with QueueEntry's lazy id).
+        body_ref = pack_body_ref(worker, rec.offset, rec.header_len, rec.body_len)
         exchange, routing_key = sys.intern(rec.exchange), sys.intern(rec.routing_key)
         message: Message
         if (rec.headers is None and rec.expiration is None and rec.priority is None
@@ -545,17 +544,15 @@ class Dispatcher:
             self.body_bytes += rec.header_len + rec.body_len
         if routed == 0:
             if rec.mandatory:
-                returned = r.Returned(
-                    rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
-                    rec.offset, rec.header_len, rec.body_len,
+                # Published with BCC: returned without it (re-encoded), as RabbitMQ returns it.
+                reheader = (
+                    (True, delivered_headers(message.headers or {}), rec.expiration)
+                    if message.reheadered else ()
                 )
-                if message.reheadered:  # published with BCC: returned without it, as RabbitMQ
-                    returned = r.Returned(
-                        rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
-                        rec.offset, rec.header_len, rec.body_len, True,
-                        delivered_headers(message.headers or {}), rec.expiration,
-                    )
-                self.outbox[worker].append(returned)
+                self.outbox[worker].append(r.Returned(
+                    rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
+                    rec.offset, rec.header_len, rec.body_len, *reheader,
+                ))
             else:
                 self._free_body(worker, rec.offset)
         if rec.confirm:  # a queue refusing it (x-overflow reject-publish) is a nack

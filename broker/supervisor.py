@@ -39,7 +39,6 @@ import trio
 
 from broker.dispatch import Dispatcher
 from ipc import records as r
-from ipc.records import USERS_ENV
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wake_if_sleeping
@@ -230,7 +229,7 @@ class Supervisor:
         fds = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd)
         argv = [sys.executable, "-m", "workers.main", msgspec.json.encode(cfg).decode()]
         # Passwords go through the environment (readable by this user only), not argv (ps).
-        env = {**os.environ, USERS_ENV: msgspec.json.encode(c.users).decode()}
+        env = {**os.environ, r.USERS_ENV: msgspec.json.encode(c.users).decode()}
         return await trio.lowlevel.open_process(argv, pass_fds=fds, env=env)
 
     def _forget(self, w: _WorkerSlot) -> None:

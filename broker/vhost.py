@@ -520,7 +520,7 @@ class VirtualHost:
             parse_expiration(message.expiration)
             return self._deliver(self._route_published(exchange, message), message, now)
         headers = message.headers
-        if headers is not None and ("CC" in headers or "BCC" in headers):
+        if headers is not None and has_routing_headers(headers):
             return self._deliver(self._route_published(exchange, message), message, now)
         if exchange_name == "":
             # Hot path: the default exchange's bindings are exactly "each queue by its name".

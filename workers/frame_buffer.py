@@ -153,9 +153,7 @@ class FrameBuffer:
         """
         pos = self._pos
         if len(self._data) - pos < FRAME_HEADER_SIZE:
-            if self._rest is not None and pos == len(self._data):
-                self._set_data(self._rest)
-                self._rest = None
+            if self._to_rest():
                 return self.next_frame()
             self._stash(FRAME_HEADER_SIZE)
             return None
@@ -184,9 +182,7 @@ class FrameBuffer:
         """
         data, pos = self._data, self._pos
         if len(data) - pos < 2 * FRAME_OVERHEAD + _PUBLISH_MIN:
-            if self._rest is not None and pos == len(data):
-                self._set_data(self._rest)
-                self._rest = None
+            if self._to_rest():
                 return self.next_publish()
             return None
         kind, channel, size = _unpack_header(data, pos)
@@ -236,6 +232,14 @@ class FrameBuffer:
                 f"type {frame_type}, frame too large: payload of {size} octets, "
                 f"negotiated frame_max is {self.frame_max}"
             )
+
+    def _to_rest(self) -> bool:
+        """Once a big frame's buffer is read to its end, go on to what followed it."""
+        if self._rest is None or self._pos != len(self._data):
+            return False
+        self._set_data(self._rest)
+        self._rest = None
+        return True
 
     def _set_data(self, data: bytes | bytearray | memoryview) -> None:
         self._data = data

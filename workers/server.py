@@ -101,10 +101,7 @@ class Server:
         self._unblocked = trio.Event()
         self._unblocked.set()
         self.worker.on_blocked = self._blocked
-        worker = self.worker
-        self._balance = AcceptBalance(
-            config.index, lambda: [worker._region(k).connections for k in range(len(config.regions))]
-        )
+        self._balance = AcceptBalance(config.index, self.worker.connection_counts)
 
     async def run(self) -> None:
         listener = socket.socket(fileno=self.config.listen_fd)

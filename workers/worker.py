@@ -82,6 +82,10 @@ class Worker:
             region = self._regions[index] = Region.attach(self.config.regions[index])
         return region
 
+    def connection_counts(self) -> list[int]:
+        """Every worker's open-connection count, as published in its region (workers.balance)."""
+        return [self._region(k).connections for k in range(len(self._regions))]
+
     def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]:
         """The content header payload and body of a delivery (zero-copy unless
         the supervisor asked for new headers)."""
