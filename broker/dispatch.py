@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from broker.consumer_manager import QueueConsumer
+from broker.consumer_manager import NOTIFIED, QueueConsumer
 from broker.errors import AMQPError, InternalError
 from broker.message import (
     FullMessage,
@@ -68,6 +68,12 @@ _METHOD_IDS: dict[type, tuple[int, int]] = {
 
 NO_ROUTE = 312
 REPLY_TO = "amq.rabbitmq.reply-to"
+
+# Credit flow: the supervisor is *behind* while a consumer it woke has not been served and
+# that consumer's queue holds at least this many ready messages. Publish credit is then
+# withheld from every publishing connection, so the rings carry settles and pulls, not
+# more publishes, until the consumers have caught up (see Dispatcher._give_credit).
+FLOW_BACKLOG = 1000
 
 
 # A message's body handle (Message.body_ref, opaque to the domain) packs where its header and
@@ -159,6 +165,7 @@ class Dispatcher:
             r.Publish: self._publish,
             r.Settle: self._settle,
             r.Sync: self._reply,
+            r.ArenaWait: self._arena_wait,
         }
         # Tracing (shoal serve --trace): a perf.tracewriter.TraceWriter, else None;
         # every hook below is behind one `is not None` check.
@@ -167,9 +174,20 @@ class Dispatcher:
         self._pub_seq = [0] * workers  # Publish records seen per worker incarnation
         self._pulled_ns: dict[int, int] = {}
         self._notified: set[tuple[int, int]] = set()
-        self.body_bytes = 0  # header + body bytes of messages held (the memory watermark)
+        # Memory alarm, per worker arena: bytes of messages held in region k; its publishers
+        # are blocked at high_watermark and unblocked below low_watermark (hysteresis).
+        self.region_bytes = [0] * workers
         self.high_watermark = 0  # 0: never block publishers
-        self.blocked = False
+        self.low_watermark = 0
+        self.blocked = [False] * workers
+        # A worker whose arena had no room for a publish: bytes it waits for, bytes freed since.
+        self._arena_need = [0] * workers
+        self._arena_freed = [0] * workers
+        # Credit flow: Publish records applied per (worker, conn) whose credit is not given
+        # back yet, and the consumers woken since (candidates for "the supervisor is behind").
+        self._credit_due: dict[tuple[int, int], int] = {}
+        self._woken: set[tuple[int, int]] = set()
+        self.behind = False
 
     # ------------------------------------------------------------------ entry
 
@@ -181,9 +199,12 @@ class Dispatcher:
             self._fail(worker, rec, exc)
 
     def _hello(self, worker: int, rec: r.Hello) -> None:
-        """A worker (re)started: its Publish records are counted afresh (trace join key)."""
+        """A worker (re)started: its Publish records are counted afresh (trace join key);
+        a replacement learns that its arena is still over the memory watermark."""
         self.worker_pids[worker] = rec.pid
         self._pub_seq[worker] = 0
+        if self.blocked[worker]:
+            self.outbox[worker].append(r.Blocked(True))
 
     def begin_batch(self, now: float) -> None:
         """Requests of one ring batch happen at ``now`` (TTL, x-expires, x-death time)."""
@@ -193,10 +214,55 @@ class Dispatcher:
         """Route the dead letters the batch made (pull, get, release, discard can);
         block or unblock publishers around the memory high watermark."""
         self._wake(self.vhost.drain())
-        if self.high_watermark and (self.body_bytes >= self.high_watermark) != self.blocked:
-            self.blocked = not self.blocked
-            for out in self.outbox:
-                out.append(r.Blocked(self.blocked))
+        self.flow_tick()
+
+    def flow_tick(self) -> None:
+        """Give back publish credit unless the supervisor is behind; raise or clear each
+        worker's memory alarm. Called after every batch and by the timer (so credit held
+        back while nothing else arrives is released within a tick)."""
+        if self._credit_due:
+            self._give_credit()
+        if self.high_watermark:
+            self._memory_alarms()
+
+    def _give_credit(self) -> None:
+        """RabbitMQ's credit flow, mapped onto the rings: a worker stops reading a
+        connection that has sent PUBLISH_CREDIT publishes not yet given back here. Credit
+        comes back once they are applied, unless a consumer we woke still waits on a
+        backlog (``behind``): then settles and pulls get the supervisor first."""
+        self.behind = self._is_behind()
+        if self.behind:
+            return
+        grants: dict[int, r.Credit] = {}
+        for (worker, conn), n in self._credit_due.items():
+            grant = grants.get(worker)
+            if grant is None:
+                grant = grants[worker] = r.Credit([], [])
+                self.outbox[worker].append(grant)
+            grant.conns.append(conn)
+            grant.counts.append(n)
+        self._credit_due.clear()
+
+    def _is_behind(self) -> bool:
+        """True while a woken acquiring consumer has not pulled yet and its queue holds
+        FLOW_BACKLOG ready messages or more. O(consumers woken since they last pulled)."""
+        woken = self._woken
+        for key in list(woken):
+            sub = self._subs.get(key)
+            if sub is None or sub.consumer.state is not NOTIFIED:
+                woken.discard(key)
+            elif sub.queue.message_count >= FLOW_BACKLOG:
+                return True
+        return False
+
+    def _memory_alarms(self) -> None:
+        for k, held in enumerate(self.region_bytes):
+            if self.blocked[k] and held < self.low_watermark:
+                self.blocked[k] = False
+                self.outbox[k].append(r.Blocked(False))
+            elif not self.blocked[k] and held >= self.high_watermark:
+                self.blocked[k] = True
+                self.outbox[k].append(r.Blocked(True))
 
     def tick(self, now: float) -> float | None:
         """The timer: expire messages, delete unused x-expires queues, release held
@@ -205,6 +271,7 @@ class Dispatcher:
         outcome = self.vhost.tick(now)
         self._wake(outcome.notify)
         self._cancel_all(outcome.cancelled)
+        self.flow_tick()
         return self.vhost.next_deadline()
 
     def internal_error(self, worker: int, rec: Any) -> None:
@@ -225,6 +292,9 @@ class Dispatcher:
             self._conn_close(worker, r.ConnClose(conn=owner[1]))
         self.outbox[worker].clear()
         self.notify[worker].clear()
+        for key in [k for k in self._credit_due if k[0] == worker]:
+            del self._credit_due[key]
+        self._arena_need[worker] = 0
 
     def live_offsets(self, region: int) -> set[int]:
         """Arena offsets in ``region`` still referenced by a queue or a channel."""
@@ -258,9 +328,11 @@ class Dispatcher:
 
     def _wake(self, consumers: Iterable[QueueConsumer]) -> None:
         trace = self.trace
+        woken = self._woken
         for c in consumers:
             worker, cid, slot = c.key
             self.notify[worker].append(slot)
+            woken.add((worker, cid))
             if trace is not None:
                 sub = self._subs.get((worker, cid))
                 trace.notify_event(time.monotonic_ns(), sub.queue.name if sub else "", worker, cid)
@@ -275,8 +347,21 @@ class Dispatcher:
 
     def _drop(self, message: Message) -> None:
         region, offset, header_len, body_len = unpack_body_ref(message.body_ref)
-        self.body_bytes -= header_len + body_len
+        self.region_bytes[region] -= header_len + body_len
+        self._free(region, offset, header_len + body_len)
+
+    def _free(self, region: int, offset: int, size: int) -> None:
+        """Hand an arena block back; wake its worker if a publish there waits for room."""
         self._free_body(region, offset)
+        if self._arena_need[region]:
+            self._arena_freed[region] += size
+            if self._arena_freed[region] >= self._arena_need[region]:
+                self._arena_need[region] = 0
+                self.outbox[region].append(r.ArenaFreed())
+
+    def _arena_wait(self, worker: int, rec: r.ArenaWait) -> None:
+        self._arena_need[worker] = rec.size
+        self._arena_freed[worker] = 0
 
     @staticmethod
     def _delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
@@ -514,6 +599,9 @@ class Dispatcher:
     # ----------------------------------------------------------- publishing
 
     def _publish(self, worker: int, rec: r.Publish) -> None:
+        due = self._credit_due  # counted first: a publish that fails gives its credit back too
+        key = (worker, rec.conn)
+        due[key] = due.get(key, 0) + 1
         # Memory per queued message (S8, tracemalloc, 1 queue): the decoded names are interned,
         # so a queue's million messages share one routing-key string (459 -> 364 B); a message
         # without headers, expiration or priority is a PlainMessage and its body handle one
@@ -537,11 +625,11 @@ class Dispatcher:
         try:
             outcome = self.vhost.publish_outcome(rec.exchange, message, mandatory=rec.mandatory)
         except AMQPError:
-            self._free_body(worker, rec.offset)
+            self._free(worker, rec.offset, rec.header_len + rec.body_len)
             raise
         routed = outcome.routed
         if routed:
-            self.body_bytes += rec.header_len + rec.body_len
+            self.region_bytes[worker] += rec.header_len + rec.body_len
         if routed == 0:
             if rec.mandatory:
                 # Published with BCC: returned without it (re-encoded), as RabbitMQ returns it.
@@ -554,7 +642,7 @@ class Dispatcher:
                     rec.offset, rec.header_len, rec.body_len, *reheader,
                 ))
             else:
-                self._free_body(worker, rec.offset)
+                self._free(worker, rec.offset, rec.header_len + rec.body_len)
         if rec.confirm:  # a queue refusing it (x-overflow reject-publish) is a nack
             self.outbox[worker].append(r.Confirm(rec.conn, rec.ch, not outcome.rejected))
         self._wake(outcome.notify)

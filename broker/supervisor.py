@@ -63,7 +63,11 @@ class ServeConfig:
     frame_max: int = 131072
     channel_max: int = 2047
     max_message_size: int = 16 << 20
-    memory_high_watermark: int = 0  # bytes of messages held; 0: 80% of all arenas
+    # Memory alarm per worker arena: bytes of messages held in one worker's arena at which its
+    # publishers are blocked (0: 80% of --arena-mb), and below which they are unblocked
+    # (0: 90% of the high watermark).
+    memory_high_watermark: int = 0
+    memory_low_watermark: int = 0
     trace: str | None = None  # directory for trace files (shoal report reads them)
     log_level: str = "info"
     ready_file: str | None = None
@@ -118,8 +122,9 @@ class Supervisor:
             )
             self.workers.append(_WorkerSlot(k, region))
         self._listener = self._bind()
-        self.dispatcher.high_watermark = c.memory_high_watermark or (
-            c.workers * (c.arena_mb << 20) * 4 // 5)
+        high = c.memory_high_watermark or (c.arena_mb << 20) * 4 // 5
+        self.dispatcher.high_watermark = high
+        self.dispatcher.low_watermark = min(c.memory_low_watermark or high * 9 // 10, high)
         if c.trace:
             from perf.tracewriter import TraceWriter  # lazily: pyarrow is heavy
 

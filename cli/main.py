@@ -45,9 +45,12 @@ def main() -> None:
               help="Most channels per connection offered to clients.")
 @click.option("--max-message-size", default=16 << 20, show_default=True,
               type=click.IntRange(1, 512 << 20), help="Largest message body accepted, in bytes.")
-@click.option("--memory-high-watermark", default=0, show_default="80% of all arenas",
-              type=click.IntRange(0), help="Bytes of messages held above which publishers get "
-              "connection.blocked and are paused until it drops (0: the default).")
+@click.option("--memory-high-watermark", default=0, show_default="80% of --arena-mb",
+              type=click.IntRange(0), help="Bytes of messages held in one worker's arena at which "
+              "that worker's publishers get connection.blocked and are paused (0: the default).")
+@click.option("--memory-low-watermark", default=0, show_default="90% of the high watermark",
+              type=click.IntRange(0), help="Bytes of messages held in a blocked worker's arena "
+              "below which its publishers are unblocked (0: the default).")
 @click.option("--trace", default=None, type=click.Path(file_okay=False),
               help="Write trace files (Arrow IPC) of every message's stages into this "
               "directory; analyse them with `shoal report DIR`.")

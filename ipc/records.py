@@ -193,6 +193,13 @@ class Publish(_Record, frozen=True, tag="pub"):
     priority: int | None = None
 
 
+class ArenaWait(_Record, frozen=True, tag="arenawait"):
+    """The worker's arena has no block of ``size`` bytes for a publish: answer with
+    ``ArenaFreed`` once blocks of this region have been freed (no polling)."""
+
+    size: int
+
+
 class ExchangeBind(_Record, frozen=True, tag="xbind"):
     """exchange.bind: messages routed by ``source`` also go to ``destination``."""
 
@@ -260,6 +267,7 @@ Request = (
     | Publish
     | Settle
     | Sync
+    | ArenaWait
 )
 
 
@@ -366,10 +374,23 @@ class Cancelled(_Record, frozen=True, tag="cancelled"):
 
 
 class Blocked(_Record, frozen=True, tag="blocked"):
-    """Message bodies held crossed the memory high watermark (``active``) or
-    fell back below it: connection.blocked / unblocked, publishing paused."""
+    """Message bodies held in this worker's arena crossed its memory high watermark
+    (``active``) or fell below its low watermark: connection.blocked / unblocked,
+    publishing paused."""
 
     active: bool
+
+
+class Credit(_Record, frozen=True, tag="credit"):
+    """Publish credit given back (credit flow): connection ``conns[i]`` may send
+    ``counts[i]`` more Publish records. Withheld while the supervisor is behind."""
+
+    conns: list[int]
+    counts: list[int]
+
+
+class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
+    """Blocks of this worker's arena were freed since its ``ArenaWait``: allocate again."""
 
 
 Event = (
@@ -382,6 +403,8 @@ Event = (
     | Confirm
     | Cancelled
     | Blocked
+    | Credit
+    | ArenaFreed
 )
 
 

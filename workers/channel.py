@@ -485,6 +485,7 @@ class Channel:
             self._send_publish(rec)
 
     def _send_publish(self, rec: r.Publish) -> None:
+        self.session.credit -= 1  # given back by the supervisor (Credit) once absorbed
         trace = self.worker.trace
         if trace is not None:
             trace.published(time.monotonic_ns(), rec.conn, rec.ch, rec.exchange, rec.routing_key,

@@ -364,6 +364,7 @@ class AMQPConnection:
         self._state = State.HANDSHAKE
         self._buffer = FrameBuffer(FRAME_MIN_SIZE)
         self._out: list[bytes | bytearray | memoryview] = []
+        self.unsent_bytes = 0  # queued in _out (bounded by the runtime: it stops reading)
         self._events: list[Event] = []
         self._channels: dict[int, _Channel] = {}
 
@@ -386,6 +387,9 @@ class AMQPConnection:
         self._last_received = 0.0
         self._last_sent = 0.0
         self._closing_since: float | None = None
+        # The runtime stopped reading the socket (credit flow, memory alarm, unsent output):
+        # the client's silence is ours, so it does not count as missed heartbeats.
+        self.reading_paused = False
 
     # -- public: state ----------------------------------------------------------
 
@@ -447,7 +451,7 @@ class AMQPConnection:
             self._finish(Input.ABORT, reason)
             return False
         if self._heartbeat_due(now):
-            self._out.append(codec.HEARTBEAT_FRAME)
+            self._queue_out(codec.HEARTBEAT_FRAME)
             self._last_sent = now
         return True
 
@@ -461,14 +465,19 @@ class AMQPConnection:
         # One item (a 256 KiB delivery, say) goes out as it is: joining would copy it.
         data = out[0] if len(out) == 1 and type(out[0]) is bytes else b"".join(out)
         out.clear()
+        self.unsent_bytes = 0
         self._bytes_sent += len(data)
         return data
+
+    def _queue_out(self, data: bytes | bytearray | memoryview) -> None:
+        self._out.append(data)
+        self.unsent_bytes += len(data)
 
     def send_method(self, channel: int, method: base.Frame) -> bool:
         """Queue a pamqp method; False (dropped) if the channel is not open."""
         if not self._can_send(channel):
             return False
-        self._out.append(codec.encode_method(channel, method))
+        self._queue_out(codec.encode_method(channel, method))
         return True
 
     def send_raw(self, data: bytes | bytearray | memoryview, channel: int | None = None) -> bool:
@@ -476,7 +485,8 @@ class AMQPConnection:
         connection, or ``channel`` when given, is no longer open."""
         if not self._can_send(0 if channel is None else channel):
             return False
-        self._out.append(data)
+        self._out.append(data)  # _queue_out, inlined: every delivery comes this way
+        self.unsent_bytes += len(data)
         return True
 
     def close_channel(
@@ -489,7 +499,7 @@ class AMQPConnection:
         chan.reset_content()
         chan.move(ChannelState.CLOSING)
         close = commands.Channel.Close(reply_code, _shortstr(reply_text), class_id, method_id)
-        self._out.append(codec.encode_method(channel, close))
+        self._queue_out(codec.encode_method(channel, close))
 
     def close(
         self, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
@@ -546,7 +556,7 @@ class AMQPConnection:
 
     def _send_close(self, reply_code: int, reply_text: str, class_id: int, method_id: int) -> None:
         close = commands.Connection.Close(reply_code, _shortstr(reply_text), class_id, method_id)
-        self._out.append(codec.encode_method(0, close))
+        self._queue_out(codec.encode_method(0, close))
         self.close_reason = f"closed by server: {reply_text}"
         self._enter(self._transition(Input.SEND_CLOSE))
 
@@ -566,7 +576,7 @@ class AMQPConnection:
             return
         if header not in ACCEPTED_PROTOCOL_HEADERS:
             # AMQP 0-9-1 §4.2.2: answer with the header we support, then close.
-            self._out.append(PROTOCOL_HEADER)
+            self._queue_out(PROTOCOL_HEADER)
             self._finish(Input.ABORT, f"bad protocol header {header!r}")
             return
         self._enter(self._transition(Input.PROTOCOL_HEADER))
@@ -577,7 +587,7 @@ class AMQPConnection:
             mechanisms=" ".join(MECHANISMS),
             locales="en_US",
         )
-        self._out.append(codec.encode_method(0, start))
+        self._queue_out(codec.encode_method(0, start))
 
     def _read_frames(self) -> None:
         buffer = self._buffer
@@ -661,7 +671,7 @@ class AMQPConnection:
             frame_max=self._server_frame_max,
             heartbeat=self._server_heartbeat,
         )
-        self._out.append(codec.encode_method(0, tune))
+        self._queue_out(codec.encode_method(0, tune))
 
     def _authenticate(self, mechanism: str, response: str | bytes) -> str:
         decoder = _SASL_DECODERS.get(mechanism)
@@ -699,7 +709,7 @@ class AMQPConnection:
         if vhost != "/":
             raise AMQPError(NOT_ALLOWED, f"vhost {vhost} not found", 10, 40)
         self.vhost = vhost
-        self._out.append(codec.encode_method(0, commands.Connection.OpenOk()))
+        self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
         self._events.append(
             ConnectionOpened(
                 vhost,
@@ -712,7 +722,7 @@ class AMQPConnection:
         )
 
     def _on_close(self, method: commands.Connection.Close) -> None:
-        self._out.append(codec.encode_method(0, commands.Connection.CloseOk()))
+        self._queue_out(codec.encode_method(0, commands.Connection.CloseOk()))
         self.close_reason = f"closed by client: {method.reply_code} {method.reply_text}"
 
     def _on_close_ok(self, method: commands.Connection.CloseOk) -> None:
@@ -740,7 +750,7 @@ class AMQPConnection:
         if not isinstance(method, commands.Channel.Open):
             raise AMQPError(CHANNEL_ERROR, "expected 'channel.open'", *method_ids(method))
         self._channels[channel] = _Channel()
-        self._out.append(codec.encode_method(channel, commands.Channel.OpenOk()))
+        self._queue_out(codec.encode_method(channel, commands.Channel.OpenOk()))
         self._events.append(ChannelOpened(channel))
 
     def _on_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
@@ -750,7 +760,7 @@ class AMQPConnection:
             return
         method = _decode_ack(payload) if ids == _ACK_IDS else _decode(payload)
         if isinstance(method, commands.Channel.Close):
-            self._out.append(codec.encode_method(channel, commands.Channel.CloseOk()))
+            self._queue_out(codec.encode_method(channel, commands.Channel.CloseOk()))
             self._drop_channel(channel)
         elif isinstance(method, commands.Channel.Open):
             raise AMQPError(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
@@ -763,7 +773,7 @@ class AMQPConnection:
     def _on_closing_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
         ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
         if ids == (20, 40):  # channel.close crossing ours: answer it, keep waiting
-            self._out.append(codec.encode_method(channel, commands.Channel.CloseOk()))
+            self._queue_out(codec.encode_method(channel, commands.Channel.CloseOk()))
         elif ids == (20, 41):
             self._drop_channel(channel)
 
@@ -847,7 +857,7 @@ class AMQPConnection:
     def _observe_traffic(self, now: float) -> None:
         if self._started_at is None:
             self._started_at = self._last_received = self._last_sent = now
-        if self._bytes_received != self._seen_received:
+        if self._bytes_received != self._seen_received or self.reading_paused:
             self._seen_received = self._bytes_received
             self._last_received = now
         if self._bytes_sent != self._seen_sent:

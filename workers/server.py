@@ -36,7 +36,10 @@ log = logging.getLogger("shoal.worker")
 
 RECEIVE_SIZE = 256 << 10
 SHUTDOWN_GRACE = 1.0
-ALLOC_RETRY = 0.002
+ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
+# A publish waiting for arena room is woken by ArenaFreed; it also looks again this often,
+# for room freed while its ArenaWait was on the way (the supervisor did not count that).
+ARENA_RECHECK = 0.25
 ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
 # accept() errors that concern only the connection being accepted (as trio's own listener)
 _ACCEPT_SKIP = {
@@ -170,6 +173,10 @@ class Server:
         elif not active:
             self._unblocked.set()
 
+    def _on_arena_freed(self) -> None:
+        self._arena_freed.set()
+        self._arena_freed = trio.Event()
+
     async def _flusher(self) -> None:
         """Write the request outbox once per scheduling round: every task that
         was ready adds its records first, then one ring write, one wake-up."""
@@ -270,6 +277,8 @@ class Server:
         proto = session.proto
         worker = self.worker
         while not proto.closed:
+            if session.reading_stop is not None:
+                await self._stop_reading(session)
             try:
                 data = await stream.receive_some(RECEIVE_SIZE)
             except trio.BrokenResourceError:
@@ -288,25 +297,42 @@ class Server:
             worker.dirty.add(session)
             worker.after_batch()
 
+    async def _stop_reading(self, session: Session) -> None:
+        """Credit flow and bounded output: leave the socket unread (the client's TCP
+        window fills and its writes stop, as RabbitMQ's reader does) until the
+        supervisor gives credit back or the writer has sent enough."""
+        session.proto.reading_paused = True
+        try:
+            while session.reading_stop is not None:
+                resume = trio.Event()
+                session.wake_reader = resume.set
+                self.worker.after_batch()
+                await resume.wait()
+        finally:
+            session.wake_reader = _nothing
+            session.proto.reading_paused = False
+
     async def _publish(self, session: Session, event: ev.PublishReceived) -> None:
         """Copy a publish into this worker's arena; wait for room when it is full
         (the client is back-pressured by our not reading its socket)."""
         session.publishes = True
-        while self.worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
-            session.set_blocked(True)
-            self.worker.after_batch()
-            await self._unblocked.wait()
+        worker = self.worker
+        if worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
+            session.proto.reading_paused = True
+            while worker.blocked:
+                session.set_blocked(True)
+                worker.after_batch()
+                await self._unblocked.wait()
+            session.proto.reading_paused = False
         headers, expiration, priority, reply_to = codec.publish_properties(event.header_payload)
         header = session.publish_header(event, reply_to)
         if header is None:
             return
         size = len(header) + event.body_size
-        arena = self.worker.region.arena
+        arena = worker.region.arena
         offset = arena.alloc(size)
-        while offset is None:
-            self.worker.after_batch()
-            await trio.sleep(ALLOC_RETRY)
-            offset = arena.alloc(size)
+        if offset is None:
+            offset = await self._wait_for_room(session, size)
         view = arena.view(offset, size)
         view[: len(header)] = header
         pos = len(header)
@@ -314,6 +340,26 @@ class Server:
             view[pos : pos + len(chunk)] = chunk
             pos += len(chunk)
         session.publish(event, offset, len(header), headers, expiration, priority)
+
+    async def _wait_for_room(self, session: Session, size: int) -> int:
+        """The arena has no block of ``size``: tell our publishers connection.blocked and
+        wait until the supervisor has freed that much here (ArenaFreed), not polling."""
+        worker = self.worker
+        arena = worker.region.arena
+        session.proto.reading_paused = True
+        try:
+            while True:
+                worker.set_arena_full(True)
+                worker.send(r.ArenaWait(size))
+                worker.after_batch()
+                with trio.move_on_after(ARENA_RECHECK):
+                    await self._arena_freed.wait()
+                offset = arena.alloc(size)
+                if offset is not None:
+                    worker.set_arena_full(False)
+                    return offset
+        finally:
+            session.proto.reading_paused = False
 
     async def _writer(self, stream: trio.SocketStream, session: Session, bell: _Doorbell) -> None:
         try:
@@ -330,6 +376,10 @@ class Server:
             return
         finally:
             bell.drained.set()
+
+
+def _nothing() -> None:
+    pass
 
 
 async def serve(config: r.WorkerConfig) -> None:

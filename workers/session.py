@@ -16,7 +16,7 @@ from ipc import records as r
 from workers import codec
 from workers import events as ev
 from workers.channel import Channel
-from workers.connection import AMQPConnection, AMQPError
+from workers.connection import AMQPConnection, AMQPError, State
 
 if TYPE_CHECKING:
     from workers.worker import Worker
@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 # Output buffered for one connection beyond which its consumers stop pulling
 # (seed: TCP back-pressure turns into setNotifyWorkDesired(false)).
 HIGH_WATER = 4 << 20
+# Unsent output beyond which the worker stops reading the connection, whatever produced
+# it (replies to a pipelined method flood, say): a client that does not read cannot make
+# the worker hold more than this for it.
+OUTPUT_BOUND = 2 * HIGH_WATER
+# Publishes a connection may have on the request ring that the supervisor has not given
+# back as credit (RabbitMQ's credit flow: reader -> channel -> queue, initial credit 400).
+PUBLISH_CREDIT = 400
 REPLY_TO = "amq.rabbitmq.reply-to"
 HARD_CODES = frozenset({320, 501, 502, 503, 504, 505, 506, 530, 540, 541})
 
@@ -42,9 +49,10 @@ class Session:
         self.publishes = False  # RabbitMQ blocks (and tells) only publishing connections
         self.confirms_pending: set[Channel] = set()
         self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
-        self.pending_bytes = 0  # produced since the writer last took output
         self.in_flight = 0  # handed to the socket, not yet written
+        self.credit = PUBLISH_CREDIT  # Publish records we may still send (credit flow)
         self.wake_writer = lambda: None
+        self.wake_reader = lambda: None  # the reader may be waiting for credit or output room
 
     @property
     def frame_max(self) -> int:
@@ -52,7 +60,37 @@ class Session:
 
     @property
     def backpressured(self) -> bool:
-        return self.pending_bytes + self.in_flight > HIGH_WATER
+        return self.proto.unsent_bytes + self.in_flight > HIGH_WATER
+
+    @property
+    def reading_stop(self) -> str | None:
+        """Why the worker must not read this connection now, or None: ``flow`` (its
+        publish credit is spent) or ``output`` (too much unsent output). A closing
+        connection is read: its close-ok must come through."""
+        if self.proto.state is State.CLOSING:
+            return None
+        if self.proto.unsent_bytes + self.in_flight > OUTPUT_BOUND:
+            return "output"
+        if self.credit <= 0:
+            return "flow"
+        return None
+
+    @property
+    def state(self) -> str:
+        """The connection's state as ``rabbitmqctl list_connections`` names it: ``running``;
+        ``flow`` while credit flow or unsent output stops its reader; ``blocking`` while the
+        memory alarm is on and it has not published, ``blocked`` once it has; ``closing``."""
+        if self.finished or self.proto.state in (State.CLOSING, State.CLOSED):
+            return "closing"
+        if self.worker.alarmed:
+            return "blocked" if self.publishes else "blocking"
+        return "running" if self.reading_stop is None else "flow"
+
+    def add_credit(self, n: int) -> None:
+        was_stopped = self.credit <= 0
+        self.credit += n
+        if was_stopped and self.credit > 0:
+            self.wake_reader()
 
     # ------------------------------------------------------------- output
 
@@ -62,12 +100,10 @@ class Session:
 
     def send_raw(self, data: bytes) -> None:
         self.proto.send_raw(data)
-        self.pending_bytes += len(data)
         self.worker.dirty.add(self)
 
     def take_output(self) -> bytes:
         data = self.proto.data_to_send()
-        self.pending_bytes = 0
         self.in_flight = len(data)
         return data
 
@@ -81,6 +117,8 @@ class Session:
         if was and not self.backpressured:
             for ch in self.channels.values():
                 ch.refresh_all()
+        if self.proto.unsent_bytes <= OUTPUT_BOUND:
+            self.wake_reader()
 
     # ------------------------------------------------------ protocol events
 

@@ -53,8 +53,10 @@ class Worker:
 
             self.trace = TraceWriter(config.trace_dir, f"worker{config.index}",
                                      worker=config.index)
-        self.blocked = False  # the supervisor says: memory high watermark crossed
+        self.blocked = False  # the supervisor says: our arena is past its memory watermark
+        self.arena_full = False  # a publish found no room in our arena and waits for some
         self.on_blocked: Callable[[bool], object] = lambda active: None
+        self.on_arena_freed: Callable[[], object] = lambda: None
         self.want_flush: Callable[[], object] = self.flush_requests  # the server defers it
 
     # ---------------------------------------------------------- requests
@@ -155,16 +157,41 @@ class Worker:
                 target = self.targets.get(cid)
                 if target is not None:
                     target.channel.on_cancelled(target)
+            case r.Credit(conns=conns, counts=counts):
+                sessions = self.sessions
+                for conn, n in zip(conns, counts, strict=True):
+                    session = sessions.get(conn)
+                    if session is not None:
+                        session.add_credit(n)
             case r.Blocked(active=active):
                 self.blocked = active
-                for session in self.sessions.values():
-                    session.set_blocked(active)
+                self._tell_blocked()
                 self.on_blocked(active)
+            case r.ArenaFreed():
+                self.on_arena_freed()
             case r.Returned():
                 self._session_event(event)
                 self.region.arena.free(event.offset)  # our own block, always
             case _:
                 self._session_event(event)
+
+    @property
+    def alarmed(self) -> bool:
+        """Publishers here are told connection.blocked: memory alarm or a full arena."""
+        return self.blocked or self.arena_full
+
+    def set_arena_full(self, full: bool) -> None:
+        """A publish waits for arena room (``full``), or got it: our publishers are told
+        connection.blocked meanwhile, as for the memory alarm, instead of stalling silently."""
+        if full != self.arena_full:
+            self.arena_full = full
+            self._tell_blocked()
+
+    def _tell_blocked(self) -> None:
+        alarmed = self.alarmed
+        for session in self.sessions.values():
+            session.set_blocked(alarmed)
+            self.dirty.add(session)
 
     def _internal_error(self, event: Any) -> None:
         """An event we failed to apply: close its connection with 541 INTERNAL_ERROR (the

@@ -1,0 +1,207 @@
+"""Flow control in the supervisor's dispatch: publish credit (credit flow), the per-worker
+memory alarm with hysteresis, and arena room for a publish that found none."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker.dispatch import FLOW_BACKLOG, Dispatcher
+from ipc import records as r
+
+W0, W1 = 0, 1
+SIZE = 116  # header 16 + body 100, as Harness.publish writes them
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.freed: list[tuple[int, int]] = []
+        self.d = Dispatcher(2, lambda region, offset: self.freed.append((region, offset)))
+        self._offset = 0
+
+    def send(self, worker: int, rec: r.Request) -> None:
+        self.d.handle(worker, rec)
+
+    def events(self, worker: int) -> list[r.Event]:
+        out = list(self.d.outbox[worker])
+        self.d.outbox[worker].clear()
+        return out
+
+    def credit(self, worker: int) -> dict[int, int]:
+        """Credit given to ``worker``'s connections since last asked (other events dropped)."""
+        granted: dict[int, int] = {}
+        for e in self.events(worker):
+            if isinstance(e, r.Credit):
+                for conn, n in zip(e.conns, e.counts, strict=True):
+                    granted[conn] = granted.get(conn, 0) + n
+        return granted
+
+    def declare(self, name: str, worker: int = W0) -> None:
+        self.send(worker, r.QueueDeclare(1, 1, name, False, False, False, False, {}, False))
+        self.events(worker)
+
+    def publish(self, rk: str, worker: int = W0, conn: int = 1, exchange: str = "") -> int:
+        self._offset += 256
+        self.send(worker, r.Publish(conn, 1, exchange, rk, False, False, self._offset, 16, 100,
+                                    None))
+        return self._offset
+
+    def consume(self, queue: str, cid: int, worker: int = W1, *, interested: bool = True) -> None:
+        self.send(worker, r.Consume(7, 1, cid, cid, queue, f"c{cid}", False, False, 0, False,
+                                    interested, False))
+        self.events(worker)
+
+    def get_and_ack(self, queue: str, worker: int = W1) -> None:
+        self.send(worker, r.Get(7, 1, queue, False))
+        (ok,) = self.events(worker)
+        assert isinstance(ok, r.GetOk)
+        self.send(worker, r.Settle(7, 1, [ok.delivery.entry], r.ACK))
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+# -- credit flow ------------------------------------------------------------------------
+
+
+def test_applied_publishes_give_their_credit_back_per_connection(h: Harness) -> None:
+    h.declare("q")
+    for _ in range(3):
+        h.publish("q", conn=1)
+    h.publish("q", conn=2)
+    h.publish("q", worker=W1, conn=1)
+    h.d.end_batch()
+    assert h.credit(W0) == {1: 3, 2: 1}
+    assert h.credit(W1) == {1: 1}
+    h.d.end_batch()
+    assert h.credit(W0) == {}  # given once
+
+
+def test_a_refused_publish_gives_its_credit_back_too(h: Harness) -> None:
+    h.publish("q", exchange="no-such-exchange")
+    (error,) = [e for e in h.events(W0) if isinstance(e, r.Error)]
+    assert error.code == 404
+    h.d.end_batch()
+    assert h.credit(W0) == {1: 1}
+
+
+def _backlog_with_a_woken_consumer(h: Harness) -> None:
+    h.declare("q")
+    h.consume("q", cid=1, interested=False)
+    for _ in range(FLOW_BACKLOG):
+        h.publish("q")
+    h.send(W1, r.Interest(1, True))  # credit came back: the queue wakes it, it has not pulled
+    assert h.d.notify[W1] == [1]
+
+
+def test_credit_is_withheld_while_a_woken_consumer_waits_on_a_backlog(h: Harness) -> None:
+    """The supervisor is behind: publishers wait, the consumer's pull comes first."""
+    _backlog_with_a_woken_consumer(h)
+    h.d.end_batch()
+    assert h.credit(W0) == {}
+    assert h.d.behind
+    h.publish("q")
+    h.d.end_batch()
+    assert h.credit(W0) == {}
+
+    h.send(W1, r.Pull(1, 10))  # served: not behind any more; the credit held back comes back
+    h.d.end_batch()
+    assert not h.d.behind
+    assert h.credit(W0) == {1: FLOW_BACKLOG + 1}
+
+
+def test_a_backlog_whose_consumers_have_no_credit_does_not_hold_publishers(h: Harness) -> None:
+    """Slow consumers (all prefetch used) are not the supervisor being behind: RabbitMQ lets
+    such a queue grow, and so do we."""
+    h.declare("q")
+    h.consume("q", cid=1, interested=False)
+    for _ in range(FLOW_BACKLOG * 2):
+        h.publish("q")
+    h.d.end_batch()
+    assert h.credit(W0) == {1: FLOW_BACKLOG * 2}
+
+
+def test_a_short_queue_with_a_woken_consumer_does_not_hold_publishers(h: Harness) -> None:
+    h.declare("q")
+    h.consume("q", cid=1)
+    h.publish("q")  # wakes the consumer, which has not pulled yet
+    h.d.end_batch()
+    assert h.credit(W0) == {1: 1}
+
+
+def test_credit_held_back_is_released_by_the_timer_when_nothing_else_comes(h: Harness) -> None:
+    _backlog_with_a_woken_consumer(h)
+    h.d.end_batch()
+    assert h.credit(W0) == {}
+    h.send(W1, r.Cancel(7, 1, 1, False))  # the waiting consumer goes
+    h.d.tick(1.0)
+    assert h.credit(W0) == {1: FLOW_BACKLOG}
+
+
+def test_a_dead_workers_credit_is_forgotten(h: Harness) -> None:
+    h.declare("q")
+    h.publish("q", worker=W1)
+    h.d.worker_died(W1)
+    h.d.end_batch()
+    assert h.credit(W1) == {}
+
+
+# -- memory alarm -----------------------------------------------------------------------
+
+
+def test_memory_alarm_blocks_the_filling_workers_publishers_only_with_hysteresis(
+        h: Harness) -> None:
+    h.d.high_watermark = 10 * SIZE
+    h.d.low_watermark = 5 * SIZE
+    h.declare("q")
+    for _ in range(9):
+        h.publish("q")
+    h.d.end_batch()
+    assert [e for e in h.events(W0) if isinstance(e, r.Blocked)] == []
+    h.publish("q")  # the tenth reaches the high watermark
+    h.d.end_batch()
+    assert [e for e in h.events(W0) if isinstance(e, r.Blocked)] == [r.Blocked(True)]
+    assert [e for e in h.events(W1) if isinstance(e, r.Blocked)] == []
+
+    for _ in range(4):  # 6 held: below high, above low -- still blocked
+        h.get_and_ack("q")
+    h.d.end_batch()
+    assert [e for e in h.events(W0) if isinstance(e, r.Blocked)] == []
+    h.get_and_ack("q")
+    h.d.end_batch()
+    assert [e for e in h.events(W0) if isinstance(e, r.Blocked)] == []  # 5 held: not below low
+    h.get_and_ack("q")
+    h.d.end_batch()
+    assert [e for e in h.events(W0) if isinstance(e, r.Blocked)] == [r.Blocked(False)]
+
+
+def test_a_replacement_worker_learns_its_arena_is_still_over_the_watermark(h: Harness) -> None:
+    h.d.high_watermark = h.d.low_watermark = SIZE
+    h.declare("q")
+    h.publish("q")
+    h.d.end_batch()
+    assert r.Blocked(True) in h.events(W0)
+    h.d.worker_died(W0)
+    h.send(W0, r.Hello(1234))
+    assert r.Blocked(True) in h.events(W0)
+
+
+# -- arena room -------------------------------------------------------------------------
+
+
+def test_arena_wait_is_answered_once_that_much_was_freed_in_its_region(h: Harness) -> None:
+    h.declare("q")
+    h.declare("other")
+    for _ in range(3):
+        h.publish("q")
+    h.publish("other", worker=W1)
+    h.events(W0)
+    h.send(W0, r.ArenaWait(2 * SIZE))
+    h.get_and_ack("other")  # freed in W1's region: not what W0 waits for
+    h.get_and_ack("q")
+    assert r.ArenaFreed() not in h.events(W0)
+    h.get_and_ack("q")
+    assert h.events(W0).count(r.ArenaFreed()) == 1
+    h.get_and_ack("q")
+    assert r.ArenaFreed() not in h.events(W0)  # answered once per wait
