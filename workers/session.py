@@ -51,6 +51,7 @@ class Session:
         self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
         self.in_flight = 0  # handed to the socket, not yet written
         self.credit = PUBLISH_CREDIT  # Publish records we may still send (credit flow)
+        self.output_bound = OUTPUT_BOUND
         self.wake_writer = lambda: None
         self.wake_reader = lambda: None  # the reader may be waiting for credit or output room
 
@@ -69,7 +70,7 @@ class Session:
         connection is read: its close-ok must come through."""
         if self.proto.state is State.CLOSING:
             return None
-        if self.proto.unsent_bytes + self.in_flight > OUTPUT_BOUND:
+        if self.proto.unsent_bytes + self.in_flight > self.output_bound:
             return "output"
         if self.credit <= 0:
             return "flow"
@@ -117,7 +118,7 @@ class Session:
         if was and not self.backpressured:
             for ch in self.channels.values():
                 ch.refresh_all()
-        if self.proto.unsent_bytes <= OUTPUT_BOUND:
+        if self.proto.unsent_bytes <= self.output_bound:
             self.wake_reader()
 
     # ------------------------------------------------------ protocol events

@@ -22,7 +22,7 @@ from workers.channel import Channel
 from workers.connection import AMQPConnection, State, default_server_properties
 from workers.consumer_target import ConsumerTarget
 from workers.frame_buffer import PROTOCOL_HEADER
-from workers.session import HIGH_WATER, Session
+from workers.session import HIGH_WATER, PUBLISH_CREDIT, Session
 
 CONN = 7
 
@@ -61,8 +61,13 @@ class FakeWorker:
         self.targets: dict[int, ConsumerTarget] = {}
         self.region = SimpleNamespace(arena=FakeArena(arena_size))
         self.blocked = False
+        self.arena_full = False
         self.trace = None
         self._ids = itertools.count(1)
+
+    @property
+    def alarmed(self) -> bool:
+        return self.blocked or self.arena_full
 
     def send(self, rec: Any) -> None:
         self.requests.append(rec)
@@ -382,3 +387,77 @@ def test_connection_close_closes_every_channel_then_the_connection() -> None:
         [r.ChanClose(CONN, 1), r.ChanClose(CONN, 2), r.ConnClose(CONN)], key=repr)
     assert target.id not in h.worker.targets
     assert CONN not in h.worker.sessions
+
+
+# -- flow control: when the worker stops reading a connection ------------------------------
+
+
+def test_publish_credit_stops_reading_after_the_window_and_credit_resumes_it() -> None:
+    """Credit flow: PUBLISH_CREDIT publishes not given back stop the reader (state ``flow``);
+    the supervisor's Credit resumes it and wakes the waiting reader once."""
+    h = Harness()
+    woken: list[str] = []
+    h.session.wake_reader = lambda: woken.append("reader")
+    for _ in range(PUBLISH_CREDIT - 1):
+        h.publish(1, exchange="", routing_key="q")
+    assert h.session.reading_stop is None and h.session.state == "running"
+    h.publish(1, exchange="", routing_key="q")
+    assert len([rec for rec in h.take() if isinstance(rec, r.Publish)]) == PUBLISH_CREDIT
+    assert h.session.reading_stop == "flow" and h.session.state == "flow"
+
+    h.session.add_credit(PUBLISH_CREDIT // 2)
+    assert h.session.reading_stop is None and h.session.state == "running"
+    assert woken == ["reader"]
+    h.session.add_credit(PUBLISH_CREDIT // 2)
+    assert woken == ["reader"]  # it was not stopped: nothing to wake
+
+
+def test_transactional_publishes_take_credit_when_committed() -> None:
+    """Held in the channel until tx.commit, they are not on the ring: no credit used yet."""
+    h = Harness()
+    h.client(1, commands.Tx.Select())
+    h.supervisor(*[])
+    for _ in range(3):
+        h.publish(1, exchange="", routing_key="q")
+    assert h.session.credit == PUBLISH_CREDIT
+    h.client(1, commands.Tx.Commit())
+    assert h.session.credit == PUBLISH_CREDIT - 3
+
+
+def test_unsent_output_past_the_bound_stops_reading_whatever_produced_it() -> None:
+    """A client that pipelines methods the worker answers itself and never reads: past
+    OUTPUT_BOUND of unsent replies the reader stops; once written, it reads again."""
+    h = Harness()
+    h.session.output_bound = 64 << 10  # OUTPUT_BOUND's 8 MiB of qos-ok takes 700k methods
+    flood = frame.marshal(commands.Basic.Qos(prefetch_count=1), 1) * 1024
+    for _ in range(100):
+        if h.session.reading_stop is not None:
+            break
+        h.feed(flood)
+    assert h.session.reading_stop == "output" and h.session.state == "flow"
+    assert h.proto.unsent_bytes > h.session.output_bound
+    woken: list[str] = []
+    h.session.wake_reader = lambda: woken.append("reader")
+    h.frames()  # the writer took everything and the socket accepted it
+    assert h.session.reading_stop is None and woken == ["reader"]
+
+
+def test_a_closing_connection_is_read_for_its_close_ok_even_without_credit() -> None:
+    h = Harness()
+    h.session.credit = 0
+    assert h.session.reading_stop == "flow"
+    h.proto.close(320, "CONNECTION_FORCED")
+    assert h.session.reading_stop is None
+    assert h.session.state == "closing"
+
+
+def test_state_names_the_memory_alarm_as_rabbitmq_does() -> None:
+    """``blocking``: alarm on, the connection has not published; ``blocked`` once it has."""
+    h = Harness()
+    h.worker.blocked = True
+    assert h.session.state == "blocking"
+    h.session.publishes = True
+    assert h.session.state == "blocked"
+    h.worker.blocked = False
+    h.worker.arena_full = True
+    assert h.session.state == "blocked"
