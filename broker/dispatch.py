@@ -127,6 +127,22 @@ class _Subscription:
         self.channel = channel
 
 
+class Listing:
+    """A ``shoal list-connections`` in progress: the workers' answers as they come."""
+
+    __slots__ = ("rows", "waiting", "done")
+
+    def __init__(self, workers: Iterable[int], done: Callable[[], object]) -> None:
+        self.rows: list[tuple[int, r.ConnectionInfo]] = []  # (worker, row)
+        self.waiting = set(workers)
+        self.done = done
+
+    def answered(self, worker: int) -> None:
+        self.waiting.discard(worker)
+        if not self.waiting:
+            self.done()
+
+
 class Dispatcher:
     """Applies worker requests to the virtual host; collects events and wake-ups."""
 
@@ -166,6 +182,7 @@ class Dispatcher:
             r.Settle: self._settle,
             r.Sync: self._reply,
             r.ArenaWait: self._arena_wait,
+            r.ConnectionsListed: self._connections_listed,
         }
         # Tracing (shoal serve --trace): a perf.tracewriter.TraceWriter, else None;
         # every hook below is behind one `is not None` check.
@@ -188,6 +205,7 @@ class Dispatcher:
         self._credit_due: dict[tuple[int, int], int] = {}
         self._woken: set[tuple[int, int]] = set()
         self.behind = False
+        self.listings: dict[int, Listing] = {}  # shoal list-connections requests in progress
 
     # ------------------------------------------------------------------ entry
 
@@ -297,7 +315,10 @@ class Dispatcher:
         self._arena_need[worker] = 0
 
     def live_offsets(self, region: int) -> set[int]:
-        """Arena offsets in ``region`` still referenced by a queue or a channel."""
+        for listing in list(self.listings.values()):
+            listing.answered(worker)  # it will not answer: list what the others have
+        """Arena offsets in ``region`` still referenced by a queue or a channel, or by a
+        purged or deleted queue's entry whose body is not freed yet (it will be, once)."""
         live: set[int] = set()
         for q in self.vhost.queues.values():
             for entry in q.entries():
@@ -365,6 +386,22 @@ class Dispatcher:
 
     @staticmethod
     def _delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
+    def list_connections(self, request: int, workers: Iterable[int],
+                         done: Callable[[], object]) -> Listing:
+        """Ask ``workers`` for their connections; ``done`` is called once all answered."""
+        listing = self.listings[request] = Listing(workers, done)
+        for worker in listing.waiting:
+            self.outbox[worker].append(r.ListConnections(request))
+        if not listing.waiting:
+            done()
+        return listing
+
+    def _connections_listed(self, worker: int, rec: r.ConnectionsListed) -> None:
+        listing = self.listings.get(rec.request)
+        if listing is not None:
+            listing.rows.extend((worker, row) for row in rec.rows)
+            listing.answered(worker)
+
         message = entry.message
         region, offset, header_len, body_len = unpack_body_ref(message.body_ref)
         headers = entry.queue.delivery_headers(entry, basic_get=basic_get)

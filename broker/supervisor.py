@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import msgspec
 import trio
 
+from broker.control import ControlServer, default_control_path
 from broker.dispatch import Dispatcher
 from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
@@ -74,6 +75,7 @@ class ServeConfig:
     # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
     users: dict[str, str] = field(default_factory=dict)
 
+    control_socket: str | None = None  # shoal list-connections asks here; None: the default path
 
 class _WorkerSlot:
     """What the supervisor keeps for worker index k across its incarnations."""
@@ -106,6 +108,8 @@ class Supervisor:
         self._alive_r, self._alive_w = os.pipe()
         self._backlog = trio.Event()
         self._all_ready = False
+        self._control_sock: socket.socket | None = None
+        self.control_path = ""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -134,6 +138,11 @@ class Supervisor:
 
     def _fit_arena(self) -> None:
         """Shrink the arenas to what /dev/shm can hold: tmpfs pages are only
+        self.control_path = c.control_socket or default_control_path(self.port)
+        self._control = ControlServer(
+            self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
+            f"{c.host}:{self.port}")
+        self._control_sock = self._control.bind(self.control_path)
         allocated when touched, and touching one past the mount's size limit
         kills the worker with SIGBUS."""
         c = self.config
@@ -166,6 +175,8 @@ class Supervisor:
         if self._listener is not None:
             self._listener.close()
         for fd in (self._alive_r, self._alive_w):
+        if self._control_sock is not None:
+            self._control.close(self._control_sock, self.control_path)
             os.close(fd)
         if self.config.ready_file:
             with contextlib.suppress(FileNotFoundError):
@@ -179,6 +190,8 @@ class Supervisor:
             for w in self.workers:
                 nursery.start_soon(self._supervise, w)
                 nursery.start_soon(self._drain, w)
+            assert self._control_sock is not None
+            nursery.start_soon(self._control.serve, self._control_sock)
 
     async def _signals(self, nursery: trio.Nursery) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -401,3 +414,4 @@ def run(config: ServeConfig) -> int:
     finally:
         sup.cleanup()
     return 0
+            "control": self.control_path,

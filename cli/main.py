@@ -7,6 +7,7 @@ import os
 import click
 
 from broker.supervisor import ServeConfig, run
+from cli.control import list_connections
 from cli.report import report
 
 
@@ -64,6 +65,9 @@ def main() -> None:
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="Write JSON {port, supervisor_pid, worker_pids, instance} here once every "
                    "worker accepts connections (rewritten when a worker is replaced).")
+@click.option("--control-socket", default=None, type=click.Path(dir_okay=False),
+              show_default="$XDG_RUNTIME_DIR/shoal-PORT.sock or /tmp/shoal-UID/shoal-PORT.sock",
+              help="Unix socket (mode 0600) on which `shoal list-connections` asks the broker.")
 def serve(**options: object) -> None:
     """Start the supervisor and its IO workers, and serve AMQP 0-9-1 until SIGTERM/SIGINT."""
     config = ServeConfig(**options)  # type: ignore[arg-type]
@@ -77,4 +81,5 @@ main.add_command(report)
 
 
 if __name__ == "__main__":
+main.add_command(list_connections)
     main()

@@ -200,6 +200,28 @@ class ArenaWait(_Record, frozen=True, tag="arenawait"):
     size: int
 
 
+class ConnectionInfo(msgspec.Struct, frozen=True, array_like=True):
+    """One client connection as ``shoal list-connections`` shows it (rabbitmqctl's columns)."""
+
+    conn: int
+    peer: str  # the client's host:port
+    user: str
+    vhost: str
+    state: str  # running, flow, blocking, blocked, closing (RabbitMQ's names)
+    channels: int
+    client: str  # client_properties["product"], when the client says
+    recv_oct: int
+    send_oct: int
+    connected_at: float  # wall clock, seconds since the epoch
+
+
+class ConnectionsListed(_Record, frozen=True, tag="conns"):
+    """The answer to ``ListConnections``: this worker's connections."""
+
+    request: int
+    rows: list[ConnectionInfo]
+
+
 class ExchangeBind(_Record, frozen=True, tag="xbind"):
     """exchange.bind: messages routed by ``source`` also go to ``destination``."""
 
@@ -268,6 +290,7 @@ Request = (
     | Settle
     | Sync
     | ArenaWait
+    | ConnectionsListed
 )
 
 
@@ -389,6 +412,12 @@ class Credit(_Record, frozen=True, tag="credit"):
     counts: list[int]
 
 
+class ListConnections(_Record, frozen=True, tag="lsconns"):
+    """Answer with ``ConnectionsListed(request, ...)`` (shoal list-connections)."""
+
+    request: int
+
+
 class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
     """Blocks of this worker's arena were freed since its ``ArenaWait``: allocate again."""
 
@@ -405,6 +434,7 @@ Event = (
     | Blocked
     | Credit
     | ArenaFreed
+    | ListConnections
 )
 
 

@@ -398,6 +398,14 @@ class AMQPConnection:
         return self._state
 
     @property
+    def bytes_received(self) -> int:
+        return self._bytes_received
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._bytes_sent
+
+    @property
     def closed(self) -> bool:
         """True once the socket should be closed (after flushing data_to_send)."""
         return self._state is State.CLOSED

@@ -15,10 +15,12 @@ Tasks of a worker process:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import signal
 import socket
+import time
 from typing import Any
 
 import trio
@@ -104,6 +106,8 @@ class Server:
         self._unblocked = trio.Event()
         self._unblocked.set()
         self.worker.on_blocked = self._blocked
+        self._arena_freed = trio.Event()
+        self.worker.on_arena_freed = self._on_arena_freed
         self._balance = AcceptBalance(config.index, self.worker.connection_counts)
 
     async def run(self) -> None:
@@ -248,6 +252,10 @@ class Server:
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users or None,
+        session.connected_at = time.time()
+        with contextlib.suppress(OSError):
+            host, port = stream.socket.getpeername()[:2]
+            session.peer = f"{host}:{port}"
         )
         session = Session(self.worker, next(self.worker.conn_ids), proto)
         self.worker.sessions[session.conn_id] = session

@@ -54,6 +54,8 @@ class Session:
         self.output_bound = OUTPUT_BOUND
         self.wake_writer = lambda: None
         self.wake_reader = lambda: None  # the reader may be waiting for credit or output room
+        self.peer = ""  # host:port of the client, set by the runtime
+        self.connected_at = 0.0
 
     @property
     def frame_max(self) -> int:
@@ -86,6 +88,15 @@ class Session:
         if self.worker.alarmed:
             return "blocked" if self.publishes else "blocking"
         return "running" if self.reading_stop is None else "flow"
+
+    def info(self) -> r.ConnectionInfo:
+        proto = self.proto
+        client = proto.client_properties.get("product")
+        return r.ConnectionInfo(
+            self.conn_id, self.peer, proto.user, proto.vhost, self.state, len(self.channels),
+            client if isinstance(client, str) else "", proto.bytes_received, proto.bytes_sent,
+            self.connected_at,
+        )
 
     def add_credit(self, n: int) -> None:
         was_stopped = self.credit <= 0

@@ -169,6 +169,9 @@ class Worker:
                 self.on_blocked(active)
             case r.ArenaFreed():
                 self.on_arena_freed()
+            case r.ListConnections(request=request):
+                rows = [session.info() for session in self.sessions.values() if session.opened]
+                self.send(r.ConnectionsListed(request, rows))
             case r.Returned():
                 self._session_event(event)
                 self.region.arena.free(event.offset)  # our own block, always

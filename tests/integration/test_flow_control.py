@@ -12,7 +12,10 @@ Each test reproduces a probe of the "Overload" issue and asserts the behaviour, 
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,11 +25,33 @@ import psutil
 import pytest
 from pamqp import commands
 
-from tests.integration.conftest import Broker, close_quietly, finish, start_broker, worker_of
+from tests.integration.conftest import (
+    REPO_ROOT,
+    Broker,
+    close_quietly,
+    finish,
+    start_broker,
+    worker_of,
+)
 from tests.integration.test_compat_pika_async import AsyncDriver
 from tests.integration.rawclient import Bystanders, RawClient, method_frame, publish_frames, unique_name
 
 MiB = 1 << 20
+
+
+def connection_states(broker: Broker) -> dict[str, str]:
+    """``shoal list-connections --json``, run as a user would: {peer or client: state}."""
+    control = json.loads(broker.ready_file.read_text())["control"]
+    out = subprocess.run(
+        [sys.executable, "-m", "cli.main", "list-connections", "--control", control, "--json"],
+        capture_output=True, text=True, timeout=30, check=True, cwd=REPO_ROOT,
+    ).stdout
+    states = {}
+    for row in json.loads(out):
+        states[row["peer"]] = row["state"]
+        if row["client"]:
+            states[row["client"]] = row["state"]
+    return states
 
 
 def _worker_process(broker: Broker, index: int) -> psutil.Process:
@@ -76,6 +101,10 @@ def test_method_flood_without_reads_is_stopped_and_leaves_the_worker_memory_boun
         sent, stalled = _send_until_stalled(flooder.sock, declare * 4096, limit_bytes=512 * MiB,
                                             stall=3.0, limit_s=100.0)
         assert stalled, f"the worker kept reading: {sent / MiB:.0f} MiB of requests taken"
+        host, port = flooder.sock.getsockname()[:2]
+        states = connection_states(broker)
+        assert states[f"{host}:{port}"] == "flow"  # the broker stopped reading it
+        assert states["Pika Python Client Library"] == "running"
         grown = worker.memory_info().rss - rss_before
         assert grown < 96 * MiB, f"worker RSS grew by {grown / MiB:.0f} MiB for one client"
         bystanders.check()
@@ -100,7 +129,7 @@ def test_blocked_publisher_keeps_its_connection_and_every_confirmed_message_arri
     driver = AsyncDriver(broker, "select")
     queue = unique_name("blocked")
     try:
-        connection = driver.connect(heartbeat=5)
+        connection = driver.connect(heartbeat=5, client_properties={"product": "blocked publisher"})
         events: list[str] = []
         connection.add_on_connection_blocked_callback(lambda *_: events.append("blocked"))
         connection.add_on_connection_unblocked_callback(lambda *_: events.append("unblocked"))
@@ -119,6 +148,7 @@ def test_blocked_publisher_keeps_its_connection_and_every_confirmed_message_arri
         published.append(b"while blocked")
         driver.pump(30)  # six heartbeat intervals: a close would be in driver.failures
         assert connection.is_open and events == ["blocked"]
+        assert connection_states(broker)["blocked publisher"] == "blocked"
         assert len(acks) < len(published)
 
         consumer = broker.connect()
