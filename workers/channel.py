@@ -556,6 +556,7 @@ class Channel:
             if settled:
                 done.append(d.entry)
         self._settle(done, r.ACK)
+        target.more = ev.more
         target.notified = ev.more or target.renotified
         target.renotified = False
         self._refresh_after_credit(target)
@@ -594,6 +595,11 @@ class Channel:
             target.interested = credit > 0
             if not target.interested:
                 target.notified = target.renotified = False  # the supervisor hands the work on
+            elif target.more and not self.global_prefetch:
+                # Pull at once (ConsumerTarget.more). Not under global qos: there the
+                # channel's consumers share the credit, and the supervisor's notification
+                # decides which of them takes it.
+                target.notified = True
             self.worker.send(r.Interest(target.id, target.interested))
         if credit > 0 and target.notified and not target.pulling:
             target.pulling = credit

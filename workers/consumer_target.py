@@ -22,7 +22,7 @@ PULL_BATCH = 128
 class ConsumerTarget:
     __slots__ = (
         "id", "slot", "tag", "channel", "queue", "no_ack", "browse", "prefetch",
-        "unacked", "active", "notified", "pulling", "interested", "renotified",
+        "unacked", "active", "notified", "pulling", "interested", "renotified", "more",
     )
 
     def __init__(
@@ -47,6 +47,10 @@ class ConsumerTarget:
         # answer (the answer can be read after the slot: events are read before slots,
         # and the supervisor may write both in between) and must survive its "more=False".
         self.renotified = False
+        # The last pull came back full and the queue said it had more for us. When credit
+        # returns (an ack), we pull with our Interest instead of waiting to be notified: a
+        # consumer acking each message from a backlog saves a round trip per message.
+        self.more = False
 
     @property
     def settles_on_delivery(self) -> bool:

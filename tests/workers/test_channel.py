@@ -73,6 +73,21 @@ def test_prefetch_exhausted_makes_consumer_uninterested_and_ack_restores() -> No
     assert h.take() == [r.Interest(target.id, False)]
 
     h.client(1, commands.Basic.Ack(delivery_tag=1))
+    # The last pull said the queue has more: the credit is pulled with the Interest, not
+    # after a notification's round trip (ConsumerTarget.more).
+    assert h.take() == [r.Settle(CONN, 1, [11], r.ACK), r.Interest(target.id, True),
+                        r.Pull(target.id, 1)]
+
+
+def test_an_ack_after_a_pull_that_emptied_the_queue_only_restores_interest() -> None:
+    """Without "more" from the queue the consumer waits to be notified (no spurious pull)."""
+    h = Harness()
+    target = with_prefetch(h, 1)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 1)]
+    deliver(h, target, [11], more=False)
+    assert h.take() == [r.Interest(target.id, False)]
+    h.client(1, commands.Basic.Ack(delivery_tag=1))
     assert h.take() == [r.Settle(CONN, 1, [11], r.ACK), r.Interest(target.id, True)]
 
 

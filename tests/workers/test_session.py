@@ -230,7 +230,8 @@ def test_backpressure_makes_consumers_uninterested_until_written() -> None:
     h.channel().refresh_all()
     assert h.take() == []  # still in flight: still back-pressured
     h.session.written()
-    assert h.take() == [r.Interest(target.id, True)]
+    # The pull had said "more": credit back, it pulls at once (ConsumerTarget.more).
+    assert h.take() == [r.Interest(target.id, True), r.Pull(target.id, target.credit())]
 
 
 def test_backpressure_holds_every_channel_of_the_connection() -> None:
