@@ -284,7 +284,9 @@ class Dispatcher:
 
     def tick(self, now: float) -> float | None:
         """The timer: expire messages, delete unused x-expires queues, release held
-        messages. Returns the next deadline (None: nothing pending)."""
+        messages, free a slice of purged and deleted queues' bodies -- a bounded step
+        (broker.vhost). Returns the next deadline (None: nothing pending; ``now`` or
+        earlier: more to do at once)."""
         self.vhost.advance(now)
         outcome = self.vhost.tick(now)
         self._wake(outcome.notify)
@@ -313,10 +315,10 @@ class Dispatcher:
         for key in [k for k in self._credit_due if k[0] == worker]:
             del self._credit_due[key]
         self._arena_need[worker] = 0
-
-    def live_offsets(self, region: int) -> set[int]:
         for listing in list(self.listings.values()):
             listing.answered(worker)  # it will not answer: list what the others have
+
+    def live_offsets(self, region: int) -> set[int]:
         """Arena offsets in ``region`` still referenced by a queue or a channel, or by a
         purged or deleted queue's entry whose body is not freed yet (it will be, once)."""
         live: set[int] = set()
@@ -325,6 +327,10 @@ class Dispatcher:
                 in_region, offset, _, _ = unpack_body_ref(entry.message.body_ref)
                 if in_region == region:
                     live.add(offset)
+        for message in self.vhost.buried_messages():
+            in_region, offset, _, _ = unpack_body_ref(message.body_ref)
+            if in_region == region:
+                live.add(offset)
         for chan in self._channels.values():
             for held in chan.acquired.values():
                 in_region, offset, _, _ = unpack_body_ref(held.message.body_ref)
@@ -380,12 +386,6 @@ class Dispatcher:
                 self._arena_need[region] = 0
                 self.outbox[region].append(r.ArenaFreed())
 
-    def _arena_wait(self, worker: int, rec: r.ArenaWait) -> None:
-        self._arena_need[worker] = rec.size
-        self._arena_freed[worker] = 0
-
-    @staticmethod
-    def _delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
     def list_connections(self, request: int, workers: Iterable[int],
                          done: Callable[[], object]) -> Listing:
         """Ask ``workers`` for their connections; ``done`` is called once all answered."""
@@ -402,6 +402,12 @@ class Dispatcher:
             listing.rows.extend((worker, row) for row in rec.rows)
             listing.answered(worker)
 
+    def _arena_wait(self, worker: int, rec: r.ArenaWait) -> None:
+        self._arena_need[worker] = rec.size
+        self._arena_freed[worker] = 0
+
+    @staticmethod
+    def _delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
         message = entry.message
         region, offset, header_len, body_len = unpack_body_ref(message.body_ref)
         headers = entry.queue.delivery_headers(entry, basic_get=basic_get)

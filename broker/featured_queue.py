@@ -19,7 +19,7 @@ O(log n) per message) and is chosen at declare time only for queues that need it
   Shared groups (``qpid.shared_msg_group=1``) belong to a consumer while it holds unsettled
   messages of the group; standard groups stay with their consumer until it goes (Broker-J).
 * ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
-  seed 001); deleted entries are pruned lazily.
+  seed 001); deleted entries are pruned lazily, one window of the list at a time.
 * ``_expiry`` / ``_returns`` -- per entry id: expiry time (monotonic seconds) and how many times
   it was returned (quorum queues' ``delivery_count``; ``x-delivery-limit``).
 
@@ -68,6 +68,15 @@ acquired once, like any other; its expiry is kept, so if it is requeued it expir
 at once (RabbitMQ keeps the original expiry on requeue). Nothing of this costs a queue without
 zero-TTL messages more than an empty-dict check, nor the plain queue anything (untouched).
 
+Bounded steps (Overload). Expiring and releasing held messages spend the host's per-step
+``expire_budget`` (a dead-lettered message costs ``DEAD_LETTER_COST``): when it runs out, the
+rest wait for the next step -- the queue's deadline stays due, so the runtime's timer comes back
+at once, and in between other requests are served. A pull that meets an expired head with no
+budget left answers what it has with ``more`` (its consumer pulls again next step); a basic.get
+answers get-empty. Expired messages are still removed from the head in order, so dead letters
+keep their order. ``purge`` and ``delete`` hand the heaps to the host's graveyard (see
+:class:`broker.queue.Graveyard`) and are O(acquired entries).
+
 Called from: the supervisor process, as a :class:`broker.queue.Queue`.
 """
 
@@ -92,6 +101,7 @@ from broker.message import Message
 from broker.queue import (
     ACQUIRED,
     AVAILABLE,
+    DEAD_LETTER_COST,
     DELETED,
     HELD,
     Queue,
@@ -103,7 +113,12 @@ from broker.queue import (
 _BROWSABLE = frozenset((AVAILABLE, ACQUIRED))
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
+# _order is compacted while more than _COMPACT_AT and half of its entries are deleted: one
+# window of _COMPACT_WINDOW entries per _COMPACT_EVERY deletes (each window removes more than
+# it costs, and no delete pays for a whole list of a million entries).
 _COMPACT_AT = 1024
+_COMPACT_WINDOW = 4096
+_COMPACT_EVERY = 1024
 
 # A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
 ZERO_TTL_GRACE = 1.0
@@ -152,7 +167,13 @@ class FeaturedQueue(Queue):
         self._expiry: dict[int, float] = {}
         self._returns: dict[int, int] = {}
         self._order: list[QueueEntry] = []
-        self._order_dead = 0
+        self._order_dead = 0  # deleted entries still in _order
+        self._order_debt = 0  # deletes since the last compaction window
+        self._order_cursor = 0  # where the next compaction window starts
+        # Budget units per expired message (host.expire_budget); a pull or get that met an
+        # expired head with no budget left sets _starved.
+        self._expire_cost = DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
+        self._starved = False
         # Zero-TTL entries awaiting the pulls their notification causes (module docstring),
         # id -> entry in enqueue order; and consumers that became interested while some were
         # pending -> the last position enqueued before that (they may not take those).
@@ -252,6 +273,7 @@ class FeaturedQueue(Queue):
         now = self._time(now)
         entries: list[QueueEntry] = []
         skipped: list[QueueEntry] = []
+        self._starved = False
         while len(entries) < max_n:
             entry = self._take_for(consumer, now, skipped)
             if entry is None:
@@ -259,7 +281,9 @@ class FeaturedQueue(Queue):
             entries.append(entry)
         if skipped:
             self._put_back(skipped)
-        more = len(entries) == max_n and self._next_heap(consumer) is not None
+        # Starved: expired messages are in the way and this step may expire no more. The
+        # consumer stays Notified and pulls again (the next step drops more of them).
+        more = (len(entries) == max_n or self._starved) and self._next_heap(consumer) is not None
         if more:
             self.consumers.mark_notified(consumer)
         else:
@@ -272,9 +296,11 @@ class FeaturedQueue(Queue):
         """basic.get: the next entry no consumer's group blocks, or None (seed 001 one-shot).
 
         Never a pending zero-TTL entry: it is on its way to a consumer (module docstring).
+        Get-empty, too, when more expired messages are in the way than this step may expire.
         """
         owner = _GetOwner() if self._shared_groups else None
         skipped: list[QueueEntry] = []
+        self._starved = False
         entry = self._take_for(owner, self._time(now), skipped)
         if skipped:
             self._put_back(skipped)
@@ -313,26 +339,52 @@ class FeaturedQueue(Queue):
         return notify
 
     def purge(self) -> int:
-        """queue.purge: drop ready and held entries (RabbitMQ does not dead-letter them)."""
-        dropped = [e for e in self._order if e.state is AVAILABLE or e.state is HELD]
-        self._ready, self._held, self._parked = [], [], {}
-        for entry in dropped:
-            self._count -= 1
-            self._bytes -= entry.message.body_size
-            self._delete(entry)
-        return len(dropped)
+        """queue.purge: drop ready and held entries (RabbitMQ does not dead-letter them).
+
+        Returns how many. O(acquired entries): the heaps go to the host's graveyard whole, and
+        the index and per-entry dicts are rebuilt for the acquired entries, which stay.
+        """
+        count = self._count
+        self._bury_storage()
+        acquired = self._acquired
+        expiry, returns = self._expiry, self._returns
+        self._expiry = {i: expiry[i] for i in acquired if i in expiry}
+        self._returns = {i: returns[i] for i in acquired if i in returns}
+        order = self._order
+        self._order = sorted(acquired.values(), key=_position)
+        self._order_dead = self._order_debt = self._order_cursor = 0
+        host = self._host
+        for container in (order, expiry, returns):
+            host.discard(container)
+        self._count = self._bytes = 0
+        return count
 
     def delete(self) -> list[QueueConsumer]:
         """queue.delete: drop everything, detach every consumer (see Queue.delete)."""
         if self.deleted:
             return []
         # Acquired entries stay in _acquired until settled or released (Queue.delete).
-        dropped = [e for e in self._order if e.state is not DELETED and e.state is not ACQUIRED]
+        self._bury_storage()
+        host = self._host
+        for container in (self._order, self._expiry, self._returns):
+            host.discard(container)
         self._init_storage(self.settings)
-        self._drop_entries(dropped)
         self.deleted = True
         self._exclusive_consumer = None
         return self.consumers.clear()
+
+    def _bury_storage(self) -> None:
+        """Hand the ready, held and parked entries to the host's graveyard: none are left."""
+        host, on_drop = self._host, self._on_drop
+        host.bury(self._ready, pick=1, on_drop=on_drop)
+        host.bury(self._held, pick=2, on_drop=on_drop)
+        for parked in self._parked.values():
+            host.bury(parked, pick=1, on_drop=on_drop)
+        self._ready, self._held, self._parked = [], [], {}
+        if self._zero:  # pending zero-TTL entries were ready ones
+            host.discard(self._zero)
+            self._zero = {}
+        self._late.clear()
 
     def available_entries(self) -> list[QueueEntry]:
         """Available (not held, not acquired) entries in position order (introspection)."""
@@ -380,7 +432,9 @@ class FeaturedQueue(Queue):
         if not zero:
             self._late.clear()
         released: list[QueueEntry] = []
-        while self._held and self._held[0][0] <= now:
+        host = self._host
+        while self._held and self._held[0][0] <= now and host.expire_budget > 0:
+            host.expire_budget -= 1
             entry = heapq.heappop(self._held)[2]
             self._insert(entry)
             released.append(entry)
@@ -549,6 +603,10 @@ class FeaturedQueue(Queue):
             else:
                 expires = self._expiry.get(entry.id) if self._expiry else None
                 if expires is not None and now >= expires:
+                    if not self._spend_expiry():  # the next step drops it (module docstring)
+                        self._insert(entry)
+                        self._starved = True
+                        return None
                     self._drop_available(entry, "expired")  # never delivered
                     continue
             self._acquire_entry(entry, owner)
@@ -687,10 +745,18 @@ class FeaturedQueue(Queue):
             if zero and entry.id in zero:
                 return  # pending: exempt until its round of pulls is over
             expires = self._expiry.get(entry.id)
-            if expires is None or now < expires:
+            if expires is None or now < expires or not self._spend_expiry():
                 return
             heapq.heappop(ready)
             self._drop_available(entry, "expired")
+
+    def _spend_expiry(self) -> bool:
+        """Take one expired message's cost from the step's budget; False when it is spent."""
+        host = self._host
+        if host.expire_budget <= 0:
+            return False
+        host.expire_budget -= self._expire_cost
+        return True
 
     def _drop_available(self, entry: QueueEntry, reason: str) -> None:
         """Remove a ready or held entry already taken off its heap, dead-lettering it."""
@@ -707,9 +773,24 @@ class FeaturedQueue(Queue):
         self._returns.pop(entry.id, None)
         self._order_dead += 1
         if self._order_dead > _COMPACT_AT and self._order_dead * 2 > len(self._order):
-            self._order = [e for e in self._order if e.state is not DELETED]
-            self._order_dead = 0
+            self._order_debt += 1
+            if self._order_debt >= _COMPACT_EVERY:
+                self._order_debt = 0
+                self._compact_order()
         self._unref(entry.message)
+
+    def _compact_order(self) -> None:
+        """Remove the deleted entries of one window of _order, the next window next time
+        (round the list): O(_COMPACT_WINDOW) and a memmove of the rest of the list."""
+        order = self._order
+        start = self._order_cursor if self._order_cursor < len(order) else 0
+        stop = start + _COMPACT_WINDOW
+        window = order[start:stop]
+        live = [e for e in window if e.state is not DELETED]
+        if len(live) < len(window):
+            order[start:stop] = live
+            self._order_dead -= len(window) - len(live)
+        self._order_cursor = start + len(live)
 
     def _next_after(self, position: int) -> QueueEntry | None:
         """The first entry still on the queue past ``position`` in arrival order (a

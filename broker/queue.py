@@ -25,8 +25,10 @@ first available entry -- so the queue keeps one head for all of them:
   next entry is the first available one *after* the pointer.
 * acquired entries are indexed by id so that :meth:`delete` can drop them.
 
-Every per-message operation is O(1) (O(log r) for r released entries); ``purge`` and ``delete``
-are O(entries), as they must be.
+Every per-message operation is O(1) (O(log r) for r released entries). ``purge`` and ``delete``
+are O(1) too: the queue is empty at once, and the lists that held its entries go to the host's
+:class:`Graveyard`, which lets go of their messages a slice at a time between other work
+(Overload: no single operation may hold the supervisor for long).
 
 This is the plain queue, the hot path: no TTL, limits, priorities, groups or held messages.
 Queue arguments that need those pick :class:`broker.featured_queue.FeaturedQueue` at declare
@@ -42,6 +44,7 @@ from __future__ import annotations
 import enum
 import heapq
 import itertools
+from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -78,6 +81,18 @@ new_entry_id = _entry_ids.__next__
 # Drop the consumed prefix of the log once it is this long and at least half of the list.
 _COMPACT_AT = 4096
 
+# Work per step (a batch of requests, a timer tick; see broker.vhost), each about 2 ms on the
+# project's shared 2-core machine (perf/bench_supervisor_slices.py): entries of purged and
+# deleted queues let go of (a message reference dropped, maybe a body freed) ...
+REAP_SLICE = 1000
+# ... and messages expired or released from hold. A dead-lettered message costs
+# DEAD_LETTER_COST of it: its copy is made, routed and enqueued in the same step.
+EXPIRE_SLICE = 250
+DEAD_LETTER_COST = 4
+# Letting go of a container's slot (a None, an object whose last reference it was, a dict item)
+# costs about this many times less than dropping an entry.
+DISMANTLE_PER_DROP = 8
+
 
 def _position(entry: QueueEntry) -> int:
     return entry.position
@@ -109,11 +124,102 @@ class QueueEntry:
         )
 
 
+class Graveyard:
+    """Entries of purged and deleted queues whose messages are still to be let go of.
+
+    queue.purge and queue.delete answer at once (with the message count, as RabbitMQ does);
+    the containers that held the entries are handed over whole (:meth:`bury`) and
+    :meth:`reap` works them off a slice at a time, in the order they were buried: each entry is
+    marked deleted and its message reference dropped (``on_drop`` -- the body freed -- on the
+    last one), exactly once. Containers whose contents only need deallocating (a featured
+    queue's index of entries, its per-entry dicts) are handed over too (:meth:`discard`):
+    freeing a million objects at once costs about as much as dropping them.
+
+    Nothing else sees a buried entry: the queue no longer holds it, and delivered entries are
+    never buried (they stay with their channel until settled). Until it is reaped a buried
+    entry still holds its body, so an arena sweep must count it live (:meth:`messages`).
+    """
+
+    def __init__(self) -> None:
+        # [items, pick, start, on_drop]: items[start:] are entries still to drop (item[pick] when
+        # the list holds heap tuples); a dropped one's slot is set to None. on_drop None: only
+        # dismantle ``items`` (a list from its end, a dict by popitem).
+        self._graves: deque[list[Any]] = deque()
+        self.pending = 0  # buried entries whose message reference is not dropped yet
+
+    def __bool__(self) -> bool:
+        return bool(self._graves)
+
+    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
+             on_drop: Callable[[Message], None] | None) -> None:
+        """Take ``items[keep:]`` (entries, or heap tuples whose ``[pick]`` is the entry) to drop.
+
+        The caller lets go of ``items``; ``items[:keep]`` holds nothing to drop.
+        """
+        if not items:
+            return
+        self.pending += len(items) - keep
+        self._graves.append([items, pick, keep, on_drop or _no_drop])
+
+    def discard(self, container: list[Any] | dict[Any, Any]) -> None:
+        """Take a container the caller let go of, to be dismantled a slice at a time."""
+        if container:
+            self._graves.append([container, None, 0, None])
+
+    def reap(self, limit: int) -> int:
+        """Drop at most ``limit`` entries (dismantling counts ``1/DISMANTLE_PER_DROP`` each),
+        oldest burial first; returns the work done in those units."""
+        done = 0
+        graves = self._graves
+        while graves and done < limit:
+            grave = graves[0]
+            items, pick, start, on_drop = grave
+            if on_drop is None:  # dismantle only
+                n = min((limit - done) * DISMANTLE_PER_DROP, len(items))
+                if isinstance(items, dict):
+                    popitem = items.popitem
+                    for _ in range(n):
+                        popitem()
+                else:
+                    del items[len(items) - n:]
+                if not items:
+                    graves.popleft()
+                done += -(-n // DISMANTLE_PER_DROP)
+            else:
+                stop = min(start + limit - done, len(items))
+                n = stop - start
+                for index in range(start, stop):
+                    item = items[index]
+                    items[index] = None
+                    entry = item if pick is None else item[pick]
+                    entry.state = DELETED
+                    drop_reference(entry.message, on_drop)
+                self.pending -= n
+                grave[2] = stop
+                if stop == len(items):  # what is left is Nones (and consumed slots): dismantle
+                    grave[3] = None
+                done += n
+        return done
+
+    def messages(self) -> Iterator[Message]:
+        """The messages of buried entries not reaped yet (O(buried): an arena sweep)."""
+        for items, pick, start, on_drop in self._graves:
+            if on_drop is None:
+                continue
+            for item in itertools.islice(items, start, None):
+                yield (item if pick is None else item[pick]).message
+
+
+def _no_drop(message: Message) -> None:
+    """on_drop of a queue made without one: the reference is dropped, nothing to free."""
+
+
 class QueueHost(Protocol):
     """What a queue needs from its virtual host (broker.vhost.VirtualHost implements it)."""
 
     now: float  # the latest monotonic time the runtime passed in
     epoch_offset: float  # Unix time minus monotonic time
+    expire_budget: int  # messages this step may still expire or release from hold
 
     def advance(self, now: float) -> None: ...
 
@@ -121,25 +227,44 @@ class QueueHost(Protocol):
 
     def dead_letter(self, queue: Queue, message: Message, reason: str) -> None: ...
 
+    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
+             on_drop: Callable[[Message], None] | None) -> None: ...
+
+    def discard(self, container: list[Any] | dict[Any, Any]) -> None: ...
+
 
 class StandaloneHost:
     """The host of a queue made outside a virtual host: keeps time, has no exchanges.
 
-    Dead-lettered messages have nowhere to go, so they are simply dropped.
+    Dead-lettered messages have nowhere to go, so they are simply dropped; purged and deleted
+    entries are dropped at once.
     """
 
     def __init__(self, now: float = 0.0, epoch_offset: float = 0.0) -> None:
         self.now = now
         self.epoch_offset = epoch_offset
         self.deadlines: dict[Queue, float] = {}
+        self.expire_budget = EXPIRE_SLICE
+        self._graveyard = Graveyard()
 
     def advance(self, now: float) -> None:
-        self.now = max(self.now, now)
+        if now > self.now:
+            self.now = now
+            self.expire_budget = EXPIRE_SLICE
 
     def schedule(self, queue: Queue, deadline: float) -> None:
         self.deadlines[queue] = deadline
 
     def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+        return None
+
+    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
+             on_drop: Callable[[Message], None] | None) -> None:
+        self._graveyard.bury(items, pick=pick, keep=keep, on_drop=on_drop)
+        while self._graveyard.reap(1 << 30):
+            pass
+
+    def discard(self, container: list[Any] | dict[Any, Any]) -> None:
         return None
 
 
@@ -172,7 +297,9 @@ class Queue:
         self.has_ever_had_consumers = False
         self.deleted = False
         self._on_drop = on_drop
-        self._log: list[QueueEntry] = []
+        # Entries from _head on; the consumed slots before it are None (so that a compaction,
+        # a purge or a delete never deallocates a run of entries at once).
+        self._log: list[QueueEntry | None] = []
         self._head = 0
         self._released: list[tuple[int, QueueEntry]] = []
         self._acquired: dict[int, QueueEntry] = {}
@@ -348,13 +475,14 @@ class Queue:
         return self.settle(entry)
 
     def purge(self) -> int:
-        """Drop every available entry (queue.purge); acquired ones stay until settled."""
-        dropped = self.available_entries()
-        self._released.clear()
-        self._log.clear()
-        self._head = 0
-        self._drop_entries(dropped)
-        return len(dropped)
+        """Drop every available entry (queue.purge); acquired ones stay until settled.
+
+        Returns how many. The queue is empty at once; the entries go to the host's graveyard,
+        which drops their messages a slice at a time (RabbitMQ does not dead-letter them).
+        """
+        count = self.message_count
+        self._bury_available()
+        return count
 
     def delete(self) -> list[QueueConsumer]:
         """Drop every ready entry and detach every consumer (queue.delete).
@@ -368,13 +496,20 @@ class Queue:
         if self.deleted:
             return []
         self.deleted = True
-        dropped = self.available_entries()
-        self._released.clear()
-        self._log.clear()
-        self._head = 0
+        self._bury_available()
         self._exclusive_consumer = None
-        self._drop_entries(dropped)
         return self.consumers.clear()
+
+    def _bury_available(self) -> None:
+        """Hand every available entry to the host's graveyard; the queue has none left. O(1)."""
+        host = self._host
+        if self._released:
+            host.bury(self._released, pick=1, on_drop=self._on_drop)
+            self._released = []
+        if self._log:
+            host.bury(self._log, keep=self._head, on_drop=self._on_drop)
+            self._log = []
+            self._head = 0
 
     def _settle_orphan(self, entry: QueueEntry) -> list[QueueConsumer]:
         """An acquired entry of a deleted queue is given back: let its message go."""
@@ -386,7 +521,7 @@ class Queue:
     def available_entries(self) -> list[QueueEntry]:
         """Available entries in position order (introspection; O(n))."""
         released = [entry for _, entry in sorted(self._released)]
-        return released + self._log[self._head:]
+        return released + self._log[self._head:]  # type: ignore[operator]  # no None from _head on
 
     def acquired_entries(self) -> list[QueueEntry]:
         """Acquired, unsettled entries in acquisition order (introspection; O(n))."""
@@ -511,7 +646,8 @@ class Queue:
         if self._released:
             entry = heapq.heappop(self._released)[1]
         elif self._head < len(self._log):
-            entry = self._log[self._head]
+            entry = self._log[self._head]  # type: ignore[assignment]  # never None from _head on
+            self._log[self._head] = None  # the entry lives on in _acquired while it must
             self._head += 1
             self._compact()
         else:
@@ -581,11 +717,6 @@ class Queue:
             position = entry.position
         consumer.browse_position = position
         return seen, len(seen) == max_n and self._next_after(position) is not None
-
-    def _drop_entries(self, entries: list[QueueEntry]) -> None:
-        for entry in entries:
-            entry.state = DELETED
-            self._unref(entry.message)
 
     def _unref(self, message: Message) -> None:
         message.refs -= 1

@@ -24,6 +24,16 @@ once, pinning the body; the copy is routed by :meth:`VirtualHost.drain`, which p
 call themselves and the runtime calls after each batch of requests: routing never re-enters a
 queue in the middle of one of its own operations.
 
+Bounded steps (Overload: no single operation holds the supervisor for long). A *step* is what
+happens at one ``now``: a batch of requests (:meth:`advance` to a later time starts a new one)
+or a timer tick. Each step may expire or release from hold at most ``expire_slice`` messages
+(``expire_budget``, spent by the queues) and drop at most ``reap_slice`` entries of purged and
+deleted queues. queue.purge and queue.delete answer at once -- the queue is empty, or gone, at
+once -- and hand their entries to the :class:`~broker.queue.Graveyard`; the step reaps what its
+budget allows and :meth:`next_deadline` says "now" while anything is left, so the runtime's
+timer ticks again at once and other requests are served in between. Expiry left over by a spent
+budget leaves the queue's deadline due: the same.
+
 Called from: the supervisor process (``broker.dispatch``).
 """
 
@@ -33,7 +43,7 @@ import heapq
 import itertools
 import secrets
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -59,7 +69,7 @@ from broker.message import (
     delivered_headers,
     drop_reference,
 )
-from broker.queue import Queue
+from broker.queue import EXPIRE_SLICE, REAP_SLICE, Graveyard, Queue
 from broker.queue_kinds import make_queue, upgrade
 
 # AMQP 0-9-1 §3.1.3: the default exchange plus the amq.* ones a broker must pre-declare.
@@ -139,6 +149,12 @@ class VirtualHost:
         self._pending: list[QueueConsumer] = []
         self._rejected: list[str] | tuple[str, ...] = ()
         self.dead_lettered = 0  # dead-letter copies made, ever
+        # Work per step (module docstring): the slices, and what is left of them in this step.
+        self.expire_slice = EXPIRE_SLICE
+        self.reap_slice = REAP_SLICE
+        self.expire_budget = EXPIRE_SLICE
+        self._reap_budget = REAP_SLICE
+        self._graveyard = Graveyard()
         # Queues whose kind is not plain: while there are none, publishing through an exchange
         # needs no per-queue check.
         self._featured_queues = 0
@@ -380,7 +396,10 @@ class VirtualHost:
         )
 
     def purge_queue(self, name: str, *, owner: Hashable) -> int:
-        """queue.purge: drop the available messages; returns how many."""
+        """queue.purge: drop the available messages; returns how many.
+
+        The queue is empty at once; their bodies are freed a slice per step (module docstring).
+        """
         return self.queue(name, owner=owner).purge()
 
     def delete_queue(
@@ -645,8 +664,39 @@ class VirtualHost:
     # ------------------------------------------------------------ dead letters, timers
 
     def advance(self, now: float) -> None:
-        """The runtime's clock moved on: the ``now`` used where a call passes none."""
-        self.now = max(self.now, now)
+        """The runtime's clock moved on: the ``now`` used where a call passes none, and a new
+        step with fresh budgets (module docstring)."""
+        if now > self.now:
+            self.now = now
+            self.expire_budget = self.expire_slice
+            self._reap_budget = self.reap_slice
+
+    # Graveyard (broker.queue.QueueHost): what purged and deleted queues let go of.
+
+    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
+             on_drop: Callable[[Message], None] | None) -> None:
+        """Called by a queue: drop the entries ``items[keep:]``, as many as this step's budget
+        allows now (a small queue's at once), the rest over the next steps."""
+        self._graveyard.bury(items, pick=pick, keep=keep, on_drop=on_drop)
+        self._reap()
+
+    def discard(self, container: list[Any] | dict[Any, Any]) -> None:
+        """Called by a queue: deallocate a container it let go of (the same way)."""
+        self._graveyard.discard(container)
+        self._reap()
+
+    def _reap(self) -> None:
+        if self._reap_budget > 0 and self._graveyard:
+            self._reap_budget -= self._graveyard.reap(self._reap_budget)
+
+    @property
+    def buried(self) -> int:
+        """Entries of purged and deleted queues whose messages are not dropped yet."""
+        return self._graveyard.pending
+
+    def buried_messages(self) -> Iterator[Message]:
+        """Their messages: bodies still in use for an arena sweep (O(buried))."""
+        return self._graveyard.messages()
 
     def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
         """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain).
@@ -697,7 +747,12 @@ class VirtualHost:
         heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), queue))
 
     def next_deadline(self) -> float | None:
-        """When the runtime's timer should next call :meth:`tick` (monotonic seconds), or None."""
+        """When the runtime's timer should next call :meth:`tick` (monotonic seconds), or None.
+
+        ``now`` while purged or deleted queues' entries are left to drop.
+        """
+        if self._graveyard:
+            return self.now
         deadlines = self._deadlines
         while deadlines:
             deadline, _, queue = deadlines[0]
@@ -711,21 +766,34 @@ class VirtualHost:
 
         Expired messages are dead-lettered or dropped (``on_drop`` already called). Returns the
         consumers to notify, and the queues deleted with the consumers to cancel.
+
+        One step (module docstring): a slice of the graveyard, and at most ``expire_slice``
+        messages expired or released (each due queue counts one too); a queue still due when
+        the budget is spent is ticked again at once.
         """
         self.advance(now)
+        self.expire_budget = self.expire_slice
+        self._reap_budget = self.reap_slice
+        self._reap()
         before = self.dead_lettered
-        due: list[Queue] = []
-        while self._deadlines and self._deadlines[0][0] <= now:
+        due: list[tuple[float, Queue]] = []
+        while self._deadlines and self._deadlines[0][0] <= now and len(due) < self.expire_slice:
             deadline, _, queue = heapq.heappop(self._deadlines)
             if self._scheduled.get(queue) == deadline:
                 del self._scheduled[queue]
-                due.append(queue)
+                due.append((deadline, queue))
         notify: list[QueueConsumer] = []
         deleted: list[str] = []
         cancelled: list[QueueConsumer] = []
-        for queue in due:
+        for index, (deadline, queue) in enumerate(due):
             if self._queues.get(queue.name) is not queue:
                 continue
+            if self.expire_budget <= 0:  # the rest in the next tick, at once
+                for later_deadline, later in due[index:]:
+                    if self._queues.get(later.name) is later:
+                        self.schedule(later, later_deadline)
+                break
+            self.expire_budget -= 1
             if queue.unused_expired(now):
                 deleted.append(queue.name)
                 cancelled += self._delete_queue(queue)

@@ -1,0 +1,226 @@
+"""How long one supervisor operation can hold the supervisor: purge, delete, a TTL burst.
+
+In-process: a :class:`broker.dispatch.Dispatcher` is fed records the way the runtime feeds it
+(``begin_batch`` / ``handle`` / ``end_batch`` for requests, ``tick`` for the timer), with a
+fake arena that counts frees (and raises on a double free). For each scenario it prints the
+longest single call -- the request that starts the work, or one timer tick finishing it -- the
+number of calls, their total, and checks that every body was freed exactly once.
+
+The objects made while filling the queue are frozen out of the cyclic garbage collector
+(``gc.freeze``) and automatic collection is off during the timed calls: a full collection of a
+few million objects -- which any allocation may trigger in the supervisor, and which costs
+hundreds of milliseconds -- would otherwise land in whichever call happens to run then and
+hide what the call itself costs. ``--keep-gc`` leaves the collector as it is, to see that.
+
+    .venv/bin/python -m perf.bench_supervisor_slices                 # 1,000,000 messages each
+    .venv/bin/python -m perf.bench_supervisor_slices -n 200000 -s purge-plain,ttl-burst
+
+Timings are figures to read, never assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections.abc import Callable
+
+from broker.dispatch import Dispatcher
+from ipc import records as r
+
+W = 0
+CONN, CH = 1, 1
+PUBLISH_BATCH = 1024  # records per ring batch, as broker.supervisor.BATCH
+FREEZE = True  # --keep-gc: False
+
+
+class Arena:
+    """Counts frees per block; a second free of the same block is an error, as in ipc.arena."""
+
+    def __init__(self, n: int) -> None:
+        self.freed = bytearray(n + 1)
+        self.count = 0
+
+    def free(self, region: int, offset: int) -> None:
+        index = offset >> 8
+        if self.freed[index]:
+            raise AssertionError(f"block {offset} freed twice")
+        self.freed[index] = 1
+        self.count += 1
+
+
+class Bench:
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.arena = Arena(n)
+        self.t0 = time.monotonic()
+        self.d = Dispatcher(1, self.arena.free, now=self.t0)
+        self.calls: list[float] = []
+
+    def batch(self, records: list[r.Request], now: float) -> None:
+        d = self.d
+        d.begin_batch(now)
+        for rec in records:
+            d.handle(W, rec)
+        d.end_batch()
+        d.outbox[W].clear()
+        d.notify[W].clear()
+
+    def declare(self, name: str, arguments: dict | None = None, *, exclusive: bool = False,
+                conn: int = CONN) -> None:
+        self.batch([r.QueueDeclare(conn, CH, name, False, False, exclusive, False,
+                                   arguments or {}, False)], self.t0)
+
+    def fill(self, queue: str, *, expiration: str | None = None, conn: int = CONN) -> None:
+        pending: list[r.Request] = []
+        for i in range(1, self.n + 1):
+            pending.append(r.Publish(conn, CH, "", queue, False, False, i << 8, 16, 128, None,
+                                     expiration))
+            if len(pending) == PUBLISH_BATCH:
+                self.batch(pending, self.t0)
+                pending = []
+        if pending:
+            self.batch(pending, self.t0)
+
+    def ready(self) -> None:
+        """The queue is filled: what follows is timed."""
+        if FREEZE:
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+
+    def timed(self, call: Callable[[], object]) -> object:
+        start = time.perf_counter()
+        result = call()
+        self.calls.append(time.perf_counter() - start)
+        return result
+
+    def request(self, rec: r.Request, now: float) -> None:
+        self.timed(lambda: self.batch([rec], now))
+
+    def run_timer(self, now: float) -> None:
+        """Tick as the runtime's timer does while the next deadline has come."""
+        while True:
+            deadline = self.timed(lambda: self.d.tick(now))
+            self.d.outbox[W].clear()
+            self.d.notify[W].clear()
+            if deadline is None or deadline > now:  # type: ignore[operator]
+                return
+
+    def report(self, name: str, expect_freed: int) -> None:
+        calls = sorted(self.calls)
+        median = calls[len(calls) // 2]
+        p99 = calls[min(len(calls) - 1, len(calls) * 99 // 100)]
+        print(f"{name:<22} longest {calls[-1] * 1e3:8.2f} ms  p99 {p99 * 1e3:8.2f} ms  "
+              f"median {median * 1e3:8.2f} ms  calls {len(calls):5d}  total {sum(calls):6.2f} s  "
+              f"freed {self.arena.count:>9,}"
+              f"{'' if self.arena.count == expect_freed else f' (expected {expect_freed:,})'}",
+              flush=True)
+
+
+def purge(n: int, arguments: dict | None) -> Bench:
+    b = Bench(n)
+    b.declare("q", arguments)
+    b.fill("q")
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.QueuePurge(CONN, CH, "q", False), now)
+    b.run_timer(now)
+    return b
+
+
+def delete(n: int, arguments: dict | None) -> Bench:
+    b = Bench(n)
+    b.declare("q", arguments)
+    b.fill("q")
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.QueueDelete(CONN, CH, "q", False, False, False), now)
+    b.run_timer(now)
+    return b
+
+
+def exclusive_on_close(n: int) -> Bench:
+    """A connection closes: its exclusive queue of n messages goes with it."""
+    b = Bench(n)
+    b.declare("q", exclusive=True, conn=2)
+    b.fill("q", conn=2)
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.ConnClose(2), now)
+    b.run_timer(now)
+    return b
+
+
+def ttl_burst(n: int, dead_letter: bool) -> Bench:
+    """n messages with x-message-ttl 1 s, all published at t0: all due at t0 + 1 s."""
+    b = Bench(n)
+    arguments: dict = {"x-message-ttl": 1000}
+    if dead_letter:
+        b.batch([r.ExchangeDeclare(CONN, CH, "dlx", "fanout", False, False, False, False, {},
+                                   False)], b.t0)
+        b.declare("dlq")
+        b.batch([r.QueueBind(CONN, CH, "dlq", "dlx", "", {}, False)], b.t0)
+        arguments["x-dead-letter-exchange"] = "dlx"
+    b.declare("q", arguments)
+    b.fill("q")
+    b.ready()
+    b.run_timer(b.t0 + 2)
+    if dead_letter:
+        dlq = b.d.vhost.queues["dlq"]
+        assert dlq.message_count == n, dlq.message_count
+    return b
+
+
+def unacked_on_close(n: int) -> Bench:
+    """A consumer without prefetch holds n unacked messages; its connection closes."""
+    b = Bench(n)
+    b.declare("q")
+    b.fill("q")
+    b.batch([r.Consume(CONN, CH, 1, 0, "q", "c", False, False, 0, False, True, False)], b.t0)
+    for _ in range(0, n, 1000):
+        b.batch([r.Pull(1, 1000)], b.t0)
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.ConnClose(CONN), now)
+    b.run_timer(now)
+    assert b.d.vhost.queues["q"].message_count == n
+    return b
+
+
+SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
+    # name: (run, whether every body ends up freed)
+    "purge-plain": (lambda n: purge(n, None), True),
+    "delete-plain": (lambda n: delete(n, None), True),
+    "purge-featured": (lambda n: purge(n, {"x-max-length": 10 * n}), True),
+    "delete-featured": (lambda n: delete(n, {"x-max-length": 10 * n}), True),
+    "exclusive-on-close": (exclusive_on_close, True),
+    "ttl-burst": (lambda n: ttl_burst(n, False), True),
+    "ttl-burst-dead-letter": (lambda n: ttl_burst(n, True), False),
+    "unacked-on-close": (unacked_on_close, False),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--messages", type=int, default=1_000_000)
+    parser.add_argument("-s", "--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--keep-gc", action="store_true",
+                        help="do not freeze the filled queue out of the garbage collector")
+    args = parser.parse_args()
+    global FREEZE
+    FREEZE = not args.keep_gc
+    print(f"{args.messages:,} messages per scenario"
+          f"{'' if FREEZE else ', garbage collector left on'}")
+    for name in args.scenarios.split(","):
+        run, all_freed = SCENARIOS[name]
+        bench = run(args.messages)
+        bench.report(name, args.messages if all_freed else 0)
+        del bench
+        gc.enable()
+        gc.unfreeze()
+        gc.collect()
+
+
+if __name__ == "__main__":
+    main()

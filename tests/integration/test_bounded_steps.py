@@ -1,0 +1,74 @@
+"""Overload, with real clients: purging and deleting a large queue answer at once, other clients
+keep being served, and every body is freed (its arena space is used again).
+
+The supervisor frees a purged or deleted queue's bodies a slice at a time between other work
+(broker.vhost, "bounded steps"); this checks what a client can see of that, never a time:
+- queue.purge-ok / queue.delete-ok carry the message count, and the queue is empty (or, declared
+  again, new and empty) in the very next answer;
+- a client on another queue gets its answers meanwhile;
+- the queue is filled again, three times in all, into an arena that holds fewer than two
+  fillings: that only completes if every body of the previous filling was freed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import close_quietly, finish, start_broker, wait_until
+from tests.integration.rawclient import RawClient, publish_frames, unique_name
+
+N = 200_000
+BODY = b"0123456789abcdef"  # a 16-byte body + a 14-byte content header: a 48-byte arena block
+ARENA_MB = 16  # 200,000 blocks of 48 bytes fill 57% of it: a second filling needs the first freed
+CHUNK = 1000
+
+
+@pytest.mark.deadline(300)
+def test_purging_and_deleting_a_large_queue_answer_at_once_and_free_every_body(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path / "broker", extra_args=[
+        "--arena-mb", str(ARENA_MB), "--max-message-size", str(1 << 20)])
+    queue, other = unique_name("big"), unique_name("other")
+    try:
+        publisher = RawClient.opened(broker.port)
+        admin = broker.connect()
+        channel = admin.channel()
+        channel.queue_declare(queue)
+        bystander = broker.connect()
+        by_channel = bystander.channel()
+        by_channel.queue_declare(other)
+
+        def depth() -> int:
+            return channel.queue_declare(queue, passive=True).method.message_count
+
+        def fill() -> None:
+            frames = b"".join(publish_frames(1, "", queue, BODY)) * CHUNK
+            for _ in range(N // CHUNK):
+                publisher.send(frames)
+            wait_until(lambda: depth() == N, 120, f"{N} messages in the queue (arena space freed?)")
+
+        def bystander_served(text: bytes) -> None:
+            by_channel.basic_publish("", other, text)
+            method, _, body = by_channel.basic_get(other, auto_ack=True)
+            assert method is not None and body == text
+
+        fill()
+        purged = channel.queue_purge(queue)
+        assert purged.method.message_count == N
+        assert depth() == 0
+        bystander_served(b"after purge")
+
+        fill()
+        deleted = channel.queue_delete(queue)
+        assert deleted.method.message_count == N
+        bystander_served(b"after delete")
+        assert channel.queue_declare(queue).method.message_count == 0
+
+        fill()
+        assert channel.queue_delete(queue).method.message_count == N
+        publisher.close()
+        close_quietly(bystander)
+        close_quietly(admin)
+    finally:
+        finish(broker)
