@@ -5,6 +5,8 @@
     python -m perf --quick                 # small counts, 3 s per scenario: a smoke run
     python -m perf --workers-scaling       # S1-S4 against Shoal with --workers 1, 2, 4
     python -m perf --no-rabbitmq --json-out perf/results/mine.json
+    python -m perf --scenarios overload --seconds 10    # S7u, S1u, S3u (+ ping-pong), S4u: unbounded publishers
+    python -m perf --scenarios S3u,S4u --no-rabbitmq --generator python
 """
 
 from __future__ import annotations
@@ -23,18 +25,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from perf import report_table
+from perf import cgen, overload, report_table
 from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
+from perf.overload import OVERLOAD_SCENARIOS, OverloadOptions, OverloadScenario
 from perf.scenarios import SCENARIOS, Options, Scenario, run
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCALING_WORKERS = (1, 2, 4)
 SCALING_SCENARIOS = ("S1", "S2", "S3", "S4")
+ALIASES: dict[str, list[str]] = {
+    "classic": list(SCENARIOS),
+    "overload": list(OVERLOAD_SCENARIOS),
+    "all": [*SCENARIOS, *OVERLOAD_SCENARIOS],
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m perf", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--scenarios", default="", help="comma-separated subset, e.g. S1,S3 (default: all)")
+    parser.add_argument(
+        "--scenarios", default="",
+        help="comma-separated keys or groups (classic = S1-S8, overload = S7u,S1u,S3u,S4u, all), e.g. S1,S3u "
+        "(default: classic)",
+    )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=None, help="cap per scenario (default 10; 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="small counts and 3 s per scenario (a smoke run)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="Shoal --workers (default: CPUs)")
@@ -47,7 +59,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--s8-messages", type=int, default=1_000_000, help="S8 queued messages (1,000,000)")
     parser.add_argument("--s8-connections", type=int, default=1_000, help="S8 idle connections (1,000)")
     parser.add_argument("--quiet", action="store_true", help="no per-second progress lines")
+    parser.add_argument(
+        "--generator", choices=cgen.GENERATOR_CHOICES, default="auto",
+        help="overload scenarios: C generator (c), Python processes (python), or C when it builds (auto)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--python-publishers", type=int, default=2,
+        help="Python fallback: publisher processes standing in for one unbounded publisher (2)",
+    )  # fmt: skip
+    parser.add_argument("--steady-rate", type=float, default=1000.0, help="S7u's paced rate, msg/s (1000)")
+    parser.add_argument("--ping-pong-seconds", type=float, default=5.0, help="the ping-pong after S3u, s (5)")
+    parser.add_argument("--ping-pong-rate", type=float, default=1000.0, help="the ping-pong's rate, msg/s (1000)")
     args = parser.parse_args(argv)
+    if args.python_publishers < 1:
+        parser.error("--python-publishers must be at least 1")
     if args.seconds is None:
         args.seconds = 3.0 if args.quick else 10.0
     return args
@@ -57,14 +82,41 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _select(spec: str, allowed: tuple[str, ...] | None = None) -> list[Scenario]:
-    keys = [k.strip().upper() for k in spec.split(",") if k.strip()] if spec else list(SCENARIOS)
-    unknown = [k for k in keys if k not in SCENARIOS]
+def resolve_keys(spec: str) -> list[str]:
+    """Scenario keys named by `--scenarios` (keys in any case, or a group of ALIASES), in the order
+    given, each once; '' is the classic set. Unknown names end the program with the known ones."""
+    if not spec.strip():
+        return list(SCENARIOS)
+    known = {k.upper(): k for k in [*SCENARIOS, *OVERLOAD_SCENARIOS]}
+    keys: list[str] = []
+    unknown: list[str] = []
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        if part.lower() in ALIASES:
+            named = ALIASES[part.lower()]
+        elif part.upper() in known:
+            named = [known[part.upper()]]
+        else:
+            unknown.append(part)
+            continue
+        keys.extend(k for k in named if k not in keys)
     if unknown:
-        raise SystemExit(f"unknown scenarios: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+        raise SystemExit(
+            f"unknown scenarios: {', '.join(unknown)} "
+            f"(known: {', '.join(known.values())}; groups: {', '.join(ALIASES)})"
+        )
+    return keys
+
+
+AnyScenario = Scenario | OverloadScenario
+
+
+def _select(spec: str, allowed: tuple[str, ...] | None = None) -> list[AnyScenario]:
+    keys = resolve_keys(spec)
     if allowed is not None:
         keys = [k for k in keys if k in allowed]
-    return [SCENARIOS[k] for k in keys]
+    return [SCENARIOS[k] if k in SCENARIOS else OVERLOAD_SCENARIOS[k] for k in keys]
 
 
 def _one_line(result: dict[str, Any]) -> str:
@@ -76,6 +128,20 @@ def _one_line(result: dict[str, Any]) -> str:
         )
     elif result.get("failed"):
         text = "FAILED"
+    elif result.get("kind") in ("unbounded", "steady"):
+        latency = result.get("latency") or {}
+        text = (
+            f"published {result.get('published_per_s') or 0:,.0f} msg/s, "
+            f"delivered {result.get('delivered_per_s') or 0:,.0f} msg/s, backlog at end {result.get('backlog_end')}, "
+            f"broker {result.get('broker_cores')} cores, "
+            f"p50 {latency.get('p50_ms')} ms p99 {latency.get('p99_ms')} ms, generator {result.get('generator')}"
+        )
+        after = result.get("after")
+        if isinstance(after, dict):
+            text += (
+                f"; then {after.get('scenario')}: p50 {(after.get('latency') or {}).get('p50_ms')} ms "
+                f"p99 {(after.get('latency') or {}).get('p99_ms')} ms"
+            )
     else:
         latency = result.get("latency") or {}
         text = (
@@ -92,10 +158,13 @@ class Session:
     """One broker (kind and settings) across the selected scenarios: started on first use,
     restarted fresh for S8 and whenever it died, stopped by `close`."""
 
-    def __init__(self, name: str, factory: Callable[[], Broker], opts: Options):
+    def __init__(
+        self, name: str, factory: Callable[[], Broker], opts: Options, overload_opts: OverloadOptions | None = None
+    ):
         self.name = name
         self.factory = factory
         self.opts = opts
+        self.overload_opts = overload_opts or OverloadOptions()
         self.broker: Broker | None = None
         self.problems: list[str] = []
         self.described: dict[str, Any] = {}
@@ -117,7 +186,7 @@ class Session:
             for problem in problems:
                 _say(f"cleanup: {problem}")
 
-    def run_one(self, scenario: Scenario) -> dict[str, Any]:
+    def run_one(self, scenario: AnyScenario) -> dict[str, Any]:
         try:
             if self.broker is None or scenario.kind == "memory":
                 self._fresh()
@@ -133,7 +202,10 @@ class Session:
                     "kind": scenario.kind, "failed": True, "errors": [f"broker did not start: {exc}"]}  # fmt: skip
         assert self.broker is not None
         _say(f"== {self.broker.label} {scenario.key}: {scenario.title}")
-        result = run(self.broker, scenario, self.opts)
+        if isinstance(scenario, OverloadScenario):
+            result = overload.run(self.broker, scenario, self.overload_opts)
+        else:
+            result = run(self.broker, scenario, self.opts)
         if not self.broker.alive():
             result.setdefault("errors", []).append("broker not running after the scenario")
         if result.get("errors"):
@@ -172,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         sample_interval=args.sample_interval, s8_messages=args.s8_messages,
         s8_connections=args.s8_connections, progress=not args.quiet,
     )  # fmt: skip
+    overload_opts = OverloadOptions(
+        seconds=args.seconds, python_publishers=args.python_publishers, steady_rate=args.steady_rate,
+        ping_pong_seconds=args.ping_pong_seconds, ping_pong_rate=args.ping_pong_rate,
+        sample_interval=args.sample_interval, progress=not args.quiet,
+    )  # fmt: skip
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     report: dict[str, Any] = {
         "started": dt.datetime.now().isoformat(timespec="seconds"),
@@ -182,6 +259,16 @@ def main(argv: list[str] | None = None) -> int:
         "options": vars(opts),
         "shoal_source": _source_version(),
     }  # fmt: skip
+    selected = _select(args.scenarios)
+    if any(isinstance(s, OverloadScenario) for s in selected) and not args.workers_scaling:
+        try:
+            overload_opts.generator = cgen.choose_generator(args.generator, cgen.build, args.python_publishers)
+        except RuntimeError as exc:
+            raise SystemExit(str(exc)) from exc
+        _say(overload_opts.generator.note)
+        report["generator"] = {"kind": overload_opts.generator.kind, "note": overload_opts.generator.note,
+                               "binary": str(overload_opts.generator.binary or "")}  # fmt: skip
+        report["overload_options"] = {k: v for k, v in vars(overload_opts).items() if k != "generator"}
     problems: list[str] = []
     markdown: list[str] = []
 
@@ -208,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
             # Interleaved: each scenario runs against Shoal, then at once against RabbitMQ (both
             # brokers stay up, the idle one costs next to nothing), so load from elsewhere on the host
             # that comes and goes affects both sides of a ratio alike.
-            shoal_session = Session(f"shoal --workers {args.workers}", functools.partial(ShoalBroker, args.workers), opts)
+            shoal_session = Session(
+                f"shoal --workers {args.workers}", functools.partial(ShoalBroker, args.workers), opts, overload_opts
+            )
             sessions = [shoal_session]
             why_not = "--no-rabbitmq" if args.no_rabbitmq else rabbitmq_available()
             if why_not is None:
-                sessions.append(Session("rabbitmq", RabbitBroker, opts))
+                sessions.append(Session("rabbitmq", RabbitBroker, opts, overload_opts))
             else:
                 _say(f"RabbitMQ skipped: {why_not}")
             outcome: dict[str, list[dict[str, Any]]] = {s.name: [] for s in sessions}
@@ -234,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 report["rabbitmq"] = {"skipped": why_not}
             by_key_s = {r["scenario"]: r for r in shoal}
             by_key_r = {r["scenario"]: r for r in rabbit}
-            flow = [s.key for s in scenarios if s.kind != "memory"]
+            flow = [s.key for s in scenarios if isinstance(s, Scenario) and s.kind != "memory"]
             if flow:
                 markdown.append(
                     "Shoal / RabbitMQ (msg/s: higher is better; p99: lower is better):\n\n"
@@ -242,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             if "S8" in [s.key for s in scenarios]:
                 markdown.append(report_table.memory_table(by_key_s.get("S8"), by_key_r.get("S8")))
+            for scenario in scenarios:
+                if isinstance(scenario, OverloadScenario):
+                    markdown.append(report_table.overload_table(
+                        scenario.key, by_key_s.get(scenario.key), by_key_r.get(scenario.key) if rabbit else None
+                    ))  # fmt: skip
+            if report.get("generator"):
+                markdown.append(f"Overload generator: {report['generator']['note']}")
             all_results = shoal + rabbit
     except KeyboardInterrupt:
         _say("interrupted; everything started was stopped")

@@ -8,7 +8,8 @@ few shared objects, and reports back one dict on a Pipe. None of them waits with
   `multiprocessing.RawValue`s), or paced at `rate` msg/s; it stops at `count` messages or after
   `seconds`, whichever is first;
 - a **consumer** sets prefetch, consumes with manual acks, acks `multiple=True` every `ack_every`
-  deliveries (and whatever is pending when the socket goes quiet), and parses deliveries with
+  deliveries (and whatever is pending when the socket goes quiet) or, with `ack_single`, sends
+  one `multiple=false` ack per delivery (the overload scenarios' shape), and parses deliveries with
   `perf.wire.DeliveryParser`; it stops when the orchestrator sets `stop` (or at `hard_deadline`);
 - **idle** opens `connections` connections with channel 1 open and holds them until `stop`.
 
@@ -231,7 +232,9 @@ def consumer_main(job: dict[str, Any], shared: dict[str, Any], pipe: Any) -> Non
         buf[: len(leftover)] = leftover
         pos, end = 0, len(leftover)
         ack_every = max(1, int(job["ack_every"]))
+        ack_single = bool(job.get("ack_single"))  # basic.ack multiple=false for every delivery
         acked = 0
+        acked_tag = 0
         shared["ready"].set()
         if not shared["go"].wait(READY_WAIT):
             raise TimeoutError("no go signal")
@@ -264,7 +267,13 @@ def consumer_main(job: dict[str, Any], shared: dict[str, Any], pipe: Any) -> Non
                     first_ns = now
                 last_ns = now
                 received_value.value = parser.received
-                if parser.received - acked >= ack_every:
+                if ack_single:
+                    tag = parser.last_tag
+                    if tag > acked_tag:  # delivery tags of a channel run 1, 2, 3, ...: one ack each
+                        sendall(b"".join(ack_frame(1, t, multiple=False) for t in range(acked_tag + 1, tag + 1)))
+                        acked_tag = tag
+                    acked = parser.received  # so the multiple=true acks below never fire
+                elif parser.received - acked >= ack_every:
                     sendall(ack_frame(1, parser.last_tag))
                     acked = parser.received
             if parser.other:

@@ -130,6 +130,102 @@ def scaling_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
 def errors_section(results: Sequence[dict[str, Any]]) -> str:
     lines = []
     for r in results:
-        for error in r.get("errors") or []:
-            lines.append(f"- {r.get('broker')} {r.get('scenario')}: {error}")
+        for item in (r, r.get("after")):  # an overload scenario's follow-up run has errors of its own
+            if not isinstance(item, dict):
+                continue
+            for error in item.get("errors") or []:
+                lines.append(f"- {item.get('broker') or r.get('broker')} {item.get('scenario')}: {error}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- overload scenarios
+
+
+def _generator(result: dict[str, Any] | None) -> str:
+    if not result or not result.get("generator"):
+        return "–"
+    kind = "C" if result["generator"] == "c" else f"Python ×{result.get('publisher_processes', '?')}"
+    pct = f"{(result.get('generator_max_cpu_fraction') or 0) * 100:.0f}%"
+    return f"{kind}, **bound** ({pct})" if result.get("generator_bound") else f"{kind} ({pct})"
+
+
+def _side(result: dict[str, Any] | None, label: str) -> str:
+    return f"{label} !" if (result or {}).get("errors") or (result or {}).get("failed") else label
+
+
+def overload_table(key: str, shoal: dict[str, Any] | None, rabbit: dict[str, Any] | None) -> str:
+    """One overload scenario: a row per broker, then Shoal / RabbitMQ (deliver msg/s is the ratio
+    that matters; the others are there to read it by). A `!` after a side: errors, listed below."""
+    named = [(shoal, "shoal"), (rabbit, "rabbitmq")] if rabbit is not None else [(shoal, "shoal")]
+    pair = [(result, (result or {}).get("broker") or name) for result, name in named]
+    title = (shoal or rabbit or {}).get("title", "")
+    if (shoal or rabbit or {}).get("kind") == "steady":
+        lines = [
+            f"{key}: {title}",
+            "",
+            "| side | deliver msg/s | broker cores | broker cores idle | p50 / p99 ms | generator "
+            "| other load, cores |",
+            "|---|---:|---:|---:|---|---|---:|",
+        ]
+        for result, name in pair:
+            lines.append(
+                f"| {_side(result, name)} | {num(_get(result, 'delivered_per_s'))} "
+                f"| {num(_get(result, 'broker_cores'), 2)} "
+                f"| {num(_get(result, 'idle_cores'), 2)} | {_latency(result)} | {_generator(result)} "
+                f"| {num(_get(result, 'other_load_cores'), 2)} |"
+            )
+        if rabbit is not None:
+            lines.append(
+                f"| Shoal / RabbitMQ | {ratio(_get(shoal, 'delivered_per_s'), _get(rabbit, 'delivered_per_s'))} "
+                f"| {ratio(_get(shoal, 'broker_cores'), _get(rabbit, 'broker_cores'))} "
+                f"| {ratio(_get(shoal, 'idle_cores'), _get(rabbit, 'idle_cores'))} "
+                f"| {ratio(_get(shoal, 'latency', 'p99_ms'), _get(rabbit, 'latency', 'p99_ms'))} (p99) | | |"
+            )
+        return "\n".join(lines)
+    lines = [
+        f"{key}: {title}",
+        "",
+        "| side | publish msg/s | deliver msg/s | backlog at end | broker cores | broker RSS max, MB "
+        "| unaccounted | generator | other load, cores |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for result, name in pair:
+        lines.append(
+            f"| {_side(result, name)} | {num(_get(result, 'published_per_s'))} "
+            f"| {num(_get(result, 'delivered_per_s'))} "
+            f"| {num(_get(result, 'backlog_end'))} | {num(_get(result, 'broker_cores'), 2)} "
+            f"| {num(_get(result, 'broker_rss_max_mb'))} | {num(_get(result, 'unaccounted'))} | {_generator(result)} "
+            f"| {num(_get(result, 'other_load_cores'), 2)} |"
+        )
+    if rabbit is not None:
+        lines.append(
+            f"| Shoal / RabbitMQ | {ratio(_get(shoal, 'published_per_s'), _get(rabbit, 'published_per_s'))} "
+            f"| **{ratio(_get(shoal, 'delivered_per_s'), _get(rabbit, 'delivered_per_s'))}** "
+            f"| {ratio(_get(shoal, 'backlog_end'), _get(rabbit, 'backlog_end'))} "
+            f"| {ratio(_get(shoal, 'broker_cores'), _get(rabbit, 'broker_cores'))} "
+            f"| {ratio(_get(shoal, 'broker_rss_max_mb'), _get(rabbit, 'broker_rss_max_mb'))} | | | |"
+        )
+    afters = [(_get(result, "after"), name) for result, name in pair]
+    if any(after for after, _name in afters):
+        lines += [
+            "",
+            f"{key} then, on the same broker: {(afters[0][0] or {}).get('title') or 'ping-pong'}",
+            "",
+            "| side | deliver msg/s | p50 ms | p99 ms | broker cores | s after the overload |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for after, name in afters:
+            lines.append(
+                f"| {_side(after, name)} | {num(_get(after, 'delivered_per_s'))} "
+                f"| {num(_get(after, 'latency', 'p50_ms'), 2)} | {num(_get(after, 'latency', 'p99_ms'), 2)} "
+                f"| {num(_get(after, 'broker_cores'), 2)} | {num(_get(after, 'since_overload_s'), 1)} |"
+            )
+        if rabbit is not None:
+            s_after, r_after = afters[0][0], afters[1][0]
+            lines.append(
+                f"| Shoal / RabbitMQ | {ratio(_get(s_after, 'delivered_per_s'), _get(r_after, 'delivered_per_s'))} "
+                f"| {ratio(_get(s_after, 'latency', 'p50_ms'), _get(r_after, 'latency', 'p50_ms'))} "
+                f"| {ratio(_get(s_after, 'latency', 'p99_ms'), _get(r_after, 'latency', 'p99_ms'))} "
+                f"| {ratio(_get(s_after, 'broker_cores'), _get(r_after, 'broker_cores'))} | |"
+            )
     return "\n".join(lines)
