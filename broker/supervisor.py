@@ -58,6 +58,9 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 5672
     workers: int = os.cpu_count() or 1
+    # Longest time the other workers leave new connections to a worker that is starting or being
+    # replaced (workers.balance); a Python worker takes ~0.5-1.5 s to start. 0: never wait.
+    start_grace: float = 2.0
     arena_mb: int = 256
     ring_kb: int = 4096
     heartbeat: int = 60
@@ -72,10 +75,10 @@ class ServeConfig:
     trace: str | None = None  # directory for trace files (shoal report reads them)
     log_level: str = "info"
     ready_file: str | None = None
+    control_socket: str | None = None  # shoal list-connections asks here; None: the default path
     # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
     users: dict[str, str] = field(default_factory=dict)
 
-    control_socket: str | None = None  # shoal list-connections asks here; None: the default path
 
 class _WorkerSlot:
     """What the supervisor keeps for worker index k across its incarnations."""
@@ -105,11 +108,11 @@ class Supervisor:
         self.stopping = False
         self.port = 0
         self._listener: socket.socket | None = None
+        self._control_sock: socket.socket | None = None
+        self.control_path = ""
         self._alive_r, self._alive_w = os.pipe()
         self._backlog = trio.Event()
         self._all_ready = False
-        self._control_sock: socket.socket | None = None
-        self.control_path = ""
 
     # ------------------------------------------------------------ lifecycle
 
@@ -135,14 +138,14 @@ class Supervisor:
             os.makedirs(c.trace, exist_ok=True)
             self.dispatcher.trace = TraceWriter(c.trace, "supervisor")
         self.port = self._listener.getsockname()[1]
-
-    def _fit_arena(self) -> None:
-        """Shrink the arenas to what /dev/shm can hold: tmpfs pages are only
         self.control_path = c.control_socket or default_control_path(self.port)
         self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
             f"{c.host}:{self.port}")
         self._control_sock = self._control.bind(self.control_path)
+
+    def _fit_arena(self) -> None:
+        """Shrink the arenas to what /dev/shm can hold: tmpfs pages are only
         allocated when touched, and touching one past the mount's size limit
         kills the worker with SIGBUS."""
         c = self.config
@@ -172,11 +175,11 @@ class Supervisor:
             w.region.unlink()
             w.request_efd.close()
             w.event_efd.close()
+        if self._control_sock is not None:
+            self._control.close(self._control_sock, self.control_path)
         if self._listener is not None:
             self._listener.close()
         for fd in (self._alive_r, self._alive_w):
-        if self._control_sock is not None:
-            self._control.close(self._control_sock, self.control_path)
             os.close(fd)
         if self.config.ready_file:
             with contextlib.suppress(FileNotFoundError):
@@ -187,11 +190,11 @@ class Supervisor:
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._retry_backlog)
             nursery.start_soon(self._timer)
+            assert self._control_sock is not None
+            nursery.start_soon(self._control.serve, self._control_sock)
             for w in self.workers:
                 nursery.start_soon(self._supervise, w)
                 nursery.start_soon(self._drain, w)
-            assert self._control_sock is not None
-            nursery.start_soon(self._control.serve, self._control_sock)
 
     async def _signals(self, nursery: trio.Nursery) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -219,17 +222,33 @@ class Supervisor:
     # -------------------------------------------------------------- workers
 
     async def _supervise(self, w: _WorkerSlot) -> None:
-        """Start worker k, and start it again on the same region when it dies."""
+        """Start worker k, and start it again on the same region when it dies.
+
+        While it starts, its region carries a starting mark, so the other workers
+        leave new connections to it for up to ``start_grace`` (workers.balance)
+        instead of keeping every connection opened meanwhile. A crash loop is not
+        waited for: a worker that died before it said hello, or within
+        RESTART_BACKOFF of its start for the second time running, is started
+        again after RESTART_BACKOFF (it must not spin) with its region
+        NOT_ACCEPTING until it accepts. A worker that had started and dies once
+        is replaced at once.
+        """
+        quick_deaths = 0  # incarnations in a row that died within RESTART_BACKOFF of their start
+        w.region.mark_starting(self.config.start_grace)
         while not self.stopping:
             started = trio.current_time()
             w.process = await self._spawn(w)
             code = await w.process.wait()
             if self.stopping:
+                w.region.connections = NOT_ACCEPTING
                 return
             log.warning("worker %d (pid %d) exited with %s; replacing it",
                         w.index, w.process.pid, code)
-            self._forget(w)
-            if trio.current_time() - started < RESTART_BACKOFF:
+            quick = trio.current_time() - started < RESTART_BACKOFF
+            quick_deaths = quick_deaths + 1 if quick else 0
+            awaited = w.ready and quick_deaths < 2
+            self._forget(w, replacement_awaited=awaited)
+            if quick and not awaited:
                 await trio.sleep(RESTART_BACKOFF)  # a worker that cannot start must not spin
 
     async def _spawn(self, w: _WorkerSlot) -> trio.Process:
@@ -250,11 +269,16 @@ class Supervisor:
         env = {**os.environ, r.USERS_ENV: msgspec.json.encode(c.users).decode()}
         return await trio.lowlevel.open_process(argv, pass_fds=fds, env=env)
 
-    def _forget(self, w: _WorkerSlot) -> None:
+    def _forget(self, w: _WorkerSlot, *, replacement_awaited: bool = False) -> None:
         """Seed failure model: a dead worker's consumers and unacked messages
-        are released, and its region is made ready for a replacement."""
+        are released, and its region is made ready for a replacement. Its peers
+        leave new connections to the replacement (a starting mark) if it is
+        awaited, else they stop leaving connections to this region."""
         w.ready = False
-        w.region.connections = NOT_ACCEPTING  # its peers stop leaving connections to it
+        if replacement_awaited:
+            w.region.mark_starting(self.config.start_grace)
+        else:
+            w.region.connections = NOT_ACCEPTING
         # Records it finished writing still count: acks settle, publishes route.
         try:
             self._apply(w, w.region.request_ring.get_all_nowait())
@@ -355,7 +379,11 @@ class Supervisor:
             wake_if_sleeping(w.region.worker_sleeping, w.event_efd)
 
     async def _timer(self) -> None:
-        """Message TTL, queue x-expires and held messages: tick at the next deadline."""
+        """Message TTL, queue x-expires and held messages: tick at the next deadline.
+
+        Each tick is a bounded step: while expired messages or purged and deleted queues'
+        bodies are left over, the deadline is now and the timer ticks again as soon as the
+        other tasks (the rings) have had their turn."""
         while True:
             self._deadline = self.dispatcher.tick(time.monotonic())
             self.flush()
@@ -393,6 +421,7 @@ class Supervisor:
             "supervisor_pid": os.getpid(),
             "worker_pids": [s.process.pid if s.process else 0 for s in self.workers],
             "instance": self.instance,
+            "control": self.control_path,
         }
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
@@ -414,4 +443,3 @@ def run(config: ServeConfig) -> int:
     finally:
         sup.cleanup()
     return 0
-            "control": self.control_path,

@@ -34,6 +34,9 @@ def main() -> None:
               help="AMQP port shared by all workers (0 picks a free one).")
 @click.option("--workers", default=os.cpu_count() or 1, show_default="CPU count",
               type=click.IntRange(1, 256), help="Number of IO worker processes.")
+@click.option("--start-grace", default=2.0, show_default=True, type=click.FloatRange(0, 60),
+              help="Longest time, in seconds, the other workers leave new connections to a "
+              "worker that is starting or being replaced, instead of taking them all (0: never).")
 @click.option("--arena-mb", default=256, show_default=True, type=click.IntRange(4, 1 << 16),
               help="Shared-memory body arena per worker, in MiB (sparse: only used pages count).")
 @click.option("--ring-kb", default=4096, show_default=True, type=click.IntRange(64, 1 << 20),
@@ -62,12 +65,12 @@ def main() -> None:
               "$SHOAL_USERS (space-separated), which keeps passwords out of `ps`.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
-@click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
-              help="Write JSON {port, supervisor_pid, worker_pids, instance} here once every "
-                   "worker accepts connections (rewritten when a worker is replaced).")
 @click.option("--control-socket", default=None, type=click.Path(dir_okay=False),
               show_default="$XDG_RUNTIME_DIR/shoal-PORT.sock or /tmp/shoal-UID/shoal-PORT.sock",
               help="Unix socket (mode 0600) on which `shoal list-connections` asks the broker.")
+@click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
+              help="Write JSON {port, supervisor_pid, worker_pids, instance} here once every "
+                   "worker accepts connections (rewritten when a worker is replaced).")
 def serve(**options: object) -> None:
     """Start the supervisor and its IO workers, and serve AMQP 0-9-1 until SIGTERM/SIGINT."""
     config = ServeConfig(**options)  # type: ignore[arg-type]
@@ -78,8 +81,8 @@ def serve(**options: object) -> None:
 
 
 main.add_command(report)
+main.add_command(list_connections)
 
 
 if __name__ == "__main__":
-main.add_command(list_connections)
     main()

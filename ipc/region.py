@@ -20,8 +20,15 @@ Control block::
     40   supervisor pid u64      48   worker pid u64
     64   supervisor_sleeping (own cache line)  -- request ring's consumer
     128  worker_sleeping     (own cache line)  -- event ring's consumer
-    192  open connections u64 (own cache line) -- written by the worker only;
-         NOT_ACCEPTING while no worker is taking connections for this region
+    192  open connections i64 (own cache line) -- one aligned 8-byte store:
+         >= 0           the worker accepts and holds this many connections (the
+                        worker writes it);
+         NOT_ACCEPTING  no worker takes connections for this region, and none
+                        is worth waiting for (created, stopping, crash loop);
+         < 0            starting: the supervisor started (or is about to
+                        restart) this region's worker and expects it to accept
+                        before CLOCK_MONOTONIC reads -value ns (the supervisor
+                        writes it; :meth:`Region.mark_starting`)
 
 The magic is written last on creation, so an attacher that sees it sees a
 complete layout. The segment is sized with ftruncate and never zero-filled:
@@ -47,6 +54,7 @@ import os
 import re
 import secrets
 import struct
+import time
 from dataclasses import dataclass
 
 import posix_ipc
@@ -58,6 +66,7 @@ from ipc.wakeup import SleepFlag
 __all__ = [
     "CONTROL_BYTES",
     "NOT_ACCEPTING",
+    "starting_deadline",
     "Layout",
     "Region",
     "RegionError",
@@ -81,7 +90,15 @@ _WORKER_PID_OFFSET = 48
 _SUPERVISOR_SLEEPING_OFFSET = 64
 _WORKER_SLEEPING_OFFSET = 128
 _CONNECTIONS_OFFSET = 192
-NOT_ACCEPTING = (1 << 63) - 1
+NOT_ACCEPTING = (1 << 63) - 1  # a connection count below 0 is a starting mark
+
+
+def starting_deadline(count: int) -> int | None:
+    """For a ``Region.connections`` value: the CLOCK_MONOTONIC time (ns,
+    ``time.monotonic_ns()``) by which a starting worker is expected to accept,
+    or None if the value is not a starting mark."""
+    return -count if count < 0 else None
+
 
 _INSTANCE = re.compile(r"[0-9]+-[0-9a-f]+")
 
@@ -276,15 +293,26 @@ class Region:
 
     @property
     def connections(self) -> int:
-        """Client connections the worker holds open now, or NOT_ACCEPTING (set
-        at creation and by the supervisor when the worker dies). Workers read
-        each other's to balance accept() on the shared listening socket."""
+        """Client connections the worker holds open now; NOT_ACCEPTING (set at
+        creation, by a stopping worker, and by the supervisor for a worker it
+        will not wait for); or a starting mark (negative, see
+        :func:`starting_deadline`). Workers read each other's to balance
+        accept() on the shared listening socket (workers.balance)."""
         count: int = self._connections[0]
         return count
 
     @connections.setter
     def connections(self, count: int) -> None:
         self._connections[0] = count
+
+    def mark_starting(self, grace: float) -> None:
+        """Supervisor: this region's worker is starting; its peers may leave new
+        connections to it for ``grace`` seconds from now. Its own first count
+        replaces the mark. A grace of 0 or less writes NOT_ACCEPTING."""
+        if grace <= 0:
+            self.connections = NOT_ACCEPTING
+            return
+        self.connections = -(time.monotonic_ns() + max(1, int(grace * 1e9)))
 
     # ------------------------------------------------------- notify slots
 

@@ -29,7 +29,7 @@ from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region
 from workers import codec
 from workers import events as ev
-from workers.balance import ACCEPT_GRACE, ACCEPT_POLL, AcceptBalance
+from workers.balance import AcceptBalance
 from workers.connection import INTERNAL_ERROR, AMQPConnection, AMQPError
 from workers.session import Session
 from workers.worker import Worker
@@ -37,6 +37,7 @@ from workers.worker import Worker
 log = logging.getLogger("shoal.worker")
 
 RECEIVE_SIZE = 256 << 10
+EVENTS_PER_TURN = 64  # client events handled between two checkpoints of a connection's reader
 SHUTDOWN_GRACE = 1.0
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
 # A publish waiting for arena room is woken by ArenaFreed; it also looks again this often,
@@ -214,10 +215,8 @@ class Server:
         try:
             while True:
                 await trio.lowlevel.wait_readable(listener)
-                if self._balance.stand_back():
-                    with trio.move_on_after(ACCEPT_GRACE):
-                        while self._balance.stand_back():
-                            await trio.sleep(ACCEPT_POLL)
+                if not self._stopping:
+                    await self._balance.wait_turn(trio.sleep)  # a peer with fewer, or starting
                 try:
                     sock, _ = listener.accept()
                 except BlockingIOError:
@@ -252,12 +251,12 @@ class Server:
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users or None,
+        )
+        session = Session(self.worker, next(self.worker.conn_ids), proto)
         session.connected_at = time.time()
         with contextlib.suppress(OSError):
             host, port = stream.socket.getpeername()[:2]
             session.peer = f"{host}:{port}"
-        )
-        session = Session(self.worker, next(self.worker.conn_ids), proto)
         self.worker.sessions[session.conn_id] = session
         bell = _Doorbell()
         session.wake_writer = bell.ring
@@ -294,11 +293,18 @@ class Server:
             if not data:
                 return
             try:
-                for event in proto.receive_data(data):
+                for n, event in enumerate(proto.receive_data(data), 1):
                     if isinstance(event, ev.PublishReceived):
                         await self._publish(session, event)
                     else:
                         session.handle(event)
+                    if not n % EVENTS_PER_TURN:
+                        # One read can hold a few thousand publishes (tens of ms of work):
+                        # hand what we have to the supervisor and let the worker's other
+                        # connections and the event ring have a turn.
+                        worker.dirty.add(session)
+                        worker.after_batch()
+                        await trio.sleep(0)
             except Exception:  # noqa: BLE001 — one connection's bug must not end the worker
                 log.exception("connection %d: internal error", session.conn_id)
                 session.fail(AMQPError(INTERNAL_ERROR, "internal error", hard=True))

@@ -211,7 +211,18 @@ def read_ready_file(path: Path) -> ReadyInfo | str:
 class Broker:
     """One running `shoal serve` process tree, started by this test run."""
 
-    def __init__(self, directory: Path, workers: int = WORKERS, extra_args: Sequence[str] = ()):
+    def __init__(
+        self,
+        directory: Path,
+        workers: int = WORKERS,
+        extra_args: Sequence[str] = (),
+        *,
+        port: int = 0,
+        wait_ready: bool = True,
+    ):
+        """Start `shoal serve` and wait for its ready file. With `port` (a free port chosen by
+        the test) and `wait_ready=False`, return at once: the test may connect while the workers
+        are still starting, and calls `await_ready()` when it needs `instance` or the PIDs."""
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.workers = workers
@@ -224,7 +235,7 @@ class Broker:
         self._exit_expected = False
         command = [
             *serve_command(), "serve",
-            "--host", HOST, "--port", "0", "--workers", str(workers),
+            "--host", HOST, "--port", str(port), "--workers", str(workers),
             "--ready-file", str(self.ready_file), *extra_args,
         ]  # fmt: skip
         self.popen = subprocess.Popen(
@@ -238,12 +249,20 @@ class Broker:
         )
         self.pid = self.popen.pid
         self._remember([self.pid])
+        self.port = port
+        self.instance = ""  # known from the ready file
+        self.url = f"amqp://guest:guest@{HOST}:{self.port}/%2F"
+        if wait_ready:
+            self.await_ready()
+
+    # ---- readiness
+
+    def await_ready(self) -> None:
+        """Wait (bounded) for the ready file; learn the port, instance and worker PIDs."""
         self._info = self._await_ready()
         self.port = self._info.port
         self.instance = self._info.instance
         self.url = f"amqp://guest:guest@{HOST}:{self.port}/%2F"
-
-    # ---- readiness
 
     def _await_ready(self) -> ReadyInfo:
         limit = time.monotonic() + READY_TIMEOUT
@@ -435,7 +454,7 @@ class Broker:
             unkillable = wait_gone(survivors, EXIT_AFTER_SUPERVISOR_TIMEOUT)
             if unkillable:
                 problems.append("survived SIGKILL: " + ", ".join(_describe(p) for p in unkillable))
-        leftovers = shm_segments(self.instance)
+        leftovers = shm_segments(self.instance or f"{self.pid}-*")  # `<supervisor pid>-<hex>`
         if leftovers:
             problems.append("shared memory left behind: " + ", ".join(map(str, leftovers)))
             for segment in leftovers:
