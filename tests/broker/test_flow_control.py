@@ -5,26 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from broker.dispatch import FLOW_BACKLOG, Dispatcher
+from broker.dispatch import FLOW_BACKLOG
 from ipc import records as r
+from tests.broker.test_dispatch import Harness as DispatchHarness
 
 W0, W1 = 0, 1
 SIZE = 116  # header 16 + body 100, as Harness.publish writes them
 
 
-class Harness:
-    def __init__(self) -> None:
-        self.freed: list[tuple[int, int]] = []
-        self.d = Dispatcher(2, lambda region, offset: self.freed.append((region, offset)))
-        self._offset = 0
-
-    def send(self, worker: int, rec: r.Request) -> None:
-        self.d.handle(worker, rec)
-
-    def events(self, worker: int) -> list[r.Event]:
-        out = list(self.d.outbox[worker])
-        self.d.outbox[worker].clear()
-        return out
+class Harness(DispatchHarness):
+    """test_dispatch's harness, with publishers on several connections and credit read back."""
 
     def credit(self, worker: int) -> dict[int, int]:
         """Credit given to ``worker``'s connections since last asked (other events dropped)."""
@@ -35,17 +25,15 @@ class Harness:
                     granted[conn] = granted.get(conn, 0) + n
         return granted
 
-    def declare(self, name: str, worker: int = W0) -> None:
-        self.send(worker, r.QueueDeclare(1, 1, name, False, False, False, False, {}, False))
-        self.events(worker)
-
-    def publish(self, rk: str, worker: int = W0, conn: int = 1, exchange: str = "") -> int:
+    def publish(self, rk: str, worker: int = W0, conn: int = 1,  # type: ignore[override]
+                exchange: str = "") -> int:
         self._offset += 256
         self.send(worker, r.Publish(conn, 1, exchange, rk, False, False, self._offset, 16, 100,
                                     None))
         return self._offset
 
-    def consume(self, queue: str, cid: int, worker: int = W1, *, interested: bool = True) -> None:
+    def consume(self, queue: str, cid: int, worker: int = W1,  # type: ignore[override]
+                *, interested: bool = True) -> None:
         self.send(worker, r.Consume(7, 1, cid, cid, queue, f"c{cid}", False, False, 0, False,
                                     interested, False))
         self.events(worker)
