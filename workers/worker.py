@@ -40,6 +40,8 @@ class Worker:
         self.codec = r.Codec()
         self._encode = self.codec.encode
         self.outbox: list[bytes] = []
+        self._last_settle: r.Settle | None = None  # the last Settle sent, and its encoding
+        self._last_settle_bytes = b""
         self.sessions: dict[int, Session] = {}
         self.targets: dict[int, ConsumerTarget] = {}
         self._by_slot: dict[int, ConsumerTarget] = {}
@@ -62,7 +64,26 @@ class Worker:
     # ---------------------------------------------------------- requests
 
     def send(self, rec: Any) -> None:
+        if type(rec) is r.Settle:
+            self._send_settle(rec)
+            return
         self.outbox.append(self._encode(rec))
+
+    def _send_settle(self, rec: r.Settle) -> None:
+        """A client acking each message sends its acks in bursts, and one read holds many:
+        a Settle that directly follows one of the same channel and action joins it (only
+        while that one is the outbox's last record, so nothing changes order), and the
+        supervisor gets one record instead of one per ack."""
+        last = self._last_settle
+        outbox = self.outbox
+        if (last is not None and outbox and outbox[-1] is self._last_settle_bytes
+                and last.ch == rec.ch and last.conn == rec.conn and last.action == rec.action):
+            last.entries.extend(rec.entries)
+            outbox[-1] = self._last_settle_bytes = self._encode(last)
+            return
+        encoded = self._encode(rec)
+        outbox.append(encoded)
+        self._last_settle, self._last_settle_bytes = rec, encoded
 
     def flush_requests(self) -> bool:
         """Write the outbox to the request ring; True when it all fitted."""

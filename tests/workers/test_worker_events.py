@@ -80,3 +80,29 @@ def test_a_failing_event_for_a_finished_connection_is_only_logged(worker: Worker
     _send(worker, r.Reply(3, 1, "qos"))
     assert worker.handle_events() == 1
     assert not gone.failures
+
+
+def _requests(worker: Worker) -> list[Any]:
+    return [worker.codec.decode_request(raw) for raw in worker.outbox]
+
+
+def test_consecutive_settles_of_a_channel_join_into_one_record(worker: Worker) -> None:
+    """Acks of one read become one Settle per channel and action, without reordering."""
+    worker.send(r.Settle(1, 1, [10], r.ACK))
+    worker.send(r.Settle(1, 1, [11], r.ACK))
+    worker.send(r.Settle(1, 2, [12], r.ACK))  # another channel: a record of its own
+    worker.send(r.Settle(1, 2, [13], r.REQUEUE))  # another action too
+    worker.send(r.Pull(5, 1))
+    worker.send(r.Settle(1, 2, [14], r.REQUEUE))  # after the Pull: must stay after it
+    assert _requests(worker) == [
+        r.Settle(1, 1, [10, 11], r.ACK), r.Settle(1, 2, [12], r.ACK),
+        r.Settle(1, 2, [13], r.REQUEUE), r.Pull(5, 1), r.Settle(1, 2, [14], r.REQUEUE)]
+
+
+def test_a_settle_already_on_the_ring_is_not_joined(worker: Worker) -> None:
+    worker.send(r.Settle(1, 1, [10], r.ACK))
+    assert worker.flush_requests()
+    worker.send(r.Settle(1, 1, [11], r.ACK))
+    assert _requests(worker) == [r.Settle(1, 1, [11], r.ACK)]
+    assert [worker.codec.decode_request(raw) for raw in worker.region.request_ring.get_all_nowait()
+            ] == [r.Settle(1, 1, [10], r.ACK)]
