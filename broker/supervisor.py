@@ -324,11 +324,13 @@ class Supervisor:
             if batch:
                 self._apply(w, batch)
                 self.flush()
-                await trio.sleep(0)
-                continue
+                if not ring.is_empty():
+                    await trio.sleep(0)  # more is waiting: let the other tasks run first
+                    continue
             flag.set_sleeping()
             if not ring.is_empty():
                 flag.clear()
+                await trio.sleep(0)
                 continue
             await w.request_efd.wait()
             flag.clear()

@@ -58,13 +58,16 @@ __all__ = [
 # sem_trywait/sem_post, each a LOCK-prefixed read-modify-write, which x86
 # defines as a full memory barrier (no load may pass an earlier store). Python
 # exposes no cheaper fence without ctypes; the lock itself guards nothing.
+# The bound methods are called directly: half the cost of a ``with`` block.
 _FENCE = threading.Lock()
+_fence_acquire = _FENCE.acquire
+_fence_release = _FENCE.release
 
 
 def full_fence() -> None:
     """Order every earlier store of this CPU before every later load."""
-    with _FENCE:
-        pass
+    _fence_acquire()
+    _fence_release()
 
 
 class EventFd:
@@ -95,8 +98,10 @@ class EventFd:
     def wake(self) -> None:
         """Add 1 to the counter, making the fd readable. A saturated counter
         (EAGAIN) is already readable, so that is ignored."""
-        with contextlib.suppress(BlockingIOError):
+        try:  # not contextlib.suppress: this runs once per wake-up
             os.eventfd_write(self.fileno(), 1)
+        except BlockingIOError:
+            pass
 
     def drain(self) -> int:
         """Reset the counter; return how many wakes it held (0 if none)."""

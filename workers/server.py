@@ -8,6 +8,8 @@ Tasks of a worker process:
   session) and a writer task (protocol output → socket);
 * ``_events``: drains the event ring and notify slots; sleeps on the worker's
   eventfd only after saying so in shared memory and checking once more;
+* ``_flusher``: the request outbox goes to the ring once per scheduling round
+  (a trio instrument, :class:`_RoundFlush`), this task retrying while it is full;
 * ``_heartbeats``: heartbeat ticks for every connection;
 * ``_watch_supervisor``: EOF on the alive pipe means the supervisor died: exit;
 * ``_signals``: SIGTERM closes every client with 320 CONNECTION_FORCED.
@@ -93,6 +95,31 @@ class _Doorbell:
         self._event = trio.Event()
 
 
+class _RoundFlush(trio.abc.Instrument):
+    """Server._flusher's hook: the worker's request outbox goes to the ring at the end
+    of each scheduling round (``before_io_wait``), outside any task. It must not raise
+    (trio would drop it), and what it reschedules would wait for the next I/O (the
+    loop's timeout is already set): when the ring is full or the flush fails, it hands
+    the outbox to the flusher task through the trio token, which wakes the loop."""
+
+    def __init__(self, worker: Worker, token: trio.lowlevel.TrioToken, retry: Any) -> None:
+        self.worker = worker
+        self.token = token
+        self.retry = retry
+        self.retrying = False  # the flusher task has the outbox until it is written
+
+    def before_io_wait(self, timeout: float) -> None:
+        if not self.worker.outbox or self.retrying:
+            return
+        try:
+            if self.worker.flush_requests():
+                return
+        except Exception:  # noqa: BLE001, S110 -- raised again in the flusher task: the worker fails
+            pass
+        self.retrying = True
+        self.token.run_sync_soon(self.retry)
+
+
 class Server:
     def __init__(self, config: r.WorkerConfig) -> None:
         self.config = config
@@ -103,7 +130,7 @@ class Server:
         self._open = 0  # client connections held now
         self._scopes: dict[int, trio.CancelScope] = {}
         self._flush_bell = _Doorbell()
-        self.worker.want_flush = self._flush_bell.ring
+        self.worker.want_flush = self._flush_bell.ring  # until _flusher installs its round hook
         self._unblocked = trio.Event()
         self._unblocked.set()
         self.worker.on_blocked = self._blocked
@@ -162,12 +189,15 @@ class Server:
             worker.after_batch()
             if trace is not None:
                 trace.maybe_flush()
-            if done:
+            # More came in meanwhile: take it once the other ready tasks have run. Else
+            # straight to the sleep protocol (another pass would only find both empty).
+            if done and (not region.event_ring.is_empty() or region.any_slot_set()):
                 await trio.sleep(0)
                 continue
             flag.set_sleeping()
             if not region.event_ring.is_empty() or region.any_slot_set():
                 flag.clear()
+                await trio.sleep(0)
                 continue
             await worker.event_efd.wait()
             flag.clear()
@@ -183,14 +213,26 @@ class Server:
         self._arena_freed = trio.Event()
 
     async def _flusher(self) -> None:
-        """Write the request outbox once per scheduling round: every task that
-        was ready adds its records first, then one ring write, one wake-up."""
+        """Write the request outbox once per scheduling round, after every task that
+        was ready has added its records: one ring write, at most one wake-up. A trio
+        instrument does it just before the run loop waits for I/O (no task step and
+        no extra round per flush, which is most of a quiet worker's rounds); this
+        task takes over while the request ring is full, retrying until it has room."""
         worker = self.worker
-        while True:
-            await self._flush_bell.wait()
-            await trio.sleep(0)
-            while not worker.flush_requests():
-                await trio.sleep(ALLOC_RETRY)  # request ring full: let the supervisor drain
+        bell = self._flush_bell
+        hook = _RoundFlush(worker, trio.lowlevel.current_trio_token(), bell.ring)
+        worker.want_flush = _nothing  # the hook looks at the outbox every round
+        trio.lowlevel.add_instrument(hook)
+        try:
+            while True:
+                await bell.wait()
+                while not worker.flush_requests():
+                    await trio.sleep(ALLOC_RETRY)  # request ring full: let the supervisor drain
+                hook.retrying = False
+        finally:
+            worker.want_flush = bell.ring
+            with contextlib.suppress(KeyError):  # trio drops an instrument that raised
+                trio.lowlevel.remove_instrument(hook)
 
     async def _heartbeats(self) -> None:
         while True:
