@@ -74,6 +74,10 @@ REPLY_TO = "amq.rabbitmq.reply-to"
 # withheld from every publishing connection, so the rings carry settles and pulls, not
 # more publishes, until the consumers have caught up (see Dispatcher._give_credit).
 FLOW_BACKLOG = 1000
+# Credit goes back to a connection once this much is due (half the workers' PUBLISH_CREDIT,
+# so a publisher never waits for it), smaller amounts on the timer's tick: a steady
+# publisher's worker is not woken by a Credit event per publish.
+CREDIT_CHUNK = 200
 
 
 # A message's body handle (Message.body_ref, opaque to the domain) packs where its header and
@@ -234,16 +238,16 @@ class Dispatcher:
         self._wake(self.vhost.drain())
         self.flow_tick()
 
-    def flow_tick(self) -> None:
+    def flow_tick(self, *, all_credit: bool = False) -> None:
         """Give back publish credit unless the supervisor is behind; raise or clear each
         worker's memory alarm. Called after every batch and by the timer (so credit held
         back while nothing else arrives is released within a tick)."""
         if self._credit_due:
-            self._give_credit()
+            self._give_credit(all_credit)
         if self.high_watermark:
             self._memory_alarms()
 
-    def _give_credit(self) -> None:
+    def _give_credit(self, all_credit: bool) -> None:
         """RabbitMQ's credit flow, mapped onto the rings: a worker stops reading a
         connection that has sent PUBLISH_CREDIT publishes not yet given back here. Credit
         comes back once they are applied, unless a consumer we woke still waits on a
@@ -252,14 +256,18 @@ class Dispatcher:
         if self.behind:
             return
         grants: dict[int, r.Credit] = {}
-        for (worker, conn), n in self._credit_due.items():
+        due = self._credit_due
+        for key, n in list(due.items()):
+            if n < CREDIT_CHUNK and not all_credit:
+                continue
+            del due[key]
+            worker, conn = key
             grant = grants.get(worker)
             if grant is None:
                 grant = grants[worker] = r.Credit([], [])
                 self.outbox[worker].append(grant)
             grant.conns.append(conn)
             grant.counts.append(n)
-        self._credit_due.clear()
 
     def _is_behind(self) -> bool:
         """True while a woken acquiring consumer has not pulled yet and its queue holds
@@ -291,7 +299,7 @@ class Dispatcher:
         outcome = self.vhost.tick(now)
         self._wake(outcome.notify)
         self._cancel_all(outcome.cancelled)
-        self.flow_tick()
+        self.flow_tick(all_credit=True)
         return self.vhost.next_deadline()
 
     def internal_error(self, worker: int, rec: Any) -> None:

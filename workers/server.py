@@ -344,13 +344,13 @@ class Server:
                         # One read can hold a few thousand publishes (tens of ms of work):
                         # hand what we have to the supervisor and let the worker's other
                         # connections and the event ring have a turn.
-                        worker.dirty.add(session)
                         worker.after_batch()
                         await trio.sleep(0)
             except Exception:  # noqa: BLE001 — one connection's bug must not end the worker
                 log.exception("connection %d: internal error", session.conn_id)
                 session.fail(AMQPError(INTERNAL_ERROR, "internal error", hard=True))
-            worker.dirty.add(session)
+            if session.proto_has_output():  # publishes alone give the writer nothing to do
+                worker.dirty.add(session)
             worker.after_batch()
 
     async def _stop_reading(self, session: Session) -> None:

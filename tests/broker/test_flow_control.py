@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.dispatch import FLOW_BACKLOG
+from broker.dispatch import CREDIT_CHUNK, FLOW_BACKLOG
 from ipc import records as r
 from tests.broker.test_dispatch import Harness as DispatchHarness
 
@@ -53,16 +53,20 @@ def h() -> Harness:
 # -- credit flow ------------------------------------------------------------------------
 
 
-def test_applied_publishes_give_their_credit_back_per_connection(h: Harness) -> None:
+def test_applied_publishes_give_their_credit_back_per_connection_in_chunks(h: Harness) -> None:
+    """A batch gives back what reached CREDIT_CHUNK; the timer's tick gives back the rest."""
     h.declare("q")
-    for _ in range(3):
+    for _ in range(CREDIT_CHUNK):
         h.publish("q", conn=1)
     h.publish("q", conn=2)
     h.publish("q", worker=W1, conn=1)
     h.d.end_batch()
-    assert h.credit(W0) == {1: 3, 2: 1}
+    assert h.credit(W0) == {1: CREDIT_CHUNK}
+    assert h.credit(W1) == {}
+    h.d.tick(1.0)
+    assert h.credit(W0) == {2: 1}
     assert h.credit(W1) == {1: 1}
-    h.d.end_batch()
+    h.d.tick(2.0)
     assert h.credit(W0) == {}  # given once
 
 
@@ -70,7 +74,7 @@ def test_a_refused_publish_gives_its_credit_back_too(h: Harness) -> None:
     h.publish("q", exchange="no-such-exchange")
     (error,) = [e for e in h.events(W0) if isinstance(e, r.Error)]
     assert error.code == 404
-    h.d.end_batch()
+    h.d.tick(1.0)
     assert h.credit(W0) == {1: 1}
 
 
@@ -114,7 +118,7 @@ def test_a_short_queue_with_a_woken_consumer_does_not_hold_publishers(h: Harness
     h.declare("q")
     h.consume("q", cid=1)
     h.publish("q")  # wakes the consumer, which has not pulled yet
-    h.d.end_batch()
+    h.d.tick(1.0)
     assert h.credit(W0) == {1: 1}
 
 
