@@ -39,6 +39,7 @@ from workers.worker import Worker
 log = logging.getLogger("shoal.worker")
 
 RECEIVE_SIZE = 256 << 10
+CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
 EVENTS_PER_TURN = 64  # client events handled between two checkpoints of a connection's reader
 SHUTDOWN_GRACE = 1.0
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
@@ -241,8 +242,15 @@ class Server:
                 self.worker.trace.maybe_flush()
             now = trio.current_time()
             for session in list(self.worker.sessions.values()):
+                closed = session.proto.closed
                 alive = session.proto.heartbeat_tick(now)
                 session.wake_writer()
+                if closed and session.closed_ticks < CLOSED_TICKS:
+                    # Closed by the protocol (the client's connection.close, say): its reader
+                    # is still handling what it read before the close -- publishes that must
+                    # not be lost -- and ends the connection itself. Cut only a stuck one.
+                    session.closed_ticks += 1
+                    continue
                 if not alive:
                     scope = self._scopes.get(session.conn_id)
                     if scope is not None:

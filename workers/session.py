@@ -54,6 +54,7 @@ class Session:
         self.output_bound = OUTPUT_BOUND
         self.wake_writer = lambda: None
         self.wake_reader = lambda: None  # the reader may be waiting for credit or output room
+        self.closed_ticks = 0  # heartbeat ticks seen since the protocol closed (workers.server)
         self.peer = ""  # host:port of the client, set by the runtime
         self.connected_at = 0.0
 

@@ -262,3 +262,28 @@ def test_an_unpaced_publisher_next_to_acking_consumers_loses_nothing(broker: Bro
             close_quietly(connection)
         admin.channel().queue_delete(queue)
         close_quietly(admin)
+
+
+@pytest.mark.deadline(90)
+def test_publishes_pipelined_before_connection_close_are_all_taken(broker: Broker) -> None:
+    """A client writes a burst of publishes and connection.close in one go (amqplib does):
+    the broker takes every publish before the close -- credit flow and the reader's turns
+    included -- and answers close-ok."""
+    total = 20_000
+    queue = unique_name("pipelined")
+    admin = broker.connect()
+    admin.channel().queue_declare(queue, auto_delete=False)
+    client = RawClient.opened(broker.port)
+    try:
+        frames = b"".join(b"".join(publish_frames(1, "", queue, b"%08d" % n)) for n in range(total))
+        close = method_frame(0, commands.Connection.Close(reply_code=200, reply_text="bye",
+                                                           class_id=0, method_id=0))
+        client.sock.settimeout(60)
+        client.send(frames, close)
+        client.read_until(commands.Connection.CloseOk, timeout=60)
+    finally:
+        client.close()
+    channel = admin.channel()
+    assert channel.queue_declare(queue, passive=True).method.message_count == total
+    channel.queue_delete(queue)
+    close_quietly(admin)
