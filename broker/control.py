@@ -44,6 +44,27 @@ def default_control_path(port: int) -> str:
     return os.path.join(base, f"shoal-{port}.sock")
 
 
+def sweep_stale_sockets(directory: str) -> list[str]:
+    """Remove the control sockets of brokers that died without cleaning up (SIGKILL): a
+    ``shoal-*.sock`` nobody listens on any more. Returns what was removed."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(directory):
+            if not (name.startswith("shoal-") and name.endswith(".sock")):
+                continue
+            path = os.path.join(directory, name)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(path)
+                except ConnectionRefusedError:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                        removed.append(path)
+                except OSError:
+                    pass
+    return removed
+
+
 class ControlServer:
     """Answers control requests; ``ready_workers`` names the workers that are up."""
 
@@ -64,6 +85,7 @@ class ControlServer:
             self._made_directory = directory
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+        sweep_stale_sockets(directory)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:

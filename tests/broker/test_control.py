@@ -3,6 +3,10 @@ that is up, answered once all have answered (or one died), and the CLI's table."
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
+from broker.control import sweep_stale_sockets
 from broker.dispatch import Dispatcher
 from cli.control import format_table
 from ipc import records as r
@@ -49,3 +53,21 @@ def test_table_has_a_header_and_a_line_per_connection() -> None:
     text = format_table([{"name": "a -> b", "user": "guest", "state": "flow"}],
                         ("name", "user", "state"))
     assert text.splitlines() == ["name\tuser\tstate", "a -> b\tguest\tflow"]
+
+
+def test_stale_control_sockets_are_swept_and_live_ones_kept(tmp_path: Path) -> None:
+    """A broker killed with SIGKILL leaves its socket file; the next one removes it, and
+    leaves a live broker's socket alone."""
+    stale, live = str(tmp_path / "shoal-1.sock"), str(tmp_path / "shoal-2.sock")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(stale)
+    dead.close()  # the file stays, nobody listens
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(live)
+    listening.listen(1)
+    (tmp_path / "other.sock").write_text("not ours")
+    try:
+        assert sweep_stale_sockets(str(tmp_path)) == [stale]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["other.sock", "shoal-2.sock"]
+    finally:
+        listening.close()

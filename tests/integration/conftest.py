@@ -37,8 +37,10 @@ import json
 import os
 import shlex
 import signal
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -227,6 +229,9 @@ class Broker:
         self.directory = directory
         self.workers = workers
         self.ready_file = directory / "ready.json"
+        # The control socket in a short directory of our own (a Unix socket path has at most
+        # 107 bytes), removed at stop even when a test killed the supervisor.
+        self.control_dir = Path(tempfile.mkdtemp(prefix="shoal-t"))
         self.log_path = directory / "broker.log"
         self._log = self.log_path.open("wb")
         self._clients: list[pika.BlockingConnection] = []
@@ -236,7 +241,8 @@ class Broker:
         command = [
             *serve_command(), "serve",
             "--host", HOST, "--port", str(port), "--workers", str(workers),
-            "--ready-file", str(self.ready_file), *extra_args,
+            "--ready-file", str(self.ready_file),
+            "--control-socket", str(self.control_dir / "control.sock"), *extra_args,
         ]  # fmt: skip
         self.popen = subprocess.Popen(
             command,
@@ -460,6 +466,7 @@ class Broker:
             for segment in leftovers:
                 with contextlib.suppress(OSError):
                     segment.unlink()
+        shutil.rmtree(self.control_dir, ignore_errors=True)
         self._log.close()
         if problems:
             problems.append(self.log_tail())
