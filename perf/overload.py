@@ -58,7 +58,7 @@ from perf import cgen, loadgen
 from perf.brokers import Broker
 from perf.cgen import CProcess, GeneratorChoice, histogram_of, histogram_summary, merge_histograms
 from perf.sampler import Sampler
-from perf.scenarios import _Clients
+from perf.scenarios import _Clients, delete_topology
 from perf.wire import Client
 
 C_RATE_CAP = 500_000  # count cap per C publisher: this many msg/s times the seconds
@@ -344,20 +344,7 @@ def _settled_depth(port: int, queues: list[str], limit_s: float = SETTLE_MAX) ->
 
 
 def _teardown(port: int, scenario: OverloadScenario, exchange: str, queues: list[str]) -> str | None:
-    try:
-        client = Client(port, timeout=TEARDOWN_TIMEOUT)
-    except Exception as exc:  # noqa: BLE001
-        return f"teardown connect failed: {exc!r}"
-    try:
-        for queue in queues:
-            client.queue_delete(queue)
-        if scenario.fanout:
-            client.exchange_delete(exchange)
-    except Exception as exc:  # noqa: BLE001
-        return f"teardown failed: {exc!r}"
-    finally:
-        client.close()
-    return None
+    return delete_topology(port, queues, exchange if scenario.fanout else None, TEARDOWN_TIMEOUT)
 
 
 # --------------------------------------------------------------------------- one run

@@ -213,14 +213,20 @@ def _depths(broker: Broker, queues: list[str]) -> list[int | None]:
 def _teardown(broker: Broker, scenario: Scenario, exchange: str, queues: list[str]) -> str | None:
     if not broker.alive():
         return "broker not running at teardown"
+    return delete_topology(broker.port, queues, exchange if scenario.fanout else None)
+
+
+def delete_topology(port: int, queues: list[str], exchange: str | None,
+                    timeout: float = 10.0) -> str | None:
+    """Delete a scenario's queues (and its exchange); None, or what went wrong."""
     try:
-        client = Client(broker.port)
+        client = Client(port, timeout=timeout)
     except Exception as exc:  # noqa: BLE001
         return f"teardown connect failed: {exc!r}"
     try:
         for queue in queues:
             client.queue_delete(queue)
-        if scenario.fanout:
+        if exchange is not None:
             client.exchange_delete(exchange)
     except Exception as exc:  # noqa: BLE001
         return f"teardown failed: {exc!r}"

@@ -23,6 +23,7 @@ import logging
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import trio
@@ -365,16 +366,15 @@ class Server:
         """Credit flow and bounded output: leave the socket unread (the client's TCP
         window fills and its writes stop, as RabbitMQ's reader does) until the
         supervisor gives credit back or the writer has sent enough."""
-        session.proto.reading_paused = True
-        try:
-            while session.reading_stop is not None:
-                resume = trio.Event()
-                session.wake_reader = resume.set
-                self.worker.after_batch()
-                await resume.wait()
-        finally:
-            session.wake_reader = _nothing
-            session.proto.reading_paused = False
+        with _not_reading(session):
+            try:
+                while session.reading_stop is not None:
+                    resume = trio.Event()
+                    session.wake_reader = resume.set
+                    self.worker.after_batch()
+                    await resume.wait()
+            finally:
+                session.wake_reader = _nothing
 
     async def _publish(self, session: Session, event: ev.PublishReceived) -> None:
         """Copy a publish into this worker's arena; wait for room when it is full
@@ -382,12 +382,11 @@ class Server:
         session.publishes = True
         worker = self.worker
         if worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
-            session.proto.reading_paused = True
-            while worker.blocked:
-                session.set_blocked(True)
-                worker.after_batch()
-                await self._unblocked.wait()
-            session.proto.reading_paused = False
+            with _not_reading(session):
+                while worker.blocked:
+                    session.set_blocked(True)
+                    worker.after_batch()
+                    await self._unblocked.wait()
         headers, expiration, priority, reply_to = codec.publish_properties(event.header_payload)
         header = session.publish_header(event, reply_to)
         if header is None:
@@ -410,8 +409,7 @@ class Server:
         wait until the supervisor has freed that much here (ArenaFreed), not polling."""
         worker = self.worker
         arena = worker.region.arena
-        session.proto.reading_paused = True
-        try:
+        with _not_reading(session):
             while True:
                 worker.set_arena_full(True)
                 worker.send(r.ArenaWait(size))
@@ -422,8 +420,6 @@ class Server:
                 if offset is not None:
                     worker.set_arena_full(False)
                     return offset
-        finally:
-            session.proto.reading_paused = False
 
     async def _writer(self, stream: trio.SocketStream, session: Session, bell: _Doorbell) -> None:
         try:
@@ -444,6 +440,17 @@ class Server:
 
 def _nothing() -> None:
     pass
+
+
+@contextlib.contextmanager
+def _not_reading(session: Session) -> Iterator[None]:
+    """While the broker leaves a connection's socket unread (credit flow, unsent output, an
+    alarm, no arena room), the client's silence is ours: no missed-heartbeat timeout."""
+    session.proto.reading_paused = True
+    try:
+        yield
+    finally:
+        session.proto.reading_paused = False
 
 
 async def serve(config: r.WorkerConfig) -> None:
