@@ -35,7 +35,7 @@ from workers import events as ev
 from workers.balance import AcceptBalance
 from workers.connection import INTERNAL_ERROR, AMQPConnection, AMQPError
 from workers.session import Session
-from workers.worker import Worker
+from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
 
@@ -148,6 +148,7 @@ class Server:
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._events)
             nursery.start_soon(self._flusher)
+            nursery.start_soon(self._lazy_waker)
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(self._accept, listener, nursery)
             self.worker.hello()
@@ -235,6 +236,21 @@ class Server:
             worker.want_flush = bell.ring
             with contextlib.suppress(KeyError):  # trio drops an instrument that raised
                 trio.lowlevel.remove_instrument(hook)
+
+    async def _lazy_waker(self) -> None:
+        """Acks the worker left in the ring without waking the supervisor (they ride
+        with the next record that does) reach it within LAZY_SETTLE_DELAY all the same."""
+        worker = self.worker
+        bell = _Doorbell()
+        worker.want_lazy_wake = bell.ring
+        try:
+            while True:
+                await bell.wait()
+                await trio.sleep(LAZY_SETTLE_DELAY)
+                if worker.lazy_pending:
+                    worker.wake_supervisor()
+        finally:
+            worker.want_lazy_wake = worker.wake_supervisor
 
     async def _heartbeats(self) -> None:
         while True:

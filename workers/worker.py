@@ -26,6 +26,12 @@ from workers.session import Session
 log = logging.getLogger("shoal.worker")
 
 EVENT_BATCH = 1024
+# Acks alone do not wake a sleeping supervisor: they go to the ring and ride with the next
+# record that does (a pull, a publish), or wake it this long after the first of them
+# (workers.server._lazy_waker). Nothing a client sees waits for an ack to reach the
+# supervisor (prefetch credit is the worker's); what waits is freeing the body, and a
+# consumer acking each delivery at a steady rate saves the supervisor a wake-up per message.
+LAZY_SETTLE_DELAY = 0.005
 
 
 class Worker:
@@ -42,6 +48,9 @@ class Worker:
         self.outbox: list[bytes] = []
         self._last_settle: r.Settle | None = None  # the last Settle sent, and its encoding
         self._last_settle_bytes = b""
+        self._urgent = False  # the outbox holds a record that must wake the supervisor
+        self.lazy_pending = False  # acks in the ring that no wake-up announced yet
+        self.want_lazy_wake: Callable[[], object] = self.wake_supervisor  # the server defers it
         self.sessions: dict[int, Session] = {}
         self.targets: dict[int, ConsumerTarget] = {}
         self._by_slot: dict[int, ConsumerTarget] = {}
@@ -66,7 +75,10 @@ class Worker:
     def send(self, rec: Any) -> None:
         if type(rec) is r.Settle:
             self._send_settle(rec)
+            if rec.action != r.ACK:
+                self._urgent = True  # a requeue is for other consumers, now
             return
+        self._urgent = True
         self.outbox.append(self._encode(rec))
 
     def _send_settle(self, rec: r.Settle) -> None:
@@ -86,12 +98,22 @@ class Worker:
         self._last_settle, self._last_settle_bytes = rec, encoded
 
     def flush_requests(self) -> bool:
-        """Write the outbox to the request ring; True when it all fitted."""
+        """Write the outbox to the request ring; True when it all fitted. A sleeping
+        supervisor is woken unless all that was written is acks (LAZY_SETTLE_DELAY)."""
         if self.outbox:
             written = self.region.request_ring.put_many_nowait(self.outbox)
             del self.outbox[:written]
-            wake_if_sleeping(self.region.supervisor_sleeping, self.request_efd)
+            if self._urgent or self.outbox:
+                self._urgent = False
+                self.wake_supervisor()
+            elif not self.lazy_pending:
+                self.lazy_pending = True
+                self.want_lazy_wake()
         return not self.outbox
+
+    def wake_supervisor(self) -> None:
+        self.lazy_pending = False
+        wake_if_sleeping(self.region.supervisor_sleeping, self.request_efd)
 
     def hello(self) -> None:
         self.send(r.Hello(os.getpid()))

@@ -106,3 +106,45 @@ def test_a_settle_already_on_the_ring_is_not_joined(worker: Worker) -> None:
     assert _requests(worker) == [r.Settle(1, 1, [11], r.ACK)]
     assert [worker.codec.decode_request(raw) for raw in worker.region.request_ring.get_all_nowait()
             ] == [r.Settle(1, 1, [10], r.ACK)]
+
+
+def _supervisor_sleeps(worker: Worker) -> None:
+    worker.region.supervisor_sleeping.set_sleeping()
+
+
+def test_acks_alone_do_not_wake_a_sleeping_supervisor_but_ask_for_a_late_wake(worker: Worker) -> None:
+    """LAZY_SETTLE_DELAY: acks ride with the next record that wakes the supervisor; until then
+    the server's timer is asked for once, and it wakes the supervisor if nothing did."""
+    late: list[bool] = []
+    worker.want_lazy_wake = lambda: late.append(True)
+    _supervisor_sleeps(worker)
+    worker.send(r.Settle(1, 1, [10], r.ACK))
+    assert worker.flush_requests()
+    assert worker.request_efd.drain() == 0, "an ack alone woke the supervisor"
+    assert worker.region.supervisor_sleeping.is_sleeping()
+    assert worker.lazy_pending and late == [True]
+    worker.send(r.Settle(1, 1, [11], r.ACK))
+    assert worker.flush_requests()
+    assert late == [True], "one timer covers every ack until the supervisor is woken"
+    worker.wake_supervisor()  # the timer fires
+    assert worker.request_efd.drain() == 1
+    assert not worker.lazy_pending
+    assert len(worker.region.request_ring.get_all_nowait()) == 2  # both acks were written
+
+
+@pytest.mark.parametrize("urgent", [r.Settle(1, 1, [10], r.REQUEUE), r.Settle(1, 1, [10], r.DROP),
+                                    r.Pull(5, 1)], ids=["requeue", "reject", "pull"])
+def test_a_requeue_or_any_other_request_wakes_the_supervisor_and_carries_the_acks(
+        worker: Worker, urgent: Any) -> None:
+    worker.want_lazy_wake = lambda: None
+    _supervisor_sleeps(worker)
+    worker.send(r.Settle(1, 2, [9], r.ACK))
+    assert worker.flush_requests()
+    assert worker.lazy_pending
+    _supervisor_sleeps(worker)
+    worker.send(urgent)
+    assert worker.flush_requests()
+    assert worker.request_efd.drain() == 1
+    assert not worker.lazy_pending
+    assert [worker.codec.decode_request(raw) for raw in worker.region.request_ring.get_all_nowait()
+            ] == [r.Settle(1, 2, [9], r.ACK), urgent]
