@@ -264,8 +264,11 @@ class Worker:
         """Wake the socket writers of sessions with output; ask for a flush of
         the requests (the server folds the flushes of one scheduling round
         into one, so a sleeping supervisor is woken once, not per connection)."""
-        for session in self.dirty:
-            session.wake_writer()
-        self.dirty.clear()
+        for _ in range(4):  # a send that lifts back-pressure may make more output
+            if not self.dirty:
+                break
+            dirty, self.dirty = self.dirty, set()
+            for session in dirty:
+                session.wake_writer()
         if self.outbox:
             self.want_flush()
