@@ -286,9 +286,15 @@ class Dispatcher:
             if self.blocked[k] and held < self.low_watermark:
                 self.blocked[k] = False
                 self.outbox[k].append(r.Blocked(False))
+                log.warning("memory alarm cleared on worker %d: its arena holds %s, below the low "
+                            "watermark %s; its publishers are unblocked", k, _mib(held),
+                            _mib(self.low_watermark))
             elif not self.blocked[k] and held >= self.high_watermark:
                 self.blocked[k] = True
                 self.outbox[k].append(r.Blocked(True))
+                log.warning("memory alarm set on worker %d: its arena holds %s, the high watermark "
+                            "is %s. *** Its publishers are blocked until the arena falls below %s ***",
+                            k, _mib(held), _mib(self.high_watermark), _mib(self.low_watermark))
 
     def tick(self, now: float) -> float | None:
         """The timer: expire messages, delete unused x-expires queues, release held
@@ -718,3 +724,7 @@ class Dispatcher:
                 self._wake(held.queue.discard(held))
             else:
                 raise InternalError(f"unknown settle action {rec.action}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"

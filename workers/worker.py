@@ -231,6 +231,12 @@ class Worker:
         connection.blocked meanwhile, as for the memory alarm, instead of stalling silently."""
         if full != self.arena_full:
             self.arena_full = full
+            if full:
+                log.warning("worker %d: arena full; its publishers are blocked until the "
+                            "supervisor frees room", self.index)
+            else:
+                log.warning("worker %d: arena has room again; its publishers are unblocked",
+                            self.index)
             self._tell_blocked()
 
     def _tell_blocked(self) -> None:

@@ -3,6 +3,8 @@ memory alarm with hysteresis, and arena room for a publish that found none."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from broker.dispatch import CREDIT_CHUNK, FLOW_BACKLOG
@@ -197,3 +199,22 @@ def test_arena_wait_is_answered_once_that_much_was_freed_in_its_region(h: Harnes
     assert h.events(W0).count(r.ArenaFreed()) == 1
     h.get_and_ack("q")
     assert r.ArenaFreed() not in h.events(W0)  # answered once per wait
+
+
+def test_the_memory_alarm_is_logged_when_set_and_when_cleared(
+        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    """What RabbitMQ logs at warning: which worker, how much, and that its publishers are
+    blocked (then unblocked)."""
+    h.d.high_watermark = 2 * SIZE
+    h.d.low_watermark = SIZE
+    h.declare("q")
+    with caplog.at_level(logging.WARNING, logger="shoal.dispatch"):
+        h.publish("q")
+        h.publish("q")
+        h.d.end_batch()
+        assert [m for m in caplog.messages if "memory alarm set on worker 0" in m
+                and "publishers are blocked" in m]
+        h.get_and_ack("q")
+        h.get_and_ack("q")
+        h.d.end_batch()
+    assert [m for m in caplog.messages if "memory alarm cleared on worker 0" in m]
