@@ -42,7 +42,7 @@ from broker.dispatch import Dispatcher
 from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
-from ipc.wakeup import EventFd, wake_if_sleeping
+from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
 
 log = logging.getLogger("shoal.supervisor")
 
@@ -314,6 +314,10 @@ class Supervisor:
         """Apply worker k's requests in ring order; sleep on its eventfd when idle."""
         ring = w.region.request_ring
         flag = w.region.supervisor_sleeping
+
+        def has_work() -> bool:
+            return not ring.is_empty()
+
         while True:
             try:
                 batch = ring.get_all_nowait(BATCH)
@@ -327,13 +331,7 @@ class Supervisor:
                 if not ring.is_empty():
                     await trio.sleep(0)  # more is waiting: let the other tasks run first
                     continue
-            flag.set_sleeping()
-            if not ring.is_empty():
-                flag.clear()
-                await trio.sleep(0)
-                continue
-            await w.request_efd.wait()
-            flag.clear()
+            await wait_for_work(flag, w.request_efd, has_work)
 
     def _apply(self, w: _WorkerSlot, batch: list[bytes]) -> None:
         decode = self.codec.decode_request

@@ -185,11 +185,17 @@ def wake_if_sleeping(flag: SleepFlag, efd: EventFd) -> bool:
 
 
 async def wait_for_work(flag: SleepFlag, efd: EventFd, has_work: Callable[[], bool]) -> None:
-    """Sleeper side of the handshake: return at once if ``has_work()`` is true
-    after announcing sleep, else wait for a wake-up. The flag is clear on return."""
+    """Sleeper side of the handshake: if ``has_work()`` is true after announcing sleep,
+    return after a checkpoint (the loop calling this yields to its peers either way),
+    else wait for a wake-up. The flag is clear on return."""
     flag.set_sleeping()
+    if has_work():
+        flag.clear()  # before yielding: a producer meanwhile must not write the eventfd
+        import trio  # lazily, as EventFd.wait
+
+        await trio.lowlevel.checkpoint()
+        return
     try:
-        if not has_work():
-            await efd.wait()
+        await efd.wait()
     finally:
         flag.clear()

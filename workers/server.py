@@ -31,6 +31,7 @@ import trio
 
 from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region
+from ipc.wakeup import wait_for_work
 from workers import codec
 from workers import events as ev
 from workers.balance import AcceptBalance
@@ -190,6 +191,10 @@ class Server:
         region = worker.region
         flag = region.worker_sleeping
         trace = worker.trace
+
+        def has_work() -> bool:
+            return not region.event_ring.is_empty() or region.any_slot_set()
+
         while True:
             done = worker.handle_events()
             worker.after_batch()
@@ -197,16 +202,10 @@ class Server:
                 trace.maybe_flush()
             # More came in meanwhile: take it once the other ready tasks have run. Else
             # straight to the sleep protocol (another pass would only find both empty).
-            if done and (not region.event_ring.is_empty() or region.any_slot_set()):
+            if done and has_work():
                 await trio.sleep(0)
                 continue
-            flag.set_sleeping()
-            if not region.event_ring.is_empty() or region.any_slot_set():
-                flag.clear()
-                await trio.sleep(0)
-                continue
-            await worker.event_efd.wait()
-            flag.clear()
+            await wait_for_work(flag, worker.event_efd, has_work)
 
     def _blocked(self, active: bool) -> None:
         if active and self._unblocked.is_set():

@@ -122,6 +122,28 @@ async def test_work_arriving_before_the_flag_is_set_is_not_slept_on(efd: EventFd
     assert ring.get_all_nowait() == [b"late"]
 
 
+async def test_work_found_at_the_recheck_still_lets_other_tasks_run(efd: EventFd) -> None:
+    """A loop that always finds work must not starve its peers: wait_for_work yields (a
+    checkpoint) before returning, with the flag already clear so nobody wakes it meanwhile."""
+    flag = SleepFlag(bytearray(1), 0)
+    ran: list[bool] = []
+    flag_while_yielded: list[bool] = []
+
+    async def peer() -> None:
+        flag_while_yielded.append(flag.is_sleeping())
+        ran.append(True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peer)
+        for _ in range(3):  # the busy loop
+            await wait_for_work(flag, efd, lambda: True)
+            if ran:
+                break
+    assert ran, "the peer never ran while wait_for_work kept finding work"
+    assert flag_while_yielded == [False]
+    assert efd.drain() == 0
+
+
 async def test_cancelled_wait_consumes_no_wake(efd: EventFd) -> None:
     """Cancelling EventFd.wait() leaves the counter alone, and clears the sleep flag."""
     flag = SleepFlag(bytearray(1), 0)
