@@ -78,6 +78,9 @@ class Channel:
         self.last_queue = ""  # AMQP 0-9-1 §1.7.2.1: "" means the last declared queue
         self.reply_to = ""  # direct reply-to: this channel's reply queue, once consuming
         self.tx = False
+        # A publish sent since the last request that may still produce a basic.return (mandatory)
+        # or a confirm: a local reply then waits for a Sync (_local_reply).
+        self.publishes_unanswered = False
         self._tx_publishes: list[r.Publish] = []
         self._tx_settles: list[tuple[int, int, ConsumerTarget | None, int]] = []
         self._next_tag = 0
@@ -100,13 +103,22 @@ class Channel:
     def _request(self, rec: Any, on_reply: Callable[[Any], None] | None) -> None:
         self.worker.send(rec)
         if on_reply is not None:
+            self.publishes_unanswered = False  # its reply comes after theirs
             self._expect.append((True, on_reply))
 
     def _send(self, method: Any) -> None:
+        if self.confirmed > self.acked_upto:  # acks owed for earlier publishes go first
+            self.flush_confirms()
         self.session.send_method(self.number, method)
 
     def _local_reply(self, method: Any) -> None:
-        """Answer locally, but never ahead of a reply the supervisor still owes."""
+        """Answer locally, but never ahead of a reply the supervisor still owes: a reply to
+        an earlier request, or the basic.return / ack / nack of an earlier publish. For the
+        latter a Sync goes through the supervisor first (it answers in ring order, after
+        whatever those publishes produced)."""
+        if self.publishes_unanswered:
+            self.publishes_unanswered = False
+            self._request(r.Sync(self.session.conn_id, self.number), _nothing)
         if self._expect:
             self._expect.append((False, lambda _: self._send(method)))
         else:
@@ -321,6 +333,11 @@ class Channel:
         self._settle_tags(0, True, r.REQUEUE, m)
         self._local_reply(spec.Basic.RecoverOk())
 
+    def _recover_async(self, m: spec.Basic.RecoverAsync) -> None:
+        """Deprecated, no reply (aiormq sends it for basic_recover(nowait=True)): RabbitMQ
+        treats it as basic.recover without the recover-ok."""
+        self._settle_tags(0, True, r.REQUEUE, m)
+
     def _confirm_select(self, m: spec.Confirm.Select) -> None:
         if self.tx:  # RabbitMQ's text
             raise AMQPError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode",
@@ -403,6 +420,7 @@ class Channel:
         spec.Basic.Nack: _nack,
         spec.Basic.Reject: _reject,
         spec.Basic.Recover: _recover,
+        spec.Basic.RecoverAsync: _recover_async,
         spec.Confirm.Select: _confirm_select,
         spec.Channel.Flow: _flow,
         spec.Tx.Select: _tx_select,
@@ -486,6 +504,8 @@ class Channel:
 
     def _send_publish(self, rec: r.Publish) -> None:
         self.session.credit -= 1  # given back by the supervisor (Credit) once absorbed
+        if rec.mandatory or rec.confirm:
+            self.publishes_unanswered = True
         trace = self.worker.trace
         if trace is not None:
             trace.published(time.monotonic_ns(), rec.conn, rec.ch, rec.exchange, rec.routing_key,
@@ -620,3 +640,7 @@ class Channel:
         self.consumers.clear()
         self._expect.clear()
         self._inbox = None
+
+
+def _nothing(_: Any) -> None:
+    pass

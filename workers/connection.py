@@ -90,6 +90,8 @@ from workers.frame_buffer import (
 
 # -- reply codes and errors -------------------------------------------------
 
+CONNECTION_CLASS = 10
+
 REPLY_SUCCESS = 200
 CONNECTION_FORCED = 320
 ACCESS_REFUSED = 403
@@ -186,6 +188,7 @@ class Input(enum.Enum):
     OPEN = "connection.open"
     CLOSE = "connection.close"
     CLOSE_OK = "connection.close-ok"
+    UPDATE_SECRET = "connection.update-secret"
     SEND_CLOSE = "server connection.close"
     ABORT = "abort"
 
@@ -196,6 +199,7 @@ _TRANSITIONS: dict[tuple[State, Input], State] = {
     (State.TUNING, Input.TUNE_OK): State.OPENING,
     (State.OPENING, Input.OPEN): State.RUNNING,
     (State.RUNNING, Input.CLOSE): State.CLOSED,
+    (State.RUNNING, Input.UPDATE_SECRET): State.RUNNING,
     (State.CLOSING, Input.CLOSE): State.CLOSED,
     (State.CLOSING, Input.CLOSE_OK): State.CLOSED,
     **{
@@ -211,6 +215,7 @@ _METHOD_INPUTS: dict[int, Input] = {
     commands.Connection.Open.index: Input.OPEN,
     commands.Connection.Close.index: Input.CLOSE,
     commands.Connection.CloseOk.index: Input.CLOSE_OK,
+    commands.Connection.UpdateSecret.index: Input.UPDATE_SECRET,
 }
 
 
@@ -661,6 +666,9 @@ class AMQPConnection:
         class_id, method_id = method_ids(method)
         input_ = _METHOD_INPUTS.get(method.index)
         if input_ is None:
+            if class_id == CONNECTION_CLASS:  # a server's method, or connection.secure-ok
+                raise AMQPError(NOT_IMPLEMENTED, f"{method.name} is not implemented",
+                                class_id, method_id)
             raise UnexpectedMethod(self._state, method.name, class_id, method_id)
         target = self._transition(input_, class_id, method_id)
         _CONNECTION_HANDLERS[input_](self, method)
@@ -729,6 +737,12 @@ class AMQPConnection:
             )
         )
 
+    def _on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
+        """RabbitMQ's extension for clients whose credentials expire (OAuth 2 tokens): the
+        internal user store keeps no per-connection credential state, so the new secret is
+        accepted as RabbitMQ's internal backend accepts it, and the connection carries on."""
+        self._queue_out(codec.encode_method(0, commands.Connection.UpdateSecretOk()))
+
     def _on_close(self, method: commands.Connection.Close) -> None:
         self._queue_out(codec.encode_method(0, commands.Connection.CloseOk()))
         self.close_reason = f"closed by client: {method.reply_code} {method.reply_text}"
@@ -741,11 +755,13 @@ class AMQPConnection:
     def _on_channel_frame(self, frame: Frame) -> None:
         chan = self._channels.get(frame.channel)
         if chan is None:
-            if frame.channel > self.channel_max:
+            # channel-max is "the maximum total number of channels", not the highest number:
+            # a client may open channel 65535 (rabbit_reader create_channel).
+            if self.channel_max and len(self._channels) >= self.channel_max:
                 raise AMQPError(
                     NOT_ALLOWED,
-                    f"channel {frame.channel} is above the negotiated channel_max "
-                    f"({self.channel_max})",
+                    f"number of channels opened ({len(self._channels)}) has reached the "
+                    f"negotiated channel_max ({self.channel_max})",
                 )
             chan = _UNOPENED
         handler = chan.handlers.get(frame.type)  # a row of _CHANNEL_TABLE
@@ -910,6 +926,7 @@ _CONNECTION_HANDLERS: dict[Input, Callable[[AMQPConnection, Any], None]] = {
     Input.OPEN: AMQPConnection._on_open,
     Input.CLOSE: AMQPConnection._on_close,
     Input.CLOSE_OK: AMQPConnection._on_close_ok,
+    Input.UPDATE_SECRET: AMQPConnection._on_update_secret,
 }
 
 _ChannelHandler = Callable[[AMQPConnection, int, _Channel, memoryview], None]

@@ -386,12 +386,41 @@ def test_second_channel_open_is_504() -> None:
     assert_closing(conn, 504, "CHANNEL_ERROR - second 'channel.open' seen", 20, 10)
 
 
-def test_channel_above_channel_max_is_530() -> None:
-    """A channel number above the negotiated channel_max is 530 NOT_ALLOWED."""
-    conn = opened(channels=(), channel_max=10)
-    conn.receive_data(method(11, commands.Channel.Open()))
+def test_channel_max_limits_how_many_channels_are_open_not_their_numbers() -> None:
+    """AMQP's channel-max is "the maximum total number of channels": with channel_max 2 a
+    client may open channel 65535; a third open channel is 530 NOT_ALLOWED (RabbitMQ's text),
+    and closing one makes room again."""
+    conn = opened(channels=(), channel_max=2)
+    [event] = conn.receive_data(method(65535, commands.Channel.Open()))
+    assert isinstance(event, ChannelOpened) and event.channel == 65535
+    conn.receive_data(method(7, commands.Channel.Open()))
+    conn.receive_data(method(7, commands.Channel.Close(200, "bye", 0, 0)))
+    conn.data_to_send()
+    conn.receive_data(method(8, commands.Channel.Open()))
+    assert conn.is_channel_open(8) and conn.state is State.RUNNING
+    conn.data_to_send()
+    conn.receive_data(method(9, commands.Channel.Open()))
+    assert_closing(conn, 530, "NOT_ALLOWED - number of channels opened (2) has reached the "
+                   "negotiated channel_max (2)", 0, 0)
+
+
+def test_update_secret_is_answered_while_running() -> None:
+    """connection.update-secret (RabbitMQ extension; pika, aiormq, amqplib) gets update-secret-ok."""
+    conn = opened()
+    conn.receive_data(method(0, commands.Connection.UpdateSecret("new-token", "token refresh")))
+    assert [(ch, type(m)) for ch, m in sent(conn)] == [(0, commands.Connection.UpdateSecretOk)]
+    assert conn.state is State.RUNNING
+
+
+@pytest.mark.parametrize("unsupported", [commands.Connection.SecureOk("x"),
+                                         commands.Connection.Blocked("r"), commands.Connection.OpenOk()],
+                         ids=["secure-ok", "blocked", "open-ok"])
+def test_a_connection_method_the_server_does_not_take_is_540(unsupported: Any) -> None:
+    """A connection-class method the server never takes is 540 NOT_IMPLEMENTED, not 504."""
+    conn = opened()
+    conn.receive_data(method(0, unsupported))
     close = only_close(conn)
-    assert close.reply_code == 530 and conn.state is State.CLOSING
+    assert close.reply_code == 540 and conn.state is State.CLOSING
 
 
 def test_channel_method_on_channel_zero_is_504() -> None:

@@ -1,0 +1,100 @@
+"""Client-visible behaviour that must match RabbitMQ 3.10, each through the client library that
+exposed the difference: connection.update-secret (pika), basic.recover-async (aiormq), the order
+of a channel's replies after a mandatory publish (pika's confirm_delivery), and channel numbers
+above channel_max (pika)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiormq
+import pika
+import pika.exceptions
+import pytest
+
+from tests.integration.conftest import Broker, Names, pump_until, ready_count
+
+SCENARIO_TIMEOUT = 30.0
+
+
+def test_update_secret_is_answered_and_the_connection_carries_on(shared_broker: Broker, names: Names) -> None:
+    """pika's update_secret waits for update-secret-ok (RabbitMQ answers it; Shoal used to close
+    the connection with 504)."""
+    connection = shared_broker.connect()
+    connection.update_secret("guest", "token refreshed")
+    channel = connection.channel()
+    queue = names("after-secret")
+    channel.queue_declare(queue, auto_delete=True)
+    channel.basic_publish("", queue, b"still here")
+    method, _, body = channel.basic_get(queue, auto_ack=True)
+    assert method is not None and body == b"still here"
+
+
+def test_recover_async_requeues_the_unacked_deliveries_without_a_reply(shared_broker: Broker, names: Names) -> None:
+    """aiormq's basic_recover(nowait=True) sends the deprecated basic.recover-async: RabbitMQ takes
+    it as basic.recover (redelivering what the channel holds unacked) and sends nothing back."""
+    queue = names("recover-async")
+
+    async def scenario() -> list[tuple[bytes, bool]]:
+        connection = await aiormq.connect(shared_broker.url)
+        try:
+            channel = await connection.channel()
+            await channel.queue_declare(queue, auto_delete=True)
+            await channel.basic_qos(prefetch_count=1)
+            got: asyncio.Queue[aiormq.abc.DeliveredMessage] = asyncio.Queue()
+            await channel.basic_consume(queue, got.put)
+            await channel.basic_publish(b"once", routing_key=queue)
+            first = await got.get()
+            await channel.basic_recover(nowait=True)  # the unacked delivery comes back
+            second = await got.get()
+            await channel.basic_ack(second.delivery_tag)
+            ok = await channel.queue_declare(queue, passive=True)  # the channel is still usable
+            assert ok.message_count == 0
+            return [(first.body, first.redelivered), (second.body, second.redelivered)]
+        finally:
+            await connection.close()
+
+    deliveries = asyncio.run(asyncio.wait_for(scenario(), SCENARIO_TIMEOUT))
+    assert deliveries == [(b"once", False), (b"once", True)]
+
+
+def test_a_return_owed_for_an_earlier_publish_comes_before_confirm_select_ok(
+        shared_broker: Broker, names: Names) -> None:
+    """pika's BlockingChannel counts a basic.return that arrives after confirm.select-ok as a
+    return for its next confirmed publish, which then fails with UnroutableError. The worker
+    answers select-ok itself: it must not overtake the return of the publish before it."""
+    connection = shared_broker.connect()
+    queue = names("routable")
+    for attempt in range(20):  # the overtaking was a race the worker won almost every time
+        channel = connection.channel()
+        returned: list[bytes] = []
+        channel.add_on_return_callback(lambda _ch, _m, _p, body: returned.append(body))
+        channel.queue_declare(queue, auto_delete=True)
+        channel.basic_publish("", names("nobody-bound"), f"unroutable {attempt}".encode(),
+                              mandatory=True)
+        channel.confirm_delivery()
+        channel.basic_publish("", queue, b"routable", mandatory=True)  # raised UnroutableError
+        pump_until([connection], lambda: bool(returned), 10, "the basic.return")
+        assert returned == [f"unroutable {attempt}".encode()]
+        channel.queue_purge(queue)
+        channel.close()
+
+
+def test_channel_max_limits_open_channels_not_channel_numbers(shared_broker: Broker, names: Names) -> None:
+    """AMQP channel-max is "the maximum total number of channels": RabbitMQ lets a client open
+    channel 65535 with channel_max 2047, and refuses the channel past the count with 530."""
+    connection = shared_broker.connect()
+    high = connection.channel(channel_number=65535)
+    queue = names("high-channel")
+    high.queue_declare(queue, auto_delete=True)
+    high.basic_publish("", queue, b"on 65535")
+    assert ready_count(high, queue) == 1
+
+    small = shared_broker.connect(channel_max=2)
+    small.channel(channel_number=40000)
+    small.channel(channel_number=50000)
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as closed:
+        third = small.channel(channel_number=60000)
+        third.queue_declare("", exclusive=True)
+    assert closed.value.reply_code == 530
+    assert "number of channels opened (2) has reached the negotiated channel_max (2)" in closed.value.reply_text
