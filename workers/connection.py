@@ -357,6 +357,8 @@ class AMQPConnection:
         users: Mapping[str, str] | None = None,
         max_body_size: int = 16 << 20,
         handshake_timeout: float = 10.0,
+        peer_is_loopback: bool = True,
+        loopback_users: frozenset[str] = frozenset({"guest"}),
     ) -> None:
         self._server_properties = server_properties
         self._server_frame_max = frame_max
@@ -365,6 +367,9 @@ class AMQPConnection:
         self._users = dict(users) if users is not None else {"guest": "guest"}
         self._max_body_size = max_body_size
         self._handshake_timeout = handshake_timeout
+        # RabbitMQ's loopback_users: these may log in only from a loopback address.
+        self._peer_is_loopback = peer_is_loopback
+        self._loopback_users = loopback_users
 
         self._state = State.HANDSHAKE
         self._buffer = FrameBuffer(FRAME_MIN_SIZE)
@@ -381,6 +386,7 @@ class AMQPConnection:
         self.user = ""
         self.client_properties: dict[str, Any] = {}
         self.close_reason: str | None = None
+        self.refused_login: tuple[str, str] | None = None  # (user, why) for the runtime's log
         self._auth_failure_close = False
 
         # Liveness, in the runtime's clock (heartbeat_tick), from byte counts.
@@ -701,12 +707,19 @@ class AMQPConnection:
         except codec.DecodeError as exc:
             raise AMQPError(SYNTAX_ERROR, str(exc), 10, 11) from exc
         if user not in self._users or self._users[user] != password:
+            # The same answer for an unknown user and a wrong password; the log says which.
+            self.refused_login = (user, "unknown user" if user not in self._users
+                                  else "invalid credentials")
             raise AMQPError(
                 ACCESS_REFUSED,
                 f"Login was refused using authentication mechanism {mechanism}. "
                 "For details see the broker logfile.",
                 hard=True,
             )
+        if user in self._loopback_users and not self._peer_is_loopback:
+            why = f"user '{user}' can only connect via localhost"
+            self.refused_login = (user, why)
+            raise AMQPError(ACCESS_REFUSED, f"{mechanism} login refused: {why}", hard=True)
         return user
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:

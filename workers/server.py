@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import ipaddress
 import logging
 import signal
 import socket
@@ -40,11 +41,13 @@ from workers.session import Session
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
+log_connection = logging.getLogger("shoal.connection")
 
 RECEIVE_SIZE = 256 << 10
 CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
 EVENTS_PER_TURN = 64  # client events handled between two checkpoints of a connection's reader
 SHUTDOWN_GRACE = 1.0
+CLOSE_LINGER = 2.0  # how long a closed connection's socket is read (and dropped) for its EOF
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
 # A publish waiting for arena room is woken by ArenaFreed; it also looks again this often,
 # for room freed while its ArenaWait was on the way (the supervisor did not count that).
@@ -316,16 +319,22 @@ class Server:
     async def _connection(self, stream: trio.SocketStream, sock: socket.socket) -> None:
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         c = self.config
+        peer = local = ""
+        with contextlib.suppress(OSError):
+            peer_host, peer_port = sock.getpeername()[:2]
+            peer = f"{peer_host}:{peer_port}"
+            local_host, local_port = sock.getsockname()[:2]
+            local = f"{local_host}:{local_port}"
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users or None,
+            peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
         )
         session = Session(self.worker, next(self.worker.conn_ids), proto)
         session.connected_at = time.time()
-        with contextlib.suppress(OSError):
-            host, port = stream.socket.getpeername()[:2]
-            session.peer = f"{host}:{port}"
+        session.peer, session.local = peer, local
+        log_connection.info("accepting AMQP connection %s", session.label)
         self.worker.sessions[session.conn_id] = session
         bell = _Doorbell()
         session.wake_writer = functools.partial(self._send_now, sock, session, bell)
@@ -342,10 +351,16 @@ class Server:
                     with trio.move_on_after(SHUTDOWN_GRACE):
                         await bell.drained.wait()
                     nursery.cancel_scope.cancel()
+                session.finish()
+                self.worker.after_batch()
+                _log_closed(session)
+                await _linger(sock)
         finally:
             self._scopes.pop(session.conn_id, None)
-            session.finish()
-            self.worker.after_batch()
+            if not session.finished:
+                session.finish()
+                self.worker.after_batch()
+                _log_closed(session)
             self._count_connection(-1)
             await stream.aclose()
 
@@ -491,6 +506,55 @@ class Server:
 
 def _nothing() -> None:
     pass
+
+
+async def _linger(sock: socket.socket) -> None:
+    """After our last frame (close-ok, or our connection.close): send FIN, then read and drop
+    what the client still sends until it closes its end, for at most CLOSE_LINGER seconds.
+    Closing a socket with unread input sends a TCP reset, which can reach the client before
+    the close-ok it is waiting for (amqplib writes connection.close ahead of publishes it
+    still has buffered). RabbitMQ reads on after close-ok the same way."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+    with trio.move_on_after(CLOSE_LINGER):
+        while True:
+            try:
+                await trio.lowlevel.wait_readable(sock)
+                if not sock.recv(RECEIVE_SIZE):
+                    return
+            except BlockingIOError:
+                continue
+            except (OSError, trio.ClosedResourceError):
+                return
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _log_closed(session: Session) -> None:
+    """RabbitMQ's lines at info/warning: a normal close, an error, a refused login."""
+    proto = session.proto
+    refused = proto.refused_login
+    if refused is not None:
+        log_connection.warning("connection %s: login refused for user '%s': %s",
+                               session.label, refused[0], refused[1])
+        return
+    reason = proto.close_reason or "client closed the TCP connection"
+    if session.opened:
+        who = f"vhost: '{proto.vhost}', user: '{proto.user}'"
+        if proto.close_reason is None or reason.startswith("closed by client: 200"):
+            log_connection.info("closing AMQP connection %s, %s", session.label, who)
+        else:
+            log_connection.warning("closing AMQP connection %s, %s: %s", session.label, who, reason)
+    else:
+        log_connection.info("connection %s closed before it was opened: %s", session.label, reason)
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ supervisor events to them. It does no IO either: the socket task in
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
@@ -20,6 +21,8 @@ from workers.connection import AMQPConnection, AMQPError, State
 
 if TYPE_CHECKING:
     from workers.worker import Worker
+
+log = logging.getLogger("shoal.connection")
 
 # Output buffered for one connection beyond which its consumers stop pulling
 # (seed: TCP back-pressure turns into setNotifyWorkDesired(false)).
@@ -56,7 +59,13 @@ class Session:
         self.wake_reader = lambda: None  # the reader may be waiting for credit or output room
         self.closed_ticks = 0  # heartbeat ticks seen since the protocol closed (workers.server)
         self.peer = ""  # host:port of the client, set by the runtime
+        self.local = ""  # host:port it connected to
         self.connected_at = 0.0
+
+    @property
+    def label(self) -> str:
+        """How the log names this connection (RabbitMQ: ``<pid> (peer -> local)``)."""
+        return f"w{self.worker.index}#{self.conn_id} ({self.peer} -> {self.local})"
 
     @property
     def frame_max(self) -> int:
@@ -164,6 +173,11 @@ class Session:
         self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
         self.blocked_capable = bool(caps.get("connection.blocked", False))
         self.opened = True
+        name = (event.client_properties or {}).get("connection_name")
+        if name:
+            log.info("connection %s has a client-provided name: %s", self.label, name)
+        log.info("connection %s: user '%s' authenticated and granted access to vhost '%s'",
+                 self.label, event.user, event.vhost)
         self.worker.send(r.ConnOpen(self.conn_id))
 
     def publish_header(self, event: ev.PublishReceived, reply_to: str | None) -> bytes | None:

@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.conftest import Broker, Names, pump_until, ready_count
+from tests.integration.conftest import Broker, Names, pump_until, ready_count, wait_until
 
 SCENARIO_TIMEOUT = 30.0
 
@@ -98,3 +98,34 @@ def test_channel_max_limits_open_channels_not_channel_numbers(shared_broker: Bro
         third.queue_declare("", exclusive=True)
     assert closed.value.reply_code == 530
     assert "number of channels opened (2) has reached the negotiated channel_max (2)" in closed.value.reply_text
+
+
+def test_the_log_says_who_connected_who_left_and_whose_login_was_refused(
+        shared_broker: Broker, names: Names) -> None:
+    """What RabbitMQ logs at info: accepted (peer -> local), authenticated (user, vhost), the
+    client-provided name, closed; a refused login with the user name and peer -- never the password."""
+    label = names("conn-name")
+    connection = shared_broker.connect(client_properties={"connection_name": label})
+    local_port = connection._impl._transport._sock.getsockname()[1]
+    connection.close()
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        shared_broker.connect(credentials=pika.PlainCredentials("guest", "not-the-password-1234"))
+    peer = f"127.0.0.1:{local_port}"
+
+    def lines() -> list[str]:
+        return shared_broker.log_path.read_text(errors="replace").splitlines()
+
+    def logged() -> bool:
+        text = "\n".join(lines())
+        return "closing AMQP connection" in text and "login refused for user 'guest'" in text \
+            and any(peer in line and "closing AMQP connection" in line for line in lines())
+
+    wait_until(logged, 10, "the connection's log lines")
+    mine = [line for line in lines() if peer in line]
+    assert any("accepting AMQP connection" in line for line in mine)
+    assert any("user 'guest' authenticated and granted access to vhost '/'" in line for line in mine)
+    assert any(f"has a client-provided name: {label}" in line for line in mine)
+    assert any("closing AMQP connection" in line and "user: 'guest'" in line for line in mine)
+    refused = [line for line in lines() if "login refused for user 'guest': invalid credentials" in line]
+    assert refused and "WARNING" in refused[-1]
+    assert "not-the-password-1234" not in "\n".join(lines())

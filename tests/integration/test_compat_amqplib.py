@@ -152,6 +152,15 @@ def test_amqplib_basics(shared_broker: Broker, scenario: Any) -> None:
     assert run.process.wait(10) == 0
 
 
+def test_amqplib_close_after_pipelined_publishes_gets_close_ok(shared_broker: Broker, scenario: Any) -> None:
+    """amqplib writes connection.close ahead of publishes it still buffers: the broker answers
+    close-ok and reads on until the client closes, so close() resolves (no EPIPE / reset)."""
+    run = scenario("pipelined-close", shared_broker.url)
+    run.expect("done", timeout=60)
+    assert [item["round"] for item in run.seen if item["event"] == "closed"] == [0, 1, 2, 3, 4]
+    assert run.process.wait(10) == 0
+
+
 def test_amqplib_recovery_after_its_worker_is_killed(broker: Broker, scenario: Any) -> None:
     run = scenario("recover", broker.url)
     index = int(run.expect("kill-me")["worker"])

@@ -183,6 +183,38 @@ def test_bad_login_is_403_close_when_client_asks(mechanism: str, response: str |
     assert conn.closed
 
 
+@pytest.mark.parametrize(("response", "why"), [("\0guest\0wrong", "invalid credentials"),
+                                             ("\0nobody\0guest", "unknown user")])
+def test_a_refused_login_tells_the_runtime_who_and_why_but_not_the_client(
+        response: str, why: str) -> None:
+    """Unknown user and wrong password get the same answer; the log (refused_login) tells them apart."""
+    conn = new_connection()
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    conn.receive_data(start_ok(response=response))
+    assert conn.refused_login == (response.split("\0")[1], why)
+    assert_closing(conn, 403, LOGIN_REFUSED.format("PLAIN"))
+
+
+def test_guest_may_log_in_only_from_a_loopback_address() -> None:
+    """RabbitMQ's loopback_users default: guest/guest from another host is 403 with its text."""
+    conn = new_connection(peer_is_loopback=False)
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    conn.receive_data(start_ok())
+    assert_closing(conn, 403, "ACCESS_REFUSED - PLAIN login refused: user 'guest' can only "
+                   "connect via localhost")
+    assert conn.refused_login == ("guest", "user 'guest' can only connect via localhost")
+
+
+def test_other_users_may_log_in_from_anywhere() -> None:
+    conn = new_connection(peer_is_loopback=False, users={"alice": "secret", "guest": "guest"})
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.receive_data(start_ok(response="\0alice\0secret"))
+    assert [type(m) for _, m in sent(conn)][-1] is commands.Connection.Tune
+    assert conn.refused_login is None
+
+
 def test_bad_login_without_capability_closes_silently() -> None:
     """Without authentication_failure_close RabbitMQ just closes the socket."""
     conn = new_connection()

@@ -55,6 +55,7 @@ class FakeWorker:
     """What Session and Channel use of ``workers.worker.Worker``; records requests."""
 
     def __init__(self, arena_size: int = 1 << 20) -> None:
+        self.index = 0
         self.requests: list[Any] = []
         self.dirty: set[Session] = set()
         self.sessions: dict[int, Session] = {}

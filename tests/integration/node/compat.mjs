@@ -265,8 +265,32 @@ async function directReplyTo(url) {
   await conn.close();
 }
 
+// Publishes still buffered by amqplib when conn.close() runs: amqplib writes connection.close
+// on channel 0 ahead of them, so the broker reads publishes after the close. It must answer
+// close-ok and read on until the client closes (RabbitMQ does); closing the socket with that
+// input unread sends a TCP reset, and close() rejects with EPIPE / ECONNRESET instead.
+async function pipelinedClose(url) {
+  const queue = uniqueName('pipelined-close');
+  for (let round = 0; round < 5; round++) {
+    const conn = await amqp.connect(url);
+    const errors = [];
+    conn.on('error', (err) => errors.push(String(err.message)));
+    const ch = await conn.createChannel();
+    await ch.assertQueue(queue, { autoDelete: false });
+    for (let i = 0; i < 20000; i++) ch.sendToQueue(queue, Buffer.alloc(100));
+    await withTimeout(conn.close(), 'connection.close-ok');
+    assert.deepEqual(errors, []);
+    emit({ event: 'closed', round });
+  }
+  const conn = await amqp.connect(url);
+  const ch = await conn.createChannel();
+  await ch.deleteQueue(queue);
+  await conn.close();
+}
+
 const SCENARIOS = {
   basics,
+  'pipelined-close': pipelinedClose,
   recover,
   'exchange-bind': exchangeBind,
   'ttl-dead-letter': ttlDeadLetter,
