@@ -117,6 +117,9 @@ class Supervisor:
     # ------------------------------------------------------------ lifecycle
 
     def setup(self) -> None:
+        """Listen first (a port in use fails here, before anything is created), then sweep
+        what dead instances left and create the regions and the control socket."""
+        self._listener = self._bind()
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
@@ -128,7 +131,6 @@ class Supervisor:
                 arena_bytes=c.arena_mb << 20,
             )
             self.workers.append(_WorkerSlot(k, region))
-        self._listener = self._bind()
         high = c.memory_high_watermark or (c.arena_mb << 20) * 4 // 5
         self.dispatcher.high_watermark = high
         self.dispatcher.low_watermark = min(c.memory_low_watermark or high * 9 // 10, high)
@@ -435,7 +437,16 @@ def run(config: ServeConfig) -> int:
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
     )
     sup = Supervisor(config)
-    sup.setup()
+    try:
+        sup.setup()
+    except OSError as exc:
+        # One line, as RabbitMQ's "could not start listener" (no traceback), and nothing left
+        # behind: what setup created so far is removed.
+        where = f"{config.host}:{config.port}" if sup._listener is None else (
+            exc.filename or "setup")
+        log.error("cannot start: %s: %s", where, (exc.strerror or str(exc)).lower())
+        sup.cleanup()
+        return 1
     log.info("Shoal %s listening on %s:%d with %d worker(s)",
              sup.instance, config.host, sup.port, config.workers)
     try:
