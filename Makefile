@@ -1,9 +1,9 @@
 # Shoal build glue. GNU make.
 #
-#   make venv    create .venv and install shoal editable with its test extras
+#   make venv    create .venv and install shoal editable: what the broker needs only
 #                (re-runs only when pyproject.toml is newer than .venv/.stamp)
 #   make run     start a broker on $(HOST):$(PORT) in the foreground
-#   make test    the whole test suite (unit + integration)
+#   make test    install the test and report extras (.venv/.stamp-test), run the whole suite
 #   make perf    a first throughput figure (perf/quick.py)
 #   make clean   remove caches and build output (keeps .venv; `make distclean` removes it too)
 
@@ -11,6 +11,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
+TEST_STAMP := $(VENV)/.stamp-test
 
 HOST ?= 127.0.0.1
 PORT ?= 5672
@@ -25,18 +26,23 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install -e .
 	touch $(STAMP)
+
+# The clients the tests drive, PySpark for the report (about 1 GB): only for make test / perf.
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -e '.[test]'
+	touch $(TEST_STAMP)
 
 run: venv
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS))
 
 # No per-test timeout plugin on purpose: the integration fixtures bound every wait
 # (see tests/integration/conftest.py).
-test: venv
+test: $(TEST_STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-perf: venv
+perf: $(TEST_STAMP)
 	$(BIN)/python -m perf.quick $(PERF_ARGS)
 
 clean:

@@ -49,6 +49,8 @@ log = logging.getLogger("shoal.supervisor")
 SHUTDOWN_GRACE = 5.0
 BATCH = 1024
 RESTART_BACKOFF = 1.0
+USERS_ENV = "SHOAL_USERS"  # shoal serve reads --user values from it (cli.main); workers never see it
+USERS_PIPE_MAX = 60_000  # bytes: what a pipe takes without a reader (Linux: 64 KiB)
 IDLE_TICK = 1.0  # the timer's longest sleep
 SHM_DIR = "/dev/shm"
 
@@ -265,11 +267,25 @@ class Supervisor:
             max_message_size=c.max_message_size, log_level=c.log_level,
             trace_dir=c.trace or "",
         )
-        fds = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd)
-        argv = [sys.executable, "-m", "workers.main", msgspec.json.encode(cfg).decode()]
-        # Passwords go through the environment (readable by this user only), not argv (ps).
-        env = {**os.environ, r.USERS_ENV: msgspec.json.encode(c.users).decode()}
-        return await trio.lowlevel.open_process(argv, pass_fds=fds, env=env)
+        # Passwords reach the worker through a pipe it reads at start: not argv (ps), not its
+        # environment (/proc/PID/environ), from which $SHOAL_USERS is left out as well.
+        users_r, users_w = os.pipe()
+        try:
+            payload = msgspec.json.encode(c.users)
+            if len(payload) > USERS_PIPE_MAX:
+                raise ValueError(f"{len(c.users)} users: {len(payload)} bytes, over {USERS_PIPE_MAX}")
+            os.write(users_w, payload)
+            os.close(users_w)
+            users_w = -1
+            cfg = msgspec.structs.replace(cfg, users_fd=users_r)
+            fds = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd, users_r)
+            argv = [sys.executable, "-m", "workers.main", msgspec.json.encode(cfg).decode()]
+            env = {k: v for k, v in os.environ.items() if k != USERS_ENV}
+            return await trio.lowlevel.open_process(argv, pass_fds=fds, env=env)
+        finally:
+            os.close(users_r)
+            if users_w >= 0:
+                os.close(users_w)
 
     def _forget(self, w: _WorkerSlot, *, replacement_awaited: bool = False) -> None:
         """Seed failure model: a dead worker's consumers and unacked messages

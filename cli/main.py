@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
 
 import click
+from click.core import ParameterSource
 
 from broker.supervisor import ServeConfig, run
 from cli.control import list_connections
@@ -18,6 +20,25 @@ def _parse_users(ctx: click.Context, param: click.Parameter, values: tuple[str, 
         if not sep or not name:
             raise click.BadParameter("expected NAME:PASSWORD (a non-empty name, then ':')")
         users[name] = password
+    return users
+
+
+def _read_users_file(path: str) -> dict[str, str]:
+    """NAME:PASSWORD per line; blank lines and # comments skipped. Warns when others may read it."""
+    mode = os.stat(path).st_mode
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        click.echo(f"warning: {path} is readable by other users (chmod 600 it)", err=True)
+    users: dict[str, str] = {}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            name, sep, password = line.partition(":")
+            if not sep or not name:
+                raise click.BadParameter(f"line {number}: expected NAME:PASSWORD",
+                                         param_hint="--users-file")
+            users[name] = password
     return users
 
 
@@ -63,6 +84,9 @@ def main() -> None:
               help="A user who may log in (PLAIN or AMQPLAIN), repeatable; when given, these "
               "replace the default guest/guest, as RabbitMQ's default_user does. Also read from "
               "$SHOAL_USERS (space-separated), which keeps passwords out of `ps`.")
+@click.option("--users-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Read users from this file, one NAME:PASSWORD per line (# comments): the way "
+              "to keep passwords out of `ps` and shell history. Adds to --user / $SHOAL_USERS.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
 @click.option("--control-socket", default=None, type=click.Path(dir_okay=False),
@@ -73,6 +97,13 @@ def main() -> None:
                    "worker accepts connections (rewritten when a worker is replaced).")
 def serve(**options: object) -> None:
     """Start the supervisor and its IO workers, and serve AMQP 0-9-1 until SIGTERM/SIGINT."""
+    ctx = click.get_current_context()
+    if options["users"] and ctx.get_parameter_source("users") is ParameterSource.COMMANDLINE:
+        click.echo("warning: passwords given with --user can be read by every user of this host "
+                   "(ps, /proc); use --users-file or $SHOAL_USERS instead", err=True)
+    users_file = options.pop("users_file")
+    if users_file:
+        options["users"] = {**options["users"], **_read_users_file(str(users_file))}  # type: ignore[dict-item]
     config = ServeConfig(**options)  # type: ignore[arg-type]
     if config.max_message_size > (config.arena_mb << 20) // 4:
         raise click.BadParameter("must be at most a quarter of --arena-mb",

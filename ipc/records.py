@@ -455,9 +455,6 @@ class Codec:
 # --------------------------------------------------------------------------
 
 
-# The worker's users (JSON {name: password}) come in this environment variable, not on its
-# command line, where any local user could read them.
-USERS_ENV = "SHOAL_WORKER_USERS"
 
 
 class WorkerConfig(msgspec.Struct, frozen=True):
@@ -476,4 +473,8 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     max_message_size: int = 16 << 20
     log_level: str = "info"
     trace_dir: str = ""  # shoal serve --trace: write trace files here
-    users: dict[str, str] = {}  # name -> password; empty: guest/guest. Filled from USERS_ENV
+    # The users (JSON {name: password}) are read from this pipe at start, not passed on the
+    # command line or in the environment, where other local users (ps, /proc/PID/environ)
+    # could read them. -1: none.
+    users_fd: int = -1
+    users: dict[str, str] = {}  # name -> password; empty: guest/guest. Filled from users_fd

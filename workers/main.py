@@ -10,16 +10,16 @@ import sys
 import msgspec
 import trio
 
-from ipc.records import USERS_ENV, WorkerConfig
+from ipc.records import WorkerConfig
 from workers.server import serve
 
 
 def main(argv: list[str]) -> int:
     config = msgspec.json.decode(argv[1], type=WorkerConfig)
-    users = os.environ.pop(USERS_ENV, "")
-    if users:
-        config = msgspec.structs.replace(
-            config, users=msgspec.json.decode(users, type=dict[str, str]))
+    if config.users_fd >= 0:  # the supervisor wrote the users and closed its end
+        with os.fdopen(config.users_fd, "rb") as pipe:
+            users = msgspec.json.decode(pipe.read(), type=dict[str, str])
+        config = msgspec.structs.replace(config, users=users, users_fd=-1)
     logging.basicConfig(
         level=config.log_level.upper(),
         format=f"%(asctime)s %(name)s[%(process)d] w{config.index} %(levelname)s %(message)s",

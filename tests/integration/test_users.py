@@ -41,9 +41,13 @@ def test_configured_users_log_in_and_guest_is_gone(two_users: Broker) -> None:
 
 
 def test_passwords_are_not_on_any_command_line(two_users: Broker) -> None:
-    """The workers get their users through the environment, not argv (which `ps` shows)."""
+    """The workers get their users through a pipe, not argv (which `ps` shows)."""
     for process in two_users.worker_processes():
         assert "s3cret" not in " ".join(process.cmdline())
+
+
+def test_passwords_on_the_command_line_get_a_warning(two_users: Broker) -> None:
+    assert "warning: passwords given with --user can be read by every user" in two_users.log_tail()
 
 
 def test_users_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,7 +57,30 @@ def test_users_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         assert _login(broker, "svc", "pw1").is_open
         assert _login(broker, "other", "pw2").is_open
         assert "pw1" not in " ".join(psutil.Process(broker.pid).cmdline())
+        for process in broker.worker_processes():  # /proc/PID/environ of the workers
+            assert all("pw1" not in value for value in process.environ().values())
         with pytest.raises(pika.exceptions.ProbableAuthenticationError):
             _login(broker, "guest", "guest")
+        assert "warning: passwords given with --user" not in broker.log_tail()
+    finally:
+        finish(broker)
+
+
+def test_users_from_a_file(tmp_path: Path) -> None:
+    """--users-file: NAME:PASSWORD per line, comments and blank lines skipped; the password is
+    in no process's command line or environment."""
+    users = tmp_path / "users"
+    users.write_text("# the service accounts\nsvc:file-pw-1:x\n\nops:file-pw-2\n")
+    users.chmod(0o600)
+    broker = start_broker(tmp_path / "broker", extra_args=["--users-file", str(users)])
+    try:
+        assert _login(broker, "svc", "file-pw-1:x").is_open
+        assert _login(broker, "ops", "file-pw-2").is_open
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+            _login(broker, "guest", "guest")
+        for process in [psutil.Process(broker.pid), *broker.worker_processes()]:
+            assert "file-pw-1" not in " ".join(process.cmdline())
+            assert all("file-pw-1" not in value for value in process.environ().values())
+        assert "warning" not in broker.log_tail()
     finally:
         finish(broker)
