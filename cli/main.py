@@ -101,6 +101,12 @@ def serve(**options: object) -> None:
     if options["users"] and ctx.get_parameter_source("users") is ParameterSource.COMMANDLINE:
         click.echo("warning: passwords given with --user can be read by every user of this host "
                    "(ps, /proc); use --users-file or $SHOAL_USERS instead", err=True)
+    if options["trace"]:
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:
+            raise click.ClickException("--trace needs pyarrow: pip install -e '.[report]' "
+                                       "(make test installs it)")
     users_file = options.pop("users_file")
     if users_file:
         options["users"] = {**options["users"], **_read_users_file(str(users_file))}  # type: ignore[dict-item]

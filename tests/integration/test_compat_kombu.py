@@ -250,3 +250,45 @@ def test_consumer_mixin_reconnects_and_gets_its_unacked_message(
     check = connection_to(broker).channel()
     assert queue(check).queue_declare(passive=True).message_count == 0
     queue(check).delete()
+
+
+def test_prefetch_one_acked_from_another_thread_gets_the_next_message_at_once(
+        connection_to: Callable[..., Connection]) -> None:
+    """A kombu consumer with prefetch 1 that acks each message from a worker thread 0.1 s later
+    (celery's threads do): after each ack the next message arrives while the consumer only waits
+    in drain_events -- no further client action -- one message at a time, in order."""
+    conn = connection_to()
+    queue = Queue(unique_name("kombu-prefetch-1"), auto_delete=True)
+    received: list[str] = []
+    in_flight: list[int] = []  # unacked deliveries when each message arrived
+    acks: list[threading.Thread] = []
+    lock = threading.Lock()
+    unacked = [0]
+
+    def ack_later(message: Any) -> None:
+        time.sleep(0.1)
+        with lock:
+            unacked[0] -= 1
+        message.ack()
+
+    def on_message(body: str, message: Any) -> None:
+        with lock:
+            in_flight.append(unacked[0])
+            unacked[0] += 1
+        received.append(body)
+        thread = threading.Thread(target=ack_later, args=(message,))
+        acks.append(thread)
+        thread.start()
+
+    count = 12
+    with Consumer(conn, [queue], callbacks=[on_message], prefetch_count=1):
+        producer = Producer(conn)
+        for i in range(count):
+            producer.publish(f"m{i}", routing_key=queue.name, declare=[queue])
+        deadline = time.monotonic() + 30  # a hang guard, not a timing assertion
+        while len(received) < count and time.monotonic() < deadline:
+            conn.drain_events(timeout=5)
+    for thread in acks:
+        thread.join(10)
+    assert received == [f"m{i}" for i in range(count)]
+    assert in_flight == [0] * count, "prefetch 1: a message arrived before the previous ack"
