@@ -490,8 +490,19 @@ class VirtualHost:
         *,
         owner: Hashable,
     ) -> None:
-        """queue.unbind; unbinding what is not bound succeeds (RabbitMQ 3.x unbind-ok)."""
-        exchange, queue = self._binding_ends(queue_name, exchange_name, owner)
+        """queue.unbind; may auto-delete the exchange.
+
+        As RabbitMQ 3.10 (rabbit_binding:remove, absent_errs_only): unbinding what is not bound,
+        or naming an exchange or a queue that does not exist (an auto-delete queue gone with its
+        last consumer, say, and its exchange with it: aio-pika's RPC.close), succeeds; the
+        default exchange is still 403 and someone else's exclusive queue 405.
+        """
+        if exchange_name == "":
+            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
+        exchange = self._exchanges.get(exchange_name)
+        if exchange is None or queue_name not in self._queues:
+            return
+        queue = self.queue(queue_name, owner=owner)
         if not exchange.unbind(queue.name, routing_key, arguments):
             return
         if not exchange.is_bound(queue.name):

@@ -129,3 +129,30 @@ def test_the_log_says_who_connected_who_left_and_whose_login_was_refused(
     refused = [line for line in lines() if "login refused for user 'guest': invalid credentials" in line]
     assert refused and "WARNING" in refused[-1]
     assert "not-the-password-1234" not in "\n".join(lines())
+
+
+def test_aio_pika_rpc_pattern_closes_cleanly(shared_broker: Broker) -> None:
+    """aio_pika.patterns.RPC: close() cancels the result consumer (its auto-delete queue goes,
+    and the auto-delete rpc.dlx exchange with it), then unbinds the queue from rpc.dlx -- which
+    RabbitMQ answers with unbind-ok although both are gone."""
+    import aio_pika
+    from aio_pika.patterns import RPC
+
+    async def scenario() -> int:
+        connection = await aio_pika.connect(shared_broker.url)
+        try:
+            channel = await connection.channel()
+            rpc = await RPC.create(channel)
+
+            async def multiply(*, x: int, y: int) -> int:
+                return x * y
+
+            await rpc.register("multiply", multiply, auto_delete=True)
+            result = await rpc.proxy.multiply(x=6, y=7)
+            await rpc.close()
+            assert not channel.is_closed  # no NOT_FOUND closed it
+            return int(result)
+        finally:
+            await connection.close()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), SCENARIO_TIMEOUT)) == 42
