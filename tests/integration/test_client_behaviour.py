@@ -156,3 +156,69 @@ def test_aio_pika_rpc_pattern_closes_cleanly(shared_broker: Broker) -> None:
             await connection.close()
 
     assert asyncio.run(asyncio.wait_for(scenario(), SCENARIO_TIMEOUT)) == 42
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, paused: asyncio.Event) -> None:
+    try:
+        while data := await reader.read(65536):
+            while paused.is_set():  # the proxy holds what it read: nothing gets through
+                await asyncio.sleep(0.01)
+            writer.write(data)
+            await writer.drain()
+    except (OSError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+def test_heartbeats_through_a_stalling_proxy_fail_the_connection_and_a_reconnect_works(
+        shared_broker: Broker) -> None:
+    """aiormq with a 1 s heartbeat through a loopback TCP proxy that stops forwarding for 5 s:
+    the broker closes the connection for missed heartbeats (RabbitMQ: after two intervals), the
+    client sees it fail as soon as traffic flows again -- before its own 6 s grace -- and a new
+    connection works."""
+    port = shared_broker.port
+    events: list[str] = []
+    peers: list[str] = []  # the proxy's end of each connection to the broker, as the log names it
+
+    async def scenario() -> None:
+        paused = asyncio.Event()
+
+        async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+            broker_r, broker_w = await asyncio.open_connection("127.0.0.1", port)
+            peers.append("127.0.0.1:%d" % broker_w.get_extra_info("sockname")[1])
+            await asyncio.gather(_pipe(client_r, broker_w, paused), _pipe(broker_r, client_w, paused))
+
+        proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
+        proxy_port = proxy.sockets[0].getsockname()[1]
+        url = f"amqp://guest:guest@127.0.0.1:{proxy_port}/?heartbeat=1"
+        try:
+            connection = await aiormq.connect(url)
+            await connection.channel()
+            paused.set()
+            await asyncio.sleep(5)
+            paused.clear()
+            try:
+                await asyncio.wait_for(asyncio.shield(connection.closing), 10)
+            except asyncio.TimeoutError:
+                events.append("still open")
+            except Exception as exc:  # noqa: BLE001 -- aiormq's error for the lost connection
+                events.append(f"failed: {type(exc).__name__}")
+            else:
+                events.append("closed")
+            again = await aiormq.connect(shared_broker.url)
+            channel = await again.channel()
+            await channel.queue_declare("", exclusive=True)
+            events.append("reconnected")
+            await again.close()
+        finally:
+            proxy.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert events[0] != "still open", events
+    assert events[-1] == "reconnected"
+    def closed_for_missed_heartbeats() -> bool:
+        return any(peers[0] in line and "missed heartbeats from client, timeout: 1s" in line
+                   for line in shared_broker.log_path.read_text(errors="replace").splitlines())
+
+    wait_until(closed_for_missed_heartbeats, 10, "the broker's missed-heartbeats close in its log")
