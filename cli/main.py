@@ -8,7 +8,7 @@ import stat
 import click
 from click.core import ParameterSource
 
-from broker.supervisor import ServeConfig, run
+from broker.supervisor import ARENA_OVERHEAD, ServeConfig, run
 from cli.control import list_connections
 from cli.report import report
 
@@ -68,8 +68,9 @@ def main() -> None:
               type=click.IntRange(4096, 1 << 24), help="Largest frame offered to clients, in bytes.")
 @click.option("--channel-max", default=2047, show_default=True, type=click.IntRange(1, 65535),
               help="Most channels per connection offered to clients.")
-@click.option("--max-message-size", default=16 << 20, show_default=True,
-              type=click.IntRange(1, 512 << 20), help="Largest message body accepted, in bytes.")
+@click.option("--max-message-size", default=128 << 20, show_default="134217728 (128 MiB)",
+              type=click.IntRange(1, 512 << 20), help="Largest message body accepted, in bytes "
+              "(RabbitMQ's max_message_size); at most --arena-mb.")
 @click.option("--memory-high-watermark", default=0, show_default="80% of --arena-mb",
               type=click.IntRange(0), help="Bytes of messages held in one worker's arena at which "
               "that worker's publishers get connection.blocked and are paused (0: the default).")
@@ -111,8 +112,12 @@ def serve(**options: object) -> None:
     if users_file:
         options["users"] = {**options["users"], **_read_users_file(str(users_file))}  # type: ignore[dict-item]
     config = ServeConfig(**options)  # type: ignore[arg-type]
-    if config.max_message_size > (config.arena_mb << 20) // 4:
-        raise click.BadParameter("must be at most a quarter of --arena-mb",
+    room = (config.arena_mb << 20) - ARENA_OVERHEAD
+    if config.max_message_size > room and ctx.get_parameter_source(
+            "max_message_size") is ParameterSource.DEFAULT:
+        config.max_message_size = room  # a small --arena-mb: the default follows it
+    if config.max_message_size > room:
+        raise click.BadParameter("must fit --arena-mb (a body lives in one worker's arena)",
                                  param_hint="--max-message-size")
     raise SystemExit(run(config))
 

@@ -470,7 +470,7 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     heartbeat: int = 60
     frame_max: int = 131072
     channel_max: int = 2047
-    max_message_size: int = 16 << 20
+    max_message_size: int = 128 << 20
     log_level: str = "info"
     trace_dir: str = ""  # shoal serve --trace: write trace files here
     # The users (JSON {name: password}) are read from this pipe at start, not passed on the

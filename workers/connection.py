@@ -355,7 +355,7 @@ class AMQPConnection:
         channel_max: int = 2047,
         heartbeat: int = 60,
         users: Mapping[str, str] | None = None,
-        max_body_size: int = 16 << 20,
+        max_body_size: int = 128 << 20,
         handshake_timeout: float = 10.0,
         peer_is_loopback: bool = True,
         loopback_users: frozenset[str] = frozenset({"guest"}),
