@@ -286,9 +286,9 @@ def measure(run: BrokerRun, args: argparse.Namespace) -> dict[str, Any]:
         watched = {**broker, **clients}
         cpu_before = {label: _cpu_seconds(p) for label, p in watched.items()}
         samples: dict[str, list[float]] = {label: [] for label in watched}
-        for process in watched.values():
-            with contextlib.suppress(psutil.Error):
-                process.cpu_percent(None)
+        # CPU % per interval from cpu_times deltas (not psutil's cpu_percent, whose per-object
+        # state the trace sampler would share and reset).
+        last_cpu = {label: (time.monotonic(), cpu_before[label]) for label in watched}
 
         sampler = None
         if args.trace is not None:
@@ -307,7 +307,11 @@ def measure(run: BrokerRun, args: argparse.Namespace) -> dict[str, Any]:
                 next_sample += SAMPLE_INTERVAL
                 for label, process in watched.items():
                     with contextlib.suppress(psutil.Error):
-                        samples[label].append(process.cpu_percent(None))
+                        now, used = time.monotonic(), _cpu_seconds(process)
+                        then, before = last_cpu[label]
+                        if now > then:
+                            samples[label].append(max(0.0, used - before) / (now - then) * 100)
+                        last_cpu[label] = (now, used)
                 if sampler is not None:
                     sampler.sample_processes(watched)
         ended = done_at.value or time.monotonic()

@@ -430,6 +430,7 @@ class ProcSampleWriter(_ArrowWriter):
         super().__init__(directory, process_name, **options)
         (self._s,) = (b.appends for b in self._kinds(ts.PROCS, None, {
             "sample": (ts.PROC_SCHEMA.names, {"process": None, "pid": None})}))
+        self._last_cpu: dict[int, tuple[int, float]] = {}  # pid -> (ts_ns, CPU seconds)
 
     def sample(self, ts_ns: int, pid: int, name: str, cpu_percent: float | None, rss_bytes: int,
                cpu_user_s: float, cpu_system_s: float, ctx_voluntary: int,
@@ -445,21 +446,30 @@ class ProcSampleWriter(_ArrowWriter):
     def sample_processes(self, processes: Mapping[str, Any], ts_ns: int | None = None) -> int:
         """Sample every ``name -> psutil.Process``; processes that are gone are skipped.
 
-        ``cpu_percent`` is psutil's since the previous call for the same Process object, so keep
-        the objects between samples (the first sample of each reads 0). Returns samples taken."""
+        ``cpu_percent`` is derived here from the process's CPU times since this writer's previous
+        sample of the same pid, over the wall time between them (None for the first): not psutil's
+        ``cpu_percent``, whose state is per Process object and which another caller sampling the
+        same objects (perf.quick) resets -- that gave 0 % or 473 % on a 2-core host. Returns
+        samples taken."""
         import psutil
 
         now = time.monotonic_ns() if ts_ns is None else ts_ns
         taken = 0
+        last = self._last_cpu
         for name, proc in processes.items():
             try:
                 with proc.oneshot():
-                    cpu = proc.cpu_percent(None)
                     times = proc.cpu_times()
                     ctx = proc.num_ctx_switches()
                     rss = proc.memory_info().rss
             except psutil.Error:
                 continue
+            used = times.user + times.system
+            previous = last.get(proc.pid)
+            cpu = None
+            if previous is not None and now > previous[0]:
+                cpu = round(max(0.0, used - previous[1]) / ((now - previous[0]) / 1e9) * 100, 1)
+            last[proc.pid] = (now, used)
             self.sample(now, proc.pid, name, cpu, rss, times.user, times.system, ctx.voluntary,
                         ctx.involuntary)
             taken += 1

@@ -360,14 +360,18 @@ def analyse(spark: Any, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]
 
         # ---- throughput per second
         sec = lambda col: F.floor(F.col(col) / F.lit(1_000_000_000)).cast("long")
-        series = (
-            msg.where(stage == ts.PUBLISH).select(sec("published_ns").alias("s"), F.lit("published").alias("k"))
-            .unionByName(msg.where(stage == ts.DELIVER).select(sec("delivered_ns").alias("s"), F.lit("delivered").alias("k")))
+        timed = (
+            msg.where(stage == ts.PUBLISH).select(F.col("published_ns").alias("ns"), F.lit("published").alias("k"))
+            .unionByName(msg.where(stage == ts.DELIVER).select(F.col("delivered_ns").alias("ns"), F.lit("delivered").alias("k")))
             .unionByName(entries.where(outcome == ts.ACKED).select(
-                F.floor(F.coalesce("settled_ns", "acked_ns") / F.lit(1_000_000_000)).cast("long").alias("s"),
-                F.lit("acked").alias("k")))
-            .where(F.col("s").isNotNull())
-            .groupBy("s", "k").count().collect()
+                F.coalesce("settled_ns", "acked_ns").alias("ns"), F.lit("acked").alias("k")))
+            .where(F.col("ns").isNotNull())
+        )
+        series = (  # per second, with each second's first and last event (for the exact mean rate)
+            timed.select(sec("ns").alias("s"), "k", "ns")
+            .groupBy("s", "k").agg(F.count("*").alias("count"), F.min("ns").alias("lo"),
+                                   F.max("ns").alias("hi"))
+            .collect()
         )
 
         # ---- fairness
@@ -489,9 +493,14 @@ def _throughput(rows: list[Any], t0: int) -> dict[str, Any]:
         out[r["k"]][r["s"] - t0] += int(r["count"])
     out["peak"] = {k: max(out[k]) for k in kinds}
     out["mean"] = {}
-    for k in kinds:  # over the seconds between the first and last one with any
-        active = [i for i, v in enumerate(out[k]) if v]
-        out["mean"][k] = (sum(out[k]) / (active[-1] - active[0] + 1)) if active else 0.0
+    for k in kinds:  # events over the time from the first to the last of them, not whole seconds
+        mine = [r for r in rows if r["k"] == k]
+        count = sum(int(r["count"]) for r in mine)
+        if not mine:
+            out["mean"][k] = 0.0
+            continue
+        span_s = (max(int(r["hi"]) for r in mine) - min(int(r["lo"]) for r in mine)) / 1e9
+        out["mean"][k] = count / span_s if span_s > 0 else float(count)
     return out
 
 

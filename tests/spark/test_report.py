@@ -132,3 +132,18 @@ def test_cli_passes_out_and_master_to_the_job(tmp_path, monkeypatch):
     assert runner.invoke(report_command, [str(tmp_path)]).exit_code == 0
     assert calls == [(str(tmp_path), str(tmp_path / "o"), "spark://h:7077"), (str(tmp_path), None, "local[*]")]
     assert runner.invoke(report_command, [str(tmp_path / "missing")]).exit_code != 0
+
+
+def test_mean_rate_is_over_the_time_the_events_took_not_whole_seconds():
+    """A 0.65 s run of 5,000 publishes inside one clock second is 7,692 msg/s, not 5,000."""
+    from perf.spark.job import _throughput
+
+    t0 = 100
+    start = t0 * 1_000_000_000 + 100_000_000
+    rows = [{"s": t0, "k": "published", "count": 5000, "lo": start, "hi": start + 650_000_000},
+            {"s": t0, "k": "delivered", "count": 1, "lo": start, "hi": start}]
+    tp = _throughput(rows, t0)
+    assert tp["published"] == [5000]
+    assert tp["mean"]["published"] == pytest.approx(5000 / 0.65)
+    assert tp["mean"]["delivered"] == 1.0  # one event: no span to divide by
+    assert tp["mean"]["acked"] == 0.0
