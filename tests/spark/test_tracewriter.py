@@ -186,3 +186,44 @@ def test_parquet_tables_read_like_stream_files(tmp_path):
     (tmp_path / "notes.txt").write_text("not a trace file")
     rows = read_table(tmp_path, ts.PROCS).to_pylist()
     assert [(r["ts_ns"], r["cpu_percent"], r["rss_bytes"]) for r in rows] == [(1, 5.0, None), (2, 7.0, None)]
+
+
+class _FakeProcess:
+    """Just what ProcSampleWriter.sample_processes reads; no cpu_percent, so it cannot be used."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.cpu_s = pid, 0.0
+
+    def oneshot(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def cpu_times(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(user=self.cpu_s * 0.75, system=self.cpu_s * 0.25)
+
+    def num_ctx_switches(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(voluntary=1, involuntary=0)
+
+    def memory_info(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(rss=1 << 20)
+
+
+def test_sampled_cpu_percent_comes_from_cpu_time_over_wall_time(tmp_path):
+    """CPU % of a sample is the CPU seconds used since the previous sample over the wall time
+    between them (None for the first): not psutil's cpu_percent, whose per-object state another
+    caller sampling the same Process objects would reset."""
+    proc = _FakeProcess(42)
+    writer = ProcSampleWriter(tmp_path, "sampler")
+    for ts_ns, cpu_s in ((0, 1.0), (500_000_000, 1.25), (1_500_000_000, 2.75), (1_600_000_000, 2.75)):
+        proc.cpu_s = cpu_s
+        assert writer.sample_processes({"worker0": proc}, ts_ns=ts_ns) == 1
+    writer.close()
+    rows = read_table(tmp_path, ts.PROCS).to_pylist()
+    assert [r["cpu_percent"] for r in rows] == [None, pytest.approx(50.0), pytest.approx(150.0), 0.0]
