@@ -227,3 +227,11 @@ def test_sampled_cpu_percent_comes_from_cpu_time_over_wall_time(tmp_path):
     writer.close()
     rows = read_table(tmp_path, ts.PROCS).to_pylist()
     assert [r["cpu_percent"] for r in rows] == [None, pytest.approx(50.0), pytest.approx(150.0), 0.0]
+
+
+def test_a_message_takes_about_300_bytes_of_trace():
+    """One message's rows (publish, deliver, ack, settle) with a real run's names take about the
+    300 bytes the README states (measured 280-320 in perf runs)."""
+    from perf.tracewriter import bench
+
+    assert 250 <= bench(rows=20_000)["bytes_per_message"] <= 350
