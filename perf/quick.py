@@ -45,6 +45,9 @@ READY_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
 _STAMP = struct.Struct("<QQ")  # sequence number, send time (monotonic ns)
 SAMPLE_INTERVAL = 0.5
+# The trace's psutil samples are denser, so that the report's CPU and RSS plots of a run shorter
+# than a second still have points to draw (a sample costs about a millisecond of CPU).
+TRACE_SAMPLE_INTERVAL = 0.1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -299,10 +302,14 @@ def measure(run: BrokerRun, args: argparse.Namespace) -> dict[str, Any]:
         started = time.monotonic()
         go.set()
         next_sample = started + SAMPLE_INTERVAL
+        next_trace_sample = started + TRACE_SAMPLE_INTERVAL
         while time.monotonic() - started < args.seconds and any(c.is_alive() for c in children):
             if done_at.value:
                 break
             time.sleep(0.02)
+            if sampler is not None and time.monotonic() >= next_trace_sample:
+                next_trace_sample += TRACE_SAMPLE_INTERVAL
+                sampler.sample_processes(watched)
             if time.monotonic() >= next_sample:
                 next_sample += SAMPLE_INTERVAL
                 for label, process in watched.items():
@@ -312,11 +319,12 @@ def measure(run: BrokerRun, args: argparse.Namespace) -> dict[str, Any]:
                         if now > then:
                             samples[label].append(max(0.0, used - before) / (now - then) * 100)
                         last_cpu[label] = (now, used)
-                if sampler is not None:
-                    sampler.sample_processes(watched)
         ended = done_at.value or time.monotonic()
         if sampler is not None:
-            sampler.sample_processes(watched)
+            # a last sample, unless the previous one is too recent for CPU times that tick in
+            # 10 ms steps to give a meaningful percentage
+            if time.monotonic() >= next_trace_sample - TRACE_SAMPLE_INTERVAL / 2:
+                sampler.sample_processes(watched)
             sampler.close()
         cpu_after = {label: _cpu_seconds(p) for label, p in watched.items()}
     finally:

@@ -10,8 +10,12 @@ from typing import Any
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1000px; color: #222; }
 h1 { margin-bottom: 0.2em; } .sub { color: #666; margin-top: 0; }
-table { border-collapse: collapse; margin: 0.6em 0 1.4em; font-size: 0.92em; }
+body { padding: 0 1em; }
+/* a wide table scrolls inside its own box instead of widening the page */
+table { border-collapse: collapse; margin: 0.6em 0 1.4em; font-size: 0.92em; display: block;
+        max-width: 100%; overflow-x: auto; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+td { overflow-wrap: anywhere; max-width: 28em; }
 th:first-child, td:first-child { text-align: left; } th { background: #f3f3f3; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0 1.2em; }
 details pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
@@ -62,7 +66,7 @@ def render(summary: dict[str, Any], images: dict[str, bytes]) -> str:
     if tp.get("mean"):
         parts.append(_table(["msg/s", "published", "delivered", "acked"],
                             [["mean", *(tp["mean"].get(k) for k in ("published", "delivered", "acked"))],
-                             ["peak", *(tp["peak"].get(k) for k in ("published", "delivered", "acked"))]]))
+                             ["peak (1 s)", *(tp["peak"].get(k) for k in ("published", "delivered", "acked"))]]))
     if "Throughput" in images:
         parts.append(_img("Throughput", images["Throughput"]))
 

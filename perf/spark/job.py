@@ -373,6 +373,10 @@ def analyse(spark: Any, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]
                                    F.max("ns").alias("hi"))
             .collect()
         )
+        fine_rows = (  # per 10 ms, for the plot's time axis (_fine_throughput picks the bucket)
+            timed.select(F.floor(F.col("ns") / F.lit(FINE_NS)).cast("long").alias("b"), "k")
+            .groupBy("b", "k").count().collect()
+        )
 
         # ---- fairness
         delivered_by = (
@@ -432,6 +436,7 @@ def analyse(spark: Any, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]
         t0 = min(firsts) if firsts else 0
         summary["t0_s"] = t0
         summary["throughput"] = _throughput(series, t0)
+        summary["throughput"]["fine"] = _fine_throughput(fine_rows, t0)
         summary["processes"] = _processes(proc_rows, t0)
         return {k: summary[k] for k in SUMMARY_ORDER if k in summary}, {"cdf_us": cdfs}
     finally:
@@ -504,6 +509,34 @@ def _throughput(rows: list[Any], t0: int) -> dict[str, Any]:
     return out
 
 
+FINE_NS = 10_000_000  # 10 ms: the finest bucket of the throughput plot
+_FINE_STEPS_S = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+FINE_POINTS = 40  # at most this many buckets across a run, whatever its length
+
+
+def _fine_throughput(rows: list[Any], t0: int) -> dict[str, Any]:
+    """Messages per second in buckets sized for the run: 10 ms for a sub-second run, up to a
+    minute for hours, never more than FINE_POINTS buckets; ``t`` is each bucket's start in
+    seconds from ``t0``."""
+    kinds = ("published", "delivered", "acked")
+    if not rows:
+        return {"interval_s": 1, "t": [], **{k: [] for k in kinds}}
+    first = min(int(r["b"]) for r in rows)
+    last = max(int(r["b"]) for r in rows)
+    span_s = (last - first + 1) * FINE_NS / 1e9
+    step = next((x for x in _FINE_STEPS_S if span_s / x <= FINE_POINTS), _FINE_STEPS_S[-1])
+    per = max(1, round(step * 1e9 / FINE_NS))  # fine buckets per plotted bucket
+    start = first - (first % per)
+    n = (last - start) // per + 1
+    out: dict[str, Any] = {"interval_s": step,
+                           "t": [round((start + i * per) * FINE_NS / 1e9 - t0, 3) for i in range(n)]}
+    for k in kinds:
+        out[k] = [0.0] * n
+    for r in rows:
+        out[r["k"]][(int(r["b"]) - start) // per] += int(r["count"]) / step
+    return out
+
+
 def _spread(group: list[Any], hi: str, lo: str) -> float:
     """Sum over pids of (last - first) of a cumulative counter."""
     total = 0.0
@@ -521,18 +554,20 @@ def _processes(rows: list[Any], t0: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in sorted(by_name, key=str):
         group = by_name[name]
-        per_second: dict[int, dict[str, float]] = {}
+        per_second: dict[int, dict[str, Any]] = {}
         for r in group:  # a restarted process shares its name: add CPU, add RSS
-            slot = per_second.setdefault(r["s"] - t0, {"cpu": 0.0, "rss": 0})
-            slot["cpu"] += r["cpu"] or 0.0
+            slot = per_second.setdefault(r["s"] - t0, {"cpu": None, "rss": 0})
+            if r["cpu"] is not None:  # a process's first sample has no CPU % (no interval yet)
+                slot["cpu"] = (slot["cpu"] or 0.0) + r["cpu"]
             slot["rss"] += r["rss"] or 0
         times = sorted(per_second)
         cpus = [per_second[t]["cpu"] for t in times]
+        known = [c for c in cpus if c is not None]
         out[name] = {
             "pids": sorted({int(r["pid"]) for r in group}),
             "samples": int(sum(r["samples"] for r in group)),
-            "cpu_percent_mean": sum(cpus) / len(cpus) if cpus else None,
-            "cpu_percent_max": max(cpus) if cpus else None,
+            "cpu_percent_mean": sum(known) / len(known) if known else None,
+            "cpu_percent_max": max(known) if known else None,
             "cpu_seconds": round(_spread(group, "cpu_hi", "cpu_lo"), 3),
             "rss_max_bytes": int(max(per_second[t]["rss"] for t in times)) if times else None,
             "ctx_voluntary": int(_spread(group, "vol_hi", "vol_lo")),

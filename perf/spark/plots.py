@@ -27,16 +27,33 @@ def _empty(ax: Any, text: str) -> None:
     ax.set_yticks([])
 
 
+def _legend_outside(ax: Any, **options: Any) -> None:
+    """The legend to the right of the axes: it never covers a line or a bar."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize="small",
+              **options)
+
+
+def _steps(ax: Any, t: list[float], values: list[float], step: float, **options: Any) -> None:
+    """A bucketed series as steps covering each bucket [t, t + step): a run of one bucket is a
+    visible plateau, not an invisible single point."""
+    xs = [*t, t[-1] + step]
+    ax.stairs(values, xs, **options)
+
+
 def throughput(summary: dict[str, Any]) -> bytes:
-    """Published, delivered and acked messages per second over time."""
+    """Published, delivered and acked messages per second over time, in buckets sized for the
+    run's length (10 ms for a sub-second run, seconds for minutes)."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
     tp = summary.get("throughput") or {}
-    if tp.get("t"):
+    fine = tp.get("fine") or {}
+    if fine.get("t"):
+        step = fine["interval_s"]
         for key, style in (("published", "-"), ("delivered", "--"), ("acked", ":")):
-            ax.plot(tp["t"], tp[key], style, label=key, drawstyle="steps-mid")
-        ax.set_xlabel("time (s)")
+            _steps(ax, fine["t"], fine[key], step, linestyle=style, label=key, linewidth=1.5)
+        ax.set_xlabel(f"time (s), {step:g} s buckets")
         ax.set_ylabel("messages / s")
-        ax.legend(loc="best")
+        ax.set_ylim(bottom=0)
+        _legend_outside(ax)
         ax.grid(alpha=0.3)
     else:
         _empty(ax, "no messages in the trace")
@@ -59,7 +76,7 @@ def latency_cdf(summary: dict[str, Any], extra: dict[str, Any]) -> bytes:
         ax.set_xscale("log")
         ax.set_xlabel("latency (µs)")
         ax.set_ylabel("fraction of messages")
-        ax.legend(loc="lower right", fontsize="small")
+        _legend_outside(ax)
         ax.grid(alpha=0.3, which="both")
     else:
         _empty(ax, "no latencies in the trace")
@@ -82,7 +99,7 @@ def latency_percentiles(summary: dict[str, Any]) -> bytes:
         ax.set_xticklabels(stages, rotation=30, ha="right", fontsize="small")
         ax.set_yscale("log")
         ax.set_ylabel("µs")
-        ax.legend(loc="best", fontsize="small")
+        _legend_outside(ax)
         ax.grid(alpha=0.3, axis="y")
     else:
         _empty(ax, "no latencies in the trace")
@@ -91,28 +108,40 @@ def latency_percentiles(summary: dict[str, Any]) -> bytes:
 
 
 def fairness(summary: dict[str, Any]) -> bytes:
-    """Each consumer's share of its queue's deliveries, with Jain's index per queue."""
+    """Each consumer's share of its queue's deliveries as horizontal bars (one row per
+    consumer, labelled queue / consumer / priority: tags are in the table above), with Jain's
+    index per queue in the title."""
     queues = summary.get("consumers") or {}
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    labels, values, colours = [], [], []
+    rows = [(queue, c) for queue, group in queues.items() for c in group]
+    fig, ax = plt.subplots(figsize=(9, max(2.2, 0.9 + 0.38 * len(rows))))
     cmap = plt.get_cmap("tab10")
-    for i, (queue, group) in enumerate(queues.items()):
-        for c in group:
-            labels.append(f"{queue}\n{c['tag'] or c['consumer']} ({c['consumer']}) p{c['priority']}")
-            values.append(c["share"] or 0.0)
-            colours.append(cmap(i % 10))
-    if labels:
-        ax.bar(range(len(labels)), values, color=colours)
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize="x-small")
-        ax.set_ylabel("share of the queue's deliveries")
+    if rows:
+        labels = [f"{_short(queue)} · {c['consumer']} · p{c['priority']}" for queue, c in rows]
+        values = [c["share"] or 0.0 for _, c in rows]
+        order = {queue: i for i, queue in enumerate(queues)}
+        colours = [cmap(order[queue] % 10) for queue, _ in rows]
+        y = list(range(len(rows)))[::-1]
+        ax.barh(y, values, color=colours, height=0.6)
+        for yi, v, (_, c) in zip(y, values, rows, strict=True):
+            ax.text(min(v, 1.0) + 0.01, yi, f"{v:.1%} ({c['delivered']:,})", va="center",
+                    fontsize="small")
+        ax.set_yticks(y)
+        ax.set_yticklabels(labels, fontsize="small")
+        ax.set_xlim(0, 1.15)
+        ax.set_xlabel("share of the queue's deliveries")
+        ax.grid(alpha=0.3, axis="x")
         j = summary.get("jain") or {}
-        ax.set_title("Per-consumer share — Jain: " + ", ".join(
-            f"{q}={v:.3f}" if v is not None else f"{q}=n/a" for q, v in j.items()))
+        ax.set_title("Per-consumer share — Jain's index: " + ", ".join(
+            f"{_short(q)} {v:.3f}" if v is not None else f"{_short(q)} n/a" for q, v in j.items()),
+            fontsize="medium")
     else:
         _empty(ax, "no consumers in the trace")
         ax.set_title("Per-consumer share")
     return _png(fig)
+
+
+def _short(name: str, limit: int = 28) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
 def processes(summary: dict[str, Any], key: str, ylabel: str, scale: float = 1.0) -> bytes:
@@ -121,10 +150,15 @@ def processes(summary: dict[str, Any], key: str, ylabel: str, scale: float = 1.0
     fig, ax = plt.subplots(figsize=(9, 3.6))
     if procs:
         for name, p in procs.items():
-            ax.plot(p["t"], [v / scale for v in p[key]], label=name, marker=".", markersize=3)
+            values = [float("nan") if v is None else v / scale for v in p[key]]
+            if len(values) == 1:  # a run shorter than one sample bucket: a visible point
+                ax.plot(p["t"], values, label=name, marker="o", linestyle="none")
+            else:
+                ax.plot(p["t"], values, label=name, marker=".", markersize=4)
         ax.set_xlabel("time (s)")
         ax.set_ylabel(ylabel)
-        ax.legend(loc="best", fontsize="small", ncol=2)
+        ax.set_ylim(bottom=0)
+        _legend_outside(ax)
         ax.grid(alpha=0.3)
     else:
         _empty(ax, "no process samples in the trace")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
 import pytest
+from click.testing import CliRunner
+
+from cli.report import report as report_command
+from tests.spark import handmade
 
 
 def _have_java() -> bool:
@@ -32,3 +37,15 @@ def spark():
     yield session
     if created:
         session.stop()
+
+
+@pytest.fixture(scope="module")
+def report(spark, tmp_path_factory):
+    """Write the hand-made trace, run `shoal report DIR --master local[1]` once, load summary.json."""
+    trace = tmp_path_factory.mktemp("trace")
+    facts = handmade.write_trace(trace)
+    result = CliRunner().invoke(report_command, [str(trace), "--master", "local[1]"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    out = trace / "report"
+    summary = json.loads((out / "summary.json").read_text())
+    return {"summary": summary, "out": out, "output": result.output, **facts}

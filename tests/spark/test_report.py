@@ -15,18 +15,6 @@ from perf.spark.job import ACCURACY, QUANTILE_KEYS, QUANTILES
 from tests.spark import handmade
 
 
-@pytest.fixture(scope="module")
-def report(spark, tmp_path_factory):
-    """Write the hand-made trace, run `shoal report DIR --master local[1]` once, load summary.json."""
-    trace = tmp_path_factory.mktemp("trace")
-    facts = handmade.write_trace(trace)
-    result = CliRunner().invoke(report_command, [str(trace), "--master", "local[1]"])
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    out = trace / "report"
-    summary = json.loads((out / "summary.json").read_text())
-    return {"summary": summary, "out": out, "output": result.output, **facts}
-
-
 def _allowed(values: list[float], p: float) -> set[float]:
     """Values percentile_approx may return for quantile p: ranks within 1/ACCURACY of p·n."""
     n = len(values)
