@@ -15,8 +15,11 @@ body { padding: 0 1em; }
 table { border-collapse: collapse; margin: 0.6em 0 1.4em; font-size: 0.92em; display: block;
         max-width: 100%; overflow-x: auto; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
-td { overflow-wrap: anywhere; max-width: 28em; }
-th:first-child, td:first-child { text-align: left; } th { background: #f3f3f3; }
+td { white-space: nowrap; }  /* a number or a name is never cut in two ... */
+td.text { text-align: left; }
+/* ... but text after a name (a consumer tag) may wrap anywhere rather than widen the page */
+td.text + td.text { white-space: normal; overflow-wrap: anywhere; max-width: 28em; }
+th:first-child { text-align: left; } th { background: #f3f3f3; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.4em 0 1.2em; }
 details pre { background: #f7f7f7; padding: 1em; overflow-x: auto; font-size: 0.8em; }
 """
@@ -33,9 +36,20 @@ def _fmt(value: Any) -> str:
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(v)}</td>" for v in row) + "</tr>" for row in rows)
+    # summary.json's keys, with spaces where they had underscores, so that a header can wrap
+    head = "".join(f"<th>{html.escape(h.replace('_', ' '))}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value: Any) -> str:
+    """Numbers right-aligned; text (names, tags) left-aligned, in a "text" cell."""
+    kind = "" if value is None or isinstance(value, int | float) else " class='text'"
+    return f"<td{kind}>{_fmt(value)}</td>"
+
+
+def _mib(value: int | None) -> float | None:
+    return None if value is None else round(value / (1 << 20), 1)
 
 
 def _img(title: str, png: bytes) -> str:
@@ -57,7 +71,8 @@ def render(summary: dict[str, Any], images: dict[str, bytes]) -> str:
     parts.append("<h2>Messages</h2>")
     keys = ["published", "delivered", "acked", "rejected", "requeued", "redelivered", "expired",
             "dead_lettered", "dropped", "unsettled", "unrouted", "entries", "join_mismatches"]
-    parts.append(_table(keys, [[summary.get(k) for k in keys]]))
+    for half in (keys[:7], keys[7:]):  # thirteen counts in one row are wider than a laptop
+        parts.append(_table(half, [[summary.get(k) for k in half]]))
     client = summary.get("client") or {}
     if client.get("sent") or client.get("received"):
         parts.append(_table(["load generator sent", "received", "redelivered"],
@@ -98,10 +113,13 @@ def render(summary: dict[str, Any], images: dict[str, bytes]) -> str:
                         + [[q, *(v.get(k) for k in wk)] for q, v in (w.get("by_queue") or {}).items()]))
 
     parts.append("<h2>Processes</h2>")
-    pk = ["cpu_percent_mean", "cpu_percent_max", "cpu_seconds", "rss_max_bytes", "ctx_voluntary",
-          "ctx_involuntary", "samples"]
-    parts.append(_table(["process", *pk],
-                        [[n, *(p.get(k) for k in pk)] for n, p in (summary.get("processes") or {}).items()]))
+    pk = ["cpu_percent_mean", "cpu_percent_max", "cpu_seconds", "ctx_voluntary", "ctx_involuntary",
+          "samples"]
+    parts.append(_table(
+        ["process", "CPU % mean", "CPU % max", "CPU s", "RSS max (MiB)", "voluntary ctx switches",
+         "involuntary ctx switches", "samples"],
+        [[n, *(p.get(k) for k in pk[:3]), _mib(p.get("rss_max_bytes")), *(p.get(k) for k in pk[3:])]
+         for n, p in (summary.get("processes") or {}).items()]))
     for title in ("CPU", "RSS"):
         if title in images:
             parts.append(_img(title, images[title]))

@@ -526,7 +526,8 @@ def _fine_throughput(rows: list[Any], t0: int) -> dict[str, Any]:
     span_s = (last - first + 1) * FINE_NS / 1e9
     step = next((x for x in _FINE_STEPS_S if span_s / x <= FINE_POINTS), _FINE_STEPS_S[-1])
     per = max(1, round(step * 1e9 / FINE_NS))  # fine buckets per plotted bucket
-    start = first - (first % per)
+    origin = t0 * 1_000_000_000 // FINE_NS  # buckets are counted from t0: the axis starts at 0
+    start = first - (first - origin) % per
     n = (last - start) // per + 1
     out: dict[str, Any] = {"interval_s": step,
                            "t": [round((start + i * per) * FINE_NS / 1e9 - t0, 3) for i in range(n)]}
