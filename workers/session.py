@@ -17,7 +17,7 @@ from ipc import records as r
 from workers import codec
 from workers import events as ev
 from workers.channel import Channel
-from workers.connection import AMQPConnection, AMQPError, State
+from workers.connection import HARD_REPLY_CODES, AMQPConnection, AMQPError, State
 
 if TYPE_CHECKING:
     from workers.worker import Worker
@@ -35,7 +35,6 @@ OUTPUT_BOUND = 2 * HIGH_WATER
 # back as credit (RabbitMQ's credit flow: reader -> channel -> queue, initial credit 400).
 PUBLISH_CREDIT = 400
 REPLY_TO = "amq.rabbitmq.reply-to"
-HARD_CODES = frozenset({320, 501, 502, 503, 504, 505, 506, 530, 540, 541})
 
 
 class Session:
@@ -271,7 +270,7 @@ class Session:
             case r.Returned():
                 ch.on_return(event)
             case r.Error(code=code, text=text, class_id=cid, method_id=mid):
-                self.fail(AMQPError(code, text, cid, mid, hard=code in HARD_CODES), ch)
+                self.fail(AMQPError(code, text, cid, mid, hard=code in HARD_REPLY_CODES), ch)
 
     def _answer(self, ch: Channel, event: Any) -> None:
         try:
