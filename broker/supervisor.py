@@ -117,7 +117,6 @@ class Supervisor:
         self.control_path = ""
         self._alive_r, self._alive_w = os.pipe()
         self._backlog = trio.Event()
-        self._all_ready = False
 
     # ------------------------------------------------------------ lifecycle
 
@@ -430,7 +429,6 @@ class Supervisor:
         w.ready = True
         log.info("worker %d ready (pid %d)", w.index, rec.pid)
         if all(s.ready for s in self.workers):
-            self._all_ready = True
             self._write_ready_file()
 
     def _write_ready_file(self) -> None:
