@@ -79,9 +79,14 @@ def render(summary: dict[str, Any], images: dict[str, bytes]) -> str:
                             [[client.get("sent"), client.get("received"), client.get("redelivered")]]))
     tp = summary.get("throughput") or {}
     if tp.get("mean"):
-        parts.append(_table(["msg/s", "published", "delivered", "acked"],
-                            [["mean", *(tp["mean"].get(k) for k in ("published", "delivered", "acked"))],
-                             ["peak (1 s)", *(tp["peak"].get(k) for k in ("published", "delivered", "acked"))]]))
+        kinds = ("published", "delivered", "acked")
+        peak, label = tp["peak"], "peak (1 s)"
+        fine = tp.get("fine") or {}
+        if fine.get("t") and fine["interval_s"] < 1:  # a short run: one-second buckets say little
+            peak = {k: max(fine[k]) for k in kinds}
+            label = f"peak ({fine['interval_s']:g} s buckets)"
+        parts.append(_table(["msg/s", *kinds], [["mean", *(tp["mean"].get(k) for k in kinds)],
+                                                [label, *(peak.get(k) for k in kinds)]]))
     if "Throughput" in images:
         parts.append(_img("Throughput", images["Throughput"]))
 

@@ -436,8 +436,15 @@ def analyse(spark: Any, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]
         t0 = min(firsts) if firsts else 0
         summary["t0_s"] = t0
         summary["throughput"] = _throughput(series, t0)
-        summary["throughput"]["fine"] = _fine_throughput(fine_rows, t0)
+        fine = summary["throughput"]["fine"] = _fine_throughput(fine_rows, t0)
         summary["processes"] = _processes(proc_rows, t0)
+        if fine["interval_s"] < 1:  # a short run: its samples in the throughput plot's buckets
+            step_ns = round(fine["interval_s"] * 1e9)
+            bucket = F.floor((F.col("ts_ns") - F.lit(t0 * 1_000_000_000)) / F.lit(step_ns))
+            fine_procs = procs.groupBy("name", "pid", bucket.cast("long").alias("b")).agg(
+                F.avg("cpu").alias("cpu"), F.max("rss_bytes").alias("rss")).collect()
+            for name, series in _fine_processes(fine_procs, fine["interval_s"]).items():
+                summary["processes"][name]["fine"] = series
         return {k: summary[k] for k in SUMMARY_ORDER if k in summary}, {"cdf_us": cdfs}
     finally:
         for df in cached:
@@ -555,14 +562,7 @@ def _processes(rows: list[Any], t0: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in sorted(by_name, key=str):
         group = by_name[name]
-        per_second: dict[int, dict[str, Any]] = {}
-        for r in group:  # a restarted process shares its name: add CPU, add RSS
-            slot = per_second.setdefault(r["s"] - t0, {"cpu": None, "rss": 0})
-            if r["cpu"] is not None:  # a process's first sample has no CPU % (no interval yet)
-                slot["cpu"] = (slot["cpu"] or 0.0) + r["cpu"]
-            slot["rss"] += r["rss"] or 0
-        times = sorted(per_second)
-        cpus = [per_second[t]["cpu"] for t in times]
+        times, cpus, rss = _summed(group, lambda r: r["s"] - t0)
         known = [c for c in cpus if c is not None]
         out[name] = {
             "pids": sorted({int(r["pid"]) for r in group}),
@@ -570,13 +570,40 @@ def _processes(rows: list[Any], t0: int) -> dict[str, Any]:
             "cpu_percent_mean": sum(known) / len(known) if known else None,
             "cpu_percent_max": max(known) if known else None,
             "cpu_seconds": round(_spread(group, "cpu_hi", "cpu_lo"), 3),
-            "rss_max_bytes": int(max(per_second[t]["rss"] for t in times)) if times else None,
+            "rss_max_bytes": max(rss) if rss else None,
             "ctx_voluntary": int(_spread(group, "vol_hi", "vol_lo")),
             "ctx_involuntary": int(_spread(group, "inv_hi", "inv_lo")),
             "t": times,
             "cpu_percent": cpus,
-            "rss_bytes": [int(per_second[t]["rss"]) for t in times],
+            "rss_bytes": rss,
         }
+    return out
+
+
+def _summed(rows: list[Any], bucket: Any) -> tuple[list[Any], list[float | None], list[int]]:
+    """Buckets, CPU % and RSS of one process name's sample rows, by ``bucket(row)``: a restarted
+    process shares its name, so their CPU and RSS add up."""
+    slots: dict[Any, dict[str, Any]] = {}
+    for r in rows:
+        slot = slots.setdefault(bucket(r), {"cpu": None, "rss": 0})
+        if r["cpu"] is not None:  # a process's first sample has no CPU % (no interval yet)
+            slot["cpu"] = (slot["cpu"] or 0.0) + r["cpu"]
+        slot["rss"] += r["rss"] or 0
+    keys = sorted(slots)
+    return keys, [slots[k]["cpu"] for k in keys], [int(slots[k]["rss"]) for k in keys]
+
+
+def _fine_processes(rows: list[Any], step_s: float) -> dict[str, dict[str, Any]]:
+    """CPU % and RSS per process in the throughput plot's buckets (``b``: bucket index from t0),
+    for a run too short for one point a second."""
+    by_name: dict[str, list[Any]] = defaultdict(list)
+    for r in rows:
+        by_name[r["name"]].append(r)
+    out = {}
+    for name, group in by_name.items():
+        buckets, cpus, rss = _summed(group, lambda r: int(r["b"]))
+        out[name] = {"interval_s": step_s, "t": [round(b * step_s, 3) for b in buckets],
+                     "cpu_percent": cpus, "rss_bytes": rss}
     return out
 
 

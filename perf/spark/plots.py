@@ -150,11 +150,12 @@ def processes(summary: dict[str, Any], key: str, ylabel: str, scale: float = 1.0
     fig, ax = plt.subplots(figsize=(9, 3.6))
     if procs:
         for name, p in procs.items():
-            values = [float("nan") if v is None else v / scale for v in p[key]]
+            series = p.get("fine") or p  # a short run's samples in sub-second buckets
+            values = [float("nan") if v is None else v / scale for v in series[key]]
             if len(values) == 1:  # a run shorter than one sample bucket: a visible point
-                ax.plot(p["t"], values, label=name, marker="o", linestyle="none")
+                ax.plot(series["t"], values, label=name, marker="o", linestyle="none")
             else:
-                ax.plot(p["t"], values, label=name, marker=".", markersize=4)
+                ax.plot(series["t"], values, label=name, marker=".", markersize=4)
         ax.set_xlabel("time (s)")
         ax.set_ylabel(ylabel)
         ax.set_ylim(bottom=0)

@@ -135,3 +135,16 @@ def test_mean_rate_is_over_the_time_the_events_took_not_whole_seconds():
     assert tp["mean"]["published"] == pytest.approx(5000 / 0.65)
     assert tp["mean"]["delivered"] == 1.0  # one event: no span to divide by
     assert tp["mean"]["acked"] == 0.0
+
+
+def test_a_short_runs_process_samples_are_plotted_in_sub_second_buckets(report):
+    """A run of a second and a half gets each psutil sample as its own point (the plot's
+    sub-second buckets), not two per-second averages; a process's first sample has no CPU %."""
+    procs = report["summary"]["processes"]
+    assert report["summary"]["throughput"]["fine"]["interval_s"] < 1
+    sup, w0 = procs["supervisor"]["fine"], procs["worker0"]["fine"]
+    assert sup["t"] == [0.0, 0.5, 1.0, 1.5]
+    assert sup["cpu_percent"] == pytest.approx([10.0, 20.0, 30.0, 40.0])
+    assert sup["rss_bytes"] == [1 << 20, 2 << 20, 3 << 20, 4 << 20]
+    assert w0["cpu_percent"][0] is None
+    assert w0["cpu_percent"][1:] == pytest.approx([50.0, 50.0, 100.0])
