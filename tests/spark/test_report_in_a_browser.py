@@ -6,37 +6,20 @@ wider than the window (wide tables scroll inside their own box)."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import matplotlib.image
-import pytest
+
+from tests.spark import browser
 
 WIDTH = 900
-BROWSER_TIMEOUT = 120
-
-
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.skip("the report's browser test needs Chromium (Debian: apt-get install chromium)")
-
-
-def _browser(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--no-first-run", "--disable-dev-shm-usage", *args],
-        capture_output=True, text=True, timeout=BROWSER_TIMEOUT, check=False)
 
 
 def test_the_report_renders_readably_in_chromium(report: dict) -> None:
     out: Path = report["out"]
     page = out / "report.html"
     shot = out / "report.png"
-    done = _browser(f"--window-size={WIDTH},3000", f"--screenshot={shot}", page.as_uri())
+    done = browser.run([f"--window-size={WIDTH},3000", f"--screenshot={shot}", page.as_uri()], out)
     assert shot.exists(), done.stderr[-2000:]
     pixels = matplotlib.image.imread(shot)
     assert pixels.shape[1] == WIDTH
@@ -49,7 +32,7 @@ def test_the_report_renders_readably_in_chromium(report: dict) -> None:
     probe.write_text(page.read_text().replace(
         "</body>", "<script>document.title = 'W=' + document.documentElement.scrollWidth "
                    "+ ' V=' + window.innerWidth;</script></body>"))
-    dom = _browser(f"--window-size={WIDTH},800", "--dump-dom", probe.as_uri()).stdout
+    dom = browser.run([f"--window-size={WIDTH},800", "--dump-dom", probe.as_uri()], out).stdout
     found = re.search(r"<title>W=(\d+) V=(\d+)</title>", dom)
     assert found, dom[:500]
     layout, viewport = int(found.group(1)), int(found.group(2))

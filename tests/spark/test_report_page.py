@@ -9,11 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import re
-import shutil
-import signal
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +19,7 @@ from click.testing import CliRunner
 from cli.report import report as report_command
 from perf import trace_schema as ts
 from perf.tracewriter import ProcSampleWriter, TraceWriter
+from tests.spark import browser
 
 WINDOW = (960, 7000)  # a laptop's width; tall enough for the whole page in one screenshot
 SECOND = 1_000_000_000
@@ -32,9 +29,6 @@ RUN_S = 600
 QUEUES = ("perf.quick.3239", "orders.eu-west-1.priority")
 TAGS = ("ctag1.0c7092bd635d49cca9636015dc555be8", "ctag1.93a1d4c2b8e54f0f8e0c7d6b2a1f9e77",
         "ctag1.5f2b7c1e0a9d4e6b8c3f2a1d0e9b8c7a")
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", f"--window-size={WINDOW[0]},{WINDOW[1]}")
 # after load, the page writes its laid-out widths into the DOM that --dump-dom prints
 _MEASURE = ("<script>window.addEventListener('load', () => document.body.setAttribute('data-widths',"
             " JSON.stringify({scroll: document.documentElement.scrollWidth,"
@@ -42,10 +36,6 @@ _MEASURE = ("<script>window.addEventListener('load', () => document.body.setAttr
             " right: Math.max(...[...document.body.querySelectorAll('*')].map("
             "e => e.getBoundingClientRect().right)),"
             " images: [...document.images].map(i => [i.naturalWidth, i.width])})));</script>")
-
-
-def _chromium() -> str | None:
-    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 
 
 def write_ten_minute_trace(directory: Path) -> None:
@@ -90,23 +80,6 @@ def long_run_page(spark, tmp_path_factory) -> Path:
     return trace / "report" / "report.html"
 
 
-def _run_chromium(chromium: str, args: list[str], tmp: Path) -> str:
-    """Run headless Chromium with a fresh profile; killed with its whole group after 90 s."""
-    profile = tmp / f"profile-{len(list(tmp.iterdir()))}"
-    proc = subprocess.Popen([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail("headless Chromium did not finish within 90 s")
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-    return out
-
-
 def _blank(image: Any) -> bool:
     """True when the image is (nearly) one colour: an unrendered page."""
     colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
@@ -127,14 +100,12 @@ def test_report_page_fits_a_laptop_window_and_shows_every_plot(long_run_page, tm
     their data drawn, none scaled down to less than 90 % of its width."""
     from PIL import Image
 
-    chromium = _chromium()
-    if chromium is None:
-        pytest.skip("Chromium is not installed (`apt-get install chromium`; .ci/run installs it)")
+    window = f"--window-size={WINDOW[0]},{WINDOW[1]}"
     page = long_run_page.read_text()
 
     measured = tmp_path / "measured.html"
     measured.write_text(page.replace("</body>", _MEASURE + "</body>"))
-    dom = _run_chromium(chromium, ["--dump-dom", measured.as_uri()], tmp_path)
+    dom = browser.run([window, "--dump-dom", measured.as_uri()], tmp_path).stdout
     found = re.search(r'data-widths="([^"]+)"', dom)
     assert found, "the page did not load in Chromium"
     widths = json.loads(found.group(1).replace("&quot;", '"'))
@@ -146,7 +117,7 @@ def test_report_page_fits_a_laptop_window_and_shows_every_plot(long_run_page, tm
         assert shown >= 0.9 * natural, widths["images"]  # plots readable at their own size
 
     shot = tmp_path / "report.png"
-    _run_chromium(chromium, [f"--screenshot={shot}", long_run_page.as_uri()], tmp_path)
+    browser.run([window, f"--screenshot={shot}", long_run_page.as_uri()], tmp_path)
     image = Image.open(shot).convert("RGB")
     assert image.size == WINDOW
     assert not _blank(image.crop((0, 0, WINDOW[0], 400)))  # the title and the first tables
