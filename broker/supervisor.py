@@ -99,6 +99,11 @@ class _WorkerSlot:
 
 
 class Supervisor:
+    """The supervisor process: owns the queues and the consumer manager (through the
+    :class:`broker.dispatch.Dispatcher`), starts and replaces the workers, applies each worker's
+    request ring in order, flushes events and notify slots back, and runs the timer and the
+    control socket."""
+
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.instance = f"{os.getpid()}-{secrets.token_hex(4)}"

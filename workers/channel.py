@@ -62,6 +62,10 @@ def _ids(method: Any) -> tuple[int, int]:
 
 
 class Channel:
+    """One AMQP channel of a client connection (the seed's Session): turns client methods into
+    requests to the supervisor and its events into frames, in order; holds the channel's
+    consumers, unacked deliveries, confirms and transaction."""
+
     def __init__(self, session: Session, number: int) -> None:
         self.session = session
         self.number = number

@@ -20,6 +20,9 @@ PULL_BATCH = 128
 
 
 class ConsumerTarget:
+    """One basic.consume as its worker sees it (seed: ConsumerTarget): prefetch credit, whether
+    the supervisor was told it is interested, whether it was notified, and the pull in flight."""
+
     __slots__ = (
         "id", "slot", "tag", "channel", "queue", "no_ack", "browse", "prefetch",
         "unacked", "active", "notified", "pulling", "interested", "renotified", "more",

@@ -130,6 +130,10 @@ class _RoundFlush(trio.abc.Instrument):
 
 
 class Server:
+    """The worker's trio runtime: accepts connections (balanced across workers), runs a reader
+    and a writer per connection around its sans-IO protocol object, drains the event ring when
+    the supervisor kicks the eventfd, and keeps heartbeats, flow control and shutdown."""
+
     def __init__(self, config: r.WorkerConfig) -> None:
         self.config = config
         self.worker = Worker(config, Region.attach(config.regions[config.index]))

@@ -35,6 +35,11 @@ LAZY_SETTLE_DELAY = 0.005
 
 
 class Worker:
+    """One worker process's state, without IO: its region and rings, its sessions (client
+    connections) and consumer targets. Requests go out through ``send`` (an outbox written to
+    the request ring once per scheduling round), events come in through ``handle_events``;
+    :class:`workers.server.Server` drives it from trio."""
+
     def __init__(self, config: r.WorkerConfig, region: Region) -> None:
         self.config = config
         self.index = config.index
