@@ -51,9 +51,6 @@ BATCH = 1024
 RESTART_BACKOFF = 1.0
 USERS_ENV = "SHOAL_USERS"  # shoal serve reads --user values from it (cli.main); workers never see it
 USERS_PIPE_MAX = 60_000  # bytes: what a pipe takes without a reader (Linux: 64 KiB)
-# Room a body's block needs beyond the body: the block header and its content header (at most a
-# frame's worth). --max-message-size may be up to --arena-mb less this.
-ARENA_OVERHEAD = 1 << 20
 IDLE_TICK = 1.0  # the timer's longest sleep
 SHM_DIR = "/dev/shm"
 
@@ -168,7 +165,6 @@ class Supervisor:
             log.warning("%s has %d MiB free: arenas shrunk from %d to %d MiB per worker",
                         SHM_DIR, free_mb, c.arena_mb, fitted)
             c.arena_mb = fitted
-            c.max_message_size = min(c.max_message_size, (fitted << 20) - ARENA_OVERHEAD)
 
     def _bind(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

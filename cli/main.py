@@ -8,7 +8,7 @@ import stat
 import click
 from click.core import ParameterSource
 
-from broker.supervisor import ARENA_OVERHEAD, ServeConfig, run
+from broker.supervisor import ServeConfig, run
 from cli.control import list_connections
 from cli.report import report
 
@@ -70,7 +70,8 @@ def main() -> None:
               help="Most channels per connection offered to clients.")
 @click.option("--max-message-size", default=128 << 20, show_default="134217728 (128 MiB)",
               type=click.IntRange(1, 512 << 20), help="Largest message body accepted, in bytes "
-              "(RabbitMQ's max_message_size); at most --arena-mb.")
+              "(RabbitMQ's max_message_size, at most 512 MiB as there); a body over a "
+              "sixteenth of --arena-mb gets a shared-memory segment of its own.")
 @click.option("--memory-high-watermark", default=0, show_default="80% of --arena-mb",
               type=click.IntRange(0), help="Bytes of messages held in one worker's arena at which "
               "that worker's publishers get connection.blocked and are paused (0: the default).")
@@ -112,13 +113,6 @@ def serve(**options: object) -> None:
     if users_file:
         options["users"] = {**options["users"], **_read_users_file(str(users_file))}  # type: ignore[dict-item]
     config = ServeConfig(**options)  # type: ignore[arg-type]
-    room = (config.arena_mb << 20) - ARENA_OVERHEAD
-    if config.max_message_size > room and ctx.get_parameter_source(
-            "max_message_size") is ParameterSource.DEFAULT:
-        config.max_message_size = room  # a small --arena-mb: the default follows it
-    if config.max_message_size > room:
-        raise click.BadParameter("must fit --arena-mb (a body lives in one worker's arena)",
-                                 param_hint="--max-message-size")
     raise SystemExit(run(config))
 
 

@@ -32,6 +32,27 @@ back-pressure and retries. Before roving, one cheap look at the first block:
 if it is free and big enough, allocate there. In a publish -> consume
 pipeline bodies are freed roughly in allocation order, so this keeps the
 arena compact near its start instead of walking (and touching) every page.
+
+Large bodies
+------------
+A body bigger than a sixteenth of the arena (``large_body``: 16 MiB of the
+default 256 MiB) does not go into it: one such body would fragment the arena
+and a few would fill it. It gets a shared-memory segment of its own
+(ipc.segment), and the arena only a small LARGE block that stands for it::
+
+    header (state 'L')   payload: size u64 -- the segment's bytes
+
+The segment is named after that block (``<region name>.b<payload offset>``),
+so the block's offset stays the body's whole handle: rings, queues and frees
+carry it exactly as for a body in the arena, and :meth:`Arena.view` maps the
+segment instead of slicing the arena. The owner marks the block LARGE
+*before* creating the segment, and a free unlinks the segment *before* it
+stores FREE, so a segment never outlives its block unnoticed and a reused
+offset never meets its predecessor's segment: a crash at any point leaves a
+LARGE block whose segment may or may not exist, which :meth:`Arena.sweep`
+(a dead worker's unfinished publishes) and the region's unlink at shutdown
+remove. An arena without a name (tests over a bytearray) has no segments and
+refuses what it cannot hold, as before.
 """
 
 from __future__ import annotations
@@ -41,13 +62,17 @@ from collections.abc import Iterator
 from enum import IntEnum
 from typing import NamedTuple
 
-__all__ = ["ALIGN", "HEADER_BYTES", "Arena", "ArenaCorrupt", "Block", "BlockState"]
+from ipc import segment
+
+__all__ = ["ALIGN", "HEADER_BYTES", "LARGE_FRACTION", "Arena", "ArenaCorrupt", "Block", "BlockState"]
 
 HEADER_BYTES = 16
 ALIGN = 16
 # How far allocation may run ahead before looking back at the start of the arena:
 # keeps a steady pipeline in its first pages instead of cycling through all of them.
 RECHECK_BYTES = 1 << 20
+# A body of more than capacity // LARGE_FRACTION bytes gets a segment of its own.
+LARGE_FRACTION = 16
 
 _HEADER = struct.Struct("<QB7x")
 _SIZE = struct.Struct("<Q")
@@ -57,10 +82,12 @@ _STATE_OFFSET = 8
 class BlockState(IntEnum):
     FREE = ord("F")
     USED = ord("U")
+    LARGE = ord("L")  # in use; the body is in the block's own segment
 
 
 _FREE = BlockState.FREE.value
 _USED = BlockState.USED.value
+_LARGE = BlockState.LARGE.value
 
 
 class ArenaCorrupt(Exception):
@@ -89,11 +116,14 @@ def _byte_view(buf: memoryview | bytearray) -> memoryview:
 
 
 class Arena:
-    """Blocks over ``buf``; ``init=True`` (the creator) makes it one free block."""
+    """Blocks over ``buf``; ``init=True`` (the creator) makes it one free block. ``name``
+    (the region's segment name) lets bodies over ``large_body`` bytes have segments of
+    their own; without it, an arena holds what fits it and refuses the rest."""
 
-    __slots__ = ("_buf", "_capacity", "_rover", "_spare_at", "_spare_size", "_recheck_at")
+    __slots__ = ("_buf", "_capacity", "_rover", "_spare_at", "_spare_size", "_recheck_at",
+                 "_name", "large_body")
 
-    def __init__(self, buf: memoryview | bytearray, *, init: bool) -> None:
+    def __init__(self, buf: memoryview | bytearray, *, init: bool, name: str | None = None) -> None:
         view = _byte_view(buf)
         capacity = len(view) - len(view) % ALIGN
         if capacity < HEADER_BYTES:
@@ -107,6 +137,9 @@ class Arena:
         self._spare_at = -1
         self._spare_size = 0
         self._recheck_at = 0  # past this offset, take the slow path (prefers the start)
+        self._name = name
+        # Larger bodies get a segment (with a name) or are refused (without one).
+        self.large_body = capacity // LARGE_FRACTION if name else capacity
         if init:
             self._write_header(0, capacity, _FREE)
 
@@ -120,8 +153,11 @@ class Arena:
         """Reserve room for ``n`` payload bytes; return the payload offset, or
         None when no free run fits (the arena is full for now).
 
-        Owning worker only. Raises ValueError if ``n`` could never fit.
+        Owning worker only. Raises ValueError if ``n`` could never fit. A body over
+        ``large_body`` gets a segment of its own (None too when /dev/shm is full).
         """
+        if n > self.large_body:
+            return self._alloc_large(n)
         need = (n + HEADER_BYTES + ALIGN - 1) & -ALIGN
         at = self._spare_at
         if at >= 0 and at < self._recheck_at and n >= 0 and self._spare_size - need >= HEADER_BYTES:
@@ -140,6 +176,28 @@ class Arena:
             offset = self._next_fit(need)
         self._recheck_at = self._rover + min(RECHECK_BYTES, self._capacity // 128)
         return offset
+
+    def _alloc_large(self, n: int) -> int | None:
+        """A LARGE block for a body of ``n`` bytes and its segment (module docstring)."""
+        if self._name is None:
+            self._block_size(n)  # raises: it can never fit
+        at = self.alloc(_SIZE.size)
+        if at is None:
+            return None
+        _SIZE.pack_into(self._buf, at, n)
+        self._buf[at - HEADER_BYTES + _STATE_OFFSET] = _LARGE  # first: sweep() finds it
+        try:
+            segment.create(self.segment_name(at), n)
+        except BaseException as exc:
+            self.free(at)  # and whatever part of the segment was made
+            if isinstance(exc, segment.NoSpace):
+                return None  # the caller waits for room, as for a full arena
+            raise
+        return at
+
+    def segment_name(self, payload_offset: int) -> str:
+        """The segment of the LARGE block at ``payload_offset``."""
+        return f"{self._name}.b{payload_offset}"
 
     def _block_size(self, n: int) -> int:
         if n < 0:
@@ -201,7 +259,9 @@ class Arena:
         at = self._header_offset(payload_offset)
         state = self._buf[at + _STATE_OFFSET]
         if state != _USED:
-            raise ValueError(f"free of a block that is not in use at {payload_offset}")
+            if state != _LARGE:
+                raise ValueError(f"free of a block that is not in use at {payload_offset}")
+            segment.unlink(self.segment_name(payload_offset))  # before the offset can be reused
         self._buf[at + _STATE_OFFSET] = _FREE
 
     def sweep(self, live: set[int]) -> int:
@@ -209,8 +269,8 @@ class Arena:
         how many. Only while no process allocates (a replaced worker is dead)."""
         count = 0
         for block in self.blocks():
-            if block.state == BlockState.USED and block.payload not in live:
-                self._buf[block.offset + _STATE_OFFSET] = _FREE
+            if block.state != BlockState.FREE and block.payload not in live:
+                self.free(block.payload)
                 count += 1
         return count
 
@@ -218,14 +278,23 @@ class Arena:
 
     def view(self, payload_offset: int, length: int) -> memoryview:
         """Zero-copy window on a USED block's first ``length`` payload bytes.
-        Release it (``with`` or ``.release()``) before the region closes."""
+        Release it (``with`` or ``.release()``) before the region closes. A LARGE
+        block's body is its segment, mapped for as long as the view lives."""
         at = self._header_offset(payload_offset)
         size, state = self._header(at)
+        if state == _LARGE:
+            return self._large_view(payload_offset, length)
         if state != _USED or not 0 <= length <= size - HEADER_BYTES:
             raise ValueError(
                 f"no {length}-byte body at {payload_offset} (block of {size}, state {state})"
             )
         return self._buf[payload_offset : payload_offset + length]
+
+    def _large_view(self, payload_offset: int, length: int) -> memoryview:
+        body_size = _SIZE.unpack_from(self._buf, payload_offset)[0]
+        if not 0 < length <= body_size:
+            raise ValueError(f"no {length}-byte body at {payload_offset} (large, of {body_size})")
+        return segment.open_view(self.segment_name(payload_offset), length)
 
     def blocks(self) -> Iterator[Block]:
         """Every block in address order (tests and debugging; racy while allocating)."""
@@ -243,7 +312,7 @@ class Arena:
             size < HEADER_BYTES
             or size % ALIGN
             or at + size > self._capacity
-            or (state != _FREE and state != _USED)
+            or (state != _FREE and state != _USED and state != _LARGE)
         ):
             raise ArenaCorrupt(f"block at {at}: size {size}, state {state}")
         return size, state

@@ -41,8 +41,9 @@ one pending notification. :meth:`Region.take_set_slots` clears each slot
 *before* reporting it, so a set that lands after the clear is seen next time
 rather than lost.
 
-Segments are unlinked at shutdown; :func:`sweep_stale` removes those whose
-supervisor pid is gone, which the pid in the name makes possible without
+Segments are unlinked at shutdown, with the arena's large-body segments
+(``<region name>.b<offset>``, ipc.arena); :func:`sweep_stale` removes those
+whose supervisor pid is gone, which the pid in the name makes possible without
 opening them.
 """
 
@@ -59,6 +60,7 @@ from dataclasses import dataclass
 
 import posix_ipc
 
+from ipc import segment
 from ipc.arena import Arena
 from ipc.ring import Ring
 from ipc.wakeup import SleepFlag
@@ -185,7 +187,7 @@ class Region:
         self.slots = self._view[layout.slots]
         self.request_ring = Ring(self._request_view, init=init)
         self.event_ring = Ring(self._event_view, init=init)
-        self.arena = Arena(self._arena_view, init=init)
+        self.arena = Arena(self._arena_view, init=init, name=name)
         self._closed = False
 
     # ---------------------------------------------------------- lifecycle
@@ -261,9 +263,11 @@ class Region:
             self._map.close()
 
     def unlink(self) -> None:
-        """Remove the name (idempotent); mappings stay valid until closed."""
+        """Remove the name and its arena's large-body segments (idempotent; at
+        shutdown, once no worker allocates); mappings stay valid until closed."""
         with contextlib.suppress(posix_ipc.ExistentialError):
             posix_ipc.unlink_shared_memory(self.name)
+        segment.unlink_prefixed(self.name + ".b")
 
     def __enter__(self) -> Region:
         return self
@@ -371,8 +375,9 @@ def _read_layout(name: str, shm_map: mmap.mmap) -> Layout:
 
 
 def _owner_pid(entry: str, prefix: str) -> int | None:
-    """The supervisor pid in a /dev/shm entry named ``<prefix><pid>-<hex>.w<k>``."""
-    match = re.fullmatch(re.escape(prefix) + r"([0-9]+)-[0-9a-f]+\.w[0-9]+", entry)
+    """The supervisor pid in a /dev/shm entry named ``<prefix><pid>-<hex>.w<k>``, or
+    ``….w<k>.b<offset>`` (a large body's segment, ipc.arena)."""
+    match = re.fullmatch(re.escape(prefix) + r"([0-9]+)-[0-9a-f]+\.w[0-9]+(?:\.b[0-9]+)?", entry)
     return int(match.group(1)) if match else None
 
 

@@ -847,10 +847,11 @@ class AMQPConnection:
         if body_size > self._max_body_size:
             chan.reset_content()
             chan.move(ChannelState.IDLE)
+            # rabbit_channel:check_msg_size words it so; "max size" alone at its 512 MiB cap.
+            configured = "max size" if self._max_body_size == 512 << 20 else "configured max size"
             raise AMQPError(
                 PRECONDITION_FAILED,
-                f"message size {body_size} is larger than configured max size "
-                f"{self._max_body_size}",
+                f"message size {body_size} is larger than {configured} {self._max_body_size}",
                 *_PUBLISH_IDS,
             )
         chan.header_payload = bytes(payload)

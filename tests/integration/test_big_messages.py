@@ -1,40 +1,124 @@
 """Big messages with the default settings: RabbitMQ 3.x accepts bodies up to 128 MiB
-(max_message_size) and client suites publish 20 MiB. A body lives in its publisher's worker
-arena (256 MiB by default, sparse), so --max-message-size may be as large as the arena."""
+(max_message_size) and client suites publish 20 MiB. A body over a sixteenth of its worker's
+arena gets a shared-memory segment of its own (ipc.arena, "Large bodies"), unlinked when the
+last reference goes, at a worker's death if it never got published, and at shutdown."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
 
 import pika
+import pika.exceptions
+import pytest
 
-from tests.integration.conftest import Broker, Names
+from tests.integration.conftest import (
+    Broker,
+    Names,
+    shm_segments,
+    wait_until,
+)
+
+MiB = 1 << 20
 
 
 def _body(size: int) -> bytes:
-    block = os.urandom(1 << 20)
+    block = os.urandom(MiB)
     return (block * (size // len(block) + 1))[:size]
 
 
+def _large_segments(broker: Broker) -> list[str]:
+    return [p.name for p in shm_segments(broker.read_ready().instance) if ".b" in p.name]
+
+
+@pytest.mark.deadline(180)
 def test_20_and_100_mib_bodies_go_through_with_the_defaults(broker: Broker, names: Names) -> None:
     """pika publishes (with confirms) and consumes 20 MiB and 100 MiB bodies on a broker started
-    with no options about sizes; both arrive intact, in order."""
+    with no options about sizes; both arrive intact, in order; each had a segment of its own
+    while queued, and none is left once they are acked."""
     connection = broker.connect(blocked_connection_timeout=120)
     channel = connection.channel()
     channel.confirm_delivery()
     queue = names("big")
     channel.queue_declare(queue, auto_delete=True)
-    sizes = [20 << 20, 100 << 20]
+    sizes = [20 * MiB, 100 * MiB]
     digests = []
     for size in sizes:
         body = _body(size)
         digests.append(hashlib.sha256(body).hexdigest())
         channel.basic_publish("", queue, body)  # confirmed: raises on a nack or a 406
         del body
+    assert len(_large_segments(broker)) == 2
+    channel.basic_qos(prefetch_count=1)
     got = []
-    for _ in sizes:
-        method, _, body = channel.basic_get(queue, auto_ack=True)
-        assert method is not None
+    for method, _, body in channel.consume(queue, inactivity_timeout=60):
+        assert method is not None, "no delivery within 60 s"
         got.append((len(body), hashlib.sha256(body).hexdigest()))
+        channel.basic_ack(method.delivery_tag)
+        if len(got) == len(sizes):
+            break
+    channel.cancel()
     assert got == list(zip(sizes, digests))
+    wait_until(lambda: not _large_segments(broker), 10, "the acked bodies' segments to go")
+
+
+@pytest.mark.deadline(180)
+def test_a_body_over_max_message_size_is_refused_as_rabbitmq_does(broker: Broker, names: Names) -> None:
+    """A body one byte over the default 128 MiB closes the channel with 406 and RabbitMQ's
+    words (rabbit_channel:check_msg_size); the connection and the broker carry on."""
+    connection = broker.connect(blocked_connection_timeout=120)
+    channel = connection.channel()
+    queue = names("over")
+    channel.queue_declare(queue, auto_delete=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        channel.basic_publish("", queue, bytes(128 * MiB + 1))
+        channel.queue_declare(queue, passive=True)
+    assert refused.value.reply_code == 406
+    assert refused.value.reply_text == (
+        "PRECONDITION_FAILED - message size 134217729 is larger than configured max size 134217728")
+    other = connection.channel()
+    assert other.queue_declare(queue, passive=True).method.message_count == 0
+    assert not _large_segments(broker)
+
+
+@pytest.mark.deadline(240)
+def test_sigkilled_workers_holding_a_big_body_leave_nothing_behind(broker: Broker, names: Names) -> None:
+    """A 20 MiB body survives the SIGKILL of the worker that delivered it (requeued) and of
+    the worker whose arena holds it (replaced on the same region); it is redelivered intact,
+    its segment goes with its ack, and after the broker stops nothing is left in /dev/shm --
+    with another big body still queued at the stop."""
+    by_worker = broker.connections_on_workers([0, 1])
+    publisher, consumer = by_worker[0], by_worker[1]
+    queue = names("big")
+    channel = publisher.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(queue)
+    body = _body(20 * MiB)
+    channel.basic_publish("", queue, body)
+    assert [name.split(".w")[1][0] for name in _large_segments(broker)] == ["0"]
+
+    held = consumer.channel()
+    held.basic_qos(prefetch_count=1)
+    method, _, first = next(held.consume(queue, inactivity_timeout=60))
+    assert method is not None and first == body  # delivered, not acked
+    for index in (1, 0):  # the consumer's worker, then the publisher's
+        old = broker.worker_pids[index]
+        os.kill(old, signal.SIGKILL)
+        broker.wait_for_worker_replaced(index, old)
+
+    fresh = broker.connect()
+    again = fresh.channel()
+    wait_until(lambda: again.queue_declare(queue, passive=True).method.message_count == 1, 20,
+               "the unacked body to be requeued")
+    method, _, redelivered = again.basic_get(queue)
+    assert method is not None and method.redelivered and redelivered == body
+    again.basic_ack(method.delivery_tag)
+    wait_until(lambda: not _large_segments(broker), 10, "the acked body's segment to go")
+
+    again.confirm_delivery()
+    again.basic_publish("", queue, body)  # still queued when the broker stops
+    assert len(_large_segments(broker)) == 1
+    instance = broker.read_ready().instance
+    assert broker.stop() == []
+    assert shm_segments(instance) == []
