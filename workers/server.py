@@ -251,7 +251,11 @@ class Server:
         with the next record that does) reach it within LAZY_SETTLE_DELAY all the same."""
         worker = self.worker
         bell = _Doorbell()
-        worker.want_lazy_wake = bell.ring
+        # Through the trio token, not bell.ring directly: the flush that arms this usually runs
+        # in _RoundFlush.before_io_wait, after trio chose how long to sleep, so a plain ring would
+        # wait for the next socket event or tick (up to a second); run_sync_soon wakes the loop.
+        token = trio.lowlevel.current_trio_token()
+        worker.want_lazy_wake = lambda: token.run_sync_soon(bell.ring)
         try:
             while True:
                 await bell.wait()
