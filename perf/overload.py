@@ -48,7 +48,6 @@ latencies.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ from perf import cgen, loadgen
 from perf.brokers import Broker
 from perf.cgen import CProcess, GeneratorChoice, histogram_of, histogram_summary, merge_histograms
 from perf.sampler import Sampler
-from perf.scenarios import _Clients, delete_topology
+from perf.scenarios import _Clients, _progress, delete_topology
 from perf.wire import Client
 
 C_RATE_CAP = 500_000  # count cap per C publisher: this many msg/s times the seconds
@@ -115,11 +114,6 @@ class OverloadOptions:
     ping_pong_rate: float = 1000.0
     sample_interval: float = 0.5
     progress: bool = True
-
-
-def _progress(line: str, enabled: bool) -> None:
-    if enabled:
-        print(line, file=sys.stderr, flush=True)
 
 
 def count_cap(kind: str, rate: float, seconds: float) -> int:
