@@ -398,9 +398,11 @@ class AMQPConnection:
         self._last_received = 0.0
         self._last_sent = 0.0
         self._closing_since: float | None = None
-        # The runtime stopped reading the socket (credit flow, memory alarm, unsent output):
-        # the client's silence is ours, so it does not count as missed heartbeats.
+        # The runtime stopped reading the socket of its own accord (credit flow, memory alarm,
+        # no arena room): the client's silence is ours, so it does not count as missed
+        # heartbeats (RabbitMQ pauses its heartbeat monitor while it blocks a connection).
         self.reading_paused = False
+        self._seen_activity: object = None  # heartbeat_tick's socket_activity, last seen
 
     # -- public: state ----------------------------------------------------------
 
@@ -452,7 +454,7 @@ class AMQPConnection:
             self._on_frame_error(exc)
         return self._events
 
-    def heartbeat_tick(self, now: float) -> bool:
+    def heartbeat_tick(self, now: float, socket_activity: object = None) -> bool:
         """Send a heartbeat if due; False when the connection is dead.
 
         Call about once a second with a monotonic clock, from accept time on
@@ -461,10 +463,18 @@ class AMQPConnection:
         and the client is dead after 2 x heartbeat seconds of silence; any
         received byte counts.  Also ends a handshake that takes longer than
         handshake_timeout and a close whose close-ok never comes.
+
+        ``socket_activity`` is what the runtime sees of the socket that the
+        protocol cannot (bytes queued unread, output not yet acknowledged),
+        or None: a change since the last tick counts as received traffic.
+        The runtime passes it while the client does not read its output and
+        so is not read either: a client whose heartbeats pile up unread is
+        alive, one whose socket shows nothing either way for 2 x heartbeat is
+        not (a stalled network; RabbitMQ, which reads on, sees it the same).
         """
         if self._state is State.CLOSED:
             return False
-        self._observe_traffic(now)
+        self._observe_traffic(now, socket_activity)
         reason = self._timeout_reason(now)
         if reason is not None:
             self._finish(Input.ABORT, reason)
@@ -472,6 +482,8 @@ class AMQPConnection:
         if self._heartbeat_due(now):
             self._queue_out(codec.HEARTBEAT_FRAME)
             self._last_sent = now
+            # Sent now, counted when the writer takes it: not "sent" again at the next tick.
+            self._seen_sent = self._bytes_sent + self.unsent_bytes
         return True
 
     # -- public: output ---------------------------------------------------------
@@ -892,12 +904,15 @@ class AMQPConnection:
 
     # -- liveness -----------------------------------------------------------------
 
-    def _observe_traffic(self, now: float) -> None:
+    def _observe_traffic(self, now: float, socket_activity: object) -> None:
         if self._started_at is None:
             self._started_at = self._last_received = self._last_sent = now
         if self._bytes_received != self._seen_received or self.reading_paused:
             self._seen_received = self._bytes_received
             self._last_received = now
+        if socket_activity is not None and socket_activity != self._seen_activity:
+            self._last_received = now
+        self._seen_activity = socket_activity
         if self._bytes_sent != self._seen_sent:
             self._seen_sent = self._bytes_sent
             self._last_sent = now

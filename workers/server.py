@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import ipaddress
 import logging
 import signal
 import socket
+import sys
+import termios
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -266,14 +269,20 @@ class Server:
             worker.want_lazy_wake = worker.wake_supervisor
 
     async def _heartbeats(self) -> None:
+        whole = False
         while True:
-            await trio.sleep(1)
-            if self.worker.trace is not None:
+            # Twice a second: a 1 s heartbeat is due every half second (RabbitMQ sends one
+            # after heartbeat/2 of silence); every other connection is looked at once a second.
+            await trio.sleep(0.5)
+            whole = not whole
+            if self.worker.trace is not None and whole:
                 self.worker.trace.maybe_flush()
             now = trio.current_time()
             for session in list(self.worker.sessions.values()):
                 closed = session.proto.closed
-                alive = session.proto.heartbeat_tick(now)
+                if not whole and (closed or session.proto.heartbeat != 1):
+                    continue
+                alive = session.heartbeat_tick(now)
                 session.wake_writer()
                 if closed and session.closed_ticks < CLOSED_TICKS:
                     # Closed by the protocol (the client's connection.close, say): its reader
@@ -346,6 +355,7 @@ class Server:
         self.worker.sessions[session.conn_id] = session
         bell = _Doorbell()
         session.wake_writer = functools.partial(self._send_now, sock, session, bell)
+        session.socket_queues = functools.partial(_socket_queues, sock)
         try:
             with trio.CancelScope() as scope:
                 self._scopes[session.conn_id] = scope
@@ -416,7 +426,10 @@ class Server:
         supervisor gives credit back or the writer has sent enough."""
         with _not_reading(session):
             try:
-                while session.reading_stop is not None:
+                while (why := session.reading_stop) is not None:
+                    # Unsent output is the client's doing, not ours: its heartbeats are then
+                    # looked for in the socket's queues (Session.heartbeat_tick).
+                    session.proto.reading_paused = why == "flow"
                     resume = trio.Event()
                     session.wake_reader = resume.set
                     self.worker.after_batch()
@@ -534,6 +547,16 @@ async def _linger(sock: socket.socket) -> None:
                 continue
             except (OSError, trio.ClosedResourceError):
                 return
+
+
+def _socket_queues(sock: socket.socket) -> tuple[int, int]:
+    """Bytes received and not read yet, bytes sent and not acknowledged yet (Linux ioctls)."""
+    try:
+        unread = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        unacked = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except OSError:
+        return (-1, -1)
+    return int.from_bytes(unread, sys.byteorder), int.from_bytes(unacked, sys.byteorder)
 
 
 def _is_loopback(host: str) -> bool:

@@ -9,6 +9,7 @@ supervisor events to them. It does no IO either: the socket task in
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
@@ -57,6 +58,8 @@ class Session:
         self.wake_writer = lambda: None
         self.wake_reader = lambda: None  # the reader may be waiting for credit or output room
         self.closed_ticks = 0  # heartbeat ticks seen since the protocol closed (workers.server)
+        # The runtime's view of the socket's kernel queues (unread input, unacknowledged output).
+        self.socket_queues: Callable[[], object] = _no_queues
         self.peer = ""  # host:port of the client, set by the runtime
         self.local = ""  # host:port it connected to
         self.connected_at = 0.0
@@ -106,6 +109,13 @@ class Session:
             client if isinstance(client, str) else "", proto.bytes_received, proto.bytes_sent,
             self.connected_at,
         )
+
+    def heartbeat_tick(self, now: float) -> bool:
+        """The protocol's heartbeat tick. While the client leaves our output unread (reading
+        stopped for ``output``) its own bytes are not read either: the socket's queues tell
+        whether anything still moves (AMQPConnection.heartbeat_tick)."""
+        activity = self.socket_queues() if self.reading_stop == "output" else None
+        return self.proto.heartbeat_tick(now, activity)
 
     def add_credit(self, n: int) -> None:
         was_stopped = self.credit <= 0
@@ -277,3 +287,7 @@ class Session:
             ch.on_reply(event)
         except AMQPError as exc:
             self.fail(exc, ch)
+
+
+def _no_queues() -> object:
+    return None

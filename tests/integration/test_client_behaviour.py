@@ -6,6 +6,7 @@ above channel_max (pika)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiormq
 import pika
@@ -222,3 +223,90 @@ def test_heartbeats_through_a_stalling_proxy_fail_the_connection_and_a_reconnect
                    for line in shared_broker.log_path.read_text(errors="replace").splitlines())
 
     wait_until(closed_for_missed_heartbeats, 10, "the broker's missed-heartbeats close in its log")
+
+
+class _StallingProxy:
+    """A loopback TCP proxy whose two directions stall on command: a stalled direction is not
+    read at all, so the sender's socket buffers fill as on a network that stopped carrying data."""
+
+    def __init__(self, broker_port: int) -> None:
+        self.broker_port = broker_port
+        self.stalled = {"to_client": asyncio.Event(), "to_broker": asyncio.Event()}
+        self.broker_sides: list[str] = []  # the proxy's end of each broker connection (host:port)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str) -> None:
+        stalled = self.stalled[direction]
+        try:
+            while True:
+                while stalled.is_set():
+                    await asyncio.sleep(0.01)
+                data = await reader.read(65536)
+                if not data:
+                    return
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        broker_r, broker_w = await asyncio.open_connection("127.0.0.1", self.broker_port)
+        self.broker_sides.append("127.0.0.1:%d" % broker_w.get_extra_info("sockname")[1])
+        self._tasks += [asyncio.ensure_future(self._pipe(client_r, broker_w, "to_broker")),
+                        asyncio.ensure_future(self._pipe(broker_r, client_w, "to_client"))]
+
+    async def __aenter__(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def test_a_stalled_consumer_whose_output_backed_up_is_closed_for_missed_heartbeats(
+        shared_broker: Broker, names: Names) -> None:
+    """aiormq (heartbeat 1 s) consuming a 20 MiB message through a proxy that first stops
+    carrying the broker's output (the client's heartbeats still arrive: the worker stops reading
+    it for its unsent output) and then stops both ways: the broker closes the connection for
+    missed heartbeats, as RabbitMQ does, instead of holding it and its unacked message forever."""
+    queue = names("stalled-consumer")
+
+    def closed_for_missed_heartbeats(peer: str) -> bool:
+        return any(peer in line and "missed heartbeats from client, timeout: 1s" in line
+                   for line in shared_broker.log_path.read_text(errors="replace").splitlines())
+
+    async def scenario() -> bool:
+        proxy = _StallingProxy(shared_broker.port)
+        async with proxy as proxy_port:
+            consumer = await aiormq.connect(f"amqp://guest:guest@127.0.0.1:{proxy_port}/?heartbeat=1")
+            publisher = await aiormq.connect(shared_broker.url)
+            try:
+                channel = await consumer.channel()
+                await channel.queue_declare(queue, auto_delete=True)
+                await channel.basic_qos(prefetch_count=1)
+                await channel.basic_consume(queue, _ignore)
+                proxy.stalled["to_client"].set()
+                publishing = await publisher.channel()
+                await publishing.basic_publish(b"x" * (20 << 20), routing_key=queue)
+                await asyncio.sleep(3)  # the client's heartbeats still reach the broker
+                proxy.stalled["to_broker"].set()
+                for _ in range(200):  # the broker's side of the connection, still held by the proxy
+                    if closed_for_missed_heartbeats(proxy.broker_sides[0]):
+                        return True
+                    await asyncio.sleep(0.1)
+                return False
+            finally:
+                await publisher.close()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(consumer.close(), 1)
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)), "the broker kept the stalled connection"
+
+
+async def _ignore(message: aiormq.abc.DeliveredMessage) -> None:
+    pass

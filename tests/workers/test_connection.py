@@ -697,6 +697,19 @@ def test_heartbeat_sent_after_half_the_interval_of_silence() -> None:
     assert conn.data_to_send() == HEARTBEAT_BYTES
 
 
+def test_heartbeats_go_out_every_half_interval_of_silence() -> None:
+    """An idle connection gets a heartbeat every heartbeat/2 seconds, as RabbitMQ sends them:
+    the heartbeat itself, taken by the writer after its tick, does not push the next one back."""
+    conn = opened(heartbeat=10)
+    sent_at = []
+    for t in range(100, 121):
+        assert conn.heartbeat_tick(float(t))
+        if conn.data_to_send() == HEARTBEAT_BYTES:
+            sent_at.append(t)
+        conn.receive_data(HEARTBEAT_BYTES)  # the client's, to stay alive
+    assert sent_at == [105, 110, 115, 120]
+
+
 def test_no_heartbeat_while_other_frames_flow() -> None:
     """Any data sent resets the heartbeat send timer."""
     conn = opened(heartbeat=10)
@@ -726,6 +739,29 @@ def test_received_frames_count_as_activity() -> None:
     assert conn.heartbeat_tick(115.0)
     assert conn.heartbeat_tick(134.0)
     assert conn.heartbeat_tick(135.0) is False
+
+
+def test_reading_paused_by_the_broker_is_never_missed_heartbeats() -> None:
+    """While the broker leaves the socket unread (credit flow, alarm) the client's silence is ours."""
+    conn = opened(heartbeat=1)
+    conn.heartbeat_tick(100.0)
+    conn.reading_paused = True
+    assert all(conn.heartbeat_tick(100.0 + t) for t in range(1, 60))
+    conn.reading_paused = False  # silence counts again from the last paused tick (159)
+    assert conn.heartbeat_tick(160.0)
+    assert conn.heartbeat_tick(161.0) is False
+
+
+def test_socket_activity_counts_as_traffic_and_its_standstill_as_silence() -> None:
+    """What the runtime sees of the socket (unread input, unacknowledged output) keeps the
+    connection alive while it changes; 2 x heartbeat without change is missed heartbeats."""
+    conn = opened(heartbeat=1)
+    conn.heartbeat_tick(100.0, (0, 0))
+    for t in range(1, 10):  # the client's heartbeats pile up unread
+        assert conn.heartbeat_tick(100.0 + t, (8 * t, 1 << 20))
+    assert conn.heartbeat_tick(110.0, (72, 1 << 20))
+    assert conn.heartbeat_tick(111.0, (72, 1 << 20)) is False
+    assert conn.close_reason == "missed heartbeats from client, timeout: 1s"
 
 
 def test_handshake_timeout() -> None:

@@ -444,6 +444,21 @@ def test_unsent_output_past_the_bound_stops_reading_whatever_produced_it() -> No
     assert h.session.reading_stop is None and woken == ["reader"]
 
 
+def test_heartbeats_look_at_the_socket_only_while_output_stops_the_reader() -> None:
+    """Unread output stops the reader, so the client's heartbeats lie unread: the tick asks the
+    socket's queues then, and only then (credit flow is the broker's own pause)."""
+    h = Harness()
+    asked: list[int] = []
+    h.session.socket_queues = lambda: asked.append(1) or (len(asked), 0)
+    assert h.session.heartbeat_tick(1.0) and asked == []
+    h.session.credit = 0
+    assert h.session.heartbeat_tick(2.0) and asked == []
+    h.session.output_bound = 0
+    h.session.send_method(1, commands.Basic.QosOk())
+    assert h.session.reading_stop == "output"
+    assert h.session.heartbeat_tick(3.0) and asked == [1]
+
+
 def test_a_closing_connection_is_read_for_its_close_ok_even_without_credit() -> None:
     h = Harness()
     h.session.credit = 0
