@@ -333,13 +333,16 @@ class Channel:
         self._settle_tags(m.delivery_tag or 0, False, r.REQUEUE if m.requeue else r.DROP, m)
 
     def _recover(self, m: spec.Basic.Recover) -> None:
-        # RabbitMQ requeues on recover whatever `requeue` says; so do we.
-        self._settle_tags(0, True, r.REQUEUE, m)
+        self._recover_async(m)
         self._local_reply(spec.Basic.RecoverOk())
 
-    def _recover_async(self, m: spec.Basic.RecoverAsync) -> None:
+    def _recover_async(self, m: spec.Basic.Recover | spec.Basic.RecoverAsync) -> None:
         """Deprecated, no reply (aiormq sends it for basic_recover(nowait=True)): RabbitMQ
-        treats it as basic.recover without the recover-ok."""
+        (rabbit_channel) takes it as basic.recover without the recover-ok. Both redeliver what
+        the channel holds unacked; requeue=false (redeliver to the same consumer) is not
+        implemented there, and is 540 here too."""
+        if not m.requeue:
+            raise AMQPError(NOT_IMPLEMENTED, "requeue=false", *_ids(m), hard=True)
         self._settle_tags(0, True, r.REQUEUE, m)
 
     def _confirm_select(self, m: spec.Confirm.Select) -> None:

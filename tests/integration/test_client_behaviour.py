@@ -32,8 +32,9 @@ def test_update_secret_is_answered_and_the_connection_carries_on(shared_broker: 
 
 
 def test_recover_async_requeues_the_unacked_deliveries_without_a_reply(shared_broker: Broker, names: Names) -> None:
-    """aiormq's basic_recover(nowait=True) sends the deprecated basic.recover-async: RabbitMQ takes
-    it as basic.recover (redelivering what the channel holds unacked) and sends nothing back."""
+    """aiormq's basic_recover(nowait=True, requeue=True) sends the deprecated basic.recover-async:
+    RabbitMQ takes it as basic.recover (redelivering what the channel holds unacked) and sends
+    nothing back."""
     queue = names("recover-async")
 
     async def scenario() -> list[tuple[bytes, bool]]:
@@ -46,7 +47,7 @@ def test_recover_async_requeues_the_unacked_deliveries_without_a_reply(shared_br
             await channel.basic_consume(queue, got.put)
             await channel.basic_publish(b"once", routing_key=queue)
             first = await got.get()
-            await channel.basic_recover(nowait=True)  # the unacked delivery comes back
+            await channel.basic_recover(nowait=True, requeue=True)  # the unacked delivery comes back
             second = await got.get()
             await channel.basic_ack(second.delivery_tag)
             ok = await channel.queue_declare(queue, passive=True)  # the channel is still usable
@@ -57,6 +58,26 @@ def test_recover_async_requeues_the_unacked_deliveries_without_a_reply(shared_br
 
     deliveries = asyncio.run(asyncio.wait_for(scenario(), SCENARIO_TIMEOUT))
     assert deliveries == [(b"once", False), (b"once", True)]
+
+
+def test_recover_async_without_requeue_is_not_implemented_as_in_rabbitmq(shared_broker: Broker) -> None:
+    """aiormq's default basic_recover(nowait=True) has requeue=false, which RabbitMQ 3.10 closes
+    the connection for: 540 NOT_IMPLEMENTED - requeue=false (its basic.recover likewise)."""
+
+    async def scenario() -> BaseException:
+        connection = await aiormq.connect(shared_broker.url)
+        try:
+            channel = await connection.channel()
+            await channel.basic_recover(nowait=True)
+            with pytest.raises(aiormq.exceptions.AMQPError) as refused:
+                await channel.queue_declare("", exclusive=True)
+            return refused.value
+        finally:
+            await connection.close()
+
+    refused = asyncio.run(asyncio.wait_for(scenario(), SCENARIO_TIMEOUT))
+    assert "540" in repr(refused) or "NOT_IMPLEMENTED" in repr(refused), repr(refused)
+    assert "requeue=false" in repr(refused), repr(refused)
 
 
 def test_a_return_owed_for_an_earlier_publish_comes_before_confirm_select_ok(
@@ -104,10 +125,14 @@ def test_channel_max_limits_open_channels_not_channel_numbers(shared_broker: Bro
 def test_the_log_says_who_connected_who_left_and_whose_login_was_refused(
         shared_broker: Broker, names: Names) -> None:
     """What RabbitMQ logs at info: accepted (peer -> local), authenticated (user, vhost), the
-    client-provided name, closed; a refused login with the user name and peer -- never the password."""
+    client-provided name, closed; a channel exception at error; a refused login with the user
+    name and peer -- never the password."""
     label = names("conn-name")
     connection = shared_broker.connect(client_properties={"connection_name": label})
     local_port = connection._impl._transport._sock.getsockname()[1]
+    missing = names("missing")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker):
+        connection.channel().queue_declare(missing, passive=True)
     connection.close()
     with pytest.raises(pika.exceptions.ProbableAuthenticationError):
         shared_broker.connect(credentials=pika.PlainCredentials("guest", "not-the-password-1234"))
@@ -127,6 +152,8 @@ def test_the_log_says_who_connected_who_left_and_whose_login_was_refused(
     assert any("user 'guest' authenticated and granted access to vhost '/'" in line for line in mine)
     assert any(f"has a client-provided name: {label}" in line for line in mine)
     assert any("closing AMQP connection" in line and "user: 'guest'" in line for line in mine)
+    assert any("ERROR" in line and "channel error" in line and
+               f"NOT_FOUND - no queue '{missing}' in vhost '/'" in line for line in mine)
     refused = [line for line in lines() if "login refused for user 'guest': invalid credentials" in line]
     assert refused and "WARNING" in refused[-1]
     assert "not-the-password-1234" not in "\n".join(lines())

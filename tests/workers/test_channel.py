@@ -349,6 +349,33 @@ def test_recover_requeues_every_unacked_message() -> None:
     assert not h.channel().unacked
 
 
+@pytest.mark.parametrize("recover", [commands.Basic.Recover(requeue=False),
+                                     commands.Basic.RecoverAsync(requeue=False)],
+                         ids=["recover", "recover-async"])
+def test_recover_without_requeue_is_540_as_in_rabbitmq(recover: Any) -> None:
+    """rabbit_channel: basic.recover / recover-async with requeue=false is 540 "requeue=false";
+    nothing is settled."""
+    h = Harness()
+    _three_delivered(h)
+    h.take()
+    h.client(1, recover)
+    [(channel, close)] = methods(h.frames())
+    assert channel == 0 and isinstance(close, commands.Connection.Close)
+    assert (close.reply_code, close.reply_text) == (540, "NOT_IMPLEMENTED - requeue=false")
+    assert (close.class_id, close.method_id) == divmod(recover.index, 1 << 16)
+    assert not [rec for rec in h.take() if isinstance(rec, r.Settle)]
+
+
+def test_recover_async_requeues_without_a_reply() -> None:
+    """basic.recover-async requeue=true: basic.recover without the recover-ok."""
+    h = Harness()
+    _three_delivered(h)
+    h.take()
+    h.client(1, commands.Basic.RecoverAsync(requeue=True))
+    assert h.take() == [r.Settle(CONN, 1, [11, 12, 13], r.REQUEUE)]
+    assert methods(h.frames()) == []
+
+
 def test_get_no_ack_settles_and_get_ack_waits_for_ack() -> None:
     """basic.get no-ack settles at once; with acks the entry waits for basic.ack."""
     h = Harness()

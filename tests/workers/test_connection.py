@@ -444,15 +444,24 @@ def test_update_secret_is_answered_while_running() -> None:
     assert conn.state is State.RUNNING
 
 
-@pytest.mark.parametrize("unsupported", [commands.Connection.SecureOk("x"),
-                                         commands.Connection.Blocked("r"), commands.Connection.OpenOk()],
-                         ids=["secure-ok", "blocked", "open-ok"])
-def test_a_connection_method_the_server_does_not_take_is_540(unsupported: Any) -> None:
-    """A connection-class method the server never takes is 540 NOT_IMPLEMENTED, not 504."""
+@pytest.mark.parametrize("unexpected", [commands.Connection.SecureOk("x"), commands.Connection.Start(),
+                                        commands.Connection.Blocked("r"), commands.Connection.OpenOk()],
+                         ids=["secure-ok", "start", "blocked", "open-ok"])
+def test_a_connection_method_the_server_does_not_take_is_504(unexpected: Any) -> None:
+    """A known connection method the server never takes: 504 with RabbitMQ 3.10's text."""
     conn = opened()
-    conn.receive_data(method(0, unsupported))
+    conn.receive_data(method(0, unexpected))
+    assert_closing(conn, 504, "CHANNEL_ERROR - unexpected method in connection state running",
+                   *divmod(unexpected.index, 1 << 16))
+
+
+def test_an_unknown_connection_method_is_540() -> None:
+    """A connection-class method id AMQP 0-9-1 does not define is 540 NOT_IMPLEMENTED."""
+    conn = opened()
+    payload = b"\x00\x0a\x00\x63"  # class 10, method 99
+    conn.receive_data(bytes([1, 0, 0, 0, 0, 0, len(payload)]) + payload + b"\xce")
     close = only_close(conn)
-    assert close.reply_code == 540 and conn.state is State.CLOSING
+    assert (close.reply_code, close.class_id, close.method_id) == (540, 10, 99)
 
 
 def test_channel_method_on_channel_zero_is_504() -> None:
