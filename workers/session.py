@@ -18,7 +18,13 @@ from ipc import records as r
 from workers import codec
 from workers import events as ev
 from workers.channel import Channel
-from workers.connection import HARD_REPLY_CODES, AMQPConnection, AMQPError, State
+from workers.connection import (
+    HARD_REPLY_CODES,
+    AMQPConnection,
+    AMQPError,
+    State,
+    format_reply_text,
+)
 
 if TYPE_CHECKING:
     from workers.worker import Worker
@@ -163,10 +169,12 @@ class Session:
                 self._opened(event)
             case ev.ChannelOpened(channel=n):
                 self.channels[n] = Channel(self, n)
+                log.debug("connection %s: channel %d opened", self.label, n)
             case ev.ChannelClosed(channel=n):
                 ch = self.channels.pop(n, None)
                 if ch is not None and not ch.closing:
                     self._close_channel(ch)
+                log.debug("connection %s: channel %d closed", self.label, n)
             case ev.ConnectionClosed():
                 self.finish()
         self.worker.dirty.add(self)
@@ -187,6 +195,13 @@ class Session:
             log.info("connection %s has a client-provided name: %s", self.label, name)
         log.info("connection %s: user '%s' authenticated and granted access to vhost '%s'",
                  self.label, event.user, event.vhost)
+        if log.isEnabledFor(logging.DEBUG):
+            props = event.client_properties or {}
+            log.debug("connection %s: client %s %s (%s), capabilities %s; negotiated frame_max "
+                      "%d, channel_max %d, heartbeat %d s", self.label, props.get("product", "?"),
+                      props.get("version", "?"), props.get("platform", "?"),
+                      sorted(name for name, on in caps.items() if on) if isinstance(caps, dict)
+                      else [], event.frame_max, event.channel_max, event.heartbeat)
         self.worker.send(r.ConnOpen(self.conn_id))
 
     def publish_header(self, event: ev.PublishReceived, reply_to: str | None) -> bytes | None:
@@ -229,6 +244,11 @@ class Session:
         """Turn an error into channel.close or connection.close (in one place:
         the protocol object), and release what the closed part held."""
         self.proto.handle_error(exc, ch.number if ch is not None else 0)
+        if not exc.hard and ch is not None and not ch.closing:
+            # RabbitMQ logs a channel exception at error (a hard one shows in the close line).
+            log.error("channel error on connection %s, vhost: '%s', user: '%s', channel %d: %s",
+                      self.label, self.proto.vhost, self.proto.user, ch.number,
+                      format_reply_text(exc.reply_code, exc.reply_text))
         if exc.hard:
             self._close_all_channels()
         elif ch is not None:

@@ -10,6 +10,7 @@ is shared with ``test_channel.py``.
 from __future__ import annotations
 
 import itertools
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -457,6 +458,18 @@ def test_heartbeats_look_at_the_socket_only_while_output_stops_the_reader() -> N
     h.session.send_method(1, commands.Basic.QosOk())
     assert h.session.reading_stop == "output"
     assert h.session.heartbeat_tick(3.0) and asked == [1]
+
+
+def test_debug_log_names_the_client_and_its_channels(caplog: pytest.LogCaptureFixture) -> None:
+    """--log-level debug: the client, its capabilities and the negotiated limits; channels opened
+    and closed."""
+    with caplog.at_level(logging.DEBUG, logger="shoal.connection"):
+        h = Harness(capabilities={"publisher_confirms": True})
+        h.client(1, commands.Channel.Close(200, "", 0, 0))
+    text = caplog.text
+    assert "client test" in text and "['publisher_confirms']" in text
+    assert "frame_max 131072, channel_max 2047, heartbeat 60 s" in text
+    assert "channel 1 opened" in text and "channel 1 closed" in text
 
 
 def test_a_closing_connection_is_read_for_its_close_ok_even_without_credit() -> None:
