@@ -115,6 +115,12 @@ class Channel:
             self.flush_confirms()
         self.session.send_method(self.number, method)
 
+    def _send_raw(self, data: bytes) -> None:
+        """A reply pre-encoded by workers.codec (declare-ok, get-ok): after the acks, as _send."""
+        if self.confirmed > self.acked_upto:
+            self.flush_confirms()
+        self.session.send_raw(data)
+
     def _local_reply(self, method: Any) -> None:
         """Answer locally, but never ahead of a reply the supervisor still owes: a reply to
         an earlier request, or the basic.return / ack / nack of an earlier publish. For the
@@ -215,7 +221,7 @@ class Channel:
 
     def _declare_ok(self, rep: r.Reply) -> None:
         self.last_queue = rep.queue
-        self.session.send_raw(codec.encode_declare_ok(
+        self._send_raw(codec.encode_declare_ok(
             self.number, rep.queue, rep.message_count, rep.consumer_count))
         inbox, self._inbox = self._inbox, None
         while inbox and self._inbox is None and not self.closing:
@@ -314,7 +320,7 @@ class Channel:
         d = ev.delivery
         tag = self._tag(d.entry, None, no_ack)
         header, body = self.worker.body(d)
-        self.session.send_raw(codec.encode_get_ok(
+        self._send_raw(codec.encode_get_ok(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
             header, body, self.session.frame_max,
         ))

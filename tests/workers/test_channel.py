@@ -435,6 +435,63 @@ def test_replies_come_in_request_order() -> None:
     ]
 
 
+def test_a_local_reply_after_a_mandatory_publish_waits_for_its_return() -> None:
+    """confirm.select (answered by the worker itself) after an unroutable mandatory publish: a
+    Sync goes through the supervisor first, so select-ok follows the publish's basic.return."""
+    h = Harness()
+    h.publish(1, exchange="", routing_key="nowhere", mandatory=True)
+    h.client(1, commands.Confirm.Select())
+    assert [type(rec) for rec in h.take()] == [r.Publish, r.Sync]
+    assert h.frames() == []
+    h.supervisor(_unroutable(h), r.Reply(CONN, 1, "sync"))
+    assert [type(f) for _, f in methods(h.frames())] == [
+        commands.Basic.Return, commands.Confirm.SelectOk]
+
+
+@pytest.mark.parametrize("local", [commands.Basic.Qos(prefetch_count=1), commands.Channel.Flow(active=True),
+                                   commands.Basic.Recover(requeue=True),
+                                   commands.Basic.Cancel("unknown-tag")],
+                         ids=["qos", "flow", "recover", "cancel"])
+def test_every_local_reply_after_a_confirmed_publish_follows_its_ack(local: Any) -> None:
+    """Whatever the worker answers itself, after a publish in confirm mode: the ack first."""
+    h = Harness()
+    h.client(1, commands.Confirm.Select())
+    h.frames()
+    h.publish(1, exchange="", routing_key="q")
+    h.client(1, local)
+    assert h.frames() == []
+    h.supervisor(r.Confirm(CONN, 1, True), r.Reply(CONN, 1, "sync"))
+    frames = methods(h.frames())
+    assert [type(f) for _, f in frames][:1] == [commands.Basic.Ack] and len(frames) == 2
+
+
+def test_no_sync_when_no_publish_can_still_be_answered() -> None:
+    """Without a mandatory or confirmed publish since the last request, a local reply is at once."""
+    h = Harness()
+    h.publish(1, exchange="", routing_key="q")
+    h.client(1, commands.Basic.Qos(prefetch_count=1))
+    assert [type(rec) for rec in h.take()] == [r.Publish]
+    assert [type(f) for _, f in methods(h.frames())] == [commands.Basic.QosOk]
+
+
+def test_declare_ok_follows_the_acks_that_came_before_it() -> None:
+    """A reply the worker encodes itself (declare-ok, get-ok) never overtakes an ack the same
+    batch of supervisor events brought before it."""
+    h = Harness()
+    h.client(1, commands.Confirm.Select())
+    h.frames()
+    h.publish(1, exchange="", routing_key="q")
+    h.client(1, commands.Queue.Declare(queue="q"))
+    h.supervisor(r.Confirm(CONN, 1, True), r.Reply(CONN, 1, "qdecl", queue="q"))
+    assert [type(f) for _, f in methods(h.frames())] == [commands.Basic.Ack, commands.Queue.DeclareOk]
+
+
+def _unroutable(h: Harness) -> r.Returned:
+    head = header.ContentHeader(0, 1, commands.Basic.Properties()).marshal()
+    offset = h.worker.region.arena.store(head + b"m")
+    return r.Returned(CONN, 1, 312, "NO_ROUTE", "", "nowhere", offset, len(head), 1)
+
+
 # -- publisher confirms ------------------------------------------------------------------
 
 
