@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import aiormq
 import pika
 import pika.exceptions
 import pytest
+from pamqp import commands
 
 from tests.integration.conftest import Broker, Names, pump_until, ready_count, wait_until
+from tests.integration.rawclient import RawClient, method_frame, publish_frames
 
 SCENARIO_TIMEOUT = 30.0
 
@@ -120,6 +123,41 @@ def test_channel_max_limits_open_channels_not_channel_numbers(shared_broker: Bro
         third.queue_declare("", exclusive=True)
     assert closed.value.reply_code == 530
     assert "number of channels opened (2) has reached the negotiated channel_max (2)" in closed.value.reply_text
+
+
+def test_publishes_pipelined_ahead_of_connection_close_are_all_queued(shared_broker: Broker, names: Names) -> None:
+    """pika writes 3,000 publishes and connection.close without waiting: close-ok comes back and
+    every publish before the close is in the queue (the worker's reader finishes what it read)."""
+    queue = names("before-close")
+    checker = shared_broker.connect()
+    channel = checker.channel()
+    channel.queue_declare(queue, auto_delete=False)
+    try:
+        publisher = shared_broker.connect()
+        pipe = publisher.channel()
+        for n in range(3000):
+            pipe.basic_publish("", queue, b"%d" % n)
+        publisher.close()  # returns once close-ok arrived
+        wait_until(lambda: ready_count(channel, queue) == 3000, 20, "all 3,000 publishes queued")
+    finally:
+        channel.queue_delete(queue)
+
+
+def test_after_close_ok_the_broker_reads_and_drops_until_the_client_closes(shared_broker: Broker) -> None:
+    """A client that keeps writing after its connection.close (amqplib flushing what it had
+    buffered) gets close-ok and then a clean end of stream, never a reset: the broker reads and
+    drops its input for a short while after close-ok, as RabbitMQ does."""
+    client = RawClient.opened(shared_broker.port)
+    try:
+        late = b"".join(publish_frames(1, "", "nowhere", b"x" * 1000)) * 200
+        client.send(method_frame(0, commands.Connection.Close(200, "bye", 0, 0)) + late)
+        client.read_until(commands.Connection.CloseOk)
+        for _ in range(5):  # read and dropped; a broker that had closed would answer with a reset
+            time.sleep(0.05)
+            client.send(late)
+        assert client.expect_eof() == []
+    finally:
+        client.close()
 
 
 def test_the_log_says_who_connected_who_left_and_whose_login_was_refused(
