@@ -727,9 +727,9 @@ class AMQPConnection:
                 hard=True,
             )
         if user in self._loopback_users and not self._peer_is_loopback:
-            why = f"user '{user}' can only connect via localhost"
-            self.refused_login = (user, why)
-            raise AMQPError(ACCESS_REFUSED, f"{mechanism} login refused: {why}", hard=True)
+            self.refused_login = (user, "can only connect via localhost")
+            raise AMQPError(ACCESS_REFUSED, f"{mechanism} login refused: user '{user}' can only "
+                            "connect via localhost", hard=True)
         return user
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:

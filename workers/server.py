@@ -570,12 +570,12 @@ def _is_loopback(host: str) -> bool:
 
 
 def _log_closed(session: Session) -> None:
-    """RabbitMQ's lines at info/warning: a normal close, an error, a refused login."""
+    """RabbitMQ's lines: a normal close at info, an error or a refused login at error."""
     proto = session.proto
     refused = proto.refused_login
     if refused is not None:
-        log_connection.warning("connection %s: login refused for user '%s': %s",
-                               session.label, refused[0], refused[1])
+        log_connection.error("connection %s: login refused: user '%s' - %s",
+                             session.label, refused[0], refused[1])
         return
     reason = proto.close_reason or "client closed the TCP connection"
     if session.opened:
@@ -583,7 +583,7 @@ def _log_closed(session: Session) -> None:
         if proto.close_reason is None or reason.startswith("closed by client: 200"):
             log_connection.info("closing AMQP connection %s, %s", session.label, who)
         else:
-            log_connection.warning("closing AMQP connection %s, %s: %s", session.label, who, reason)
+            log_connection.error("closing AMQP connection %s, %s: %s", session.label, who, reason)
     else:
         log_connection.info("connection %s closed before it was opened: %s", session.label, reason)
 

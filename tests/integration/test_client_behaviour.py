@@ -1,13 +1,16 @@
 """Client-visible behaviour that must match RabbitMQ 3.10, each through the client library that
 exposed the difference: connection.update-secret (pika), basic.recover-async (aiormq), the order
-of a channel's replies after a mandatory publish (pika's confirm_delivery), and channel numbers
-above channel_max (pika)."""
+of a channel's replies after a mandatory publish (pika's confirm_delivery), channel numbers above
+channel_max (pika), the close after pipelined publishes, guest only via localhost, the log, and
+heartbeats through a stalling proxy (aiormq)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
+from pathlib import Path
 
 import aiormq
 import pika
@@ -15,7 +18,15 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from tests.integration.conftest import Broker, Names, pump_until, ready_count, wait_until
+from tests.integration.conftest import (
+    Broker,
+    Names,
+    finish,
+    pump_until,
+    ready_count,
+    start_broker,
+    wait_until,
+)
 from tests.integration.rawclient import RawClient, method_frame, publish_frames
 
 SCENARIO_TIMEOUT = 30.0
@@ -160,6 +171,48 @@ def test_after_close_ok_the_broker_reads_and_drops_until_the_client_closes(share
         client.close()
 
 
+def _non_loopback_address() -> str | None:
+    """An IPv4 address of this machine other than 127.0.0.0/8: traffic to it stays on this host."""
+    import ipaddress
+
+    import psutil
+
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not ipaddress.ip_address(address.address).is_loopback:
+                return str(address.address)
+    return None
+
+
+def test_guest_may_log_in_only_via_localhost(tmp_path: Path) -> None:
+    """RabbitMQ's loopback_users default: a broker listening on every address refuses guest from a
+    non-loopback address with ACCESS_REFUSED - PLAIN login refused: user 'guest' can only connect
+    via localhost (logged with the peer), and lets guest in from 127.0.0.1 and other users in
+    from anywhere."""
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect to itself through")
+    broker = start_broker(tmp_path / "broker", workers=1, extra_args=[
+        "--host", "0.0.0.0", "--user", "guest:guest", "--user", "alice:secret-1"])
+    try:
+        with pytest.raises(pika.exceptions.ProbableAuthenticationError) as refused:
+            broker.connect(host=address)
+        assert "(403) \"ACCESS_REFUSED - PLAIN login refused: user 'guest' can only connect via " \
+            "localhost\"" in str(refused.value), str(refused.value)
+        alice = broker.connect(host=address, credentials=pika.PlainCredentials("alice", "secret-1"))
+        alice.channel().queue_declare("", exclusive=True)
+        broker.connect().channel().queue_declare("", exclusive=True)  # guest via 127.0.0.1
+
+        def logged() -> bool:
+            return any(f"({address}:" in line and "ERROR" in line and "login refused: user "
+                       "'guest' - can only connect via localhost" in line
+                       for line in broker.log_path.read_text(errors="replace").splitlines())
+
+        wait_until(logged, 10, "the refused login in the log")
+    finally:
+        finish(broker)
+
+
 def test_the_log_says_who_connected_who_left_and_whose_login_was_refused(
         shared_broker: Broker, names: Names) -> None:
     """What RabbitMQ logs at info: accepted (peer -> local), authenticated (user, vhost), the
@@ -181,7 +234,7 @@ def test_the_log_says_who_connected_who_left_and_whose_login_was_refused(
 
     def logged() -> bool:
         text = "\n".join(lines())
-        return "closing AMQP connection" in text and "login refused for user 'guest'" in text \
+        return "closing AMQP connection" in text and "login refused: user 'guest'" in text \
             and any(peer in line and "closing AMQP connection" in line for line in lines())
 
     wait_until(logged, 10, "the connection's log lines")
@@ -192,8 +245,8 @@ def test_the_log_says_who_connected_who_left_and_whose_login_was_refused(
     assert any("closing AMQP connection" in line and "user: 'guest'" in line for line in mine)
     assert any("ERROR" in line and "channel error" in line and
                f"NOT_FOUND - no queue '{missing}' in vhost '/'" in line for line in mine)
-    refused = [line for line in lines() if "login refused for user 'guest': invalid credentials" in line]
-    assert refused and "WARNING" in refused[-1]
+    refused = [line for line in lines() if "login refused: user 'guest' - invalid credentials" in line]
+    assert refused and "ERROR" in refused[-1]  # RabbitMQ logs it at error
     assert "not-the-password-1234" not in "\n".join(lines())
 
 
