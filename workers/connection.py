@@ -763,8 +763,10 @@ class AMQPConnection:
     def _on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
         """RabbitMQ's extension for clients whose credentials expire (OAuth 2 tokens): the
         internal user store keeps no per-connection credential state, so the new secret is
-        accepted as RabbitMQ's internal backend accepts it, and the connection carries on."""
+        accepted as RabbitMQ's internal backend accepts it, and the connection carries on.
+        The runtime hears of it (for the log) as a method on channel 0."""
         self._queue_out(codec.encode_method(0, commands.Connection.UpdateSecretOk()))
+        self._events.append(MethodReceived(0, method))
 
     def _on_close(self, method: commands.Connection.Close) -> None:
         self._queue_out(codec.encode_method(0, commands.Connection.CloseOk()))

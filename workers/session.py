@@ -161,6 +161,9 @@ class Session:
 
     def handle(self, event: Any) -> None:
         match event:
+            case ev.MethodReceived(channel=0, method=spec.Connection.UpdateSecret(reason=why)):
+                log.info("connection %s: user '%s' updated secret, reason: %s", self.label,
+                         self.proto.user, why)
             case ev.MethodReceived(channel=n, method=m):
                 ch = self.channels.get(n)
                 if ch is not None and not ch.closing:

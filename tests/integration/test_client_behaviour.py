@@ -33,8 +33,8 @@ SCENARIO_TIMEOUT = 30.0
 
 
 def test_update_secret_is_answered_and_the_connection_carries_on(shared_broker: Broker, names: Names) -> None:
-    """pika's update_secret waits for update-secret-ok (RabbitMQ answers it; Shoal used to close
-    the connection with 504)."""
+    """pika's update_secret waits for update-secret-ok (RabbitMQ answers it and logs it at info;
+    Shoal used to close the connection with 504)."""
     connection = shared_broker.connect()
     connection.update_secret("guest", "token refreshed")
     channel = connection.channel()
@@ -43,6 +43,8 @@ def test_update_secret_is_answered_and_the_connection_carries_on(shared_broker: 
     channel.basic_publish("", queue, b"still here")
     method, _, body = channel.basic_get(queue, auto_ack=True)
     assert method is not None and body == b"still here"
+    wait_until(lambda: "user 'guest' updated secret, reason: token refreshed"
+               in shared_broker.log_path.read_text(errors="replace"), 10, "the update in the log")
 
 
 def test_recover_async_requeues_the_unacked_deliveries_without_a_reply(shared_broker: Broker, names: Names) -> None:

@@ -472,6 +472,16 @@ def test_debug_log_names_the_client_and_its_channels(caplog: pytest.LogCaptureFi
     assert "channel 1 opened" in text and "channel 1 closed" in text
 
 
+def test_update_secret_is_logged_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    """RabbitMQ's info line: user 'guest' updated secret, reason: ... (never the secret)."""
+    h = Harness()
+    with caplog.at_level(logging.INFO, logger="shoal.connection"):
+        h.client(0, commands.Connection.UpdateSecret("token-1234", "token refresh"))
+    assert [type(f) for _, f in h.frames()] == [commands.Connection.UpdateSecretOk]
+    assert "user 'guest' updated secret, reason: token refresh" in caplog.text
+    assert "token-1234" not in caplog.text
+
+
 def test_a_closing_connection_is_read_for_its_close_ok_even_without_credit() -> None:
     h = Harness()
     h.session.credit = 0
