@@ -239,7 +239,7 @@ def consumer(
 def _client_trace(args: argparse.Namespace, name: str) -> Any:
     if args.trace is None:
         return None
-    from perf.tracewriter import ClientTraceWriter  # pyarrow only when tracing
+    from perf.trace_writers import ClientTraceWriter  # pyarrow only when tracing
 
     return ClientTraceWriter(args.trace, name)
 
@@ -295,7 +295,7 @@ def measure(run: BrokerRun, args: argparse.Namespace) -> dict[str, Any]:
 
         sampler = None
         if args.trace is not None:
-            from perf.tracewriter import ProcSampleWriter
+            from perf.trace_writers import ProcSampleWriter
 
             sampler = ProcSampleWriter(args.trace, "sampler")
             sampler.sample_processes(watched)

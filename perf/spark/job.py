@@ -1,7 +1,7 @@
 """The PySpark job behind ``shoal report``: a trace directory in, a summary (and plot data) out.
 
 Reading
-    Every table is a set of Arrow IPC stream files (:mod:`perf.trace_schema`). The file names are
+    Every table is a set of Arrow IPC stream files (:mod:`tracing.schema`). The file names are
     listed on the driver and spread over the executors; each task reads its files with pyarrow
     (``mapInArrow``), keeping the complete batches of a file cut short by a crash, and conforms
     them to the current schema. With ``--master`` pointing at a cluster the trace directory must
@@ -57,7 +57,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from perf import trace_schema as ts
+from tracing import schema as ts
 
 ACCURACY = 10000
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
@@ -120,7 +120,7 @@ def spark_session(master: str = "local[*]", *, shuffle_partitions: int | None = 
 
 
 def spark_schema(schema: Any) -> Any:
-    """The Spark StructType of one of :mod:`perf.trace_schema`'s Arrow schemas."""
+    """The Spark StructType of one of :mod:`tracing.schema`'s Arrow schemas."""
     import pyarrow as pa
     from pyspark.sql import types as T
 
@@ -156,7 +156,7 @@ def list_trace_files(trace_dir: str) -> dict[str, list[str]]:
 
 def _reader(table: str) -> Any:
     def read(batches: Iterator[Any]) -> Iterator[Any]:
-        from perf.tracewriter import iter_batches
+        from tracing.reader import iter_batches
 
         for batch in batches:
             yield from iter_batches(batch.column(0).to_pylist(), ts.SCHEMAS[table].remove_metadata())
@@ -178,7 +178,7 @@ def truncated_files(paths: list[str]) -> list[str]:
     """The files among ``paths`` whose last batch was cut short (read on the driver)."""
     from pyarrow import fs
 
-    from perf.tracewriter import read_stream_file
+    from tracing.reader import read_stream_file
 
     cut = []
     for path in paths:

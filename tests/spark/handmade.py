@@ -30,8 +30,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from perf import trace_schema as ts
-from perf.tracewriter import ClientTraceWriter, ProcSampleWriter, TraceWriter
+from perf.trace_writers import ClientTraceWriter, ProcSampleWriter
+from tracing import schema as ts
+from tracing.writer import ArrowTraceWriter
 
 T = 10_000_000_000
 US = 1_000
@@ -117,9 +118,9 @@ def expected_latencies() -> dict[str, list[float]]:
 
 def write_trace(directory: Path) -> dict[str, Any]:
     """Write the story into ``directory``; returns facts the tests need (the cut file)."""
-    sup = TraceWriter(directory, "supervisor", pid=SUP_PID)
-    w = {0: TraceWriter(directory, "worker0", worker=0, pid=W0_PID),
-         1: TraceWriter(directory, "worker1", worker=1, pid=W1_PID)}
+    sup = ArrowTraceWriter(directory, "supervisor", pid=SUP_PID)
+    w = {0: ArrowTraceWriter(directory, "worker0", worker=0, pid=W0_PID),
+         1: ArrowTraceWriter(directory, "worker1", worker=1, pid=W1_PID)}
     publisher = {e: 1 if 11 <= e <= 14 else 0 for e in range(1, 18)}
     pub_pid = {0: W0_PID, 1: W1_PID}
     seq: dict[int, int] = {}

@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from cli.report import report as report_command
-from perf import trace_schema as ts
-from perf.tracewriter import ProcSampleWriter, TraceWriter
+from perf.trace_writers import ProcSampleWriter
+from tracing import schema as ts
+from tracing.writer import ArrowTraceWriter
 from tests.spark import browser
 
 WINDOW = (960, 7000)  # a laptop's width; tall enough for the whole page in one screenshot
@@ -41,8 +42,8 @@ _MEASURE = ("<script>window.addEventListener('load', () => document.body.setAttr
 def write_ten_minute_trace(directory: Path) -> None:
     """600 s: 4 publishes a second over two queues and three consumers (one with priority), each
     delivered 2 ms and acked 5 ms later; every process sampled twice a second."""
-    sup = TraceWriter(directory, "supervisor", pid=100)
-    workers = [TraceWriter(directory, f"worker{i}", worker=i, pid=200 + i) for i in range(2)]
+    sup = ArrowTraceWriter(directory, "supervisor", pid=100)
+    workers = [ArrowTraceWriter(directory, f"worker{i}", worker=i, pid=200 + i) for i in range(2)]
     consumers = [(0, 1, TAGS[0], QUEUES[0], 0), (1, 2, TAGS[1], QUEUES[0], 0),
                  (1, 3, TAGS[2], QUEUES[1], 5)]
     for wk, cid, tag, queue, prio in consumers:

@@ -8,26 +8,21 @@ import os
 import pyarrow as pa
 import pytest
 
-from perf import trace_schema as ts
 from perf.spark.job import _fairness, jain
-from perf.tracewriter import (
-    ClientTraceWriter,
-    ProcSampleWriter,
-    TraceWriter,
-    conform,
-    read_stream_file,
-    read_table,
-)
+from perf.trace_writers import ClientTraceWriter, ProcSampleWriter
+from tracing import schema as ts
+from tracing.reader import conform, read_stream_file, read_table
+from tracing.writer import ArrowTraceWriter
 
 
-def _publish(w: TraceWriter, n: int, t0: int = 0) -> None:
+def _publish(w: ArrowTraceWriter, n: int, t0: int = 0) -> None:
     for i in range(n):
         w.published(t0 + i, 1, 1, "ex", "rk", 10)
 
 
 def test_truncated_stream_yields_exactly_its_complete_batches(tmp_path):
     """Cut anywhere, a stream file reads as the batches that end before the cut, no error."""
-    w = TraceWriter(tmp_path, "worker0", worker=0)
+    w = ArrowTraceWriter(tmp_path, "worker0", worker=0)
     ends = []
     for b in range(3):
         _publish(w, 5, t0=100 * b)
@@ -46,7 +41,7 @@ def test_truncated_stream_yields_exactly_its_complete_batches(tmp_path):
 
 def test_truncated_file_on_disk_reads_up_to_last_complete_batch(tmp_path):
     """A file cut mid-batch (simulated crash) gives every row of the batches written before."""
-    w = TraceWriter(tmp_path, "worker1", worker=1)
+    w = ArrowTraceWriter(tmp_path, "worker1", worker=1)
     _publish(w, 7)
     w.flush()
     whole = os.path.getsize(w.paths[0])
@@ -61,7 +56,7 @@ def test_truncated_file_on_disk_reads_up_to_last_complete_batch(tmp_path):
 
 def test_rows_carry_the_writer_identity_and_only_their_columns(tmp_path):
     """Publish rows get pub_worker/pub_pid, deliver/ack rows consumer_worker; other cells are null."""
-    w = TraceWriter(tmp_path, "worker3", worker=3, pid=4242)
+    w = ArrowTraceWriter(tmp_path, "worker3", worker=3, pid=4242)
     assert w.published(1, 9, 2, "ex", "rk", 64) == 1
     assert w.published(2, 9, 2, "ex", "rk", 64) == 2
     w.delivered(3, 77, "q", 5, "tag", True)
@@ -79,7 +74,7 @@ def test_rows_carry_the_writer_identity_and_only_their_columns(tmp_path):
 
 def test_maybe_flush_waits_for_rows_or_time(tmp_path):
     """maybe_flush writes nothing below flush_rows and before flush_ms, then writes everything."""
-    w = TraceWriter(tmp_path, "supervisor", flush_rows=10, flush_ms=50)
+    w = ArrowTraceWriter(tmp_path, "supervisor", flush_rows=10, flush_ms=50)
     base = w._last_flush_ns
     _publish(w, 9)
     assert w.maybe_flush(base + 1_000) is False and w.pending == 9 and w.paths == []
@@ -95,8 +90,8 @@ def test_maybe_flush_waits_for_rows_or_time(tmp_path):
 
 def test_rotation_by_size_and_by_batch_count(tmp_path):
     """Past rotate_bytes (or rotate_batches) a new file starts; all rows read back in order."""
-    w = TraceWriter(tmp_path / "a", "worker0", worker=0, rotate_bytes=1)
-    w2 = TraceWriter(tmp_path / "b", "worker0", worker=0, rotate_batches=2)
+    w = ArrowTraceWriter(tmp_path / "a", "worker0", worker=0, rotate_bytes=1)
+    w2 = ArrowTraceWriter(tmp_path / "b", "worker0", worker=0, rotate_batches=2)
     for b in range(4):
         _publish(w, 3, t0=10 * b)
         _publish(w2, 3, t0=10 * b)
@@ -112,7 +107,7 @@ def test_rotation_by_size_and_by_batch_count(tmp_path):
 
 def test_bad_row_is_dropped_and_logged_not_raised(tmp_path, caplog):
     """A row of the wrong type loses its batch (logged, counted); other row kinds are written."""
-    w = TraceWriter(tmp_path, "supervisor")
+    w = ArrowTraceWriter(tmp_path, "supervisor")
     w.notify_event("not a number", "q", 0, 1)  # type: ignore[arg-type]
     w.pull_event(1, "q", 0, 1, 0, False)
     with caplog.at_level(logging.ERROR, logger="shoal.trace"):
@@ -152,9 +147,9 @@ def test_conform_fills_missing_columns_and_casts(tmp_path):
 def test_process_name_must_be_file_safe(tmp_path):
     """Process names end up in file names: separators and dashes are refused."""
     with pytest.raises(ValueError):
-        TraceWriter(tmp_path, "worker-0")
+        ArrowTraceWriter(tmp_path, "worker-0")
     with pytest.raises(ValueError):
-        TraceWriter(tmp_path, "../x")
+        ArrowTraceWriter(tmp_path, "../x")
 
 
 def test_jain_index():
@@ -232,6 +227,6 @@ def test_sampled_cpu_percent_comes_from_cpu_time_over_wall_time(tmp_path):
 def test_a_message_takes_about_300_bytes_of_trace():
     """One message's rows (publish, deliver, ack, settle) with a real run's names take about the
     300 bytes the README states (measured 280-320 in perf runs)."""
-    from perf.tracewriter import bench
+    from perf.trace_cost import bench
 
     assert 250 <= bench(rows=20_000)["bytes_per_message"] <= 350

@@ -1,4 +1,5 @@
-"""The trace record schemas, shared by the writers (`perf.tracewriter`) and the reader (`perf.spark`).
+"""The trace record schemas, shared by the writers (`tracing.writer`, `perf.trace_writers`) and the
+readers (`tracing.reader`, the Spark report `perf.spark`).
 
 A trace directory holds Arrow IPC *stream* files (``.arrows``): per writing process, one open
 file per row kind (a message stage, an event kind, ...), rotated by size::
@@ -7,7 +8,7 @@ file per row kind (a message stage, an event kind, ...), rotated by size::
 
 A file's schema holds only the columns its row kind fills; the columns that are the same for every
 row of the file (``stage`` / ``kind``, ``process``, ``pid``, the worker index) are written once as
-schema metadata ``shoal.const.<column>`` and put back by the reader (``perf.tracewriter.conform``),
+schema metadata ``shoal.const.<column>`` and put back by the reader (``tracing.reader.conform``),
 which conforms every batch to the table's full schema below. Four tables; every column is
 nullable: a row has the columns its writer knows, the rest read as null.
 
@@ -62,7 +63,7 @@ nullable: a row has the columns its writer knows, the rest read as null.
     worker), ``consume`` / ``cancel`` (queue, consumer, tag, priority, browser). Expiry,
     dead-lettering and drops are final outcomes of the ``settle`` row, not events.
 
-``proc`` — psutil samples written by the perf scripts (:data:`PROC_SCHEMA`).
+``proc`` — psutil samples written by the perf scripts (``perf.trace_writers``, :data:`PROC_SCHEMA`).
 
 ``client`` — the load generator's own view (:data:`CLIENT_SCHEMA`): ``send`` rows (a publisher
 sent ``n`` messages with sequences ``seq`` … ``seq+n-1`` at ``ts_ns``) and ``recv`` rows (a
