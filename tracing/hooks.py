@@ -1,15 +1,13 @@
-"""What the broker's processes call when ``shoal serve --trace DIR`` is on: the :class:`TraceWriter`
-interface, and :func:`open_writer`, which makes the Arrow implementation.
+"""What the broker's processes call when ``shoal serve --trace DIR`` is on: :class:`TraceWriter`.
 
 This module imports nothing heavy: the supervisor and the workers annotate ``trace: TraceWriter |
 None`` with it at import time, and type-checking them needs neither pyarrow nor the writer.
 Tracing off costs only the caller's ``if trace is not None`` check; pyarrow (~0.3 s and ~50 MB to
-load) is imported by :func:`open_writer` alone.
+load) is imported by :func:`tracing.open_writer` alone.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -123,11 +121,3 @@ class TraceWriter(Protocol):
         """Flush what is pending and end every file (idempotent)."""
         ...
 
-
-def open_writer(directory: str | os.PathLike[str], process_name: str, *,
-                worker: int | None = None) -> TraceWriter:
-    """The Arrow trace writer of one broker process: ``process_name`` ``"supervisor"`` (``worker``
-    None) or ``"worker<k>"`` (``worker`` = ``k``). Imports pyarrow: call it only with ``--trace``."""
-    from tracing.writer import ArrowTraceWriter
-
-    return ArrowTraceWriter(directory, process_name, worker=worker)

@@ -26,7 +26,7 @@ Cost model
   complete batch (:func:`tracing.reader.read_stream_file`).
 * Tracing off costs only the caller's ``if trace is not None`` check; import this module lazily
   (pyarrow takes ~0.3 s and ~50 MB to load): the runtime does, through
-  :func:`tracing.hooks.open_writer`.
+  :func:`tracing.open_writer`.
 
 A writer is not thread-safe and belongs to one process (fork a new one per process).
 """
@@ -137,7 +137,8 @@ class _Buffer:
         return len(self.lists[0])
 
     def to_batch(self) -> pa.RecordBatch:
-        arrays = [_to_array(values, field.type) for values, field in zip(self.lists, self.schema, strict=True)]
+        arrays = [_to_array(values, field.type)
+                  for values, field in zip(self.lists, self.schema, strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def clear(self) -> None:

@@ -1,6 +1,6 @@
 """The broker's trace writer: :class:`tracing.hooks.TraceWriter` written as Arrow IPC streams.
 
-Made by :func:`tracing.hooks.open_writer` (the runtime) or directly (tests, benchmarks); imports
+Made by :func:`tracing.open_writer` (the runtime) or directly (tests, benchmarks); imports
 pyarrow. The cost model is in :mod:`tracing.streams`.
 """
 
