@@ -38,7 +38,7 @@ run: venv
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS))
 
 # No per-test timeout plugin on purpose: the integration fixtures bound every wait
-# (see tests/integration/conftest.py).
+# (see tests/integration/harness.py).
 test: $(TEST_STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

@@ -4,7 +4,7 @@ Both are started by this process, on 127.0.0.1 only, and stopped by PID; nothing
 killed by name.
 
 Shoal: `python -m cli.main serve --host 127.0.0.1 --port 0 --workers W --ready-file F` in its own
-session (as tests/integration/conftest.py does); ready when F names W worker PIDs. Its processes
+session (as tests/integration/harness.py does); ready when F names W worker PIDs. Its processes
 are the supervisor, the workers F names (re-read on every call, so a replaced worker is followed)
 and their descendants. Stopping: SIGTERM to the supervisor, 10 s, then SIGKILL to every PID it
 knows; then any `/dev/shm/shoal.<instance>.*` left is reported and unlinked.
@@ -59,7 +59,8 @@ SHM_DIR = Path("/dev/shm")
 RABBITMQ_SCRIPT = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 
 
-def _alive(process: psutil.Process) -> bool:
+def is_alive(process: psutil.Process) -> bool:
+    """Whether `process` still runs (a zombie does not; neither does a recycled PID)."""
     try:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -67,15 +68,17 @@ def _alive(process: psutil.Process) -> bool:
 
 
 def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait at most `timeout` s for `processes` to end; return those still alive."""
     limit = time.monotonic() + timeout
-    pending = [p for p in processes if _alive(p)]
+    pending = [p for p in processes if is_alive(p)]
     while pending and time.monotonic() < limit:
         time.sleep(0.05)
-        pending = [p for p in pending if _alive(p)]
+        pending = [p for p in pending if is_alive(p)]
     return pending
 
 
-def _kill(process: psutil.Process) -> None:
+def kill(process: psutil.Process) -> None:
+    """SIGKILL `process` if it still exists."""
     # psutil checks the create time first, so a recycled PID is never hit.
     with contextlib.suppress(psutil.Error):
         process.kill()
@@ -193,17 +196,17 @@ class ShoalBroker(Broker):
     def processes(self) -> dict[str, psutil.Process]:
         out: dict[str, psutil.Process] = {}
         supervisor = self.known.get(self.popen.pid)
-        if supervisor is not None and _alive(supervisor):
+        if supervisor is not None and is_alive(supervisor):
             out["supervisor"] = supervisor
         info = self._ready() or {}
         for index, pid in enumerate(info.get("worker_pids", [])):
             process = self._remember(int(pid))
-            if process is not None and _alive(process):
+            if process is not None and is_alive(process):
                 out[f"worker{index}"] = process
         listed = {p.pid for p in out.values()}
         if supervisor is not None:
             for child in _descendants(supervisor):
-                if child.pid not in listed and _alive(child):
+                if child.pid not in listed and is_alive(child):
                     process = self._remember(child.pid) or child
                     out[f"{process.name()}:{child.pid}"] = process
         return out
@@ -240,7 +243,7 @@ class ShoalBroker(Broker):
         survivors = wait_gone(list(self.known.values()), 5.0)
         for process in survivors:
             problems.append(f"pid {process.pid} still running; SIGKILL")
-            _kill(process)
+            kill(process)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5.0)
         if self.instance:
@@ -344,7 +347,7 @@ class RabbitBroker(Broker):
             raise
 
     def _find_beam(self) -> psutil.Process | None:
-        if self.beam is not None and _alive(self.beam):
+        if self.beam is not None and is_alive(self.beam):
             return self.beam
         if self.popen is None:
             return None
@@ -432,7 +435,7 @@ class RabbitBroker(Broker):
             if survivors:
                 problems.append("beam.smp still running 30 s after SIGTERM; SIGKILL")
             for process in wait_gone(tracked, 0.5 if not survivors else 0.0):
-                _kill(process)
+                kill(process)
         if self.popen is not None:
             if self.popen.poll() is None and beam is None:
                 with contextlib.suppress(ProcessLookupError):

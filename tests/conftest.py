@@ -1,7 +1,8 @@
 """Generic pytest set-up shared by every test package.
 
 Package-specific fixtures live next to their tests (`tests/integration/conftest.py` starts real
-broker processes); only what every package may rely on belongs here.
+broker processes with the helpers of `tests/integration/harness.py`); only what every package
+may rely on belongs here.
 """
 
 from __future__ import annotations

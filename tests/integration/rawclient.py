@@ -33,7 +33,7 @@ from pamqp import body as pamqp_body
 from pamqp import commands, encode, frame, header
 from pamqp import exceptions as pamqp_exceptions
 
-from tests.integration.conftest import HOST, Broker, close_quietly
+from tests.integration.harness import HOST, Broker, close_quietly
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT = 1, 2, 3, 8

@@ -22,13 +22,13 @@ import psutil
 import pytest
 
 from ipc.region import NOT_ACCEPTING, Region, region_name, starting_deadline
-from tests.integration.conftest import (
+from tests.integration.harness import (
     HOST,
     READY_TIMEOUT,
     Broker,
-    _show_log_if_failed,
     close_quietly,
     finish,
+    show_log_if_failed,
     start_broker,
     wait_until,
     worker_of,
@@ -101,7 +101,7 @@ def _starting_broker(
     try:
         yield broker
     finally:
-        _show_log_if_failed(request, broker)
+        show_log_if_failed(request, broker)
         finish(broker)
 
 
@@ -112,7 +112,7 @@ def patient_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[B
     try:
         yield instance
     finally:
-        _show_log_if_failed(request, instance)
+        show_log_if_failed(request, instance)
         finish(instance)
 
 

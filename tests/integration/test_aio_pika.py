@@ -13,7 +13,7 @@ import aio_pika.exceptions
 import aiormq
 import pytest
 
-from tests.integration.conftest import Broker, Names, worker_of
+from tests.integration.harness import Broker, Names, worker_of
 
 T = TypeVar("T")
 SCENARIO_TIMEOUT = 60.0

@@ -13,7 +13,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     Broker,
     Names,
     shm_segments,

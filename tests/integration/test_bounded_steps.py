@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import close_quietly, finish, start_broker, wait_until
+from tests.integration.harness import close_quietly, finish, start_broker, wait_until
 from tests.integration.rawclient import RawClient, publish_frames, unique_name
 
 N = 200_000

@@ -18,7 +18,7 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     Broker,
     Names,
     finish,

@@ -21,7 +21,7 @@ import pika.exceptions
 import pytest
 from kombu import Connection, Consumer, Producer, Queue
 
-from tests.integration.conftest import Broker
+from tests.integration.harness import Broker
 
 SCENARIO_TIMEOUT = 30.0
 NEXT_MESSAGE_GUARD = 5.0  # a hang guard per round, never a timing assertion

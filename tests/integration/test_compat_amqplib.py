@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Broker
+from tests.integration.harness import Broker
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 SCRIPT = NODE_DIR / "compat.mjs"

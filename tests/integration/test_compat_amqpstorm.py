@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from amqpstorm import AMQPConnectionError, AMQPMessageError, Connection
 
-from tests.integration.conftest import HOST, Broker, wait_until
+from tests.integration.harness import HOST, Broker, wait_until
 from tests.integration.rawclient import unique_name
 
 

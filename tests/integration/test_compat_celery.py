@@ -32,7 +32,7 @@ from types import ModuleType
 import pytest
 from celery import Celery
 
-from tests.integration.conftest import Broker, wait_until
+from tests.integration.harness import Broker, wait_until
 
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0

@@ -21,7 +21,7 @@ import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.mixins import ConsumerMixin
 
-from tests.integration.conftest import Broker, wait_until
+from tests.integration.harness import Broker, wait_until
 from tests.integration.rawclient import unique_name
 
 RETRY_POLICY = {"max_retries": 20, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}

@@ -28,7 +28,7 @@ import pytest
 from pika.adapters.asyncio_connection import AsyncioConnection
 from pika.adapters.select_connection import IOLoop
 
-from tests.integration.conftest import Broker, finish, start_broker
+from tests.integration.harness import Broker, finish, start_broker
 from tests.integration.rawclient import unique_name
 
 ADAPTERS = ["select", "asyncio"]

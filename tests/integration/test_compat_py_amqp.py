@@ -22,7 +22,7 @@ from typing import Any
 import amqp
 import pytest
 
-from tests.integration.conftest import HOST, Broker, finish, start_broker, wait_until
+from tests.integration.harness import HOST, Broker, finish, start_broker, wait_until
 from tests.integration.rawclient import unique_name
 
 

@@ -9,7 +9,7 @@ import pika
 import pika.spec
 import pytest
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     Broker,
     Names,
     drain_with_get,

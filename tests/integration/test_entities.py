@@ -6,11 +6,11 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.conftest import (
-    passive_declare_code,
+from tests.integration.harness import (
     Broker,
     Names,
     channel_close_code,
+    passive_declare_code,
     pump,
     queue_exists,
     ready_count,

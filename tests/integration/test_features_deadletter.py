@@ -10,7 +10,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     Broker,
     Names,
     pump,

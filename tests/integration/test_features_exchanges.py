@@ -10,7 +10,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     Broker,
     Names,
     channel_close_code,

@@ -16,7 +16,7 @@ from pamqp import commands
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     Broker,
     Names,
     channel_close_code,

@@ -14,7 +14,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     Broker,
     Names,
     drain_with_get,

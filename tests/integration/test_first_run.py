@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.integration.conftest import HOST, REPO_ROOT, SHM_DIR, Broker, serve_command
+from tests.integration.harness import HOST, REPO_ROOT, SHM_DIR, Broker, serve_command
 
 
 def _segments() -> set[str]:

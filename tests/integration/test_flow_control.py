@@ -25,7 +25,7 @@ import psutil
 import pytest
 from pamqp import commands
 
-from tests.integration.conftest import (
+from tests.integration.harness import (
     REPO_ROOT,
     Broker,
     close_quietly,
@@ -33,8 +33,8 @@ from tests.integration.conftest import (
     start_broker,
     worker_of,
 )
-from tests.integration.test_compat_pika_async import AsyncDriver
 from tests.integration.rawclient import Bystanders, RawClient, method_frame, publish_frames, unique_name
+from tests.integration.test_compat_pika_async import AsyncDriver
 
 MiB = 1 << 20
 

@@ -7,7 +7,7 @@ that a real client's negotiated heartbeat keeps an idle connection alive end to 
 
 from __future__ import annotations
 
-from tests.integration.conftest import Broker
+from tests.integration.harness import Broker
 
 IDLE_SECONDS = 5.0
 

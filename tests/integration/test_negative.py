@@ -25,7 +25,7 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from tests.integration.conftest import Broker
+from tests.integration.harness import Broker
 from tests.integration.rawclient import (
     ACCESS_REFUSED,
     CHANNEL_ERROR,

@@ -11,12 +11,12 @@ import pika.exceptions
 import psutil
 import pytest
 
-from tests.integration.conftest import (
-    passive_declare_code,
+from tests.integration.harness import (
     Broker,
     Names,
     drain_with_get,
     finish,
+    passive_declare_code,
     pump_until,
     ready_count,
     shm_segments,
@@ -24,7 +24,6 @@ from tests.integration.conftest import (
     wait_gone,
     wait_until,
 )
-
 
 
 @pytest.mark.deadline(180)

@@ -11,7 +11,7 @@ import pika.exceptions
 import psutil
 import pytest
 
-from tests.integration.conftest import Broker, finish, start_broker
+from tests.integration.harness import Broker, finish, start_broker
 
 
 def _login(broker: Broker, user: str, password: str) -> pika.BlockingConnection:

@@ -8,7 +8,7 @@ import pika
 from click.testing import CliRunner
 
 from cli.report import report as report_command
-from tests.integration.conftest import finish, start_broker
+from tests.integration.harness import finish, start_broker
 
 MESSAGES = 300
 REJECTED = 20
