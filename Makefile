@@ -3,6 +3,7 @@
 #   make venv    create .venv and install shoal editable: what the broker needs only
 #                (re-runs only when pyproject.toml is newer than .venv/.stamp)
 #   make run     start a broker on $(HOST):$(PORT) in the foreground
+#   make lint    install the lint extra (.venv/.stamp-lint), run ruff and mypy as pyproject.toml says
 #   make test    install the test and report extras (.venv/.stamp-test), run the whole suite
 #   make perf    a first throughput figure (perf/quick.py)
 #   make clean   remove caches and build output (keeps .venv; `make distclean` removes it too)
@@ -12,6 +13,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 TEST_STAMP := $(VENV)/.stamp-test
+LINT_STAMP := $(VENV)/.stamp-lint
 
 HOST ?= 127.0.0.1
 PORT ?= 5672
@@ -20,7 +22,7 @@ LOG_LEVEL ?= info
 PYTEST_ARGS ?=
 PERF_ARGS ?=
 
-.PHONY: venv run test perf clean distclean
+.PHONY: venv run lint test perf clean distclean
 
 venv: $(STAMP)
 
@@ -34,8 +36,17 @@ $(TEST_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -e '.[test]'
 	touch $(TEST_STAMP)
 
+$(LINT_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -e '.[lint]'
+	touch $(LINT_STAMP)
+
 run: venv
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS))
+
+# ruff over the whole tree; mypy over the packages [tool.mypy] names (broker ipc workers cli tracing).
+lint: $(LINT_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # No per-test timeout plugin on purpose: the integration fixtures bound every wait
 # (see tests/integration/harness.py).

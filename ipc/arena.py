@@ -120,8 +120,8 @@ class Arena:
     (the region's segment name) lets bodies over ``large_body`` bytes have segments of
     their own; without it, an arena holds what fits it and refuses the rest."""
 
-    __slots__ = ("_buf", "_capacity", "_rover", "_spare_at", "_spare_size", "_recheck_at",
-                 "_name", "large_body")
+    __slots__ = ("_buf", "_capacity", "_name", "_recheck_at", "_rover", "_spare_at", "_spare_size",
+                 "large_body")
 
     def __init__(self, buf: memoryview | bytearray, *, init: bool, name: str | None = None) -> None:
         view = _byte_view(buf)

@@ -68,12 +68,12 @@ from ipc.wakeup import SleepFlag
 __all__ = [
     "CONTROL_BYTES",
     "NOT_ACCEPTING",
-    "starting_deadline",
     "Layout",
     "Region",
     "RegionError",
     "new_instance_id",
     "region_name",
+    "starting_deadline",
     "sweep_stale",
 ]
 

@@ -151,7 +151,8 @@ def _one_line(result: dict[str, Any]) -> str:
             f"lost/dup/reord {report_table.integrity(result)}, generator {report_table.gen_flag(result)}"
         )
     errors = result.get("errors") or []
-    return f"{result.get('broker')} {result.get('scenario')}: {text}" + (f"  [{len(errors)} error(s)]" if errors else "")
+    suffix = f"  [{len(errors)} error(s)]" if errors else ""
+    return f"{result.get('broker')} {result.get('scenario')}: {text}{suffix}"
 
 
 class Session:

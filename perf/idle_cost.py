@@ -28,8 +28,8 @@ What it prints, per broker and round:
                                                       # alternating with this one, round by round
 
 Brokers are started once and stay up across rounds; each round runs every broker once, in
-turn (A B, then B A, ...), so load elsewhere on the host hits them alike. Everything is stopped by PID at the end (also on
-Ctrl-C); `perf.brokers` reports any shared memory left behind.
+turn (A B, then B A, ...), so load elsewhere on the host hits them alike. Everything is stopped
+by PID at the end (also on Ctrl-C); `perf.brokers` reports any shared memory left behind.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ def comparison_table(rows: Sequence[tuple[str, dict[str, Any] | None, dict[str, 
         s_rate, r_rate = _get(shoal, "delivered_per_s"), _get(rabbit, "delivered_per_s")
         s_eff, r_eff = _get(shoal, "delivered_per_broker_cpu_s"), _get(rabbit, "delivered_per_broker_cpu_s")
         s_p99, r_p99 = _get(shoal, "latency", "p99_ms"), _get(rabbit, "latency", "p99_ms")
-        cores = f"{num(_get(shoal, 'broker_cpu', 'cores_used'), 2)} / {num(_get(rabbit, 'broker_cpu', 'cores_used'), 2)}"
+        cores = (f"{num(_get(shoal, 'broker_cpu', 'cores_used'), 2)} / "
+                 f"{num(_get(rabbit, 'broker_cpu', 'cores_used'), 2)}")
         lines.append(
             f"| {key} | {num(s_rate)} | {num(r_rate)} | {ratio(s_rate, r_rate)} | {num(s_eff)} | {num(r_eff)} "
             f"| {ratio(s_eff, r_eff)} | {cores} | {_latency(shoal)} | {_latency(rabbit)} | {ratio(s_p99, r_p99)} "

@@ -13,7 +13,6 @@ import time
 from tracing import schema as ts
 from tracing.writer import ArrowTraceWriter
 
-
 # Names as a real run has them (perf.quick's queue through the default exchange, pika's consumer
 # tag): the strings are most of a row, so the bytes per message depend on them.
 _BENCH_QUEUE = "perf.quick.3239"
@@ -37,7 +36,7 @@ def bench(rows: int = 200_000, directory: str | None = None) -> dict[str, float]
             "notify_event": lambda i: w.notify_event(i, q, 0, 7),
         }
         loop = time.perf_counter()
-        for i in range(rows):
+        for _ in range(rows):
             pass
         empty = time.perf_counter() - loop
         for name, call in calls.items():

@@ -62,7 +62,7 @@ from tracing import schema as ts
 ACCURACY = 10000
 QUANTILES = (0.5, 0.9, 0.99, 0.999)
 QUANTILE_KEYS = ("p50", "p90", "p99", "p99.9")
-CDF_QUANTILES = tuple(round(0.01 * i, 2) for i in range(1, 100)) + (0.995, 0.999)
+CDF_QUANTILES = (*(round(0.01 * i, 2) for i in range(1, 100)), 0.995, 0.999)
 LATENCY_STAGES = (
     "end_to_end", "publish_to_deliver", "publish_to_enqueue", "enqueue_to_notify",
     "notify_to_deliver", "enqueue_to_deliver", "pull_to_deliver", "deliver_to_ack",
@@ -359,10 +359,13 @@ def analyse(spark: Any, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]
         summary["latency_us"] = latency
 
         # ---- throughput per second
-        sec = lambda col: F.floor(F.col(col) / F.lit(1_000_000_000)).cast("long")
+        def sec(col: str) -> Any:
+            return F.floor(F.col(col) / F.lit(1_000_000_000)).cast("long")
+
         timed = (
             msg.where(stage == ts.PUBLISH).select(F.col("published_ns").alias("ns"), F.lit("published").alias("k"))
-            .unionByName(msg.where(stage == ts.DELIVER).select(F.col("delivered_ns").alias("ns"), F.lit("delivered").alias("k")))
+            .unionByName(msg.where(stage == ts.DELIVER).select(
+                F.col("delivered_ns").alias("ns"), F.lit("delivered").alias("k")))
             .unionByName(entries.where(outcome == ts.ACKED).select(
                 F.coalesce("settled_ns", "acked_ns").alias("ns"), F.lit("acked").alias("k")))
             .where(F.col("ns").isNotNull())

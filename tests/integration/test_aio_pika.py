@@ -93,7 +93,8 @@ async def _round_trip(url: str, queue_name: str) -> None:
 
 
 def test_aio_pika_publish_consume_ack_round_trip(shared_broker: Broker, names: Names) -> None:
-    """A message published on one worker's connection is consumed, with its properties, on another worker's and acked once."""
+    """A message published on one worker's connection is consumed, with its properties, on another worker's
+    and acked once."""
     _run(_round_trip, shared_broker.url, names())
 
 

@@ -59,7 +59,7 @@ def test_20_and_100_mib_bodies_go_through_with_the_defaults(broker: Broker, name
         if len(got) == len(sizes):
             break
     channel.cancel()
-    assert got == list(zip(sizes, digests))
+    assert got == list(zip(sizes, digests, strict=True))
     wait_until(lambda: not _large_segments(broker), 10, "the acked bodies' segments to go")
 
 

@@ -106,13 +106,13 @@ def test_a_return_owed_for_an_earlier_publish_comes_before_confirm_select_ok(
     for attempt in range(20):  # the overtaking was a race the worker won almost every time
         channel = connection.channel()
         returned: list[bytes] = []
-        channel.add_on_return_callback(lambda _ch, _m, _p, body: returned.append(body))
+        channel.add_on_return_callback(lambda _ch, _m, _p, body, returned=returned: returned.append(body))
         channel.queue_declare(queue, auto_delete=True)
         channel.basic_publish("", names("nobody-bound"), f"unroutable {attempt}".encode(),
                               mandatory=True)
         channel.confirm_delivery()
         channel.basic_publish("", queue, b"routable", mandatory=True)  # raised UnroutableError
-        pump_until([connection], lambda: bool(returned), 10, "the basic.return")
+        pump_until([connection], lambda returned=returned: bool(returned), 10, "the basic.return")
         assert returned == [f"unroutable {attempt}".encode()]
         channel.queue_purge(queue)
         channel.close()
@@ -307,7 +307,7 @@ def test_heartbeats_through_a_stalling_proxy_fail_the_connection_and_a_reconnect
 
         async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
             broker_r, broker_w = await asyncio.open_connection("127.0.0.1", port)
-            peers.append("127.0.0.1:%d" % broker_w.get_extra_info("sockname")[1])
+            peers.append(f"127.0.0.1:{broker_w.get_extra_info('sockname')[1]}")
             await asyncio.gather(_pipe(client_r, broker_w, paused), _pipe(broker_r, client_w, paused))
 
         proxy = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -321,7 +321,7 @@ def test_heartbeats_through_a_stalling_proxy_fail_the_connection_and_a_reconnect
             paused.clear()
             try:
                 await asyncio.wait_for(asyncio.shield(connection.closing), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 events.append("still open")
             except Exception as exc:  # noqa: BLE001 -- aiormq's error for the lost connection
                 events.append(f"failed: {type(exc).__name__}")
@@ -373,7 +373,7 @@ class _StallingProxy:
 
     async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         broker_r, broker_w = await asyncio.open_connection("127.0.0.1", self.broker_port)
-        self.broker_sides.append("127.0.0.1:%d" % broker_w.get_extra_info("sockname")[1])
+        self.broker_sides.append(f"127.0.0.1:{broker_w.get_extra_info('sockname')[1]}")
         self._tasks += [asyncio.ensure_future(self._pipe(client_r, broker_w, "to_broker")),
                         asyncio.ensure_future(self._pipe(broker_r, client_w, "to_client"))]
 

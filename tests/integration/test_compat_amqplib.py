@@ -63,7 +63,8 @@ def node() -> str:
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"`{' '.join(command)}` in {NODE_DIR} took over {INSTALL_TIMEOUT} s: {exc.output}")
         if done.returncode != 0:
-            pytest.fail(f"`{' '.join(command)}` in {NODE_DIR} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+            pytest.fail(f"`{' '.join(command)}` in {NODE_DIR} failed ({done.returncode}):\n"
+                        f"{done.stdout}\n{done.stderr}")
         assert _installed_version() == WANTED_VERSION, f"npm installed amqplib {_installed_version()}"
     return node_bin
 

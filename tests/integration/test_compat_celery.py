@@ -112,7 +112,9 @@ def _load_app(directory: Path, module: str, broker_url: str) -> ModuleType:
 
 
 @contextlib.contextmanager
-def celery_worker(broker: Broker, directory: Path, request: pytest.FixtureRequest) -> Iterator[tuple[CeleryWorker, ModuleType]]:
+def celery_worker(
+    broker: Broker, directory: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[CeleryWorker, ModuleType]]:
     module = f"shoal_celery_{uuid.uuid4().hex[:8]}"
     queue = f"celery.{module}"
     (directory / f"{module}.py").write_text(APP_SOURCE.format(module=module, queue=queue))

@@ -113,7 +113,8 @@ def test_mandatory_return_is_the_basic_return_event(connect: Callable[..., amqp.
     connection = connect(confirm_publish=True)
     channel = connection.channel()
     returned: list[tuple[Any, str, str, amqp.Message]] = []
-    channel.events["basic_return"].add(lambda exc, exchange, key, message: returned.append((exc, exchange, key, message)))
+    channel.events["basic_return"].add(
+        lambda exc, exchange, key, message: returned.append((exc, exchange, key, message)))
     key = unique_name("nowhere")
     channel.basic_publish(amqp.Message("lost"), exchange="amq.direct", routing_key=key, mandatory=True)
     _drain_until(connection, lambda: returned, what="basic.return")

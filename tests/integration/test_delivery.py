@@ -135,7 +135,8 @@ def test_prefetch_limits_unacked_messages(shared_broker: Broker, names: Names) -
 
 
 def test_global_qos_is_per_channel(shared_broker: Broker, names: Names) -> None:
-    """basic.qos global=true limits the unacked messages of all consumers on that channel together, and no other channel; global=false limits each consumer."""
+    """basic.qos global=true limits the unacked messages of all consumers on that channel together, and no
+    other channel; global=false limits each consumer."""
     queues = {label: names(label) for label in ("shared1", "shared2", "free", "each1", "each2")}
     connection = shared_broker.connect()
     for queue in queues.values():
@@ -181,7 +182,8 @@ def test_global_qos_is_per_channel(shared_broker: Broker, names: Names) -> None:
 def test_higher_priority_consumer_gets_messages_while_it_has_credit(
     shared_broker: Broker, names: Names
 ) -> None:
-    """A consumer with a higher x-priority gets every message while it has credit; lower priorities get messages only when it has none."""
+    """A consumer with a higher x-priority gets every message while it has credit; lower priorities get
+    messages only when it has none."""
     queue = names()
     connection = shared_broker.connect()
     publisher = _confirming_channel(connection, queue)
@@ -217,7 +219,8 @@ def test_higher_priority_consumer_gets_messages_while_it_has_credit(
 def test_closing_connection_requeues_unacked_with_redelivered_set(
     shared_broker: Broker, names: Names
 ) -> None:
-    """Closing a connection returns its unacknowledged messages to their original queue positions, marked redelivered."""
+    """Closing a connection returns its unacknowledged messages to their original queue positions, marked
+    redelivered."""
     queue = names()
     consumer_connection, other = shared_broker.connections_on_distinct_workers(2)
     control = _confirming_channel(other, queue)
@@ -237,7 +240,8 @@ def test_closing_connection_requeues_unacked_with_redelivered_set(
 
 
 def test_basic_get_and_get_empty(shared_broker: Broker, names: Names) -> None:
-    """basic.get returns the head message with its properties and the remaining count, and get-empty on an empty queue."""
+    """basic.get returns the head message with its properties and the remaining count, and get-empty on an
+    empty queue."""
     queue = names()
     channel = _confirming_channel(shared_broker.connect(), queue)
     assert channel.basic_get(queue) == (None, None, None)

@@ -31,7 +31,8 @@ def _ignore(*args) -> None:
 
 
 def test_exchange_declare_passive_missing_is_404(shared_broker: Broker, names: Names) -> None:
-    """A passive declare of a missing exchange or queue closes the channel with 404 NOT_FOUND; the connection stays usable."""
+    """A passive declare of a missing exchange or queue closes the channel with 404 NOT_FOUND; the
+    connection stays usable."""
     connection = shared_broker.connect()
     assert _close_code(lambda: connection.channel().exchange_declare(names("missing-x"), passive=True)) == 404
     assert _close_code(lambda: connection.channel().queue_declare(names("missing-q"), passive=True)) == 404
@@ -105,7 +106,8 @@ def test_auto_delete_queue_deleted_after_last_consumer(shared_broker: Broker, na
 
 
 def test_queue_purge_and_delete_if_empty_if_unused(shared_broker: Broker, names: Names) -> None:
-    """queue.purge removes ready messages and counts them; queue.delete if-empty/if-unused refuse with 406 while the queue has messages/consumers."""
+    """queue.purge removes ready messages and counts them; queue.delete if-empty/if-unused refuse with 406
+    while the queue has messages/consumers."""
     connection = shared_broker.connect()
     queue = names()
     channel = connection.channel()
@@ -149,7 +151,8 @@ def test_server_named_queue(shared_broker: Broker) -> None:
 
 
 def test_unknown_delivery_tag_is_406(shared_broker: Broker, names: Names) -> None:
-    """Acking a delivery tag the channel never issued, or one already acked, closes the channel with 406 PRECONDITION_FAILED."""
+    """Acking a delivery tag the channel never issued, or one already acked, closes the channel with 406
+    PRECONDITION_FAILED."""
     connection = shared_broker.connect()
     channel = connection.channel()
     assert channel_close_code(connection, channel, lambda: channel.basic_ack(delivery_tag=999)) == 406

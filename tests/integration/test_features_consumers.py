@@ -201,7 +201,7 @@ def test_standard_message_group_sticks_to_its_consumer_until_it_goes(
     recorders = [Recorder(channel) for channel in channels]
     tags = [
         channel.basic_consume(queue, recorder, auto_ack=True)
-        for channel, recorder in zip(channels, recorders)
+        for channel, recorder in zip(channels, recorders, strict=True)
     ]
 
     def publish_round(label: str) -> None:

@@ -205,7 +205,8 @@ mutations = st.one_of(
     st.builds(Mutation, st.just("duplicate"), st.integers(0, 63), st.just(0), st.just(0)),
     st.builds(Mutation, st.just("swap"), st.integers(0, 63), st.integers(0, 63), st.just(0)),
     st.builds(Mutation, st.just("truncate"), st.integers(0, 63), st.integers(0, 4096), st.just(0)),
-    st.builds(Mutation, st.just("insert"), st.integers(0, 63), st.just(0), st.just(0), st.binary(min_size=1, max_size=64)),
+    st.builds(Mutation, st.just("insert"), st.integers(0, 63), st.just(0), st.just(0),
+              st.binary(min_size=1, max_size=64)),
     st.builds(Mutation, st.just("end"), st.integers(0, 63), st.just(0), st.integers(0, 255)),
 )
 
@@ -304,9 +305,10 @@ _command = st.one_of(
     st.builds(lambda ch, r: method_frame(ch, commands.Basic.Recover(requeue=r)), _channels, st.booleans()),
     st.builds(_publish, _channels, _exchanges, _keys, st.booleans(), st.integers(0, 9000), _properties),
     st.builds(lambda ch, d, src, k, args: method_frame(ch, commands.Exchange.Bind(
-        destination=d, source=src, routing_key=k, arguments=args)), _channels, _exchanges, _exchanges, _keys, _arguments),
-    st.builds(lambda ch, d, src, k: method_frame(ch, commands.Exchange.Unbind(destination=d, source=src, routing_key=k)),
-              _channels, _exchanges, _exchanges, _keys),
+        destination=d, source=src, routing_key=k, arguments=args)),
+              _channels, _exchanges, _exchanges, _keys, _arguments),
+    st.builds(lambda ch, d, src, k: method_frame(ch, commands.Exchange.Unbind(
+        destination=d, source=src, routing_key=k)), _channels, _exchanges, _exchanges, _keys),
     st.builds(lambda ch: method_frame(ch, commands.Confirm.Select()), _channels),
     st.builds(lambda ch: method_frame(ch, commands.Tx.Select()), _channels),
     st.builds(lambda ch: method_frame(ch, commands.Tx.Commit()), _channels),

@@ -28,7 +28,8 @@ from tests.integration.harness import (
 
 @pytest.mark.deadline(180)
 def test_sigkilled_worker_is_replaced_and_nothing_is_lost(broker: Broker, names: Names) -> None:
-    """A SIGKILLed worker is replaced on the same shared memory; its clients' unacked messages are requeued, its exclusive queues deleted, and other workers' clients carry on."""
+    """A SIGKILLed worker is replaced on the same shared memory; its clients' unacked messages are requeued,
+    its exclusive queues deleted, and other workers' clients carry on."""
     total, prefetch = 300, 50
     by_worker = broker.connections_on_workers([0, 1])
     victim, survivor = by_worker[0], by_worker[1]
@@ -78,7 +79,8 @@ def test_sigkilled_worker_is_replaced_and_nothing_is_lost(broker: Broker, names:
 
 @pytest.mark.deadline(60)
 def test_sigterm_shuts_down_cleanly(broker: Broker) -> None:
-    """On SIGTERM every client gets connection.close 320 CONNECTION_FORCED, all broker processes exit 0 and /dev/shm is left clean."""
+    """On SIGTERM every client gets connection.close 320 CONNECTION_FORCED, all broker processes exit 0 and
+    /dev/shm is left clean."""
     connections = broker.connections_on_distinct_workers(2)
     for connection in connections:
         connection.channel().queue_declare("", exclusive=True)
@@ -105,7 +107,8 @@ def test_sigterm_shuts_down_cleanly(broker: Broker) -> None:
 
 @pytest.mark.deadline(90)
 def test_supervisor_sigkill_takes_workers_down(broker: Broker, shared_broker: Broker, tmp_path: Path) -> None:
-    """When the supervisor is SIGKILLed every worker exits, and the next start sweeps the dead instance's shared memory (and only its)."""
+    """When the supervisor is SIGKILLed every worker exits, and the next start sweeps the dead instance's
+    shared memory (and only its)."""
     workers = broker.worker_processes()
     assert len(workers) >= 2
     bystander_segments = shm_segments(shared_broker.instance)

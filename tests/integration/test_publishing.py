@@ -32,7 +32,8 @@ def _bodies_in(channel, queue: str) -> list[bytes]:
 
 
 def test_mandatory_unroutable_is_returned(shared_broker: Broker, names: Names) -> None:
-    """A mandatory message that no queue takes comes back as basic.return 312 NO_ROUTE (and raises UnroutableError under confirms)."""
+    """A mandatory message that no queue takes comes back as basic.return 312 NO_ROUTE (and raises
+    UnroutableError under confirms)."""
     routing_key = names("nowhere")
     connection = shared_broker.connect()
     channel = connection.channel()
@@ -89,7 +90,8 @@ def test_publisher_confirms_ack_each_publish(shared_broker: Broker, names: Names
 
 
 def test_exchange_types_route(shared_broker: Broker, names: Names) -> None:
-    """direct routes on equal keys, fanout to every bound queue, topic with * (one word) and # (zero or more), headers with x-match all/any."""
+    """direct routes on equal keys, fanout to every bound queue, topic with * (one word) and # (zero or
+    more), headers with x-match all/any."""
     channel = shared_broker.connect().channel()
     channel.confirm_delivery()
 

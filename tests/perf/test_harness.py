@@ -110,7 +110,7 @@ def feed(parser: DeliveryParser, data: bytes, cuts: list[int], now_ns: int) -> N
     """Feed `data` to the parser split at `cuts`, like a socket delivering it in pieces."""
     buf = bytearray()
     pos = 0
-    edges = sorted(set(cuts)) + [len(data)]
+    edges = [*sorted(set(cuts)), len(data)]
     start = 0
     for edge in edges:
         buf += data[start:edge]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pika
 from click.testing import CliRunner
 
 from cli.report import report as report_command

@@ -18,9 +18,9 @@ from click.testing import CliRunner
 
 from cli.report import report as report_command
 from perf.trace_writers import ProcSampleWriter
+from tests.spark import browser
 from tracing import schema as ts
 from tracing.writer import ArrowTraceWriter
-from tests.spark import browser
 
 WINDOW = (960, 7000)  # a laptop's width; tall enough for the whole page in one screenshot
 SECOND = 1_000_000_000

@@ -69,7 +69,8 @@ def test_rows_carry_the_writer_identity_and_only_their_columns(tmp_path):
     assert (pub["pub_worker"], pub["pub_pid"], pub["pub_seq"], rows[1]["pub_seq"]) == (3, 4242, 1, 2)
     assert (pub["process"], pub["pid"], pub["entry_id"], pub["consumer_worker"]) == ("worker3", 4242, None, None)
     assert (dlv["consumer_worker"], dlv["entry_id"], dlv["redelivered"], dlv["pub_worker"]) == (3, 77, 1, None)
-    assert [(r["entry_id"], r["outcome"], r["acked_ns"]) for r in rows[3:]] == [(77, "rejected", 4), (78, "rejected", 4)]
+    assert [(r["entry_id"], r["outcome"], r["acked_ns"]) for r in rows[3:]] == [
+        (77, "rejected", 4), (78, "rejected", 4)]
 
 
 def test_maybe_flush_waits_for_rows_or_time(tmp_path):
