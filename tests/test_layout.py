@@ -1,0 +1,167 @@
+"""The package layering of DESIGN.md's package table, read from the source with `ast`.
+
+Every import statement counts: module level, inside functions (lazy imports) and under
+`if TYPE_CHECKING:`, because each is a dependency a reader and a type checker must follow.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RUNTIME = ("broker", "workers", "ipc", "tracing")  # may not import perf/
+SHOAL = ("broker", "workers", "ipc", "cli", "tracing")  # no import cycle among these
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the imported module, as precisely as the source tree names it
+    where: str  # path:line of the import statement
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def source_modules(packages: tuple[str, ...]) -> dict[str, Path]:
+    """Every module of `packages`: dotted name → file."""
+    return {module_name(p): p for package in packages
+            for p in sorted((REPO_ROOT / package).rglob("*.py"))}
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[: len(base) - node.level + (1 if is_package else 0)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports_of(module: str, path: Path, known: set[str] | None = None) -> Iterator[Import]:
+    """The modules `module` imports. With `known`, `from pkg import name` names `pkg.name` when
+    that is a module of the tree, else `pkg`."""
+    tree = ast.parse(path.read_text(), str(path))
+    rel = path.relative_to(REPO_ROOT)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(module, alias.name, f"{rel}:{node.lineno}")
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, module, path.name == "__init__.py")
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                target = candidate if known is not None and candidate in known else base
+                yield Import(module, target, f"{rel}:{node.lineno}")
+
+
+def _in_packages(name: str, packages: tuple[str, ...]) -> bool:
+    return name.split(".", 1)[0] in packages
+
+
+def import_graph(packages: tuple[str, ...]) -> dict[str, list[Import]]:
+    """Module → its imports of other modules of `packages` (resolved to the nearest module
+    the tree has: `import broker.queue.x` names `broker.queue` when there is no `.x`)."""
+    modules = source_modules(packages)
+    known = set(modules)
+    graph: dict[str, list[Import]] = {m: [] for m in modules}
+    for module, path in modules.items():
+        for imp in imports_of(module, path, known):
+            if not _in_packages(imp.target, packages):
+                continue
+            target = imp.target
+            while target not in known and "." in target:
+                target = target.rpartition(".")[0]
+            if target in known and target != module:
+                graph[module].append(Import(module, target, imp.where))
+    return graph
+
+
+def strongly_connected(graph: dict[str, list[Import]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative: the components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted({i.target for i in graph[root]})))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted({i.target for i in graph[child]}))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def describe(component: list[str], graph: dict[str, list[Import]]) -> str:
+    members = set(component)
+    edges = [f"    {i.source} -> {i.target}  ({i.where})"
+             for m in component for i in graph[m] if i.target in members]
+    return f"  cycle of {len(component)} modules: {', '.join(component)}\n" + "\n".join(edges)
+
+
+def test_the_runtime_imports_nothing_from_perf() -> None:
+    """DESIGN: nothing in broker/, workers/, ipc/ or tracing/ imports perf/ (perf/ reads the
+    runtime's public interfaces, never the other way round)."""
+    offenders = [f"{imp.where}: {imp.source} imports {imp.target}"
+                 for module, path in source_modules(RUNTIME).items()
+                 for imp in imports_of(module, path)
+                 if _in_packages(imp.target, ("perf",))]
+    assert not offenders, "the runtime imports perf/:\n" + "\n".join(offenders)
+
+
+def test_no_import_cycle_among_shoals_modules() -> None:
+    """Issue 10: no import cycle among Shoal's modules, TYPE_CHECKING and lazy imports included."""
+    graph = import_graph(SHOAL)
+    cycles = strongly_connected(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(describe(c, graph) for c in cycles)
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    """The checks above can fail: a two-module cycle and a three-module cycle are both found,
+    and a module importing itself or a chain without a back edge is not a cycle."""
+    def edges(*pairs: tuple[str, str]) -> dict[str, list[Import]]:
+        graph: dict[str, list[Import]] = {m: [] for pair in pairs for m in pair}
+        for a, b in pairs:
+            graph[a].append(Import(a, b, "x.py:1"))
+        return graph
+
+    graph = edges(("a", "b"), ("b", "a"), ("c", "d"), ("d", "e"), ("e", "c"), ("e", "f"), ("f", "g"))
+    assert strongly_connected(graph) == [["a", "b"], ["c", "d", "e"]]
+    assert "a -> b  (x.py:1)" in describe(["a", "b"], graph)
