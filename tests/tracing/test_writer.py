@@ -1,4 +1,4 @@
-"""The trace writers and readers (pyarrow only, no Spark)."""
+"""The broker's trace writer and the trace readers (pyarrow only, no Spark)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import os
 import pyarrow as pa
 import pytest
 
-from perf.spark.job import _fairness, jain
-from perf.trace_writers import ClientTraceWriter, ProcSampleWriter
 from tracing import schema as ts
 from tracing.reader import conform, read_stream_file, read_table
 from tracing.writer import ArrowTraceWriter
@@ -118,25 +116,6 @@ def test_bad_row_is_dropped_and_logged_not_raised(tmp_path, caplog):
     assert read_table(tmp_path, ts.EVENTS).column("kind").to_pylist() == ["pull"]
 
 
-def test_proc_and_client_writers_round_trip(tmp_path):
-    """psutil samples and load-generator rows read back with their schemas' columns."""
-    import psutil
-
-    p = ProcSampleWriter(tmp_path)
-    assert p.sample_processes({"me": psutil.Process()}, ts_ns=123) == 1
-    p.close()
-    c = ClientTraceWriter(tmp_path, "consumer0")
-    c.sent(1, 0, 0, 50, "q")
-    c.received(9, 0, 3, 1, "q", True)
-    c.close()
-    proc = read_table(tmp_path, ts.PROCS).to_pylist()
-    assert len(proc) == 1 and proc[0]["pid"] == os.getpid() and proc[0]["name"] == "me"
-    assert proc[0]["ts_ns"] == 123 and proc[0]["rss_bytes"] > 0
-    client = sorted(read_table(tmp_path, ts.CLIENT).to_pylist(), key=lambda r: r["ts_ns"])
-    assert [(r["kind"], r["n"], r["seq"], r["sent_ns"], r["redelivered"], r["client"]) for r in client] == [
-        ("send", 50, 0, None, None, "consumer0"), ("recv", 1, 3, 1, True, "consumer0")]
-
-
 def test_conform_fills_missing_columns_and_casts(tmp_path):
     """A batch from an older writer (a column missing, another narrower) conforms to the schema."""
     old = pa.RecordBatch.from_pydict({"kind": ["notify"], "ts_ns": pa.array([5], pa.int32())})
@@ -153,25 +132,6 @@ def test_process_name_must_be_file_safe(tmp_path):
         ArrowTraceWriter(tmp_path, "../x")
 
 
-def test_jain_index():
-    """Jain's index: 1 for equal shares, 1/n when one consumer gets all, None for nothing."""
-    assert jain([3, 3, 3]) == pytest.approx(1.0)
-    assert jain([6, 0, 0]) == pytest.approx(1 / 3)
-    assert jain([6, 3, 3, 0]) == pytest.approx(144 / 216)
-    assert jain([]) is None and jain([0, 0]) is None
-
-
-def test_browsers_do_not_count_in_fairness():
-    """A browsing consumer sees every message: it is left out of shares and Jain's index."""
-    def row(cid, delivered, browser):
-        return {"queue": "q", "consumer_worker": 0, "consumer_id": cid, "delivered": delivered,
-                "tag": f"t{cid}", "ctag": None, "priority": 0, "browser": browser}
-
-    out = _fairness([row(1, 2, False), row(2, 2, False), row(3, 4, True)])
-    assert out["share"] == {"q": {"w0.c1": 0.5, "w0.c2": 0.5}}
-    assert out["jain"]["q"] == pytest.approx(1.0)
-
-
 def test_parquet_tables_read_like_stream_files(tmp_path):
     """A perf script may write its samples as Parquet (<table>-…parquet): they read and conform."""
     import pyarrow.parquet as pq
@@ -182,52 +142,3 @@ def test_parquet_tables_read_like_stream_files(tmp_path):
     (tmp_path / "notes.txt").write_text("not a trace file")
     rows = read_table(tmp_path, ts.PROCS).to_pylist()
     assert [(r["ts_ns"], r["cpu_percent"], r["rss_bytes"]) for r in rows] == [(1, 5.0, None), (2, 7.0, None)]
-
-
-class _FakeProcess:
-    """Just what ProcSampleWriter.sample_processes reads; no cpu_percent, so it cannot be used."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.cpu_s = pid, 0.0
-
-    def oneshot(self):
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def cpu_times(self):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(user=self.cpu_s * 0.75, system=self.cpu_s * 0.25)
-
-    def num_ctx_switches(self):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(voluntary=1, involuntary=0)
-
-    def memory_info(self):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(rss=1 << 20)
-
-
-def test_sampled_cpu_percent_comes_from_cpu_time_over_wall_time(tmp_path):
-    """CPU % of a sample is the CPU seconds used since the previous sample over the wall time
-    between them (None for the first): not psutil's cpu_percent, whose per-object state another
-    caller sampling the same Process objects would reset."""
-    proc = _FakeProcess(42)
-    writer = ProcSampleWriter(tmp_path, "sampler")
-    for ts_ns, cpu_s in ((0, 1.0), (500_000_000, 1.25), (1_500_000_000, 2.75), (1_600_000_000, 2.75)):
-        proc.cpu_s = cpu_s
-        assert writer.sample_processes({"worker0": proc}, ts_ns=ts_ns) == 1
-    writer.close()
-    rows = read_table(tmp_path, ts.PROCS).to_pylist()
-    assert [r["cpu_percent"] for r in rows] == [None, pytest.approx(50.0), pytest.approx(150.0), 0.0]
-
-
-def test_a_message_takes_about_300_bytes_of_trace():
-    """One message's rows (publish, deliver, ack, settle) with a real run's names take about the
-    300 bytes the README states (measured 280-320 in perf runs)."""
-    from perf.trace_cost import bench
-
-    assert 250 <= bench(rows=20_000)["bytes_per_message"] <= 350
