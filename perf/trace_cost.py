@@ -9,6 +9,7 @@ prints the cost per row of each :class:`tracing.writer.ArrowTraceWriter` method 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from tracing import schema as ts
 from tracing.writer import ArrowTraceWriter
@@ -28,7 +29,7 @@ def bench(rows: int = 200_000, directory: str | None = None) -> dict[str, float]
     q, tag = _BENCH_QUEUE, _BENCH_TAG
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         w = ArrowTraceWriter(tmp, "bench", worker=0)
-        calls = {
+        calls: dict[str, Callable[[int], object]] = {
             "published": lambda i: w.published(i, 1, 1, "", q, 128),
             "delivered": lambda i: w.delivered(i, i, q, 7, tag, False),
             "acked": lambda i: w.acked(i, i),
