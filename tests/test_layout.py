@@ -14,6 +14,13 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ("broker", "workers", "ipc", "tracing")  # may not import perf/
 SHOAL = ("broker", "workers", "ipc", "cli", "tracing")  # no import cycle among these
+# DESIGN's package table: which of Shoal's other packages each may import (cli/: everything).
+ALLOWED = {
+    "broker": {"ipc", "tracing"},
+    "workers": {"ipc", "tracing"},
+    "ipc": set(),
+    "tracing": set(),
+}
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,12 @@ def imports_of(module: str, path: Path, known: set[str] | None = None) -> Iterat
                 yield Import(module, target, f"{rel}:{node.lineno}")
 
 
+def _package(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
 def _in_packages(name: str, packages: tuple[str, ...]) -> bool:
-    return name.split(".", 1)[0] in packages
+    return _package(name) in packages
 
 
 def import_graph(packages: tuple[str, ...]) -> dict[str, list[Import]]:
@@ -144,6 +155,17 @@ def test_the_runtime_imports_nothing_from_perf() -> None:
                  for imp in imports_of(module, path)
                  if _in_packages(imp.target, ("perf",))]
     assert not offenders, "the runtime imports perf/:\n" + "\n".join(offenders)
+
+
+def test_each_package_imports_only_what_the_package_table_allows() -> None:
+    """DESIGN: broker/ and workers/ may import ipc/ and tracing/; ipc/ and tracing/ import none of
+    Shoal's packages; none of them imports cli/."""
+    offenders = [f"{imp.where}: {imp.source} imports {imp.target}"
+                 for module, path in source_modules(tuple(ALLOWED)).items()
+                 for imp in imports_of(module, path)
+                 if _in_packages(imp.target, SHOAL)
+                 and _package(imp.target) not in {_package(module), *ALLOWED[_package(module)]}]
+    assert not offenders, "imports the package table does not allow:\n" + "\n".join(offenders)
 
 
 def test_no_import_cycle_among_shoals_modules() -> None:
