@@ -57,7 +57,7 @@ perf: $(TEST_STAMP)
 	$(BIN)/python -m perf.quick $(PERF_ARGS)
 
 clean:
-	rm -rf build dist .pytest_cache perf/results
+	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache perf/results
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
