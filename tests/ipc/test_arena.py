@@ -114,7 +114,7 @@ def test_next_fit_wraps_to_the_start() -> None:
     """A rover that finds no fit before the end wraps to the start and finds the
     hole there (the first block being USED, the start shortcut does not apply)."""
     arena = Arena(bytearray(192), init=True)
-    a, b, c, d, e = (arena.alloc(16) for _ in range(5))  # 5 x 32; a 32-byte tail
+    _a, b, c, _d, _e = (arena.alloc(16) for _ in range(5))  # 5 x 32; a 32-byte tail
     assert b is not None and c is not None
     arena.free(b)
     arena.free(c)  # a 64-byte hole behind the rover
@@ -193,7 +193,7 @@ def test_rover_swallowed_by_a_merge_moves_to_the_merged_block() -> None:
     """When a merge absorbs the block the rover points at, the rover moves to the merged
     block's start, so the next allocation is a real block, not a stale header."""
     arena = Arena(bytearray(192), init=True)
-    a, b, c, *_ = (arena.alloc(16) for _ in range(6))  # full; rover wrapped to 0
+    _a, b, c, *_ = (arena.alloc(16) for _ in range(6))  # full; rover wrapped to 0
     assert b is not None and c is not None
     arena.free(b)
     arena.free(c)
@@ -211,7 +211,7 @@ def test_sweep_frees_used_blocks_not_in_live() -> None:
     arena = Arena(bytearray(512), init=True)
     offsets = [arena.alloc(10) for _ in range(5)]
     assert all(o is not None for o in offsets)
-    a, b, c, d, e = (o for o in offsets if o is not None)
+    a, b, _c, d, _e = (o for o in offsets if o is not None)
     arena.free(b)
     assert arena.sweep({a, d}) == 2  # c and e
     used = {blk.payload for blk in arena.blocks() if blk.state == U}

@@ -107,7 +107,7 @@ def test_put_many_writes_the_prefix_that_fits() -> None:
     how many; the rest are left for the caller to retry."""
     buf, ring = make_ring(40)
     batch = [b"a" * 6, b"b" * 6, b"c" * 6, b"d" * 6]  # 10 bytes each: 4 fit in 40
-    assert ring.put_many_nowait(batch + [b"e"]) == 4
+    assert ring.put_many_nowait([*batch, b"e"]) == 4
     assert counters(buf) == (40, 0)
     assert ring.get_all_nowait() == batch
     assert ring.put_many_nowait([b"e", b"f" * 36]) == 1
