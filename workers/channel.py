@@ -29,20 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
+from broker import errors
+from broker.constants import REPLY_TO
 from ipc import records as r
 from workers import codec
-from workers.connection import AMQPError
 from workers.consumer_target import ConsumerTarget
 
 if TYPE_CHECKING:
     from workers.session import Session
 
-NOT_FOUND = 404
-PRECONDITION_FAILED = 406
-NOT_ALLOWED = 530
-NOT_IMPLEMENTED = 540
-RESOURCE_ERROR = 506
-REPLY_TO = "amq.rabbitmq.reply-to"
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 
 # Replies that carry no fields: the request's record tag → the -ok method.
@@ -142,7 +137,7 @@ class Channel:
         if name:
             return name
         if not self.last_queue:
-            raise AMQPError(NOT_FOUND, "no previously declared queue", *_ids(method), hard=False)
+            raise errors.NotFound("no previously declared queue", *_ids(method))
         return self.last_queue
 
     # ------------------------------------------------------ client methods
@@ -156,7 +151,7 @@ class Channel:
     def _dispatch(self, m: Any) -> None:
         handler = self._METHODS.get(type(m))
         if handler is None:
-            raise AMQPError(NOT_IMPLEMENTED, f"{m.name} is not implemented", *_ids(m), hard=True)
+            raise errors.NotImplemented_(f"{m.name} is not implemented", *_ids(m))
         handler(self, m)
 
     def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
@@ -232,8 +227,8 @@ class Channel:
     def _qos(self, m: spec.Basic.Qos) -> None:
         if m.prefetch_size:
             # RabbitMQ refuses a byte-based prefetch the same way.
-            raise AMQPError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})",
-                            *_ids(m), hard=True)
+            raise errors.NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})",
+                            *_ids(m))
         if m.global_:  # RabbitMQ: global=true is shared by the channel's consumers
             self.global_prefetch = m.prefetch_count
         else:  # ... and global=false applies to each consumer created after it
@@ -244,28 +239,28 @@ class Channel:
     def _consume(self, m: spec.Basic.Consume) -> None:
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self.consumers:
-            raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'",
-                            *_ids(m), hard=True)
+            raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'",
+                            *_ids(m))
         queue = self._queue_name(m.queue, m)
         if queue == REPLY_TO:  # RabbitMQ's texts
             if not m.no_ack:
-                raise AMQPError(PRECONDITION_FAILED, "reply consumer cannot acknowledge",
-                                *_ids(m), hard=False)
+                raise errors.PreconditionFailed("reply consumer cannot acknowledge",
+                                *_ids(m))
             if any(t.queue == REPLY_TO for t in self.consumers.values()):
-                raise AMQPError(PRECONDITION_FAILED, "reply consumer already set",
-                                *_ids(m), hard=False)
+                raise errors.PreconditionFailed("reply consumer already set",
+                                *_ids(m))
         args = m.arguments or {}
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-priority' for basic.consume",
-                            *_ids(m), hard=False)
+            raise errors.PreconditionFailed("invalid arg 'x-priority' for basic.consume",
+                            *_ids(m))
         target = self.worker.new_target(
             tag, self, queue, no_ack=m.no_ack, browse=bool(args.get("x-browse", False)),
             prefetch=self.prefetch,
         )
         if target is None:
-            raise AMQPError(RESOURCE_ERROR, "too many consumers on this worker",
-                            *_ids(m), hard=True)
+            raise errors.ResourceError("too many consumers on this worker",
+                            *_ids(m))
         self.consumers[tag] = target
         target.interested = target.credit() > 0
         rec = r.Consume(
@@ -348,28 +343,27 @@ class Channel:
         the channel holds unacked; requeue=false (redeliver to the same consumer) is not
         implemented there, and is 540 here too."""
         if not m.requeue:
-            raise AMQPError(NOT_IMPLEMENTED, "requeue=false", *_ids(m), hard=True)
+            raise errors.NotImplemented_("requeue=false", *_ids(m))
         self._settle_tags(0, True, r.REQUEUE, m)
 
     def _confirm_select(self, m: spec.Confirm.Select) -> None:
         if self.tx:  # RabbitMQ's text
-            raise AMQPError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode",
-                            *_ids(m), hard=False)
+            raise errors.PreconditionFailed("cannot switch from tx to confirm mode",
+                            *_ids(m))
         self.confirm = True
         if not m.nowait:
             self._local_reply(spec.Confirm.SelectOk())
 
     def _tx_select(self, m: spec.Tx.Select) -> None:
         if self.confirm:
-            raise AMQPError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode",
-                            *_ids(m), hard=False)
+            raise errors.PreconditionFailed("cannot switch from confirm to tx mode",
+                            *_ids(m))
         self.tx = True
         self._local_reply(spec.Tx.SelectOk())
 
     def _check_tx(self, m: Any) -> None:
         if not self.tx:
-            raise AMQPError(PRECONDITION_FAILED, "channel is not transactional", *_ids(m),
-                            hard=False)
+            raise errors.PreconditionFailed("channel is not transactional", *_ids(m))
 
     def _tx_commit(self, m: spec.Tx.Commit) -> None:
         """Publish what the transaction held and settle its acks, in order; commit-ok
@@ -455,8 +449,7 @@ class Channel:
     def _settle_tags(self, tag: int, multiple: bool, action: int, m: Any) -> None:
         taken = self._take(tag, multiple)
         if not taken and not (multiple and tag == 0):
-            raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", *_ids(m),
-                            hard=False)
+            raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *_ids(m))
         touched: set[ConsumerTarget] = set()
         for _, _, target in taken:
             if target is not None:

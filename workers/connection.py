@@ -44,10 +44,10 @@ sends channel.close the channel is ``closing``: every frame on it but
 channel.close / close-ok is discarded (AMQP 0-9-1 channel.close: "any
 received methods except Close and Close-OK MUST be discarded").
 
-All protocol errors are ``AMQPError`` (or ``FrameError``) and are turned into
-frames in one place, ``handle_error``: soft errors close the channel, hard
-errors the connection, and reply texts get RabbitMQ's ``"CODE_NAME - "``
-prefix there (``format_reply_text``).  The runtime uses the same entry point
+All protocol errors are ``broker.errors.AMQPError`` subclasses (the code is a
+class attribute) and are turned into frames in one place, ``handle_error``:
+soft errors close the channel, hard errors the connection, and reply texts get
+RabbitMQ's ``"CODE_NAME - "`` prefix there (``AMQPError.frame_text``).  The runtime uses the same entry point
 for the errors its own handlers raise.
 
 Outgoing frames are queued by ``send_method`` (pamqp objects) and
@@ -61,11 +61,12 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from pamqp import base, commands
-from pamqp import exceptions as pamqp_exceptions
 
+from broker import errors
+from broker.errors import AMQPError
 from workers import codec
 from workers.events import (
     ChannelClosed,
@@ -85,78 +86,9 @@ from workers.frame_buffer import (
     PROTOCOL_HEADER,
     Frame,
     FrameBuffer,
-    FrameError,
 )
 
-# -- reply codes and errors -------------------------------------------------
-
-REPLY_SUCCESS = 200
-CONNECTION_FORCED = 320
-ACCESS_REFUSED = 403
-NOT_FOUND = 404
-RESOURCE_LOCKED = 405
-PRECONDITION_FAILED = 406
-FRAME_ERROR = 501
-SYNTAX_ERROR = 502
-COMMAND_INVALID = 503
-CHANNEL_ERROR = 504
-UNEXPECTED_FRAME = 505
-NOT_ALLOWED = 530
-NOT_IMPLEMENTED = 540
-INTERNAL_ERROR = 541
-
-
-# Code names (as RabbitMQ writes them) and the hard codes, from pamqp's spec table.
-REPLY_NAMES: dict[int, str] = {
-    code: str(error_class.name).replace("-", "_")  # type: ignore[attr-defined]  # set on each subclass
-    for code, error_class in pamqp_exceptions.CLASS_MAPPING.items()
-}
-HARD_REPLY_CODES = frozenset(
-    code
-    for code, error_class in pamqp_exceptions.CLASS_MAPPING.items()
-    if issubclass(error_class, pamqp_exceptions.AMQPHardError)
-)
-
-
-def format_reply_text(reply_code: int, text: str) -> str:
-    """RabbitMQ's reply text: ``"NOT_FOUND - no queue 'q' in vhost '/'"``."""
-    name = REPLY_NAMES.get(reply_code)
-    return f"{name} - {text}" if name else text
-
-
-class ErrorLike(Protocol):
-    """What ``handle_error`` needs: AMQPError, FrameError, or the runtime's own."""
-
-    reply_code: int
-    reply_text: str
-    class_id: int
-    method_id: int
-    hard: bool
-
-
-class AMQPError(Exception):
-    """A protocol error with its AMQP reply code.
-
-    ``reply_text`` is the explanation without the code-name prefix (added by
-    ``handle_error``).  ``hard`` defaults from the spec's table: soft codes
-    close the channel, hard codes the connection.
-    """
-
-    def __init__(
-        self,
-        reply_code: int,
-        reply_text: str,
-        class_id: int = 0,
-        method_id: int = 0,
-        *,
-        hard: bool | None = None,
-    ) -> None:
-        super().__init__(format_reply_text(reply_code, reply_text))
-        self.reply_code = reply_code
-        self.reply_text = reply_text
-        self.class_id = class_id
-        self.method_id = method_id
-        self.hard = reply_code in HARD_REPLY_CODES if hard is None else hard
+# -- errors -----------------------------------------------------------------
 
 
 def method_ids(method: base.Frame) -> tuple[int, int]:
@@ -217,17 +149,12 @@ _METHOD_INPUTS: dict[int, Input] = {
 }
 
 
-class UnexpectedMethod(AMQPError):
+class UnexpectedMethod(errors.ChannelError):
     """A (state, input) pair the connection table does not have."""
 
     def __init__(self, state: State, input_: Input | str, class_id: int, method_id: int) -> None:
         # RabbitMQ's wording; 504 is what rabbit_reader answers.
-        super().__init__(
-            CHANNEL_ERROR,
-            f"unexpected method in connection state {state.value}",
-            class_id,
-            method_id,
-        )
+        super().__init__(f"unexpected method in connection state {state.value}", class_id, method_id)
         self.state = state
         self.input = input_
 
@@ -237,29 +164,6 @@ class UnexpectedMethod(AMQPError):
 ACCEPTED_PROTOCOL_HEADERS = frozenset((PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"))
 _SASL_DECODERS = {"PLAIN": codec.decode_plain_response, "AMQPLAIN": codec.decode_amqplain_response}
 MECHANISMS = tuple(_SASL_DECODERS)
-
-SERVER_CAPABILITIES: dict[str, Any] = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "consumer_priorities": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-    "direct_reply_to": True,
-}
-
-
-def default_server_properties(product: str = "Shoal", version: str = "0.1.0") -> dict[str, Any]:
-    """Server properties as RabbitMQ shapes them (capabilities included)."""
-    return {
-        "capabilities": dict(SERVER_CAPABILITIES),
-        "product": product,
-        "version": version,
-        "platform": "Python",
-        "information": "An AMQP 0-9-1 broker",
-    }
 
 
 # -- channels -----------------------------------------------------------------
@@ -448,7 +352,7 @@ class AMQPConnection:
                 self._read_protocol_header()
             if self._state not in (State.HANDSHAKE, State.CLOSED):
                 self._read_frames()
-        except FrameError as exc:
+        except errors.FrameError as exc:
             self._on_frame_error(exc)
         return self._events
 
@@ -542,7 +446,7 @@ class AMQPConnection:
             return
         self._send_close(reply_code, reply_text, class_id, method_id)
 
-    def handle_error(self, exc: ErrorLike, channel: int = 0) -> None:
+    def handle_error(self, exc: AMQPError, channel: int = 0) -> None:
         """Turn a protocol error into channel.close or connection.close.
 
         The one place errors become frames.  Soft errors on an open channel
@@ -556,10 +460,10 @@ class AMQPConnection:
             return
         if not exc.hard and channel:
             if self._state is State.RUNNING:
-                text = format_reply_text(exc.reply_code, exc.reply_text)
+                text = exc.frame_text
                 self.close_channel(channel, exc.reply_code, text, exc.class_id, exc.method_id)
             return
-        text = format_reply_text(exc.reply_code, exc.reply_text)
+        text = exc.frame_text
         if self._error_is_announced(exc):
             self._send_close(exc.reply_code, text, exc.class_id, exc.method_id)
         else:
@@ -589,14 +493,14 @@ class AMQPConnection:
         self.close_reason = f"closed by server: {reply_text}"
         self._enter(self._transition(Input.SEND_CLOSE))
 
-    def _error_is_announced(self, exc: ErrorLike) -> bool:
+    def _error_is_announced(self, exc: AMQPError) -> bool:
         """Whether RabbitMQ sends connection.close for this error in this state."""
         if self._state is State.RUNNING or self._state is State.OPENING:
             return True
         if self._state is State.TUNING:
-            return exc.reply_code == NOT_ALLOWED
+            return exc.reply_code == errors.NotAllowed.reply_code
         if self._state is State.STARTING:
-            return exc.reply_code == ACCESS_REFUSED and self._auth_failure_close
+            return exc.reply_code == errors.AccessRefused.reply_code and self._auth_failure_close
         return False
 
     def _read_protocol_header(self) -> None:
@@ -657,7 +561,7 @@ class AMQPConnection:
         )))
         return True
 
-    def _on_frame_error(self, exc: FrameError) -> None:
+    def _on_frame_error(self, exc: errors.FrameError) -> None:
         # We have lost sync with the stream: say why, then stop reading
         # (rabbit_reader fatal_frame_error).
         self.handle_error(exc)
@@ -670,13 +574,13 @@ class AMQPConnection:
         elif frame.channel == 0:
             self._on_channel0_frame(frame)
         elif self._state is not State.CLOSING:
-            raise AMQPError(UNEXPECTED_FRAME, f"type {frame.type} frame on channel {frame.channel}")
+            raise errors.UnexpectedFrame(f"type {frame.type} frame on channel {frame.channel}")
 
     def _on_channel0_frame(self, frame: Frame) -> None:
         if frame.type == FRAME_METHOD:
             self._on_connection_method(_decode(frame.payload))
         elif frame.type != FRAME_HEARTBEAT:
-            raise AMQPError(UNEXPECTED_FRAME, f"type {frame.type} frame on channel 0")
+            raise errors.UnexpectedFrame(f"type {frame.type} frame on channel 0")
 
     def _on_connection_method(self, method: base.Frame) -> None:
         class_id, method_id = method_ids(method)
@@ -708,28 +612,25 @@ class AMQPConnection:
     def _authenticate(self, mechanism: str, response: str | bytes) -> str:
         decoder = _SASL_DECODERS.get(mechanism)
         if decoder is None:
-            raise AMQPError(
-                COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'", 10, 11
-            )
+            raise errors.CommandInvalid(f"unknown authentication mechanism '{mechanism}'", 10, 11)
         raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
         try:
             user, password = decoder(raw)
         except codec.DecodeError as exc:
-            raise AMQPError(SYNTAX_ERROR, str(exc), 10, 11) from exc
+            raise errors.SyntaxError_(str(exc), 10, 11) from exc
         if user not in self._users or self._users[user] != password:
             # The same answer for an unknown user and a wrong password; the log says which.
             self.refused_login = (user, "unknown user" if user not in self._users
                                   else "invalid credentials")
-            raise AMQPError(
-                ACCESS_REFUSED,
+            raise errors.LoginRefused(
                 f"Login was refused using authentication mechanism {mechanism}. "
-                "For details see the broker logfile.",
-                hard=True,
+                "For details see the broker logfile."
             )
         if user in self._loopback_users and not self._peer_is_loopback:
             self.refused_login = (user, "can only connect via localhost")
-            raise AMQPError(ACCESS_REFUSED, f"{mechanism} login refused: user '{user}' can only "
-                            "connect via localhost", hard=True)
+            raise errors.LoginRefused(
+                f"{mechanism} login refused: user '{user}' can only connect via localhost"
+            )
         return user
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
@@ -746,7 +647,7 @@ class AMQPConnection:
     def _on_open(self, method: commands.Connection.Open) -> None:
         vhost = method.virtual_host
         if vhost != "/":
-            raise AMQPError(NOT_ALLOWED, f"vhost {vhost} not found", 10, 40)
+            raise errors.NotAllowed(f"vhost {vhost} not found", 10, 40)
         self.vhost = vhost
         self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
         self._events.append(
@@ -783,8 +684,7 @@ class AMQPConnection:
             # channel-max is "the maximum total number of channels", not the highest number:
             # a client may open channel 65535 (rabbit_reader create_channel).
             if self.channel_max and len(self._channels) >= self.channel_max:
-                raise AMQPError(
-                    NOT_ALLOWED,
+                raise errors.NotAllowed(
                     f"number of channels opened ({len(self._channels)}) has reached the "
                     f"negotiated channel_max ({self.channel_max})",
                 )
@@ -797,7 +697,7 @@ class AMQPConnection:
     def _on_unopened_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
         method = _decode(payload)
         if not isinstance(method, commands.Channel.Open):
-            raise AMQPError(CHANNEL_ERROR, "expected 'channel.open'", *method_ids(method))
+            raise errors.ChannelError("expected 'channel.open'", *method_ids(method))
         self._channels[channel] = _Channel()
         self._queue_out(codec.encode_method(channel, commands.Channel.OpenOk()))
         self._events.append(ChannelOpened(channel))
@@ -812,12 +712,12 @@ class AMQPConnection:
             self._queue_out(codec.encode_method(channel, commands.Channel.CloseOk()))
             self._drop_channel(channel)
         elif isinstance(method, commands.Channel.Open):
-            raise AMQPError(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
+            raise errors.ChannelError("second 'channel.open' seen", 20, 10)
         elif method.index in _CLIENT_METHODS:
             self._events.append(MethodReceived(channel, method))
         else:
             # rabbit_channel's answer to a method a client may not send.
-            raise AMQPError(COMMAND_INVALID, "unimplemented method", *method_ids(method))
+            raise errors.CommandInvalid("unimplemented method", *method_ids(method))
 
     def _on_closing_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
         ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
@@ -837,10 +737,10 @@ class AMQPConnection:
         try:
             exchange, routing_key, mandatory, immediate = codec.decode_basic_publish(payload)
         except codec.DecodeError as exc:
-            raise AMQPError(FRAME_ERROR, str(exc), *_PUBLISH_IDS) from exc
+            raise errors.FrameError(str(exc), *_PUBLISH_IDS) from exc
         if immediate:
             # RabbitMQ (3.0+) does not implement immediate (rabbit_channel).
-            raise AMQPError(NOT_IMPLEMENTED, "immediate=true", *_PUBLISH_IDS)
+            raise errors.NotImplemented_("immediate=true", *_PUBLISH_IDS)
         chan.exchange, chan.routing_key = exchange, routing_key
         chan.mandatory, chan.immediate = mandatory, immediate
         chan.move(ChannelState.AWAIT_HEADER)
@@ -849,10 +749,9 @@ class AMQPConnection:
         try:
             class_id, body_size, _ = codec.parse_content_header(payload)
         except codec.DecodeError as exc:
-            raise AMQPError(FRAME_ERROR, str(exc)) from exc
+            raise errors.FrameError(str(exc)) from exc
         if class_id != codec.BASIC_CLASS:
-            raise AMQPError(
-                UNEXPECTED_FRAME,
+            raise errors.UnexpectedFrame(
                 f"expected content header for class 60, got one for class {class_id} instead",
                 *_PUBLISH_IDS,
             )
@@ -861,8 +760,7 @@ class AMQPConnection:
             chan.move(ChannelState.IDLE)
             # rabbit_channel:check_msg_size words it so; "max size" alone at its 512 MiB cap.
             configured = "max size" if self._max_body_size == 512 << 20 else "configured max size"
-            raise AMQPError(
-                PRECONDITION_FAILED,
+            raise errors.PreconditionFailed(
                 f"message size {body_size} is larger than {configured} {self._max_body_size}",
                 *_PUBLISH_IDS,
             )
@@ -877,8 +775,8 @@ class AMQPConnection:
         size = len(payload)
         if size > chan.remaining:
             # rabbit_command_assembler: a frame_error, not unexpected_frame.
-            raise AMQPError(
-                FRAME_ERROR, "content body frame exceeds remaining content size", *_PUBLISH_IDS
+            raise errors.FrameError(
+                "content body frame exceeds remaining content size", *_PUBLISH_IDS
             )
         if size:
             chan.chunks.append(payload)
@@ -983,7 +881,7 @@ _UNOPENED = _Channel(ChannelState.UNOPENED)  # shared, never mutated
 
 def _unexpected_frame(state: ChannelState) -> AMQPError:
     ids = _PUBLISH_IDS if state in (ChannelState.AWAIT_HEADER, ChannelState.AWAIT_BODY) else (0, 0)
-    return AMQPError(UNEXPECTED_FRAME, _UNEXPECTED_FRAME_TEXT[state], *ids)
+    return errors.UnexpectedFrame(_UNEXPECTED_FRAME_TEXT[state], *ids)
 
 
 def _decode(payload: memoryview) -> base.Frame:
@@ -991,23 +889,22 @@ def _decode(payload: memoryview) -> base.Frame:
     try:
         return codec.decode_method(payload)
     except codec.UnknownMethod as exc:
-        raise AMQPError(NOT_IMPLEMENTED, str(exc), exc.class_id, exc.method_id) from exc
+        raise errors.NotImplemented_(str(exc), exc.class_id, exc.method_id) from exc
     except codec.DecodeError as exc:
-        raise AMQPError(FRAME_ERROR, str(exc)) from exc
+        raise errors.FrameError(str(exc)) from exc
 
 
 def _decode_ack(payload: memoryview) -> base.Frame:
     try:
         return codec.decode_basic_ack(payload)
     except codec.DecodeError as exc:
-        raise AMQPError(FRAME_ERROR, str(exc), *_ACK_IDS) from exc
+        raise errors.FrameError(str(exc), *_ACK_IDS) from exc
 
 
 def _negotiate(name: str, client: int, server: int, minimum: int) -> int:
     """Tune-ok value: the client's when lower and non-zero, else ours."""
     if 0 < client < minimum:
-        raise AMQPError(
-            NOT_ALLOWED,
+        raise errors.NotAllowed(
             f"negotiated {name} = {client} is lower than the minimum allowed value ({minimum})",
             10,
             30,

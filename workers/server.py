@@ -33,13 +33,14 @@ from typing import Any
 
 import trio
 
+from broker import errors
 from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
 from workers import codec
 from workers import events as ev
 from workers.balance import AcceptBalance
-from workers.connection import INTERNAL_ERROR, AMQPConnection, AMQPError
+from workers.connection import AMQPConnection
 from workers.session import Session
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
@@ -415,7 +416,7 @@ class Server:
                         await trio.sleep(0)
             except Exception:  # noqa: BLE001 — one connection's bug must not end the worker
                 log.exception("connection %d: internal error", session.conn_id)
-                session.fail(AMQPError(INTERNAL_ERROR, "internal error", hard=True))
+                session.fail(errors.InternalError("internal error"))
             if session.proto_has_output():  # publishes alone give the writer nothing to do
                 worker.dirty.add(session)
             worker.after_batch()

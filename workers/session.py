@@ -14,17 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands as spec
 
+from broker import errors
+from broker.constants import REPLY_TO
+from broker.errors import AMQPError
 from ipc import records as r
 from workers import codec
 from workers import events as ev
 from workers.channel import Channel
-from workers.connection import (
-    HARD_REPLY_CODES,
-    AMQPConnection,
-    AMQPError,
-    State,
-    format_reply_text,
-)
+from workers.connection import AMQPConnection, State
 
 if TYPE_CHECKING:
     from workers.worker import Worker
@@ -41,7 +38,6 @@ OUTPUT_BOUND = 2 * HIGH_WATER
 # Publishes a connection may have on the request ring that the supervisor has not given
 # back as credit (RabbitMQ's credit flow: reader -> channel -> queue, initial credit 400).
 PUBLISH_CREDIT = 400
-REPLY_TO = "amq.rabbitmq.reply-to"
 
 
 class Session:
@@ -217,7 +213,7 @@ class Session:
         if ch is None or ch.closing:
             return None
         if not ch.reply_to:  # RabbitMQ's text
-            self.fail(AMQPError(406, "fast reply consumer does not exist", 60, 40, hard=False), ch)
+            self.fail(errors.PreconditionFailed("fast reply consumer does not exist", 60, 40), ch)
             return None
         return codec.with_reply_to(header, ch.reply_to)
 
@@ -251,7 +247,7 @@ class Session:
             # RabbitMQ logs a channel exception at error (a hard one shows in the close line).
             log.error("channel error on connection %s, vhost: '%s', user: '%s', channel %d: %s",
                       self.label, self.proto.vhost, self.proto.user, ch.number,
-                      format_reply_text(exc.reply_code, exc.reply_text))
+                      exc.frame_text)
         if exc.hard:
             self._close_all_channels()
         elif ch is not None:
@@ -303,7 +299,7 @@ class Session:
             case r.Returned():
                 ch.on_return(event)
             case r.Error(code=code, text=text, class_id=cid, method_id=mid):
-                self.fail(AMQPError(code, text, cid, mid, hard=code in HARD_REPLY_CODES), ch)
+                self.fail(errors.error_for_code(code, text, cid, mid), ch)
 
     def _answer(self, ch: Channel, event: Any) -> None:
         try:

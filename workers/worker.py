@@ -15,11 +15,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from broker import errors
 from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
 from workers import codec
-from workers.connection import INTERNAL_ERROR, AMQPError
 from workers.consumer_target import ConsumerTarget
 from workers.session import Session
 
@@ -262,7 +262,7 @@ class Worker:
         log.exception("internal error on %s (connection %s)", type(event).__name__,
                       session.conn_id if session is not None else "-")
         if session is not None and not session.finished:
-            session.fail(AMQPError(INTERNAL_ERROR, "INTERNAL_ERROR", hard=True))
+            session.fail(errors.InternalError("INTERNAL_ERROR"))
             self.dirty.add(session)
 
     def _session_event(self, event: Any) -> None:

@@ -5,14 +5,13 @@ from typing import Any
 import pytest
 from pamqp import base, body, commands, encode, frame, header, heartbeat
 
+from broker import errors
+from tests.workers.helpers import default_server_properties
 from workers.connection import (
     AMQPConnection,
-    AMQPError,
     Input,
     State,
     UnexpectedMethod,
-    default_server_properties,
-    format_reply_text,
 )
 from workers.events import (
     ChannelClosed,
@@ -835,7 +834,7 @@ def test_connection_close_crossing_ours() -> None:
 def test_handle_error_soft_closes_the_channel() -> None:
     """A soft error closes its channel, with RabbitMQ's code-name prefix."""
     conn = opened()
-    conn.handle_error(AMQPError(404, "no queue 'q' in vhost '/'", 50, 10), channel=1)
+    conn.handle_error(errors.NotFound("no queue 'q' in vhost '/'", 50, 10), channel=1)
     [(channel, close)] = sent(conn)
     assert channel == 1 and (close.reply_code, close.reply_text) == (
         404,
@@ -847,7 +846,7 @@ def test_handle_error_soft_closes_the_channel() -> None:
 def test_handle_error_hard_closes_the_connection() -> None:
     """A hard error closes the connection, whatever channel it came from."""
     conn = opened()
-    conn.handle_error(AMQPError(540, "immediate=true", 60, 40), channel=1)
+    conn.handle_error(errors.NotImplemented_("immediate=true", 60, 40), channel=1)
     assert_closing(conn, 540, "NOT_IMPLEMENTED - immediate=true", 60, 40)
 
 
@@ -856,6 +855,11 @@ def test_format_reply_text() -> None:
     assert format_reply_text(406, "x") == "PRECONDITION_FAILED - x"
     assert format_reply_text(504, "y") == "CHANNEL_ERROR - y"
     assert format_reply_text(320, "z") == "CONNECTION_FORCED - z"
+
+
+def format_reply_text(reply_code: int, text: str) -> str:
+    """The text handle_error puts in a close frame for an error with this code."""
+    return errors.error_for_code(reply_code, text).frame_text
 
 
 def test_send_raw_checks_the_channel() -> None:

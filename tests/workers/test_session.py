@@ -18,9 +18,10 @@ import pytest
 from pamqp import base, body, commands, frame, header
 
 from ipc import records as r
+from tests.workers.helpers import default_server_properties
 from workers import events as ev
 from workers.channel import Channel
-from workers.connection import AMQPConnection, State, default_server_properties
+from workers.connection import AMQPConnection, State
 from workers.consumer_target import ConsumerTarget
 from workers.frame_buffer import PROTOCOL_HEADER
 from workers.session import HIGH_WATER, PUBLISH_CREDIT, Session

@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
+from broker import errors
+from broker.errors import AMQPError
 from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd
-from workers.connection import INTERNAL_ERROR, AMQPError
 from workers.worker import Worker
+
+INTERNAL_ERROR = errors.InternalError.reply_code
 
 
 class StubSession:
