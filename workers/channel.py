@@ -15,7 +15,7 @@ entry id (and the consumer that took it, for prefetch credit). Acks, nacks
 and rejects become ``Settle`` records; an unknown tag is 406
 PRECONDITION_FAILED, as RabbitMQ replies.
 
-No IO here: output goes through the session's protocol object and the
+No IO here: output goes through the handler's protocol object and the
 worker's request outbox.
 """
 
@@ -36,7 +36,7 @@ from workers import codec
 from workers.consumer_target import ConsumerTarget
 
 if TYPE_CHECKING:
-    from workers.session import Session
+    from workers.connection_handler import ConnectionHandler
 
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 
@@ -61,8 +61,8 @@ class Channel:
     requests to the supervisor and its events into frames, in order; holds the channel's
     consumers, unacked deliveries, confirms and transaction."""
 
-    def __init__(self, session: Session, number: int) -> None:
-        self.session = session
+    def __init__(self, handler: ConnectionHandler, number: int) -> None:
+        self.handler = handler
         self.number = number
         self.closing = False
         self.flow_active = True
@@ -97,7 +97,7 @@ class Channel:
 
     @property
     def worker(self) -> Any:
-        return self.session.worker
+        return self.handler.worker
 
     def _request(self, rec: Any, on_reply: Callable[[Any], None] | None) -> None:
         self.worker.send(rec)
@@ -108,13 +108,13 @@ class Channel:
     def _send(self, method: Any) -> None:
         if self.confirmed > self.acked_upto:  # acks owed for earlier publishes go first
             self.flush_confirms()
-        self.session.send_method(self.number, method)
+        self.handler.send_method(self.number, method)
 
     def _send_raw(self, data: bytes) -> None:
         """A reply pre-encoded by workers.codec (declare-ok, get-ok): after the acks, as _send."""
         if self.confirmed > self.acked_upto:
             self.flush_confirms()
-        self.session.send_raw(data)
+        self.handler.send_raw(data)
 
     def _local_reply(self, method: Any) -> None:
         """Answer locally, but never ahead of a reply the supervisor still owes: a reply to
@@ -123,7 +123,7 @@ class Channel:
         whatever those publishes produced)."""
         if self.publishes_unanswered:
             self.publishes_unanswered = False
-            self._request(r.Sync(self.session.conn_id, self.number), _nothing)
+            self._request(r.Sync(self.handler.conn_id, self.number), _nothing)
         if self._expect:
             self._expect.append((False, lambda _: self._send(method)))
         else:
@@ -131,7 +131,7 @@ class Channel:
 
     def _settle(self, entries: list[int], action: int) -> None:
         if entries:
-            self.worker.send(r.Settle(self.session.conn_id, self.number, entries, action))
+            self.worker.send(r.Settle(self.handler.conn_id, self.number, entries, action))
 
     def _queue_name(self, name: str, method: Any) -> str:
         if name:
@@ -149,36 +149,36 @@ class Channel:
         self._dispatch(m)
 
     def _dispatch(self, m: Any) -> None:
-        handler = self._METHODS.get(type(m))
-        if handler is None:
+        run = self._METHODS.get(type(m))
+        if run is None:
             raise errors.NotImplemented_(f"{m.name} is not implemented", *_ids(m))
-        handler(self, m)
+        run(self, m)
 
     def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
         rec = r.ExchangeDeclare(
-            self.session.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
+            self.handler.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
             m.durable, m.auto_delete, m.internal, dict(m.arguments or {}), m.nowait,
         )
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
-        rec = r.ExchangeDelete(self.session.conn_id, self.number, m.exchange, m.if_unused,
+        rec = r.ExchangeDelete(self.handler.conn_id, self.number, m.exchange, m.if_unused,
                                m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
-        rec = r.ExchangeBind(self.session.conn_id, self.number, m.destination, m.source,
+        rec = r.ExchangeBind(self.handler.conn_id, self.number, m.destination, m.source,
                              m.routing_key, dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
-        rec = r.ExchangeUnbind(self.session.conn_id, self.number, m.destination, m.source,
+        rec = r.ExchangeUnbind(self.handler.conn_id, self.number, m.destination, m.source,
                                m.routing_key, dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _queue_declare(self, m: spec.Queue.Declare) -> None:
         rec = r.QueueDeclare(
-            self.session.conn_id, self.number, m.queue, m.passive, m.durable, m.exclusive,
+            self.handler.conn_id, self.number, m.queue, m.passive, m.durable, m.exclusive,
             m.auto_delete, dict(m.arguments or {}), m.nowait,
         )
         if m.queue:
@@ -190,23 +190,23 @@ class Channel:
     def _queue_bind(self, m: spec.Queue.Bind) -> None:
         queue = self._queue_name(m.queue, m)
         key = m.routing_key if (m.queue or m.routing_key) else queue
-        rec = r.QueueBind(self.session.conn_id, self.number, queue, m.exchange, key,
+        rec = r.QueueBind(self.handler.conn_id, self.number, queue, m.exchange, key,
                           dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
-        rec = r.QueueUnbind(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueueUnbind(self.handler.conn_id, self.number, self._queue_name(m.queue, m),
                             m.exchange, m.routing_key, dict(m.arguments or {}))
         self._request(rec, self._plain_ok)
 
     def _queue_purge(self, m: spec.Queue.Purge) -> None:
-        rec = r.QueuePurge(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueuePurge(self.handler.conn_id, self.number, self._queue_name(m.queue, m),
                            m.nowait)
         self._request(rec, None if m.nowait else
                       lambda rep: self._send(spec.Queue.PurgeOk(rep.message_count)))
 
     def _queue_delete(self, m: spec.Queue.Delete) -> None:
-        rec = r.QueueDelete(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueueDelete(self.handler.conn_id, self.number, self._queue_name(m.queue, m),
                             m.if_unused, m.if_empty, m.nowait)
         self._request(rec, None if m.nowait else
                       lambda rep: self._send(spec.Queue.DeleteOk(rep.message_count)))
@@ -264,7 +264,7 @@ class Channel:
         self.consumers[tag] = target
         target.interested = target.credit() > 0
         rec = r.Consume(
-            self.session.conn_id, self.number, target.id, target.slot, queue, tag, m.no_ack,
+            self.handler.conn_id, self.number, target.id, target.slot, queue, tag, m.no_ack,
             m.exclusive, priority, target.browse, target.interested, m.nowait,
         )
         if m.nowait:
@@ -293,7 +293,7 @@ class Channel:
         target.active = False
         if target.queue == REPLY_TO:  # no reply consumer: reply_to is refused again
             self.reply_to = ""
-        rec = r.Cancel(self.session.conn_id, self.number, target.id, m.nowait)
+        rec = r.Cancel(self.handler.conn_id, self.number, target.id, m.nowait)
         if m.nowait:
             self._request(rec, None)
             self.worker.drop_target(target)
@@ -305,7 +305,7 @@ class Channel:
         self.worker.drop_target(target)
 
     def _get(self, m: spec.Basic.Get) -> None:
-        rec = r.Get(self.session.conn_id, self.number, self._queue_name(m.queue, m), m.no_ack)
+        rec = r.Get(self.handler.conn_id, self.number, self._queue_name(m.queue, m), m.no_ack)
         self._request(rec, lambda ev: self._get_answer(ev, m.no_ack))
 
     def _get_answer(self, ev: r.GetOk | r.GetEmpty, no_ack: bool) -> None:
@@ -317,7 +317,7 @@ class Channel:
         header, body = self.worker.body(d)
         self._send_raw(codec.encode_get_ok(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
-            header, body, self.session.frame_max,
+            header, body, self.handler.frame_max,
         ))
         if self.worker.trace is not None:
             self.worker.trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
@@ -382,7 +382,7 @@ class Channel:
         self._settle(run, action)
         self._tx_publishes.clear()
         self._tx_settles.clear()
-        self._request(r.Sync(self.session.conn_id, self.number),
+        self._request(r.Sync(self.handler.conn_id, self.number),
                       lambda rep: self._send(spec.Tx.CommitOk()))
 
     def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
@@ -500,7 +500,7 @@ class Channel:
         if self.confirm:
             self.published += 1
         rec = r.Publish(
-            self.session.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
+            self.handler.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
             offset, header_len, body_len, headers, expiration, priority,
         )
         if self.tx:  # invisible until tx.commit
@@ -509,7 +509,7 @@ class Channel:
             self._send_publish(rec)
 
     def _send_publish(self, rec: r.Publish) -> None:
-        self.session.credit -= 1  # given back by the supervisor (Credit) once absorbed
+        self.handler.credit -= 1  # given back by the supervisor (Credit) once absorbed
         if rec.mandatory or rec.confirm:
             self.publishes_unanswered = True
         trace = self.worker.trace
@@ -534,25 +534,25 @@ class Channel:
             self.confirmed -= 1
             self.flush_confirms()
             self.confirmed += 1
-            self.session.send_raw(codec.encode_nack(self.number, self.confirmed, False))
+            self.handler.send_raw(codec.encode_nack(self.number, self.confirmed, False))
             self.acked_upto = self.confirmed
             return
-        self.session.confirms_pending.add(self)
+        self.handler.confirms_pending.add(self)
 
     def flush_confirms(self) -> None:
         """Coalesce the confirms of one event batch into one basic.ack multiple."""
         if self.confirmed > self.acked_upto:
             multiple = self.confirmed - self.acked_upto > 1
-            self.session.send_raw(codec.encode_ack(self.number, self.confirmed, multiple))
+            self.handler.send_raw(codec.encode_ack(self.number, self.confirmed, multiple))
             self.acked_upto = self.confirmed
 
     def on_return(self, ev: r.Returned) -> None:
         header, body = self.worker.own_body(ev.offset, ev.header_len, ev.body_len)
         if ev.reheader:  # published with BCC (sender-selected distribution): returned without
             header = memoryview(codec.reheader(header, ev.headers, ev.expiration))
-        self.session.send_raw(codec.encode_return(
+        self.handler.send_raw(codec.encode_return(
             self.number, ev.code, ev.text, ev.exchange, ev.routing_key, header, body,
-            self.session.frame_max,
+            self.handler.frame_max,
         ))
 
     def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> None:
@@ -572,9 +572,9 @@ class Channel:
         for d in ev.deliveries:
             tag = self._tag(d.entry, target, settled)
             header, body = self.worker.body(d)
-            self.session.send_raw(codec.encode_deliver(
+            self.handler.send_raw(codec.encode_deliver(
                 self.number, target.tag, tag, d.redelivered, d.exchange, d.routing_key,
-                header, body, self.session.frame_max,
+                header, body, self.handler.frame_max,
             ))
             if trace is not None:
                 trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
@@ -599,7 +599,7 @@ class Channel:
         """The queue went away: tell the client if it understands basic.cancel."""
         self.consumers.pop(target.tag, None)
         target.active = False
-        if self.session.cancel_notify:
+        if self.handler.cancel_notify:
             self._send(spec.Basic.Cancel(target.tag, nowait=True))
         self.worker.drop_target(target)
 

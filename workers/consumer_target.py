@@ -63,7 +63,7 @@ class ConsumerTarget:
     def credit(self) -> int:
         """How many messages this consumer may take now (0: not interested)."""
         ch = self.channel
-        if not ch.flow_active or ch.session.backpressured:
+        if not ch.flow_active or ch.handler.backpressured:
             return 0
         n = PULL_BATCH
         if self.settles_on_delivery:

@@ -1,8 +1,8 @@
-"""A worker process's state: its region, its sessions, its consumer targets.
+"""A worker process's state: its region, its handlers, its consumer targets.
 
 The worker end of the rings (no trio here; ``workers.server`` drives it):
 requests are encoded into an outbox and written to the request ring in
-batches; events are drained from the event ring and routed to sessions and
+batches; events are drained from the event ring and routed to handlers and
 consumer targets; set notify slots are the seed's notifyWork and lead to
 pulls (the seed's steps 3–11, collapsed: target → channel → pull).
 """
@@ -20,8 +20,8 @@ from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
 from workers import codec
+from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTarget
-from workers.session import Session
 
 log = logging.getLogger("shoal.worker")
 
@@ -35,7 +35,7 @@ LAZY_SETTLE_DELAY = 0.005
 
 
 class Worker:
-    """One worker process's state, without IO: its region and rings, its sessions (client
+    """One worker process's state, without IO: its region and rings, its handlers (client
     connections) and consumer targets. Requests go out through ``send`` (an outbox written to
     the request ring once per scheduling round), events come in through ``handle_events``;
     :class:`workers.server.Server` drives it from trio."""
@@ -56,13 +56,13 @@ class Worker:
         self._urgent = False  # the outbox holds a record that must wake the supervisor
         self.lazy_pending = False  # acks in the ring that no wake-up announced yet
         self.want_lazy_wake: Callable[[], object] = self.wake_supervisor  # the server defers it
-        self.sessions: dict[int, Session] = {}
+        self.handlers: dict[int, ConnectionHandler] = {}
         self.targets: dict[int, ConsumerTarget] = {}
         self._by_slot: dict[int, ConsumerTarget] = {}
         self._free_slots = list(range(len(region.slots) - 1, -1, -1))
         self._consumer_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
-        self.dirty: set[Session] = set()
+        self.dirty: set[ConnectionHandler] = set()
         self.trace: Any = None  # perf.tracewriter.TraceWriter with shoal serve --trace
         if config.trace_dir:
             from perf.tracewriter import TraceWriter  # lazily: pyarrow is heavy
@@ -189,10 +189,10 @@ class Worker:
             target = self._by_slot.get(slot)
             if target is not None:
                 target.channel.notify(target)
-        for session in list(self.dirty):
-            for ch in session.confirms_pending:
+        for handler in list(self.dirty):
+            for ch in handler.confirms_pending:
                 ch.flush_confirms()
-            session.confirms_pending.clear()
+            handler.confirms_pending.clear()
         return len(batch) + len(slots)
 
     def _dispatch(self, event: Any) -> None:
@@ -206,11 +206,11 @@ class Worker:
                 if target is not None:
                     target.channel.on_cancelled(target)
             case r.Credit(conns=conns, counts=counts):
-                sessions = self.sessions
+                handlers = self.handlers
                 for conn, n in zip(conns, counts, strict=True):
-                    session = sessions.get(conn)
-                    if session is not None:
-                        session.add_credit(n)
+                    handler = handlers.get(conn)
+                    if handler is not None:
+                        handler.add_credit(n)
             case r.Blocked(active=active):
                 self.blocked = active
                 self._tell_blocked()
@@ -218,13 +218,13 @@ class Worker:
             case r.ArenaFreed():
                 self.on_arena_freed()
             case r.ListConnections(request=request):
-                rows = [session.info() for session in self.sessions.values() if session.opened]
+                rows = [handler.info() for handler in self.handlers.values() if handler.opened]
                 self.send(r.ConnectionsListed(request, rows))
             case r.Returned():
-                self._session_event(event)
+                self._handler_event(event)
                 self.region.arena.free(event.offset)  # our own block, always
             case _:
-                self._session_event(event)
+                self._handler_event(event)
 
     @property
     def alarmed(self) -> bool:
@@ -246,40 +246,40 @@ class Worker:
 
     def _tell_blocked(self) -> None:
         alarmed = self.alarmed
-        for session in self.sessions.values():
-            session.set_blocked(alarmed)
-            self.dirty.add(session)
+        for handler in self.handlers.values():
+            handler.set_blocked(alarmed)
+            self.dirty.add(handler)
 
     def _internal_error(self, event: Any) -> None:
         """An event we failed to apply: close its connection with 541 INTERNAL_ERROR (the
         supervisor then requeues what it held) and carry on with every other connection."""
-        session = None
+        handler = None
         if isinstance(event, (r.Pulled, r.Cancelled)):
             target = self.targets.get(event.consumer)
-            session = target.channel.session if target is not None else None
+            handler = target.channel.handler if target is not None else None
         elif hasattr(event, "conn"):
-            session = self.sessions.get(event.conn)
+            handler = self.handlers.get(event.conn)
         log.exception("internal error on %s (connection %s)", type(event).__name__,
-                      session.conn_id if session is not None else "-")
-        if session is not None and not session.finished:
-            session.fail(errors.InternalError("INTERNAL_ERROR"))
-            self.dirty.add(session)
+                      handler.conn_id if handler is not None else "-")
+        if handler is not None and not handler.finished:
+            handler.fail(errors.InternalError("INTERNAL_ERROR"))
+            self.dirty.add(handler)
 
-    def _session_event(self, event: Any) -> None:
-        session = self.sessions.get(event.conn)
-        if session is not None:
-            session.on_event(event)
-            self.dirty.add(session)
+    def _handler_event(self, event: Any) -> None:
+        handler = self.handlers.get(event.conn)
+        if handler is not None:
+            handler.on_event(event)
+            self.dirty.add(handler)
 
     def after_batch(self) -> None:
-        """Wake the socket writers of sessions with output; ask for a flush of
+        """Wake the socket writers of handlers with output; ask for a flush of
         the requests (the server folds the flushes of one scheduling round
         into one, so a sleeping supervisor is woken once, not per connection)."""
         for _ in range(4):  # a send that lifts back-pressure may make more output
             if not self.dirty:
                 break
             dirty, self.dirty = self.dirty, set()
-            for session in dirty:
-                session.wake_writer()
+            for handler in dirty:
+                handler.wake_writer()
         if self.outbox:
             self.want_flush()

@@ -40,7 +40,12 @@ OUTPUT_BOUND = 2 * HIGH_WATER
 PUBLISH_CREDIT = 400
 
 
-class Session:
+class ConnectionHandler:
+    """One client connection on this worker: owns its ``AMQPConnection`` (the protocol) and
+    its ``Channel`` objects (the AMQP channels, the seed's Sessions), routes protocol events
+    and supervisor events to them, and holds the connection-wide limits (publish credit,
+    output bounds, connection.blocked)."""
+
     def __init__(self, worker: Worker, conn_id: int, proto: AMQPConnection) -> None:
         self.worker = worker
         self.conn_id = conn_id
@@ -275,7 +280,7 @@ class Session:
         self.channels.clear()
         if self.opened:
             self.worker.send(r.ConnClose(self.conn_id))
-        self.worker.sessions.pop(self.conn_id, None)
+        self.worker.handlers.pop(self.conn_id, None)
 
     # ---------------------------------------------------- supervisor events
 
