@@ -6,7 +6,7 @@ import pytest
 from pamqp import base, body, commands, encode, frame, header, heartbeat
 
 from broker import errors
-from tests.workers.helpers import default_server_properties
+from tests.workers.helpers import decode, default_server_properties
 from workers.connection import (
     AMQPConnection,
     Input,
@@ -54,13 +54,7 @@ def publish(channel: int, data: bytes, frame_max: int = 131072, **kwargs: Any) -
 
 def sent(conn: AMQPConnection) -> list[tuple[int, Any]]:
     """Decode data_to_send() into (channel, pamqp frame) pairs."""
-    data = conn.data_to_send()
-    out = []
-    while data:
-        used, channel, value = frame.unmarshal(data)
-        out.append((channel, value))
-        data = data[used:]
-    return out
+    return decode(conn.data_to_send())
 
 
 def start_ok(
