@@ -54,7 +54,7 @@ class ChannelState(enum.Enum):
     CLOSING = "closing"  # we sent channel.close; waiting for close-ok
 
 
-class _Channel:
+class _ChannelFraming:
     """One channel's row of the channel table (its state) and the publish it is assembling."""
 
     __slots__ = ("content", "handlers", "state")
@@ -103,7 +103,7 @@ class ChannelFrames:
     def __init__(self, max_body_size: int, channel_max: int) -> None:
         self._max_body_size = max_body_size
         self.channel_max = channel_max  # the negotiated value, set at tune-ok
-        self._channels: dict[int, _Channel] = {}
+        self._channels: dict[int, _ChannelFraming] = {}
 
     # -- queries --------------------------------------------------------------------
 
@@ -164,17 +164,17 @@ class ChannelFrames:
     # -- the table's handlers -------------------------------------------------------------
 
     def _on_unopened_method(
-        self, channel: int, chan: _Channel, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
     ) -> None:
         method = decode_method(payload)
         if not isinstance(method, commands.Channel.Open):
             raise errors.ChannelError("expected 'channel.open'", *method_ids(method))
-        self._channels[channel] = _Channel(ContentAssembler(self._max_body_size))
+        self._channels[channel] = _ChannelFraming(ContentAssembler(self._max_body_size))
         send(codec.encode_method(channel, commands.Channel.OpenOk()))
         events.append(ChannelOpened(channel))
 
     def _on_method(
-        self, channel: int, chan: _Channel, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
     ) -> None:
         ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
         if ids == PUBLISH_IDS:
@@ -194,7 +194,7 @@ class ChannelFrames:
             raise errors.CommandInvalid("unimplemented method", *method_ids(method))
 
     def _on_closing_method(
-        self, channel: int, chan: _Channel, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
     ) -> None:
         ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
         if ids == (20, 40):  # channel.close crossing ours: answer it, keep waiting
@@ -203,7 +203,7 @@ class ChannelFrames:
             self._drop(channel, events)
 
     def _discard(
-        self, channel: int, chan: _Channel, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
     ) -> None:
         pass
 
@@ -212,7 +212,7 @@ class ChannelFrames:
         events.append(ChannelClosed(channel))
 
     def _on_content_header(
-        self, channel: int, chan: _Channel, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
     ) -> None:
         # A body too large is refused (406) before any of it is buffered: the assembler drops
         # the publish, and handle_error closes the channel.
@@ -224,7 +224,7 @@ class ChannelFrames:
             chan.move(ChannelState.IDLE)
 
     def _on_content_body(
-        self, channel: int, chan: _Channel, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
     ) -> None:
         publish = chan.content.body(channel, payload)
         if publish is not None:
@@ -233,7 +233,7 @@ class ChannelFrames:
 
 
 _ChannelHandler = Callable[
-    [ChannelFrames, int, _Channel, memoryview, list[Event], Send], None
+    [ChannelFrames, int, _ChannelFraming, memoryview, list[Event], Send], None
 ]
 
 # (channel state, frame type) -> handler.  A miss is 505 UNEXPECTED_FRAME.
@@ -254,7 +254,7 @@ _CHANNEL_ROWS: dict[ChannelState, dict[int, _ChannelHandler]] = {
     }
     for state in ChannelState
 }
-_UNOPENED = _Channel(ContentAssembler(0), ChannelState.UNOPENED)  # shared, never mutated
+_UNOPENED = _ChannelFraming(ContentAssembler(0), ChannelState.UNOPENED)  # shared, never mutated
 
 
 def method_ids(method: base.Frame) -> tuple[int, int]:
