@@ -25,7 +25,7 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pamqp import commands as spec
 
@@ -409,7 +409,7 @@ class Channel:
         self.refresh_all()
         self._local_reply(spec.Channel.FlowOk(self.flow_active))
 
-    _METHODS: dict[type, Callable[[Channel, Any], None]] = {
+    _METHODS: ClassVar[dict[type, Callable[[Channel, Any], None]]] = {
         spec.Exchange.Declare: _exchange_declare,
         spec.Exchange.Delete: _exchange_delete,
         spec.Exchange.Bind: _exchange_bind,

@@ -24,8 +24,21 @@ class ConsumerTarget:
     the supervisor was told it is interested, whether it was notified, and the pull in flight."""
 
     __slots__ = (
-        "id", "slot", "tag", "channel", "queue", "no_ack", "browse", "prefetch",
-        "unacked", "active", "notified", "pulling", "interested", "renotified", "more",
+        "active",
+        "browse",
+        "channel",
+        "id",
+        "interested",
+        "more",
+        "no_ack",
+        "notified",
+        "prefetch",
+        "pulling",
+        "queue",
+        "renotified",
+        "slot",
+        "tag",
+        "unacked",
     )
 
     def __init__(

@@ -214,7 +214,7 @@ class Server:
             # More came in meanwhile: take it once the other ready tasks have run. Else
             # straight to the sleep protocol (another pass would only find both empty).
             if done and has_work():
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 continue
             await wait_for_work(flag, worker.event_efd, has_work)
 
@@ -413,8 +413,8 @@ class Server:
                         # hand what we have to the supervisor and let the worker's other
                         # connections and the event ring have a turn.
                         worker.after_batch()
-                        await trio.sleep(0)
-            except Exception:  # noqa: BLE001 — one connection's bug must not end the worker
+                        await trio.lowlevel.checkpoint()
+            except Exception:  # one connection's bug must not end the worker
                 log.exception("connection %d: internal error", handler.conn_id)
                 handler.fail(errors.InternalError("internal error"))
             if handler.proto_has_output():  # publishes alone give the writer nothing to do
