@@ -25,6 +25,7 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pamqp import commands as spec
@@ -51,6 +52,15 @@ _PLAIN_OK: dict[str, Callable[[], Any]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """What a channel knows of its connection, fixed once the connection is open."""
+
+    conn_id: int
+    frame_max: int  # negotiated at tune-ok: deliveries, get-oks and returns are split by it
+    cancel_notify: bool  # the client takes basic.cancel from the server (capabilities)
+
+
 def _ids(method: Any) -> tuple[int, int]:
     index = getattr(method, "index", 0)
     return index >> 16, index & 0xFFFF
@@ -61,9 +71,11 @@ class Channel:
     requests to the supervisor and its events into frames, in order; holds the channel's
     consumers, unacked deliveries, confirms and transaction."""
 
-    def __init__(self, handler: ConnectionHandler, number: int) -> None:
+    def __init__(self, handler: ConnectionHandler, number: int, config: ChannelConfig) -> None:
         self.handler = handler
         self.number = number
+        self.conn_id = config.conn_id
+        self.config = config
         self.closing = False
         self.flow_active = True
         self.confirm = False
@@ -123,7 +135,7 @@ class Channel:
         whatever those publishes produced)."""
         if self.publishes_unanswered:
             self.publishes_unanswered = False
-            self._request(r.Sync(self.handler.conn_id, self.number), _nothing)
+            self._request(r.Sync(self.conn_id, self.number), _nothing)
         if self._expect:
             self._expect.append((False, lambda _: self._send(method)))
         else:
@@ -131,7 +143,7 @@ class Channel:
 
     def _settle(self, entries: list[int], action: int) -> None:
         if entries:
-            self.worker.send(r.Settle(self.handler.conn_id, self.number, entries, action))
+            self.worker.send(r.Settle(self.conn_id, self.number, entries, action))
 
     def _queue_name(self, name: str, method: Any) -> str:
         if name:
@@ -156,29 +168,29 @@ class Channel:
 
     def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
         rec = r.ExchangeDeclare(
-            self.handler.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
+            self.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
             m.durable, m.auto_delete, m.internal, dict(m.arguments or {}), m.nowait,
         )
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
-        rec = r.ExchangeDelete(self.handler.conn_id, self.number, m.exchange, m.if_unused,
+        rec = r.ExchangeDelete(self.conn_id, self.number, m.exchange, m.if_unused,
                                m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
-        rec = r.ExchangeBind(self.handler.conn_id, self.number, m.destination, m.source,
+        rec = r.ExchangeBind(self.conn_id, self.number, m.destination, m.source,
                              m.routing_key, dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
-        rec = r.ExchangeUnbind(self.handler.conn_id, self.number, m.destination, m.source,
+        rec = r.ExchangeUnbind(self.conn_id, self.number, m.destination, m.source,
                                m.routing_key, dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _queue_declare(self, m: spec.Queue.Declare) -> None:
         rec = r.QueueDeclare(
-            self.handler.conn_id, self.number, m.queue, m.passive, m.durable, m.exclusive,
+            self.conn_id, self.number, m.queue, m.passive, m.durable, m.exclusive,
             m.auto_delete, dict(m.arguments or {}), m.nowait,
         )
         if m.queue:
@@ -190,23 +202,23 @@ class Channel:
     def _queue_bind(self, m: spec.Queue.Bind) -> None:
         queue = self._queue_name(m.queue, m)
         key = m.routing_key if (m.queue or m.routing_key) else queue
-        rec = r.QueueBind(self.handler.conn_id, self.number, queue, m.exchange, key,
+        rec = r.QueueBind(self.conn_id, self.number, queue, m.exchange, key,
                           dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
-        rec = r.QueueUnbind(self.handler.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueueUnbind(self.conn_id, self.number, self._queue_name(m.queue, m),
                             m.exchange, m.routing_key, dict(m.arguments or {}))
         self._request(rec, self._plain_ok)
 
     def _queue_purge(self, m: spec.Queue.Purge) -> None:
-        rec = r.QueuePurge(self.handler.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueuePurge(self.conn_id, self.number, self._queue_name(m.queue, m),
                            m.nowait)
         self._request(rec, None if m.nowait else
                       lambda rep: self._send(spec.Queue.PurgeOk(rep.message_count)))
 
     def _queue_delete(self, m: spec.Queue.Delete) -> None:
-        rec = r.QueueDelete(self.handler.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueueDelete(self.conn_id, self.number, self._queue_name(m.queue, m),
                             m.if_unused, m.if_empty, m.nowait)
         self._request(rec, None if m.nowait else
                       lambda rep: self._send(spec.Queue.DeleteOk(rep.message_count)))
@@ -264,7 +276,7 @@ class Channel:
         self.consumers[tag] = target
         target.interested = target.credit() > 0
         rec = r.Consume(
-            self.handler.conn_id, self.number, target.id, target.slot, queue, tag, m.no_ack,
+            self.conn_id, self.number, target.id, target.slot, queue, tag, m.no_ack,
             m.exclusive, priority, target.browse, target.interested, m.nowait,
         )
         if m.nowait:
@@ -293,7 +305,7 @@ class Channel:
         target.active = False
         if target.queue == REPLY_TO:  # no reply consumer: reply_to is refused again
             self.reply_to = ""
-        rec = r.Cancel(self.handler.conn_id, self.number, target.id, m.nowait)
+        rec = r.Cancel(self.conn_id, self.number, target.id, m.nowait)
         if m.nowait:
             self._request(rec, None)
             self.worker.drop_target(target)
@@ -305,7 +317,7 @@ class Channel:
         self.worker.drop_target(target)
 
     def _get(self, m: spec.Basic.Get) -> None:
-        rec = r.Get(self.handler.conn_id, self.number, self._queue_name(m.queue, m), m.no_ack)
+        rec = r.Get(self.conn_id, self.number, self._queue_name(m.queue, m), m.no_ack)
         self._request(rec, lambda ev: self._get_answer(ev, m.no_ack))
 
     def _get_answer(self, ev: r.GetOk | r.GetEmpty, no_ack: bool) -> None:
@@ -317,7 +329,7 @@ class Channel:
         header, body = self.worker.body(d)
         self._send_raw(codec.encode_get_ok(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
-            header, body, self.handler.frame_max,
+            header, body, self.config.frame_max,
         ))
         if self.worker.trace is not None:
             self.worker.trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
@@ -382,7 +394,7 @@ class Channel:
         self._settle(run, action)
         self._tx_publishes.clear()
         self._tx_settles.clear()
-        self._request(r.Sync(self.handler.conn_id, self.number),
+        self._request(r.Sync(self.conn_id, self.number),
                       lambda rep: self._send(spec.Tx.CommitOk()))
 
     def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
@@ -500,7 +512,7 @@ class Channel:
         if self.confirm:
             self.published += 1
         rec = r.Publish(
-            self.handler.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
+            self.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
             offset, header_len, body_len, headers, expiration, priority,
         )
         if self.tx:  # invisible until tx.commit
@@ -552,7 +564,7 @@ class Channel:
             header = memoryview(codec.reheader(header, ev.headers, ev.expiration))
         self.handler.send_raw(codec.encode_return(
             self.number, ev.code, ev.text, ev.exchange, ev.routing_key, header, body,
-            self.handler.frame_max,
+            self.config.frame_max,
         ))
 
     def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> None:
@@ -574,7 +586,7 @@ class Channel:
             header, body = self.worker.body(d)
             self.handler.send_raw(codec.encode_deliver(
                 self.number, target.tag, tag, d.redelivered, d.exchange, d.routing_key,
-                header, body, self.handler.frame_max,
+                header, body, self.config.frame_max,
             ))
             if trace is not None:
                 trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
@@ -599,7 +611,7 @@ class Channel:
         """The queue went away: tell the client if it understands basic.cancel."""
         self.consumers.pop(target.tag, None)
         target.active = False
-        if self.handler.cancel_notify:
+        if self.config.cancel_notify:
             self._send(spec.Basic.Cancel(target.tag, nowait=True))
         self.worker.drop_target(target)
 

@@ -20,7 +20,7 @@ from broker.errors import AMQPError
 from ipc import records as r
 from workers import codec
 from workers import events as ev
-from workers.channel import Channel
+from workers.channel import Channel, ChannelConfig
 from workers.connection import AMQPConnection, State
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ class ConnectionHandler:
         self.opened = False
         self.finished = False
         self.cancel_notify = False
+        self._channel_config = ChannelConfig(conn_id, proto.frame_max, False)  # set when opened
         self.blocked_capable = False  # the client understands connection.blocked
         self.told_blocked = False
         self.publishes = False  # RabbitMQ blocks (and tells) only publishing connections
@@ -172,7 +173,7 @@ class ConnectionHandler:
             case ev.ConnectionOpened():
                 self._opened(event)
             case ev.ChannelOpened(channel=n):
-                self.channels[n] = Channel(self, n)
+                self.channels[n] = Channel(self, n, self._channel_config)
                 log.debug("connection %s: channel %d opened", self.label, n)
             case ev.ChannelClosed(channel=n):
                 ch = self.channels.pop(n, None)
@@ -192,6 +193,7 @@ class ConnectionHandler:
     def _opened(self, event: ev.ConnectionOpened) -> None:
         caps = (event.client_properties or {}).get("capabilities") or {}
         self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
+        self._channel_config = ChannelConfig(self.conn_id, self.proto.frame_max, self.cancel_notify)
         self.blocked_capable = bool(caps.get("connection.blocked", False))
         self.opened = True
         name = (event.client_properties or {}).get("connection_name")
