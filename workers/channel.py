@@ -239,8 +239,7 @@ class Channel:
     def _qos(self, m: spec.Basic.Qos) -> None:
         if m.prefetch_size:
             # RabbitMQ refuses a byte-based prefetch the same way.
-            raise errors.NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})",
-                            *_ids(m))
+            raise errors.NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})", *_ids(m))
         if m.global_:  # RabbitMQ: global=true is shared by the channel's consumers
             self.global_prefetch = m.prefetch_count
         else:  # ... and global=false applies to each consumer created after it
@@ -251,28 +250,23 @@ class Channel:
     def _consume(self, m: spec.Basic.Consume) -> None:
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self.consumers:
-            raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'",
-                            *_ids(m))
+            raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'", *_ids(m))
         queue = self._queue_name(m.queue, m)
         if queue == REPLY_TO:  # RabbitMQ's texts
             if not m.no_ack:
-                raise errors.PreconditionFailed("reply consumer cannot acknowledge",
-                                *_ids(m))
+                raise errors.PreconditionFailed("reply consumer cannot acknowledge", *_ids(m))
             if any(t.queue == REPLY_TO for t in self.consumers.values()):
-                raise errors.PreconditionFailed("reply consumer already set",
-                                *_ids(m))
+                raise errors.PreconditionFailed("reply consumer already set", *_ids(m))
         args = m.arguments or {}
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise errors.PreconditionFailed("invalid arg 'x-priority' for basic.consume",
-                            *_ids(m))
+            raise errors.PreconditionFailed("invalid arg 'x-priority' for basic.consume", *_ids(m))
         target = self.worker.new_target(
             tag, self, queue, no_ack=m.no_ack, browse=bool(args.get("x-browse", False)),
             prefetch=self.prefetch,
         )
         if target is None:
-            raise errors.ResourceError("too many consumers on this worker",
-                            *_ids(m))
+            raise errors.ResourceError("too many consumers on this worker", *_ids(m))
         self.consumers[tag] = target
         target.interested = target.credit() > 0
         rec = r.Consume(
@@ -360,16 +354,14 @@ class Channel:
 
     def _confirm_select(self, m: spec.Confirm.Select) -> None:
         if self.tx:  # RabbitMQ's text
-            raise errors.PreconditionFailed("cannot switch from tx to confirm mode",
-                            *_ids(m))
+            raise errors.PreconditionFailed("cannot switch from tx to confirm mode", *_ids(m))
         self.confirm = True
         if not m.nowait:
             self._local_reply(spec.Confirm.SelectOk())
 
     def _tx_select(self, m: spec.Tx.Select) -> None:
         if self.confirm:
-            raise errors.PreconditionFailed("cannot switch from confirm to tx mode",
-                            *_ids(m))
+            raise errors.PreconditionFailed("cannot switch from confirm to tx mode", *_ids(m))
         self.tx = True
         self._local_reply(spec.Tx.SelectOk())
 

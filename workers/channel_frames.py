@@ -164,7 +164,8 @@ class ChannelFrames:
     # -- the table's handlers -------------------------------------------------------------
 
     def _on_unopened_method(
-        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event],
+        send: Send,
     ) -> None:
         method = decode_method(payload)
         if not isinstance(method, commands.Channel.Open):
@@ -174,7 +175,8 @@ class ChannelFrames:
         events.append(ChannelOpened(channel))
 
     def _on_method(
-        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event],
+        send: Send,
     ) -> None:
         ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
         if ids == PUBLISH_IDS:
@@ -194,7 +196,8 @@ class ChannelFrames:
             raise errors.CommandInvalid("unimplemented method", *method_ids(method))
 
     def _on_closing_method(
-        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event],
+        send: Send,
     ) -> None:
         ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
         if ids == (20, 40):  # channel.close crossing ours: answer it, keep waiting
@@ -203,7 +206,8 @@ class ChannelFrames:
             self._drop(channel, events)
 
     def _discard(
-        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event],
+        send: Send,
     ) -> None:
         pass
 
@@ -212,7 +216,8 @@ class ChannelFrames:
         events.append(ChannelClosed(channel))
 
     def _on_content_header(
-        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event],
+        send: Send,
     ) -> None:
         # A body too large is refused (406) before any of it is buffered: the assembler drops
         # the publish, and handle_error closes the channel.
@@ -224,7 +229,8 @@ class ChannelFrames:
             chan.move(ChannelState.IDLE)
 
     def _on_content_body(
-        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event], send: Send
+        self, channel: int, chan: _ChannelFraming, payload: memoryview, events: list[Event],
+        send: Send,
     ) -> None:
         publish = chan.content.body(channel, payload)
         if publish is not None:

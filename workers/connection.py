@@ -147,7 +147,9 @@ class UnexpectedMethod(errors.ChannelError):
 
     def __init__(self, state: State, input_: Input | str, class_id: int, method_id: int) -> None:
         # RabbitMQ's wording; 504 is what rabbit_reader answers.
-        super().__init__(f"unexpected method in connection state {state.value}", class_id, method_id)
+        super().__init__(
+            f"unexpected method in connection state {state.value}", class_id, method_id
+        )
         self.state = state
         self.input = input_
 

@@ -3,8 +3,8 @@
 The worker end of the rings (no trio here; ``workers.server`` drives it):
 requests are encoded into an outbox and written to the request ring in
 batches; events are drained from the event ring and routed to connection
-handlers and consumer targets; set notify slots are the seed's notifyWork and lead to
-pulls (the seed's steps 3–11, collapsed: target → channel → pull).
+handlers and consumer targets; set notify slots are the seed's notifyWork and
+lead to pulls (the seed's steps 3–11, collapsed: target → channel → pull).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ LAZY_SETTLE_DELAY = 0.005
 
 class Worker:
     """One worker process's state, without IO: its region and rings, its connection handlers
-    (client connections) and consumer targets. Requests go out through ``send`` (an outbox written to
-    the request ring once per scheduling round), events come in through ``handle_events``;
-    :class:`workers.server.Server` drives it from trio."""
+    (client connections) and consumer targets. Requests go out through ``send`` (an outbox
+    written to the request ring once per scheduling round), events come in through
+    ``handle_events``; :class:`workers.server.Server` drives it from trio."""
 
     def __init__(self, config: r.WorkerConfig, region: Region) -> None:
         self.config = config
