@@ -35,6 +35,17 @@ from broker.constants import REPLY_TO
 from ipc import records as r
 from workers import codec
 from workers.consumer_target import ConsumerTarget
+from workers.outgoing import (
+    Ack,
+    DeclareOk,
+    Deliveries,
+    Delivery,
+    GetOk,
+    Method,
+    Nack,
+    Outgoing,
+    Return,
+)
 
 if TYPE_CHECKING:
     from workers.connection_handler import ConnectionHandler
@@ -57,7 +68,6 @@ class ChannelConfig:
     """What a channel knows of its connection, fixed once the connection is open."""
 
     conn_id: int
-    frame_max: int  # negotiated at tune-ok: deliveries, get-oks and returns are split by it
     cancel_notify: bool  # the client takes basic.cancel from the server (capabilities)
 
 
@@ -118,15 +128,14 @@ class Channel:
             self._expect.append((True, on_reply))
 
     def _send(self, method: Any) -> None:
-        if self.confirmed > self.acked_upto:  # acks owed for earlier publishes go first
-            self.flush_confirms()
-        self.handler.send_method(self.number, method)
+        self._reply(Method(self.number, method))
 
-    def _send_raw(self, data: bytes) -> None:
-        """A reply pre-encoded by workers.codec (declare-ok, get-ok): after the acks, as _send."""
+    def _reply(self, event: Outgoing) -> None:
+        """A reply to the client (a method, declare-ok, get-ok): after the acks owed for
+        earlier publishes."""
         if self.confirmed > self.acked_upto:
             self.flush_confirms()
-        self.handler.send_raw(data)
+        self.handler.send(event)
 
     def _local_reply(self, method: Any) -> None:
         """Answer locally, but never ahead of a reply the supervisor still owes: a reply to
@@ -228,8 +237,7 @@ class Channel:
 
     def _declare_ok(self, rep: r.Reply) -> None:
         self.last_queue = rep.queue
-        self._send_raw(codec.encode_declare_ok(
-            self.number, rep.queue, rep.message_count, rep.consumer_count))
+        self._reply(DeclareOk(self.number, rep.queue, rep.message_count, rep.consumer_count))
         inbox, self._inbox = self._inbox, None
         while inbox and self._inbox is None and not self.closing:
             inbox.popleft()()
@@ -321,9 +329,9 @@ class Channel:
         d = ev.delivery
         tag = self._tag(d.entry, None, no_ack)
         header, body = self.worker.body(d)
-        self._send_raw(codec.encode_get_ok(
+        self._reply(GetOk(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
-            header, body, self.config.frame_max,
+            header, body,
         ))
         if self.worker.trace is not None:
             self.worker.trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
@@ -538,7 +546,7 @@ class Channel:
             self.confirmed -= 1
             self.flush_confirms()
             self.confirmed += 1
-            self.handler.send_raw(codec.encode_nack(self.number, self.confirmed, False))
+            self.handler.send(Nack(self.number, self.confirmed, False))
             self.acked_upto = self.confirmed
             return
         self.handler.confirms_pending.add(self)
@@ -547,16 +555,15 @@ class Channel:
         """Coalesce the confirms of one event batch into one basic.ack multiple."""
         if self.confirmed > self.acked_upto:
             multiple = self.confirmed - self.acked_upto > 1
-            self.handler.send_raw(codec.encode_ack(self.number, self.confirmed, multiple))
+            self.handler.send(Ack(self.number, self.confirmed, multiple))
             self.acked_upto = self.confirmed
 
     def on_return(self, ev: r.Returned) -> None:
         header, body = self.worker.own_body(ev.offset, ev.header_len, ev.body_len)
         if ev.reheader:  # published with BCC (sender-selected distribution): returned without
             header = memoryview(codec.reheader(header, ev.headers, ev.expiration))
-        self.handler.send_raw(codec.encode_return(
+        self.handler.send(Return(
             self.number, ev.code, ev.text, ev.exchange, ev.routing_key, header, body,
-            self.config.frame_max,
         ))
 
     def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> None:
@@ -573,18 +580,18 @@ class Channel:
         settled = target.settles_on_delivery
         done: list[int] = []
         trace = self.worker.trace
+        messages: list[Delivery] = []
         for d in ev.deliveries:
             tag = self._tag(d.entry, target, settled)
             header, body = self.worker.body(d)
-            self.handler.send_raw(codec.encode_deliver(
-                self.number, target.tag, tag, d.redelivered, d.exchange, d.routing_key,
-                header, body, self.config.frame_max,
-            ))
+            messages.append((tag, d.redelivered, d.exchange, d.routing_key, header, body))
             if trace is not None:
                 trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
                                 d.redelivered)
             if settled:
                 done.append(d.entry)
+        if messages:
+            self.handler.send(Deliveries(self.number, target.tag, messages))
         self._settle(done, r.ACK)
         target.more = ev.more
         target.notified = ev.more or target.renotified

@@ -104,17 +104,18 @@ class ChannelFrames:
         self._max_body_size = max_body_size
         self.channel_max = channel_max  # the negotiated value, set at tune-ok
         self._channels: dict[int, _ChannelFraming] = {}
+        # The open channels that are not closing: what may be sent on (checked per frame sent).
+        self.sendable: set[int] = set()
 
     # -- queries --------------------------------------------------------------------
 
     def is_open(self, channel: int) -> bool:
         """Open and not closing: frames may be sent on it."""
-        chan = self._channels.get(channel)
-        return chan is not None and chan.state is not ChannelState.CLOSING
+        return channel in self.sendable
 
     @property
     def open_channels(self) -> list[int]:
-        return [ch for ch, chan in self._channels.items() if chan.state is not ChannelState.CLOSING]
+        return [ch for ch in self._channels if ch in self.sendable]
 
     # -- input ------------------------------------------------------------------------
 
@@ -155,11 +156,13 @@ class ChannelFrames:
             return False
         chan.content.reset()
         chan.move(ChannelState.CLOSING)
+        self.sendable.discard(channel)
         return True
 
     def clear(self) -> None:
         """The connection is closed: every channel is gone with it."""
         self._channels.clear()
+        self.sendable.clear()
 
     # -- the table's handlers -------------------------------------------------------------
 
@@ -171,6 +174,7 @@ class ChannelFrames:
         if not isinstance(method, commands.Channel.Open):
             raise errors.ChannelError("expected 'channel.open'", *method_ids(method))
         self._channels[channel] = _ChannelFraming(ContentAssembler(self._max_body_size))
+        self.sendable.add(channel)
         send(codec.encode_method(channel, commands.Channel.OpenOk()))
         events.append(ChannelOpened(channel))
 
@@ -213,6 +217,7 @@ class ChannelFrames:
 
     def _drop(self, channel: int, events: list[Event]) -> None:
         del self._channels[channel]
+        self.sendable.discard(channel)
         events.append(ChannelClosed(channel))
 
     def _on_content_header(

@@ -52,10 +52,12 @@ soft errors close the channel, hard errors the connection, and reply texts
 get RabbitMQ's ``"CODE_NAME - "`` prefix there (``AMQPError.frame_text``).
 The runtime uses the same entry point for the errors its own handlers raise.
 
-Outgoing frames are queued by ``send_method`` (pamqp objects) and
-``send_raw`` (bytes pre-encoded by ``workers.codec``); both refuse (return
-False) once the connection, or the channel given, is no longer open: nothing
-may follow a close on the wire but close-ok.
+Outgoing frames are queued by ``send(event)``: the connection encodes the
+event (``workers.outgoing``: deliveries, get-oks, returns, confirms, any
+other method), splitting content by the negotiated frame_max, and refuses
+(returns False) once the connection, or the event's channel, is no longer
+open: nothing may follow a close on the wire but close-ok.  ``send_raw``
+queues bytes already encoded, under the same check.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ from workers.frame_buffer import (
     FrameBuffer,
 )
 from workers.liveness import Liveness
+from workers.outgoing import Deliveries, Method, Outgoing, encode, encode_deliveries
 
 # -- errors -----------------------------------------------------------------
 
@@ -191,6 +194,7 @@ class AMQPConnection:
         self.unsent_bytes = 0  # queued in _out (bounded by the runtime: it stops reading)
         self._events: list[Event] = []
         self._channels = ChannelFrames(max_body_size, channel_max)
+        self._sendable = self._channels.sendable  # send's check, one set lookup per event
 
         # Negotiated values (AMQP 0-9-1 §4.2.3: frame-min-size until tuned).
         self.frame_max = FRAME_MIN_SIZE
@@ -320,12 +324,25 @@ class AMQPConnection:
         self._out.append(data)
         self.unsent_bytes += len(data)
 
+    def send(self, event: Outgoing) -> bool:
+        """Encode one outgoing event (``workers.outgoing``) and queue its frames; False
+        (dropped) unless the connection is running and the event's channel open."""
+        channel = event[0]
+        if self._state is not State.RUNNING or (channel and channel not in self._sendable):
+            return False
+        if type(event) is Deliveries:  # one item per message: no join (no copy of bodies)
+            for data in encode_deliveries(event, self.frame_max):
+                self._out.append(data)
+                self.unsent_bytes += len(data)
+            return True
+        data = encode(event, self.frame_max)
+        self._out.append(data)  # _queue_out, inlined: every confirm comes this way
+        self.unsent_bytes += len(data)
+        return True
+
     def send_method(self, channel: int, method: base.Frame) -> bool:
         """Queue a pamqp method; False (dropped) if the channel is not open."""
-        if not self._can_send(channel):
-            return False
-        self._queue_out(codec.encode_method(channel, method))
-        return True
+        return self.send(Method(channel, method))
 
     def send_raw(self, data: bytes | bytearray | memoryview, channel: int | None = None) -> bool:
         """Queue pre-encoded frames (workers.codec); False (dropped) once the

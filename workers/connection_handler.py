@@ -22,6 +22,7 @@ from workers import codec
 from workers import events as ev
 from workers.channel import Channel, ChannelConfig
 from workers.connection import AMQPConnection, State
+from workers.outgoing import Method, Outgoing
 
 if TYPE_CHECKING:
     from workers.worker import Worker
@@ -54,7 +55,7 @@ class ConnectionHandler:
         self.opened = False
         self.finished = False
         self.cancel_notify = False
-        self._channel_config = ChannelConfig(conn_id, proto.frame_max, False)  # set when opened
+        self._channel_config = ChannelConfig(conn_id, False)  # set when opened
         self.blocked_capable = False  # the client understands connection.blocked
         self.told_blocked = False
         self.publishes = False  # RabbitMQ blocks (and tells) only publishing connections
@@ -133,12 +134,10 @@ class ConnectionHandler:
 
     # ------------------------------------------------------------- output
 
-    def send_method(self, channel: int, method: Any) -> None:
-        self.proto.send_method(channel, method)
-        self.worker.dirty.add(self)
-
-    def send_raw(self, data: bytes) -> None:
-        self.proto.send_raw(data)
+    def send(self, event: Outgoing) -> None:
+        """Hand an outgoing event to the protocol (which encodes it, or drops it once its
+        channel or the connection is closing); the writer is woken after the batch."""
+        self.proto.send(event)
         self.worker.dirty.add(self)
 
     def take_output(self) -> bytes:
@@ -193,7 +192,7 @@ class ConnectionHandler:
     def _opened(self, event: ev.ConnectionOpened) -> None:
         caps = (event.client_properties or {}).get("capabilities") or {}
         self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
-        self._channel_config = ChannelConfig(self.conn_id, self.proto.frame_max, self.cancel_notify)
+        self._channel_config = ChannelConfig(self.conn_id, self.cancel_notify)
         self.blocked_capable = bool(caps.get("connection.blocked", False))
         self.opened = True
         name = (event.client_properties or {}).get("connection_name")
@@ -232,7 +231,7 @@ class ConnectionHandler:
         self.told_blocked = active
         method = (spec.Connection.Blocked(reason="low on memory") if active
                   else spec.Connection.Unblocked())
-        self.send_method(0, method)
+        self.send(Method(0, method))
 
     def publish(self, event: ev.PublishReceived, offset: int, header_len: int,
                 headers: dict | None, expiration: str | None = None,

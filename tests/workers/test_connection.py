@@ -22,6 +22,7 @@ from workers.events import (
     PublishReceived,
 )
 from workers.frame_buffer import PROTOCOL_HEADER
+from workers.outgoing import Ack, DeclareOk, Deliveries, Method, Return
 
 LOGIN_REFUSED = (
     "ACCESS_REFUSED - Login was refused using authentication mechanism {}. "
@@ -921,3 +922,49 @@ def test_whole_publish_declines_what_frame_by_frame_must_refuse() -> None:
     conn = opened()
     conn.receive_data(publish(1, b"x", immediate=True))
     assert only_close(conn).reply_code == 540
+
+
+# -- outgoing events (AMQPConnection.send) ------------------------------------------
+
+OUT_HEADER = memoryview(header.ContentHeader(0, 10, commands.Basic.Properties()).marshal())
+
+
+def test_deliveries_are_split_by_the_negotiated_frame_max() -> None:
+    """A body larger than frame_max - 8 goes out in several body frames, each within it."""
+    conn = opened(frame_max=4096)
+    data = b"x" * 10_000
+    assert conn.send(Deliveries(1, "c1", [(1, False, "", "q", OUT_HEADER, memoryview(data))]))
+    frames = sent(conn)
+    deliver = frames[0][1]
+    assert isinstance(deliver, commands.Basic.Deliver) and deliver.consumer_tag == "c1"
+    bodies = [f.value for _, f in frames if isinstance(f, body.ContentBody)]
+    assert b"".join(bodies) == data and all(len(b) <= 4096 - 8 for b in bodies)
+
+
+def test_nothing_follows_a_channel_close() -> None:
+    """AMQP 0-9-1 channel.close: once the server sent it, nothing more goes out on the channel."""
+    conn = opened(channels=(1, 2))
+    conn.close_channel(1, 406, "PRECONDITION_FAILED - x")
+    conn.data_to_send()
+    for event in (
+        Deliveries(1, "c1", [(1, False, "", "q", OUT_HEADER, memoryview(b"0123456789"))]),
+        Ack(1, 1, False),
+        Return(1, 312, "NO_ROUTE", "", "q", OUT_HEADER, memoryview(b"0123456789")),
+        DeclareOk(1, "q", 0, 0),
+        Method(1, commands.Basic.QosOk()),
+    ):
+        assert conn.send(event) is False
+    assert conn.data_to_send() == b""
+    assert conn.send(Ack(2, 1, False)) is True
+    [(channel, ack)] = sent(conn)
+    assert channel == 2 and isinstance(ack, commands.Basic.Ack)
+
+
+def test_nothing_follows_a_connection_close() -> None:
+    """After connection.close only close-ok may be sent: channel 0 events are dropped too."""
+    conn = opened()
+    conn.close(320, "CONNECTION_FORCED - x")
+    conn.data_to_send()
+    assert conn.send(Method(0, commands.Connection.Blocked("low on memory"))) is False
+    assert conn.send(Ack(1, 1, False)) is False
+    assert conn.data_to_send() == b""

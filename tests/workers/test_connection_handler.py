@@ -18,6 +18,7 @@ from ipc import records as r
 from tests.workers.helpers import CONN, Harness, consumer, methods, pulls
 from workers.connection import State
 from workers.connection_handler import HIGH_WATER, PUBLISH_CREDIT
+from workers.outgoing import Method
 
 # -- back-pressure --------------------------------------------------------------
 
@@ -261,7 +262,7 @@ def test_heartbeats_look_at_the_socket_only_while_output_stops_the_reader() -> N
     h.handler.credit = 0
     assert h.handler.heartbeat_tick(2.0) and asked == []
     h.handler.output_bound = 0
-    h.handler.send_method(1, commands.Basic.QosOk())
+    h.handler.send(Method(1, commands.Basic.QosOk()))
     assert h.handler.reading_stop == "output"
     assert h.handler.heartbeat_tick(3.0) and asked == [1]
 
