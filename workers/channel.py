@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from pamqp import commands as spec
 
@@ -47,9 +47,6 @@ from workers.outgoing import (
     Return,
 )
 
-if TYPE_CHECKING:
-    from workers.connection_handler import ConnectionHandler
-
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 
 # Replies that carry no fields: the request's record tag → the -ok method.
@@ -61,6 +58,52 @@ _PLAIN_OK: dict[str, Callable[[], Any]] = {
     "qbind": spec.Queue.BindOk,
     "qunbind": spec.Queue.UnbindOk,
 }
+
+
+# A consumer target of one of these channels (ConsumerTarget is generic over its channel).
+Target = ConsumerTarget["Channel"]
+
+
+class _Arena(Protocol):
+    def free(self, offset: int) -> None: ...
+
+
+class _Region(Protocol):
+    @property
+    def arena(self) -> _Arena: ...
+
+
+class WorkerServices(Protocol):
+    """What a channel uses of its worker (``workers.worker.Worker``): the request outbox,
+    consumer targets and their slots, message bodies in the arena, and the trace."""
+
+    @property
+    def region(self) -> _Region: ...
+    @property
+    def trace(self) -> Any: ...  # perf's TraceWriter, untyped until tracing has its package
+
+    def send(self, rec: Any) -> None: ...
+    def new_target(self, tag: str, channel: Channel, queue: str, *, no_ack: bool,
+                   browse: bool, prefetch: int) -> Target | None: ...
+    def drop_target(self, target: Target) -> None: ...
+    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]: ...
+    def own_body(self, offset: int, header_len: int,
+                 body_len: int) -> tuple[memoryview, memoryview]: ...
+
+
+class ChannelOwner(Protocol):
+    """What a channel uses of the connection handler that owns it: the output, the
+    connection's publish credit, the confirms to flush after the batch, back-pressure."""
+
+    credit: int
+    confirms_pending: set[Channel]
+
+    @property
+    def backpressured(self) -> bool: ...
+    @property
+    def worker(self) -> WorkerServices: ...
+
+    def send(self, event: Outgoing) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +124,7 @@ class Channel:
     requests to the supervisor and its events into frames, in order; holds the channel's
     consumers, unacked deliveries, confirms and transaction."""
 
-    def __init__(self, handler: ConnectionHandler, number: int, config: ChannelConfig) -> None:
+    def __init__(self, handler: ChannelOwner, number: int, config: ChannelConfig) -> None:
         self.handler = handler
         self.number = number
         self.conn_id = config.conn_id
@@ -103,10 +146,10 @@ class Channel:
         # or a confirm: a local reply then waits for a Sync (_local_reply).
         self.publishes_unanswered = False
         self._tx_publishes: list[r.Publish] = []
-        self._tx_settles: list[tuple[int, int, ConsumerTarget | None, int]] = []
+        self._tx_settles: list[tuple[int, int, Target | None, int]] = []
         self._next_tag = 0
-        self.unacked: OrderedDict[int, tuple[int, ConsumerTarget | None]] = OrderedDict()
-        self.consumers: dict[str, ConsumerTarget] = {}
+        self.unacked: OrderedDict[int, tuple[int, Target | None]] = OrderedDict()
+        self.consumers: dict[str, Target] = {}
         # Replies owed to the client, in request order: (from_supervisor, fn).
         # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
         self._expect: deque[tuple[bool, Callable[[Any], None]]] = deque()
@@ -118,8 +161,13 @@ class Channel:
     # ----------------------------------------------------------- plumbing
 
     @property
-    def worker(self) -> Any:
+    def worker(self) -> WorkerServices:
         return self.handler.worker
+
+    @property
+    def backpressured(self) -> bool:
+        """The connection's output is backed up: consumers take nothing (ConsumerTarget.credit)."""
+        return self.handler.backpressured
 
     def _request(self, rec: Any, on_reply: Callable[[Any], None] | None) -> None:
         self.worker.send(rec)
@@ -287,13 +335,13 @@ class Channel:
         else:
             self._request(rec, lambda rep: self._consume_ok(target, rep.queue))
 
-    def _consume_ok(self, target: ConsumerTarget, queue: str = "") -> None:
+    def _consume_ok(self, target: Target, queue: str = "") -> None:
         if target.queue == REPLY_TO:
             self.reply_to = queue
         self._send(spec.Basic.ConsumeOk(target.tag))
         self._activate(target)
 
-    def _activate(self, target: ConsumerTarget) -> None:
+    def _activate(self, target: Target) -> None:
         target.active = True
         self.refresh(target)
 
@@ -314,7 +362,7 @@ class Channel:
         else:
             self._request(rec, lambda rep: self._cancel_ok(target))
 
-    def _cancel_ok(self, target: ConsumerTarget) -> None:
+    def _cancel_ok(self, target: Target) -> None:
         self._send(spec.Basic.CancelOk(target.tag))
         self.worker.drop_target(target)
 
@@ -449,7 +497,7 @@ class Channel:
 
     # ------------------------------------------------------ acknowledgements
 
-    def _tag(self, entry: int, target: ConsumerTarget | None, settled: bool) -> int:
+    def _tag(self, entry: int, target: Target | None, settled: bool) -> int:
         self._next_tag += 1
         if not settled:
             self.unacked[self._next_tag] = (entry, target)
@@ -462,7 +510,7 @@ class Channel:
         taken = self._take(tag, multiple)
         if not taken and not (multiple and tag == 0):
             raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *_ids(m))
-        touched: set[ConsumerTarget] = set()
+        touched: set[Target] = set()
         for _, _, target in taken:
             if target is not None:
                 target.unacked -= 1
@@ -481,7 +529,7 @@ class Channel:
             for target in touched:
                 self.refresh(target)
 
-    def _take(self, tag: int, multiple: bool) -> list[tuple[int, int, ConsumerTarget | None]]:
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, int, Target | None]]:
         """(tag, entry, target) of the deliveries an ack/nack/reject names."""
         if not multiple:
             held = self.unacked.pop(tag, None)
@@ -566,7 +614,7 @@ class Channel:
             self.number, ev.code, ev.text, ev.exchange, ev.routing_key, header, body,
         ))
 
-    def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> None:
+    def on_pulled(self, target: Target, ev: r.Pulled) -> None:
         """Deliveries from a pull: the seed's step 12, onto the IO buffer."""
         self.pull_reserved -= target.pulling
         target.pulling = 0
@@ -598,7 +646,7 @@ class Channel:
         target.renotified = False
         self._refresh_after_credit(target)
 
-    def _refresh_after_credit(self, target: ConsumerTarget) -> None:
+    def _refresh_after_credit(self, target: Target) -> None:
         """A pull's reservation came back: with global qos every consumer of the
         channel may now have credit, not just the one that pulled."""
         if self.global_prefetch:
@@ -606,7 +654,7 @@ class Channel:
         else:
             self.refresh(target)
 
-    def on_cancelled(self, target: ConsumerTarget) -> None:
+    def on_cancelled(self, target: Target) -> None:
         """The queue went away: tell the client if it understands basic.cancel."""
         self.consumers.pop(target.tag, None)
         target.active = False
@@ -616,14 +664,14 @@ class Channel:
 
     # ------------------------------------------------------------- credit
 
-    def notify(self, target: ConsumerTarget) -> None:
+    def notify(self, target: Target) -> None:
         """seed: QueueConsumer#notifyWork reached this target (its slot was set)."""
         target.notified = True
         if target.pulling:
             target.renotified = True
         self.refresh(target)
 
-    def refresh(self, target: ConsumerTarget) -> None:
+    def refresh(self, target: Target) -> None:
         """seed: setNotifyWorkDesired follows credit; pull while notified and able."""
         if not target.active or self.closing:
             return

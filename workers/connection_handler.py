@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pamqp import commands as spec
 
@@ -20,12 +20,9 @@ from broker.errors import AMQPError
 from ipc import records as r
 from workers import codec
 from workers import events as ev
-from workers.channel import Channel, ChannelConfig
+from workers.channel import Channel, ChannelConfig, WorkerServices
 from workers.connection import AMQPConnection, State
 from workers.outgoing import Method, Outgoing
-
-if TYPE_CHECKING:
-    from workers.worker import Worker
 
 log = logging.getLogger("shoal.connection")
 
@@ -41,13 +38,26 @@ OUTPUT_BOUND = 2 * HIGH_WATER
 PUBLISH_CREDIT = 400
 
 
+class HandlerWorker(WorkerServices, Protocol):
+    """What a connection handler uses of its worker (``workers.worker.Worker``), besides what
+    its channels use: its index (for the log), the memory alarm, the handlers by connection
+    id, and the set of handlers with output for the writers."""
+
+    index: int
+    dirty: set[ConnectionHandler]
+    handlers: dict[int, ConnectionHandler]
+
+    @property
+    def alarmed(self) -> bool: ...
+
+
 class ConnectionHandler:
     """One client connection on this worker: owns its ``AMQPConnection`` (the protocol) and
     its ``Channel`` objects (the AMQP channels, the seed's Sessions), routes protocol events
     and supervisor events to them, and holds the connection-wide limits (publish credit,
     output bounds, connection.blocked)."""
 
-    def __init__(self, worker: Worker, conn_id: int, proto: AMQPConnection) -> None:
+    def __init__(self, worker: HandlerWorker, conn_id: int, proto: AMQPConnection) -> None:
         self.worker = worker
         self.conn_id = conn_id
         self.proto = proto

@@ -20,6 +20,7 @@ from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
 from workers import codec
+from workers.channel import Channel, Target
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTarget
 
@@ -57,8 +58,8 @@ class Worker:
         self.lazy_pending = False  # acks in the ring that no wake-up announced yet
         self.want_lazy_wake: Callable[[], object] = self.wake_supervisor  # the server defers it
         self.handlers: dict[int, ConnectionHandler] = {}
-        self.targets: dict[int, ConsumerTarget] = {}
-        self._by_slot: dict[int, ConsumerTarget] = {}
+        self.targets: dict[int, Target] = {}
+        self._by_slot: dict[int, Target] = {}
         self._free_slots = list(range(len(region.slots) - 1, -1, -1))
         self._consumer_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
@@ -151,8 +152,8 @@ class Worker:
 
     # ------------------------------------------------------------ targets
 
-    def new_target(self, tag: str, channel: Any, queue: str, *, no_ack: bool, browse: bool,
-                   prefetch: int) -> ConsumerTarget | None:
+    def new_target(self, tag: str, channel: Channel, queue: str, *, no_ack: bool, browse: bool,
+                   prefetch: int) -> Target | None:
         if not self._free_slots:
             return None
         target = ConsumerTarget(
@@ -163,7 +164,7 @@ class Worker:
         self._by_slot[target.slot] = target
         return target
 
-    def drop_target(self, target: ConsumerTarget) -> None:
+    def drop_target(self, target: Target) -> None:
         """Free the target's slot; a target with a pull in flight stays known by
         id until the answer comes (its channel requeues what it brings)."""
         if self._by_slot.get(target.slot) is target:
@@ -256,7 +257,7 @@ class Worker:
         handler = None
         if isinstance(event, (r.Pulled, r.Cancelled)):
             target = self.targets.get(event.consumer)
-            handler = target.channel.handler if target is not None else None
+            handler = self.handlers.get(target.channel.conn_id) if target is not None else None
         elif hasattr(event, "conn"):
             handler = self.handlers.get(event.conn)
         log.exception("internal error on %s (connection %s)", type(event).__name__,
