@@ -25,8 +25,7 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from pamqp import commands as spec
 
@@ -34,6 +33,7 @@ from broker import errors
 from broker.constants import REPLY_TO
 from ipc import records as r
 from workers import codec
+from workers.channel_owner import ChannelConfig, ChannelOwner, WorkerServices
 from workers.consumer_target import ConsumerTarget
 from workers.outgoing import (
     Ack,
@@ -46,6 +46,7 @@ from workers.outgoing import (
     Outgoing,
     Return,
 )
+from workers.transaction import Transaction
 
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 
@@ -64,56 +65,6 @@ _PLAIN_OK: dict[str, Callable[[], Any]] = {
 Target = ConsumerTarget["Channel"]
 
 
-class _Arena(Protocol):
-    def free(self, offset: int) -> None: ...
-
-
-class _Region(Protocol):
-    @property
-    def arena(self) -> _Arena: ...
-
-
-class WorkerServices(Protocol):
-    """What a channel uses of its worker (``workers.worker.Worker``): the request outbox,
-    consumer targets and their slots, message bodies in the arena, and the trace."""
-
-    @property
-    def region(self) -> _Region: ...
-    @property
-    def trace(self) -> Any: ...  # perf's TraceWriter, untyped until tracing has its package
-
-    def send(self, rec: Any) -> None: ...
-    def new_target(self, tag: str, channel: Channel, queue: str, *, no_ack: bool,
-                   browse: bool, prefetch: int) -> Target | None: ...
-    def drop_target(self, target: Target) -> None: ...
-    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]: ...
-    def own_body(self, offset: int, header_len: int,
-                 body_len: int) -> tuple[memoryview, memoryview]: ...
-
-
-class ChannelOwner(Protocol):
-    """What a channel uses of the connection handler that owns it: the output, the
-    connection's publish credit, the confirms to flush after the batch, back-pressure."""
-
-    credit: int
-    confirms_pending: set[Channel]
-
-    @property
-    def backpressured(self) -> bool: ...
-    @property
-    def worker(self) -> WorkerServices: ...
-
-    def send(self, event: Outgoing) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelConfig:
-    """What a channel knows of its connection, fixed once the connection is open."""
-
-    conn_id: int
-    cancel_notify: bool  # the client takes basic.cancel from the server (capabilities)
-
-
 def _ids(method: Any) -> tuple[int, int]:
     index = getattr(method, "index", 0)
     return index >> 16, index & 0xFFFF
@@ -124,7 +75,7 @@ class Channel:
     requests to the supervisor and its events into frames, in order; holds the channel's
     consumers, unacked deliveries, confirms and transaction."""
 
-    def __init__(self, handler: ChannelOwner, number: int, config: ChannelConfig) -> None:
+    def __init__(self, handler: ChannelOwner[Channel], number: int, config: ChannelConfig) -> None:
         self.handler = handler
         self.number = number
         self.conn_id = config.conn_id
@@ -145,8 +96,7 @@ class Channel:
         # A publish sent since the last request that may still produce a basic.return (mandatory)
         # or a confirm: a local reply then waits for a Sync (_local_reply).
         self.publishes_unanswered = False
-        self._tx_publishes: list[r.Publish] = []
-        self._tx_settles: list[tuple[int, int, Target | None, int]] = []
+        self._tx: Transaction[Target] = Transaction()
         self._next_tag = 0
         self.unacked: OrderedDict[int, tuple[int, Target | None]] = OrderedDict()
         self.consumers: dict[str, Target] = {}
@@ -161,7 +111,7 @@ class Channel:
     # ----------------------------------------------------------- plumbing
 
     @property
-    def worker(self) -> WorkerServices:
+    def worker(self) -> WorkerServices[Channel]:
         return self.handler.worker
 
     @property
@@ -429,19 +379,11 @@ class Channel:
         """Publish what the transaction held and settle its acks, in order; commit-ok
         once the supervisor has applied them all (the Sync barrier)."""
         self._check_tx(m)
-        for rec in self._tx_publishes:
+        publishes, settles = self._tx.commit()
+        for rec in publishes:
             self._send_publish(rec)
-        run: list[int] = []
-        action = -1
-        for _, entry, _, act in self._tx_settles:
-            if act != action and run:
-                self._settle(run, action)
-                run = []
-            run.append(entry)
-            action = act
-        self._settle(run, action)
-        self._tx_publishes.clear()
-        self._tx_settles.clear()
+        for entries, action in settles:
+            self._settle(entries, action)
         self._request(r.Sync(self.conn_id, self.number),
                       lambda rep: self._send(spec.Tx.CommitOk()))
 
@@ -449,20 +391,18 @@ class Channel:
         """Drop the held publishes; the held acks' messages are unacked again."""
         self._check_tx(m)
         self._discard_tx()
-        for tag, entry, target, _ in self._tx_settles:
+        for tag, entry, target, _ in self._tx.take_settles():
             self.unacked[tag] = (entry, target)
             if target is not None:
                 target.unacked += 1
                 self.consumer_unacked += 1
-        self._tx_settles.clear()
         self.unacked = OrderedDict(sorted(self.unacked.items()))
         self.refresh_all()
         self._local_reply(spec.Tx.RollbackOk())
 
     def _discard_tx(self) -> None:
-        for rec in self._tx_publishes:
+        for rec in self._tx.take_publishes():
             self.worker.region.arena.free(rec.offset)
-        self._tx_publishes.clear()
 
     def _flow(self, m: spec.Channel.Flow) -> None:
         self.flow_active = bool(m.active)
@@ -520,7 +460,7 @@ class Channel:
             self.worker.trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
                                          _TRACE_OUTCOME[action])
         if self.tx:  # takes effect at tx.commit; tx.rollback gives them back
-            self._tx_settles.extend((tag_, entry, target, action) for tag_, entry, target in taken)
+            self._tx.hold_settles(taken, action)
         else:
             self._settle([entry for _, entry, _ in taken], action)
         if self.global_prefetch:
@@ -564,7 +504,7 @@ class Channel:
             offset, header_len, body_len, headers, expiration, priority,
         )
         if self.tx:  # invisible until tx.commit
-            self._tx_publishes.append(rec)
+            self._tx.hold_publish(rec)
         else:
             self._send_publish(rec)
 

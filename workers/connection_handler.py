@@ -20,7 +20,8 @@ from broker.errors import AMQPError
 from ipc import records as r
 from workers import codec
 from workers import events as ev
-from workers.channel import Channel, ChannelConfig, WorkerServices
+from workers.channel import Channel
+from workers.channel_owner import ChannelConfig, WorkerServices
 from workers.connection import AMQPConnection, State
 from workers.outgoing import Method, Outgoing
 
@@ -38,7 +39,7 @@ OUTPUT_BOUND = 2 * HIGH_WATER
 PUBLISH_CREDIT = 400
 
 
-class HandlerWorker(WorkerServices, Protocol):
+class HandlerWorker(WorkerServices[Channel], Protocol):
     """What a connection handler uses of its worker (``workers.worker.Worker``), besides what
     its channels use: its index (for the log), the memory alarm, the handlers by connection
     id, and the set of handlers with output for the writers."""
