@@ -113,10 +113,6 @@ class ChannelFrames:
         """Open and not closing: frames may be sent on it."""
         return channel in self.sendable
 
-    @property
-    def open_channels(self) -> list[int]:
-        return [ch for ch in self._channels if ch in self.sendable]
-
     # -- input ------------------------------------------------------------------------
 
     def receive(self, frame: Frame, events: list[Event], send: Send) -> None:

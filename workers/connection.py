@@ -251,10 +251,6 @@ class AMQPConnection:
         """Open and not closing: frames may be sent on it."""
         return self._channels.is_open(channel)
 
-    @property
-    def open_channels(self) -> list[int]:
-        return self._channels.open_channels
-
     # -- public: input ----------------------------------------------------------
 
     def receive_data(self, data: bytes) -> list[Event]:

@@ -90,10 +90,6 @@ class ConnectionHandler:
         return f"w{self.worker.index}#{self.conn_id} ({self.peer} -> {self.local})"
 
     @property
-    def frame_max(self) -> int:
-        return self.proto.frame_max
-
-    @property
     def backpressured(self) -> bool:
         return self.proto.unsent_bytes + self.in_flight > HIGH_WATER
 
