@@ -6,7 +6,9 @@ The reply text is the explanation only; RabbitMQ sends ``"<REPLY_NAME> - <text>"
 wire, which :attr:`AMQPError.frame_text` builds.
 
 Called from: the supervisor process (the domain raises, ``broker.dispatch`` catches
-``AMQPError`` -- never bare ``Exception`` -- and answers the worker).
+``AMQPError`` -- never bare ``Exception`` -- and answers the worker) and the worker processes
+(``workers/`` raises the same classes; ``AMQPConnection.handle_error`` turns them into frames,
+and ``error_for_code`` rebuilds the supervisor's ``Error`` records).
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ class NoConsumers(_Soft):
 class AccessRefused(_Soft):
     reply_code = 403
     reply_name = "ACCESS_REFUSED"
+
+
+class LoginRefused(AccessRefused):
+    """403 during the handshake: a refused login closes the connection (rabbit_reader)."""
+
+    hard = True
 
 
 class NotFound(_Soft):

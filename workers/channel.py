@@ -15,7 +15,7 @@ entry id (and the consumer that took it, for prefetch credit). Acks, nacks
 and rejects become ``Settle`` records; an unknown tag is 406
 PRECONDITION_FAILED, as RabbitMQ replies.
 
-No IO here: output goes through the session's protocol object and the
+No IO here: output goes through the handler's protocol object and the
 worker's request outbox.
 """
 
@@ -25,24 +25,29 @@ import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from pamqp import commands as spec
 
+from broker import errors
+from broker.constants import REPLY_TO
 from ipc import records as r
 from workers import codec
-from workers.connection import AMQPError
+from workers.channel_owner import ChannelConfig, ChannelOwner, WorkerServices
 from workers.consumer_target import ConsumerTarget
+from workers.outgoing import (
+    Ack,
+    DeclareOk,
+    Deliveries,
+    Delivery,
+    GetOk,
+    Method,
+    Nack,
+    Outgoing,
+    Return,
+)
+from workers.transaction import Transaction
 
-if TYPE_CHECKING:
-    from workers.session import Session
-
-NOT_FOUND = 404
-PRECONDITION_FAILED = 406
-NOT_ALLOWED = 530
-NOT_IMPLEMENTED = 540
-RESOURCE_ERROR = 506
-REPLY_TO = "amq.rabbitmq.reply-to"
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 
 # Replies that carry no fields: the request's record tag → the -ok method.
@@ -56,6 +61,10 @@ _PLAIN_OK: dict[str, Callable[[], Any]] = {
 }
 
 
+# A consumer target of one of these channels (ConsumerTarget is generic over its channel).
+Target = ConsumerTarget["Channel"]
+
+
 def _ids(method: Any) -> tuple[int, int]:
     index = getattr(method, "index", 0)
     return index >> 16, index & 0xFFFF
@@ -66,9 +75,11 @@ class Channel:
     requests to the supervisor and its events into frames, in order; holds the channel's
     consumers, unacked deliveries, confirms and transaction."""
 
-    def __init__(self, session: Session, number: int) -> None:
-        self.session = session
+    def __init__(self, handler: ChannelOwner[Channel], number: int, config: ChannelConfig) -> None:
+        self.handler = handler
         self.number = number
+        self.conn_id = config.conn_id
+        self.config = config
         self.closing = False
         self.flow_active = True
         self.confirm = False
@@ -85,11 +96,10 @@ class Channel:
         # A publish sent since the last request that may still produce a basic.return (mandatory)
         # or a confirm: a local reply then waits for a Sync (_local_reply).
         self.publishes_unanswered = False
-        self._tx_publishes: list[r.Publish] = []
-        self._tx_settles: list[tuple[int, int, ConsumerTarget | None, int]] = []
+        self._tx: Transaction[Target] = Transaction()
         self._next_tag = 0
-        self.unacked: OrderedDict[int, tuple[int, ConsumerTarget | None]] = OrderedDict()
-        self.consumers: dict[str, ConsumerTarget] = {}
+        self.unacked: OrderedDict[int, tuple[int, Target | None]] = OrderedDict()
+        self.consumers: dict[str, Target] = {}
         # Replies owed to the client, in request order: (from_supervisor, fn).
         # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
         self._expect: deque[tuple[bool, Callable[[Any], None]]] = deque()
@@ -101,8 +111,13 @@ class Channel:
     # ----------------------------------------------------------- plumbing
 
     @property
-    def worker(self) -> Any:
-        return self.session.worker
+    def worker(self) -> WorkerServices[Channel]:
+        return self.handler.worker
+
+    @property
+    def backpressured(self) -> bool:
+        """The connection's output is backed up: consumers take nothing (ConsumerTarget.credit)."""
+        return self.handler.backpressured
 
     def _request(self, rec: Any, on_reply: Callable[[Any], None] | None) -> None:
         self.worker.send(rec)
@@ -111,15 +126,14 @@ class Channel:
             self._expect.append((True, on_reply))
 
     def _send(self, method: Any) -> None:
-        if self.confirmed > self.acked_upto:  # acks owed for earlier publishes go first
-            self.flush_confirms()
-        self.session.send_method(self.number, method)
+        self._reply(Method(self.number, method))
 
-    def _send_raw(self, data: bytes) -> None:
-        """A reply pre-encoded by workers.codec (declare-ok, get-ok): after the acks, as _send."""
+    def _reply(self, event: Outgoing) -> None:
+        """A reply to the client (a method, declare-ok, get-ok): after the acks owed for
+        earlier publishes."""
         if self.confirmed > self.acked_upto:
             self.flush_confirms()
-        self.session.send_raw(data)
+        self.handler.send(event)
 
     def _local_reply(self, method: Any) -> None:
         """Answer locally, but never ahead of a reply the supervisor still owes: a reply to
@@ -128,7 +142,7 @@ class Channel:
         whatever those publishes produced)."""
         if self.publishes_unanswered:
             self.publishes_unanswered = False
-            self._request(r.Sync(self.session.conn_id, self.number), _nothing)
+            self._request(r.Sync(self.conn_id, self.number), _nothing)
         if self._expect:
             self._expect.append((False, lambda _: self._send(method)))
         else:
@@ -136,13 +150,13 @@ class Channel:
 
     def _settle(self, entries: list[int], action: int) -> None:
         if entries:
-            self.worker.send(r.Settle(self.session.conn_id, self.number, entries, action))
+            self.worker.send(r.Settle(self.conn_id, self.number, entries, action))
 
     def _queue_name(self, name: str, method: Any) -> str:
         if name:
             return name
         if not self.last_queue:
-            raise AMQPError(NOT_FOUND, "no previously declared queue", *_ids(method), hard=False)
+            raise errors.NotFound("no previously declared queue", *_ids(method))
         return self.last_queue
 
     # ------------------------------------------------------ client methods
@@ -154,36 +168,36 @@ class Channel:
         self._dispatch(m)
 
     def _dispatch(self, m: Any) -> None:
-        handler = self._METHODS.get(type(m))
-        if handler is None:
-            raise AMQPError(NOT_IMPLEMENTED, f"{m.name} is not implemented", *_ids(m), hard=True)
-        handler(self, m)
+        run = self._METHODS.get(type(m))
+        if run is None:
+            raise errors.NotImplemented_(f"{m.name} is not implemented", *_ids(m))
+        run(self, m)
 
     def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
         rec = r.ExchangeDeclare(
-            self.session.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
+            self.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
             m.durable, m.auto_delete, m.internal, dict(m.arguments or {}), m.nowait,
         )
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
-        rec = r.ExchangeDelete(self.session.conn_id, self.number, m.exchange, m.if_unused,
+        rec = r.ExchangeDelete(self.conn_id, self.number, m.exchange, m.if_unused,
                                m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
-        rec = r.ExchangeBind(self.session.conn_id, self.number, m.destination, m.source,
+        rec = r.ExchangeBind(self.conn_id, self.number, m.destination, m.source,
                              m.routing_key, dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
-        rec = r.ExchangeUnbind(self.session.conn_id, self.number, m.destination, m.source,
+        rec = r.ExchangeUnbind(self.conn_id, self.number, m.destination, m.source,
                                m.routing_key, dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _queue_declare(self, m: spec.Queue.Declare) -> None:
         rec = r.QueueDeclare(
-            self.session.conn_id, self.number, m.queue, m.passive, m.durable, m.exclusive,
+            self.conn_id, self.number, m.queue, m.passive, m.durable, m.exclusive,
             m.auto_delete, dict(m.arguments or {}), m.nowait,
         )
         if m.queue:
@@ -195,23 +209,23 @@ class Channel:
     def _queue_bind(self, m: spec.Queue.Bind) -> None:
         queue = self._queue_name(m.queue, m)
         key = m.routing_key if (m.queue or m.routing_key) else queue
-        rec = r.QueueBind(self.session.conn_id, self.number, queue, m.exchange, key,
+        rec = r.QueueBind(self.conn_id, self.number, queue, m.exchange, key,
                           dict(m.arguments or {}), m.nowait)
         self._request(rec, None if m.nowait else self._plain_ok)
 
     def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
-        rec = r.QueueUnbind(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueueUnbind(self.conn_id, self.number, self._queue_name(m.queue, m),
                             m.exchange, m.routing_key, dict(m.arguments or {}))
         self._request(rec, self._plain_ok)
 
     def _queue_purge(self, m: spec.Queue.Purge) -> None:
-        rec = r.QueuePurge(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueuePurge(self.conn_id, self.number, self._queue_name(m.queue, m),
                            m.nowait)
         self._request(rec, None if m.nowait else
                       lambda rep: self._send(spec.Queue.PurgeOk(rep.message_count)))
 
     def _queue_delete(self, m: spec.Queue.Delete) -> None:
-        rec = r.QueueDelete(self.session.conn_id, self.number, self._queue_name(m.queue, m),
+        rec = r.QueueDelete(self.conn_id, self.number, self._queue_name(m.queue, m),
                             m.if_unused, m.if_empty, m.nowait)
         self._request(rec, None if m.nowait else
                       lambda rep: self._send(spec.Queue.DeleteOk(rep.message_count)))
@@ -221,8 +235,7 @@ class Channel:
 
     def _declare_ok(self, rep: r.Reply) -> None:
         self.last_queue = rep.queue
-        self._send_raw(codec.encode_declare_ok(
-            self.number, rep.queue, rep.message_count, rep.consumer_count))
+        self._reply(DeclareOk(self.number, rep.queue, rep.message_count, rep.consumer_count))
         inbox, self._inbox = self._inbox, None
         while inbox and self._inbox is None and not self.closing:
             inbox.popleft()()
@@ -232,8 +245,7 @@ class Channel:
     def _qos(self, m: spec.Basic.Qos) -> None:
         if m.prefetch_size:
             # RabbitMQ refuses a byte-based prefetch the same way.
-            raise AMQPError(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})",
-                            *_ids(m), hard=True)
+            raise errors.NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})", *_ids(m))
         if m.global_:  # RabbitMQ: global=true is shared by the channel's consumers
             self.global_prefetch = m.prefetch_count
         else:  # ... and global=false applies to each consumer created after it
@@ -244,32 +256,27 @@ class Channel:
     def _consume(self, m: spec.Basic.Consume) -> None:
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self.consumers:
-            raise AMQPError(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'",
-                            *_ids(m), hard=True)
+            raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'", *_ids(m))
         queue = self._queue_name(m.queue, m)
         if queue == REPLY_TO:  # RabbitMQ's texts
             if not m.no_ack:
-                raise AMQPError(PRECONDITION_FAILED, "reply consumer cannot acknowledge",
-                                *_ids(m), hard=False)
+                raise errors.PreconditionFailed("reply consumer cannot acknowledge", *_ids(m))
             if any(t.queue == REPLY_TO for t in self.consumers.values()):
-                raise AMQPError(PRECONDITION_FAILED, "reply consumer already set",
-                                *_ids(m), hard=False)
+                raise errors.PreconditionFailed("reply consumer already set", *_ids(m))
         args = m.arguments or {}
         priority = args.get("x-priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise AMQPError(PRECONDITION_FAILED, "invalid arg 'x-priority' for basic.consume",
-                            *_ids(m), hard=False)
+            raise errors.PreconditionFailed("invalid arg 'x-priority' for basic.consume", *_ids(m))
         target = self.worker.new_target(
             tag, self, queue, no_ack=m.no_ack, browse=bool(args.get("x-browse", False)),
             prefetch=self.prefetch,
         )
         if target is None:
-            raise AMQPError(RESOURCE_ERROR, "too many consumers on this worker",
-                            *_ids(m), hard=True)
+            raise errors.ResourceError("too many consumers on this worker", *_ids(m))
         self.consumers[tag] = target
         target.interested = target.credit() > 0
         rec = r.Consume(
-            self.session.conn_id, self.number, target.id, target.slot, queue, tag, m.no_ack,
+            self.conn_id, self.number, target.id, target.slot, queue, tag, m.no_ack,
             m.exclusive, priority, target.browse, target.interested, m.nowait,
         )
         if m.nowait:
@@ -278,13 +285,13 @@ class Channel:
         else:
             self._request(rec, lambda rep: self._consume_ok(target, rep.queue))
 
-    def _consume_ok(self, target: ConsumerTarget, queue: str = "") -> None:
+    def _consume_ok(self, target: Target, queue: str = "") -> None:
         if target.queue == REPLY_TO:
             self.reply_to = queue
         self._send(spec.Basic.ConsumeOk(target.tag))
         self._activate(target)
 
-    def _activate(self, target: ConsumerTarget) -> None:
+    def _activate(self, target: Target) -> None:
         target.active = True
         self.refresh(target)
 
@@ -298,19 +305,19 @@ class Channel:
         target.active = False
         if target.queue == REPLY_TO:  # no reply consumer: reply_to is refused again
             self.reply_to = ""
-        rec = r.Cancel(self.session.conn_id, self.number, target.id, m.nowait)
+        rec = r.Cancel(self.conn_id, self.number, target.id, m.nowait)
         if m.nowait:
             self._request(rec, None)
             self.worker.drop_target(target)
         else:
             self._request(rec, lambda rep: self._cancel_ok(target))
 
-    def _cancel_ok(self, target: ConsumerTarget) -> None:
+    def _cancel_ok(self, target: Target) -> None:
         self._send(spec.Basic.CancelOk(target.tag))
         self.worker.drop_target(target)
 
     def _get(self, m: spec.Basic.Get) -> None:
-        rec = r.Get(self.session.conn_id, self.number, self._queue_name(m.queue, m), m.no_ack)
+        rec = r.Get(self.conn_id, self.number, self._queue_name(m.queue, m), m.no_ack)
         self._request(rec, lambda ev: self._get_answer(ev, m.no_ack))
 
     def _get_answer(self, ev: r.GetOk | r.GetEmpty, no_ack: bool) -> None:
@@ -320,9 +327,9 @@ class Channel:
         d = ev.delivery
         tag = self._tag(d.entry, None, no_ack)
         header, body = self.worker.body(d)
-        self._send_raw(codec.encode_get_ok(
+        self._reply(GetOk(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
-            header, body, self.session.frame_max,
+            header, body,
         ))
         if self.worker.trace is not None:
             self.worker.trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
@@ -348,74 +355,61 @@ class Channel:
         the channel holds unacked; requeue=false (redeliver to the same consumer) is not
         implemented there, and is 540 here too."""
         if not m.requeue:
-            raise AMQPError(NOT_IMPLEMENTED, "requeue=false", *_ids(m), hard=True)
+            raise errors.NotImplemented_("requeue=false", *_ids(m))
         self._settle_tags(0, True, r.REQUEUE, m)
 
     def _confirm_select(self, m: spec.Confirm.Select) -> None:
         if self.tx:  # RabbitMQ's text
-            raise AMQPError(PRECONDITION_FAILED, "cannot switch from tx to confirm mode",
-                            *_ids(m), hard=False)
+            raise errors.PreconditionFailed("cannot switch from tx to confirm mode", *_ids(m))
         self.confirm = True
         if not m.nowait:
             self._local_reply(spec.Confirm.SelectOk())
 
     def _tx_select(self, m: spec.Tx.Select) -> None:
         if self.confirm:
-            raise AMQPError(PRECONDITION_FAILED, "cannot switch from confirm to tx mode",
-                            *_ids(m), hard=False)
+            raise errors.PreconditionFailed("cannot switch from confirm to tx mode", *_ids(m))
         self.tx = True
         self._local_reply(spec.Tx.SelectOk())
 
     def _check_tx(self, m: Any) -> None:
         if not self.tx:
-            raise AMQPError(PRECONDITION_FAILED, "channel is not transactional", *_ids(m),
-                            hard=False)
+            raise errors.PreconditionFailed("channel is not transactional", *_ids(m))
 
     def _tx_commit(self, m: spec.Tx.Commit) -> None:
         """Publish what the transaction held and settle its acks, in order; commit-ok
         once the supervisor has applied them all (the Sync barrier)."""
         self._check_tx(m)
-        for rec in self._tx_publishes:
+        publishes, settles = self._tx.commit()
+        for rec in publishes:
             self._send_publish(rec)
-        run: list[int] = []
-        action = -1
-        for _, entry, _, act in self._tx_settles:
-            if act != action and run:
-                self._settle(run, action)
-                run = []
-            run.append(entry)
-            action = act
-        self._settle(run, action)
-        self._tx_publishes.clear()
-        self._tx_settles.clear()
-        self._request(r.Sync(self.session.conn_id, self.number),
+        for entries, action in settles:
+            self._settle(entries, action)
+        self._request(r.Sync(self.conn_id, self.number),
                       lambda rep: self._send(spec.Tx.CommitOk()))
 
     def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
         """Drop the held publishes; the held acks' messages are unacked again."""
         self._check_tx(m)
         self._discard_tx()
-        for tag, entry, target, _ in self._tx_settles:
+        for tag, entry, target, _ in self._tx.take_settles():
             self.unacked[tag] = (entry, target)
             if target is not None:
                 target.unacked += 1
                 self.consumer_unacked += 1
-        self._tx_settles.clear()
         self.unacked = OrderedDict(sorted(self.unacked.items()))
         self.refresh_all()
         self._local_reply(spec.Tx.RollbackOk())
 
     def _discard_tx(self) -> None:
-        for rec in self._tx_publishes:
+        for rec in self._tx.take_publishes():
             self.worker.region.arena.free(rec.offset)
-        self._tx_publishes.clear()
 
     def _flow(self, m: spec.Channel.Flow) -> None:
         self.flow_active = bool(m.active)
         self.refresh_all()
         self._local_reply(spec.Channel.FlowOk(self.flow_active))
 
-    _METHODS: dict[type, Callable[[Channel, Any], None]] = {
+    _METHODS: ClassVar[dict[type, Callable[[Channel, Any], None]]] = {
         spec.Exchange.Declare: _exchange_declare,
         spec.Exchange.Delete: _exchange_delete,
         spec.Exchange.Bind: _exchange_bind,
@@ -443,7 +437,7 @@ class Channel:
 
     # ------------------------------------------------------ acknowledgements
 
-    def _tag(self, entry: int, target: ConsumerTarget | None, settled: bool) -> int:
+    def _tag(self, entry: int, target: Target | None, settled: bool) -> int:
         self._next_tag += 1
         if not settled:
             self.unacked[self._next_tag] = (entry, target)
@@ -455,9 +449,8 @@ class Channel:
     def _settle_tags(self, tag: int, multiple: bool, action: int, m: Any) -> None:
         taken = self._take(tag, multiple)
         if not taken and not (multiple and tag == 0):
-            raise AMQPError(PRECONDITION_FAILED, f"unknown delivery tag {tag}", *_ids(m),
-                            hard=False)
-        touched: set[ConsumerTarget] = set()
+            raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *_ids(m))
+        touched: set[Target] = set()
         for _, _, target in taken:
             if target is not None:
                 target.unacked -= 1
@@ -467,7 +460,7 @@ class Channel:
             self.worker.trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
                                          _TRACE_OUTCOME[action])
         if self.tx:  # takes effect at tx.commit; tx.rollback gives them back
-            self._tx_settles.extend((tag_, entry, target, action) for tag_, entry, target in taken)
+            self._tx.hold_settles(taken, action)
         else:
             self._settle([entry for _, entry, _ in taken], action)
         if self.global_prefetch:
@@ -476,7 +469,7 @@ class Channel:
             for target in touched:
                 self.refresh(target)
 
-    def _take(self, tag: int, multiple: bool) -> list[tuple[int, int, ConsumerTarget | None]]:
+    def _take(self, tag: int, multiple: bool) -> list[tuple[int, int, Target | None]]:
         """(tag, entry, target) of the deliveries an ack/nack/reject names."""
         if not multiple:
             held = self.unacked.pop(tag, None)
@@ -507,16 +500,16 @@ class Channel:
         if self.confirm:
             self.published += 1
         rec = r.Publish(
-            self.session.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
+            self.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
             offset, header_len, body_len, headers, expiration, priority,
         )
         if self.tx:  # invisible until tx.commit
-            self._tx_publishes.append(rec)
+            self._tx.hold_publish(rec)
         else:
             self._send_publish(rec)
 
     def _send_publish(self, rec: r.Publish) -> None:
-        self.session.credit -= 1  # given back by the supervisor (Credit) once absorbed
+        self.handler.credit -= 1  # given back by the supervisor (Credit) once absorbed
         if rec.mandatory or rec.confirm:
             self.publishes_unanswered = True
         trace = self.worker.trace
@@ -541,28 +534,27 @@ class Channel:
             self.confirmed -= 1
             self.flush_confirms()
             self.confirmed += 1
-            self.session.send_raw(codec.encode_nack(self.number, self.confirmed, False))
+            self.handler.send(Nack(self.number, self.confirmed, False))
             self.acked_upto = self.confirmed
             return
-        self.session.confirms_pending.add(self)
+        self.handler.confirms_pending.add(self)
 
     def flush_confirms(self) -> None:
         """Coalesce the confirms of one event batch into one basic.ack multiple."""
         if self.confirmed > self.acked_upto:
             multiple = self.confirmed - self.acked_upto > 1
-            self.session.send_raw(codec.encode_ack(self.number, self.confirmed, multiple))
+            self.handler.send(Ack(self.number, self.confirmed, multiple))
             self.acked_upto = self.confirmed
 
     def on_return(self, ev: r.Returned) -> None:
         header, body = self.worker.own_body(ev.offset, ev.header_len, ev.body_len)
         if ev.reheader:  # published with BCC (sender-selected distribution): returned without
             header = memoryview(codec.reheader(header, ev.headers, ev.expiration))
-        self.session.send_raw(codec.encode_return(
+        self.handler.send(Return(
             self.number, ev.code, ev.text, ev.exchange, ev.routing_key, header, body,
-            self.session.frame_max,
         ))
 
-    def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> None:
+    def on_pulled(self, target: Target, ev: r.Pulled) -> None:
         """Deliveries from a pull: the seed's step 12, onto the IO buffer."""
         self.pull_reserved -= target.pulling
         target.pulling = 0
@@ -576,25 +568,25 @@ class Channel:
         settled = target.settles_on_delivery
         done: list[int] = []
         trace = self.worker.trace
+        messages: list[Delivery] = []
         for d in ev.deliveries:
             tag = self._tag(d.entry, target, settled)
             header, body = self.worker.body(d)
-            self.session.send_raw(codec.encode_deliver(
-                self.number, target.tag, tag, d.redelivered, d.exchange, d.routing_key,
-                header, body, self.session.frame_max,
-            ))
+            messages.append((tag, d.redelivered, d.exchange, d.routing_key, header, body))
             if trace is not None:
                 trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
                                 d.redelivered)
             if settled:
                 done.append(d.entry)
+        if messages:
+            self.handler.send(Deliveries(self.number, target.tag, messages))
         self._settle(done, r.ACK)
         target.more = ev.more
         target.notified = ev.more or target.renotified
         target.renotified = False
         self._refresh_after_credit(target)
 
-    def _refresh_after_credit(self, target: ConsumerTarget) -> None:
+    def _refresh_after_credit(self, target: Target) -> None:
         """A pull's reservation came back: with global qos every consumer of the
         channel may now have credit, not just the one that pulled."""
         if self.global_prefetch:
@@ -602,24 +594,24 @@ class Channel:
         else:
             self.refresh(target)
 
-    def on_cancelled(self, target: ConsumerTarget) -> None:
+    def on_cancelled(self, target: Target) -> None:
         """The queue went away: tell the client if it understands basic.cancel."""
         self.consumers.pop(target.tag, None)
         target.active = False
-        if self.session.cancel_notify:
+        if self.config.cancel_notify:
             self._send(spec.Basic.Cancel(target.tag, nowait=True))
         self.worker.drop_target(target)
 
     # ------------------------------------------------------------- credit
 
-    def notify(self, target: ConsumerTarget) -> None:
+    def notify(self, target: Target) -> None:
         """seed: QueueConsumer#notifyWork reached this target (its slot was set)."""
         target.notified = True
         if target.pulling:
             target.renotified = True
         self.refresh(target)
 
-    def refresh(self, target: ConsumerTarget) -> None:
+    def refresh(self, target: Target) -> None:
         """seed: setNotifyWorkDesired follows credit; pull while notified and able."""
         if not target.active or self.closing:
             return

@@ -34,134 +34,62 @@ client-visible answer to an error depends on them:
 * a framing error means we have lost sync with the byte stream: the close is
   sent and the connection is finished at once.
 
-Frames on other channels go through a second table, ``_CHANNEL_TABLE``:
-``(channel state, frame type) -> handler``.  A channel's state is also its
-content-assembly state (AMQP 0-9-1 §4.2.6: a content-bearing method is
-followed by one content header frame and body frames, on the same channel,
-with nothing in between), so a miss in the table is exactly RabbitMQ's
-505 UNEXPECTED_FRAME, with RabbitMQ's text for that state.  After the server
-sends channel.close the channel is ``closing``: every frame on it but
-channel.close / close-ok is discarded (AMQP 0-9-1 channel.close: "any
-received methods except Close and Close-OK MUST be discarded").
+The connection owns three helpers, each for one job, as h2's connection
+owns its FrameBuffer and WindowManager:
 
-All protocol errors are ``AMQPError`` (or ``FrameError``) and are turned into
-frames in one place, ``handle_error``: soft errors close the channel, hard
-errors the connection, and reply texts get RabbitMQ's ``"CODE_NAME - "``
-prefix there (``format_reply_text``).  The runtime uses the same entry point
-for the errors its own handlers raise.
+* ``ChannelFrames`` (``workers.channel_frames``): frames on the other
+  channels go through a second table, ``(channel state, frame type) ->
+  handler``; each channel's ``ContentAssembler`` turns basic.publish, its
+  content header and its body frames into one ``PublishReceived``, capping
+  the body a peer can make us buffer;
+* ``Liveness`` (``workers.liveness``): heartbeats sent and expected, the
+  handshake and close timeouts, and the pause rule;
+* ``sasl.Authenticator`` (``workers.sasl``): the login in start-ok.
 
-Outgoing frames are queued by ``send_method`` (pamqp objects) and
-``send_raw`` (bytes pre-encoded by ``workers.codec``); both refuse (return
-False) once the connection, or the channel given, is no longer open: nothing
-may follow a close on the wire but close-ok.
+All protocol errors are ``broker.errors.AMQPError`` subclasses (the code is a
+class attribute) and are turned into frames in one place, ``handle_error``:
+soft errors close the channel, hard errors the connection, and reply texts
+get RabbitMQ's ``"CODE_NAME - "`` prefix there (``AMQPError.frame_text``).
+The runtime uses the same entry point for the errors its own handlers raise.
+
+Outgoing frames are queued by ``send(event)``: the connection encodes the
+event (``workers.outgoing``: deliveries, get-oks, returns, confirms, any
+other method), splitting content by the negotiated frame_max, and refuses
+(returns False) once the connection, or the event's channel, is no longer
+open: nothing may follow a close on the wire but close-ok.  ``send_raw``
+queues bytes already encoded, under the same check.
 """
 
 from __future__ import annotations
 
 import enum
-import struct
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from pamqp import base, commands
-from pamqp import exceptions as pamqp_exceptions
 
-from workers import codec
+from broker import errors
+from broker.errors import AMQPError
+from workers import codec, sasl
+from workers.channel_frames import ChannelFrames, decode_method, method_ids
 from workers.events import (
-    ChannelClosed,
-    ChannelOpened,
     ConnectionClosed,
     ConnectionOpened,
     Event,
     MethodReceived,
-    PublishReceived,
 )
 from workers.frame_buffer import (
-    FRAME_BODY,
-    FRAME_HEADER,
     FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_MIN_SIZE,
     PROTOCOL_HEADER,
     Frame,
     FrameBuffer,
-    FrameError,
 )
+from workers.liveness import Liveness
+from workers.outgoing import Deliveries, Method, Outgoing, encode, encode_deliveries
 
-# -- reply codes and errors -------------------------------------------------
-
-REPLY_SUCCESS = 200
-CONNECTION_FORCED = 320
-ACCESS_REFUSED = 403
-NOT_FOUND = 404
-RESOURCE_LOCKED = 405
-PRECONDITION_FAILED = 406
-FRAME_ERROR = 501
-SYNTAX_ERROR = 502
-COMMAND_INVALID = 503
-CHANNEL_ERROR = 504
-UNEXPECTED_FRAME = 505
-NOT_ALLOWED = 530
-NOT_IMPLEMENTED = 540
-INTERNAL_ERROR = 541
-
-
-# Code names (as RabbitMQ writes them) and the hard codes, from pamqp's spec table.
-REPLY_NAMES: dict[int, str] = {
-    code: str(error_class.name).replace("-", "_")  # type: ignore[attr-defined]  # set on each subclass
-    for code, error_class in pamqp_exceptions.CLASS_MAPPING.items()
-}
-HARD_REPLY_CODES = frozenset(
-    code
-    for code, error_class in pamqp_exceptions.CLASS_MAPPING.items()
-    if issubclass(error_class, pamqp_exceptions.AMQPHardError)
-)
-
-
-def format_reply_text(reply_code: int, text: str) -> str:
-    """RabbitMQ's reply text: ``"NOT_FOUND - no queue 'q' in vhost '/'"``."""
-    name = REPLY_NAMES.get(reply_code)
-    return f"{name} - {text}" if name else text
-
-
-class ErrorLike(Protocol):
-    """What ``handle_error`` needs: AMQPError, FrameError, or the runtime's own."""
-
-    reply_code: int
-    reply_text: str
-    class_id: int
-    method_id: int
-    hard: bool
-
-
-class AMQPError(Exception):
-    """A protocol error with its AMQP reply code.
-
-    ``reply_text`` is the explanation without the code-name prefix (added by
-    ``handle_error``).  ``hard`` defaults from the spec's table: soft codes
-    close the channel, hard codes the connection.
-    """
-
-    def __init__(
-        self,
-        reply_code: int,
-        reply_text: str,
-        class_id: int = 0,
-        method_id: int = 0,
-        *,
-        hard: bool | None = None,
-    ) -> None:
-        super().__init__(format_reply_text(reply_code, reply_text))
-        self.reply_code = reply_code
-        self.reply_text = reply_text
-        self.class_id = class_id
-        self.method_id = method_id
-        self.hard = reply_code in HARD_REPLY_CODES if hard is None else hard
-
-
-def method_ids(method: base.Frame) -> tuple[int, int]:
-    """(class id, method id) of a pamqp method, for close frames."""
-    return method.index >> 16, method.index & 0xFFFF
+# -- errors -----------------------------------------------------------------
 
 
 # -- the connection state machine ---------------------------------------------
@@ -217,16 +145,13 @@ _METHOD_INPUTS: dict[int, Input] = {
 }
 
 
-class UnexpectedMethod(AMQPError):
+class UnexpectedMethod(errors.ChannelError):
     """A (state, input) pair the connection table does not have."""
 
     def __init__(self, state: State, input_: Input | str, class_id: int, method_id: int) -> None:
         # RabbitMQ's wording; 504 is what rabbit_reader answers.
         super().__init__(
-            CHANNEL_ERROR,
-            f"unexpected method in connection state {state.value}",
-            class_id,
-            method_id,
+            f"unexpected method in connection state {state.value}", class_id, method_id
         )
         self.state = state
         self.input = input_
@@ -235,111 +160,6 @@ class UnexpectedMethod(AMQPError):
 # Accepted protocol headers.  RabbitMQ also takes the 0-9 header (AMQP 1 1 0 9)
 # as 0-9-1 (rabbit_reader version_negotiation); anything else is refused.
 ACCEPTED_PROTOCOL_HEADERS = frozenset((PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"))
-_SASL_DECODERS = {"PLAIN": codec.decode_plain_response, "AMQPLAIN": codec.decode_amqplain_response}
-MECHANISMS = tuple(_SASL_DECODERS)
-
-SERVER_CAPABILITIES: dict[str, Any] = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "consumer_priorities": True,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-    "direct_reply_to": True,
-}
-
-
-def default_server_properties(product: str = "Shoal", version: str = "0.1.0") -> dict[str, Any]:
-    """Server properties as RabbitMQ shapes them (capabilities included)."""
-    return {
-        "capabilities": dict(SERVER_CAPABILITIES),
-        "product": product,
-        "version": version,
-        "platform": "Python",
-        "information": "An AMQP 0-9-1 broker",
-    }
-
-
-# -- channels -----------------------------------------------------------------
-
-
-class ChannelState(enum.Enum):
-    UNOPENED = "unopened"
-    IDLE = "idle"  # open, expecting a method frame
-    AWAIT_HEADER = "awaiting content header"
-    AWAIT_BODY = "awaiting content body"
-    CLOSING = "closing"  # we sent channel.close; waiting for close-ok
-
-
-class _Channel:
-    """One open channel and the publish it is assembling."""
-
-    __slots__ = (
-        "state",
-        "handlers",
-        "exchange",
-        "routing_key",
-        "mandatory",
-        "immediate",
-        "header_payload",
-        "body_size",
-        "remaining",
-        "chunks",
-    )
-
-    def __init__(self, state: ChannelState = ChannelState.IDLE) -> None:
-        self.move(state)
-        self.reset_content()
-
-    def move(self, state: ChannelState) -> None:
-        """Enter ``state``; ``handlers`` is its row of _CHANNEL_TABLE (frame type -> handler)."""
-        self.state = state
-        self.handlers = _CHANNEL_ROWS[state]
-
-    def reset_content(self) -> None:
-        self.exchange = ""
-        self.routing_key = ""
-        self.mandatory = False
-        self.immediate = False
-        self.header_payload = b""
-        self.body_size = 0
-        self.remaining = 0
-        self.chunks: list[bytes | memoryview] = []
-
-
-_PUBLISH_IDS = (codec.BASIC_CLASS, codec.BASIC_PUBLISH)
-_ACK_IDS = (codec.BASIC_CLASS, codec.BASIC_ACK)
-# RabbitMQ's rabbit_command_assembler texts for a frame the state does not expect.
-_UNEXPECTED_FRAME_TEXT = {
-    ChannelState.UNOPENED: "expected method frame, got non method frame instead",
-    ChannelState.IDLE: "expected method frame, got non method frame instead",
-    ChannelState.AWAIT_HEADER: (
-        "expected content header for class 60, got non content header frame instead"
-    ),
-    ChannelState.AWAIT_BODY: "expected content body, got non content body frame instead",
-}
-
-# Methods a client may send on an open channel and the runtime handles.
-_CLIENT_METHODS = frozenset(
-    getattr(getattr(commands, class_name), method_name).index
-    for class_name, method_names in {
-        "Channel": "Flow FlowOk",
-        "Exchange": "Declare Delete Bind Unbind",
-        "Queue": "Declare Bind Purge Delete Unbind",
-        "Basic": "Qos Consume Cancel Get Ack Reject RecoverAsync Recover Nack",
-        "Tx": "Select Commit Rollback",
-        "Confirm": "Select",
-    }.items()
-    for method_name in method_names.split()
-)
-
-_IDS = struct.Struct(">HH")
-
-
-# tuple.__new__ skips NamedTuple's Python-level __new__: one PublishReceived per message.
-_new_publish = tuple.__new__
 
 
 class AMQPConnection:
@@ -362,24 +182,23 @@ class AMQPConnection:
         self._server_frame_max = frame_max
         self._server_channel_max = channel_max
         self._server_heartbeat = heartbeat
-        self._users = dict(users) if users is not None else {"guest": "guest"}
-        self._max_body_size = max_body_size
-        self._handshake_timeout = handshake_timeout
-        # RabbitMQ's loopback_users: these may log in only from a loopback address.
-        self._peer_is_loopback = peer_is_loopback
-        self._loopback_users = loopback_users
+        self._authenticator = sasl.Authenticator(
+            {"guest": "guest"} if users is None else users,
+            # RabbitMQ's loopback_users: these may log in only from a loopback address.
+            peer_is_loopback=peer_is_loopback, loopback_users=loopback_users,
+        )
 
         self._state = State.HANDSHAKE
         self._buffer = FrameBuffer(FRAME_MIN_SIZE)
         self._out: list[bytes | bytearray | memoryview] = []
         self.unsent_bytes = 0  # queued in _out (bounded by the runtime: it stops reading)
         self._events: list[Event] = []
-        self._channels: dict[int, _Channel] = {}
+        self._channels = ChannelFrames(max_body_size, channel_max)
+        self._sendable = self._channels.sendable  # send's check, one set lookup per event
 
         # Negotiated values (AMQP 0-9-1 §4.2.3: frame-min-size until tuned).
         self.frame_max = FRAME_MIN_SIZE
         self.channel_max = channel_max
-        self.heartbeat = 0
         self.vhost = ""
         self.user = ""
         self.client_properties: dict[str, Any] = {}
@@ -387,20 +206,8 @@ class AMQPConnection:
         self.refused_login: tuple[str, str] | None = None  # (user, why) for the runtime's log
         self._auth_failure_close = False
 
-        # Liveness, in the runtime's clock (heartbeat_tick), from byte counts.
-        self._bytes_received = 0
-        self._bytes_sent = 0
-        self._seen_received = 0
-        self._seen_sent = 0
-        self._started_at: float | None = None
-        self._last_received = 0.0
-        self._last_sent = 0.0
-        self._closing_since: float | None = None
-        # The runtime stopped reading the socket of its own accord (credit flow, memory alarm,
-        # no arena room): the client's silence is ours, so it does not count as missed
-        # heartbeats (RabbitMQ pauses its heartbeat monitor while it blocks a connection).
-        self.reading_paused = False
-        self._seen_activity: object = None  # heartbeat_tick's socket_activity, last seen
+        # Heartbeats and timeouts, in the runtime's clock (heartbeat_tick), from byte counts.
+        self._liveness = Liveness(handshake_timeout)
 
     # -- public: state ----------------------------------------------------------
 
@@ -410,11 +217,26 @@ class AMQPConnection:
 
     @property
     def bytes_received(self) -> int:
-        return self._bytes_received
+        return self._liveness.bytes_received
 
     @property
     def bytes_sent(self) -> int:
-        return self._bytes_sent
+        return self._liveness.bytes_sent
+
+    @property
+    def heartbeat(self) -> int:
+        """The negotiated heartbeat, in seconds (0: none)."""
+        return self._liveness.heartbeat
+
+    @property
+    def reading_paused(self) -> bool:
+        """The runtime stopped reading the socket of its own accord (credit flow, memory
+        alarm, no arena room): the client's silence is ours, not missed heartbeats."""
+        return self._liveness.reading_paused
+
+    @reading_paused.setter
+    def reading_paused(self, paused: bool) -> None:
+        self._liveness.reading_paused = paused
 
     @property
     def closed(self) -> bool:
@@ -427,12 +249,7 @@ class AMQPConnection:
 
     def is_channel_open(self, channel: int) -> bool:
         """Open and not closing: frames may be sent on it."""
-        chan = self._channels.get(channel)
-        return chan is not None and chan.state is not ChannelState.CLOSING
-
-    @property
-    def open_channels(self) -> list[int]:
-        return [ch for ch, chan in self._channels.items() if chan.state is not ChannelState.CLOSING]
+        return self._channels.is_open(channel)
 
     # -- public: input ----------------------------------------------------------
 
@@ -441,14 +258,14 @@ class AMQPConnection:
         self._events = []
         if self._state is State.CLOSED or not data:
             return self._events
-        self._bytes_received += len(data)
+        self._liveness.bytes_received += len(data)
         self._buffer.add_data(data)
         try:
             if self._state is State.HANDSHAKE:
                 self._read_protocol_header()
             if self._state not in (State.HANDSHAKE, State.CLOSED):
                 self._read_frames()
-        except FrameError as exc:
+        except errors.FrameError as exc:
             self._on_frame_error(exc)
         return self._events
 
@@ -472,16 +289,17 @@ class AMQPConnection:
         """
         if self._state is State.CLOSED:
             return False
-        self._observe_traffic(now, socket_activity)
-        reason = self._timeout_reason(now)
+        state = self._state
+        liveness = self._liveness
+        monitored = state is State.OPENING or state is State.RUNNING
+        reason = liveness.tick(now, socket_activity, running=state is State.RUNNING,
+                               monitored=monitored, closing=state is State.CLOSING)
         if reason is not None:
             self._finish(Input.ABORT, reason)
             return False
-        if self._heartbeat_due(now):
+        if liveness.heartbeat_due(now, monitored):
             self._queue_out(codec.HEARTBEAT_FRAME)
-            self._last_sent = now
-            # Sent now, counted when the writer takes it: not "sent" again at the next tick.
-            self._seen_sent = self._bytes_sent + self.unsent_bytes
+            liveness.heartbeat_queued(now, self.unsent_bytes)
         return True
 
     # -- public: output ---------------------------------------------------------
@@ -495,19 +313,32 @@ class AMQPConnection:
         data = out[0] if len(out) == 1 and type(out[0]) is bytes else b"".join(out)
         out.clear()
         self.unsent_bytes = 0
-        self._bytes_sent += len(data)
+        self._liveness.bytes_sent += len(data)
         return data
 
     def _queue_out(self, data: bytes | bytearray | memoryview) -> None:
         self._out.append(data)
         self.unsent_bytes += len(data)
 
+    def send(self, event: Outgoing) -> bool:
+        """Encode one outgoing event (``workers.outgoing``) and queue its frames; False
+        (dropped) unless the connection is running and the event's channel open."""
+        channel = event[0]
+        if self._state is not State.RUNNING or (channel and channel not in self._sendable):
+            return False
+        if type(event) is Deliveries:  # one item per message: no join (no copy of bodies)
+            for data in encode_deliveries(event, self.frame_max):
+                self._out.append(data)
+                self.unsent_bytes += len(data)
+            return True
+        data = encode(event, self.frame_max)
+        self._out.append(data)  # _queue_out, inlined: every confirm comes this way
+        self.unsent_bytes += len(data)
+        return True
+
     def send_method(self, channel: int, method: base.Frame) -> bool:
         """Queue a pamqp method; False (dropped) if the channel is not open."""
-        if not self._can_send(channel):
-            return False
-        self._queue_out(codec.encode_method(channel, method))
-        return True
+        return self.send(Method(channel, method))
 
     def send_raw(self, data: bytes | bytearray | memoryview, channel: int | None = None) -> bool:
         """Queue pre-encoded frames (workers.codec); False (dropped) once the
@@ -522,11 +353,8 @@ class AMQPConnection:
         self, channel: int, reply_code: int, reply_text: str, class_id: int = 0, method_id: int = 0
     ) -> None:
         """Send channel.close (text verbatim); ChannelClosed follows its close-ok."""
-        chan = self._channels.get(channel)
-        if self._state is not State.RUNNING or chan is None or chan.state is ChannelState.CLOSING:
+        if self._state is not State.RUNNING or not self._channels.start_close(channel):
             return
-        chan.reset_content()
-        chan.move(ChannelState.CLOSING)
         close = commands.Channel.Close(reply_code, _shortstr(reply_text), class_id, method_id)
         self._queue_out(codec.encode_method(channel, close))
 
@@ -542,7 +370,7 @@ class AMQPConnection:
             return
         self._send_close(reply_code, reply_text, class_id, method_id)
 
-    def handle_error(self, exc: ErrorLike, channel: int = 0) -> None:
+    def handle_error(self, exc: AMQPError, channel: int = 0) -> None:
         """Turn a protocol error into channel.close or connection.close.
 
         The one place errors become frames.  Soft errors on an open channel
@@ -556,10 +384,10 @@ class AMQPConnection:
             return
         if not exc.hard and channel:
             if self._state is State.RUNNING:
-                text = format_reply_text(exc.reply_code, exc.reply_text)
+                text = exc.frame_text
                 self.close_channel(channel, exc.reply_code, text, exc.class_id, exc.method_id)
             return
-        text = format_reply_text(exc.reply_code, exc.reply_text)
+        text = exc.frame_text
         if self._error_is_announced(exc):
             self._send_close(exc.reply_code, text, exc.class_id, exc.method_id)
         else:
@@ -589,14 +417,14 @@ class AMQPConnection:
         self.close_reason = f"closed by server: {reply_text}"
         self._enter(self._transition(Input.SEND_CLOSE))
 
-    def _error_is_announced(self, exc: ErrorLike) -> bool:
+    def _error_is_announced(self, exc: AMQPError) -> bool:
         """Whether RabbitMQ sends connection.close for this error in this state."""
         if self._state is State.RUNNING or self._state is State.OPENING:
             return True
         if self._state is State.TUNING:
-            return exc.reply_code == NOT_ALLOWED
+            return exc.reply_code == errors.NotAllowed.reply_code
         if self._state is State.STARTING:
-            return exc.reply_code == ACCESS_REFUSED and self._auth_failure_close
+            return exc.reply_code == errors.AccessRefused.reply_code and self._auth_failure_close
         return False
 
     def _read_protocol_header(self) -> None:
@@ -613,7 +441,7 @@ class AMQPConnection:
             version_major=0,
             version_minor=9,
             server_properties=self._server_properties,
-            mechanisms=" ".join(MECHANISMS),
+            mechanisms=" ".join(sasl.MECHANISMS),
             locales="en_US",
         )
         self._queue_out(codec.encode_method(0, start))
@@ -623,8 +451,15 @@ class AMQPConnection:
         while True:
             if self._state is State.RUNNING:
                 whole = buffer.next_publish()
-                if whole is not None and self._whole_publish(*whole):
-                    continue
+                if whole is not None:
+                    # The publish hot path: three frames taken at once, or declined where
+                    # the frame-by-frame path could answer differently.
+                    channel, method, header, body, end = whole
+                    publish = self._channels.whole_publish(channel, method, header, body)
+                    if publish is not None:
+                        buffer.skip_to(end)
+                        self._events.append(publish)
+                        continue
             frame = buffer.next_frame()
             if frame is None:
                 return
@@ -635,29 +470,7 @@ class AMQPConnection:
             if self._state is State.CLOSED:
                 return
 
-    def _whole_publish(
-        self, channel: int, method: memoryview, header: memoryview, body: memoryview, end: int
-    ) -> bool:
-        """The publish hot path: three frames taken at once. Declines (False)
-        whenever the frame-by-frame path could answer differently, so every
-        error still comes from one place."""
-        chan = self._channels.get(channel)
-        if chan is None or chan.state is not ChannelState.IDLE or len(body) > self._max_body_size:
-            return False
-        try:
-            exchange, routing_key, mandatory, immediate = codec.decode_basic_publish(method)
-        except codec.DecodeError:
-            return False
-        if immediate:
-            return False
-        self._buffer.skip_to(end)
-        self._events.append(_new_publish(PublishReceived, (
-            channel, exchange, routing_key, mandatory, False, bytes(header), len(body),
-            [body] if len(body) else [],
-        )))
-        return True
-
-    def _on_frame_error(self, exc: FrameError) -> None:
+    def _on_frame_error(self, exc: errors.FrameError) -> None:
         # We have lost sync with the stream: say why, then stop reading
         # (rabbit_reader fatal_frame_error).
         self.handle_error(exc)
@@ -666,17 +479,17 @@ class AMQPConnection:
 
     def _on_frame(self, frame: Frame) -> None:
         if frame.channel and self._state is State.RUNNING:  # the hot path first
-            self._on_channel_frame(frame)
+            self._channels.receive(frame, self._events, self._queue_out)
         elif frame.channel == 0:
             self._on_channel0_frame(frame)
         elif self._state is not State.CLOSING:
-            raise AMQPError(UNEXPECTED_FRAME, f"type {frame.type} frame on channel {frame.channel}")
+            raise errors.UnexpectedFrame(f"type {frame.type} frame on channel {frame.channel}")
 
     def _on_channel0_frame(self, frame: Frame) -> None:
         if frame.type == FRAME_METHOD:
-            self._on_connection_method(_decode(frame.payload))
+            self._on_connection_method(decode_method(frame.payload))
         elif frame.type != FRAME_HEARTBEAT:
-            raise AMQPError(UNEXPECTED_FRAME, f"type {frame.type} frame on channel 0")
+            raise errors.UnexpectedFrame(f"type {frame.type} frame on channel 0")
 
     def _on_connection_method(self, method: base.Frame) -> None:
         class_id, method_id = method_ids(method)
@@ -697,40 +510,17 @@ class AMQPConnection:
             isinstance(capabilities, dict)
             and capabilities.get("authentication_failure_close") is True
         )
-        self.user = self._authenticate(method.mechanism, method.response)
+        try:
+            self.user = self._authenticator.authenticate(method.mechanism, method.response)
+        except sasl.LoginRefused as exc:
+            self.refused_login = (exc.user, exc.why)  # for the runtime's log
+            raise
         tune = commands.Connection.Tune(
             channel_max=self._server_channel_max,
             frame_max=self._server_frame_max,
             heartbeat=self._server_heartbeat,
         )
         self._queue_out(codec.encode_method(0, tune))
-
-    def _authenticate(self, mechanism: str, response: str | bytes) -> str:
-        decoder = _SASL_DECODERS.get(mechanism)
-        if decoder is None:
-            raise AMQPError(
-                COMMAND_INVALID, f"unknown authentication mechanism '{mechanism}'", 10, 11
-            )
-        raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
-        try:
-            user, password = decoder(raw)
-        except codec.DecodeError as exc:
-            raise AMQPError(SYNTAX_ERROR, str(exc), 10, 11) from exc
-        if user not in self._users or self._users[user] != password:
-            # The same answer for an unknown user and a wrong password; the log says which.
-            self.refused_login = (user, "unknown user" if user not in self._users
-                                  else "invalid credentials")
-            raise AMQPError(
-                ACCESS_REFUSED,
-                f"Login was refused using authentication mechanism {mechanism}. "
-                "For details see the broker logfile.",
-                hard=True,
-            )
-        if user in self._loopback_users and not self._peer_is_loopback:
-            self.refused_login = (user, "can only connect via localhost")
-            raise AMQPError(ACCESS_REFUSED, f"{mechanism} login refused: user '{user}' can only "
-                            "connect via localhost", hard=True)
-        return user
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
         self.frame_max = _negotiate(
@@ -739,14 +529,15 @@ class AMQPConnection:
         self.channel_max = _negotiate(
             "channel_max", method.channel_max, self._server_channel_max, 1
         )
+        self._channels.channel_max = self.channel_max
         # RabbitMQ takes the client's heartbeat as is; 0 disables heartbeats.
-        self.heartbeat = method.heartbeat
+        self._liveness.heartbeat = method.heartbeat
         self._buffer.frame_max = self.frame_max
 
     def _on_open(self, method: commands.Connection.Open) -> None:
         vhost = method.virtual_host
         if vhost != "/":
-            raise AMQPError(NOT_ALLOWED, f"vhost {vhost} not found", 10, 40)
+            raise errors.NotAllowed(f"vhost {vhost} not found", 10, 40)
         self.vhost = vhost
         self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
         self._events.append(
@@ -775,174 +566,6 @@ class AMQPConnection:
     def _on_close_ok(self, method: commands.Connection.CloseOk) -> None:
         pass  # close_reason was set when we sent connection.close
 
-    # -- channels -----------------------------------------------------------------
-
-    def _on_channel_frame(self, frame: Frame) -> None:
-        chan = self._channels.get(frame.channel)
-        if chan is None:
-            # channel-max is "the maximum total number of channels", not the highest number:
-            # a client may open channel 65535 (rabbit_reader create_channel).
-            if self.channel_max and len(self._channels) >= self.channel_max:
-                raise AMQPError(
-                    NOT_ALLOWED,
-                    f"number of channels opened ({len(self._channels)}) has reached the "
-                    f"negotiated channel_max ({self.channel_max})",
-                )
-            chan = _UNOPENED
-        handler = chan.handlers.get(frame.type)  # a row of _CHANNEL_TABLE
-        if handler is None:
-            raise _unexpected_frame(chan.state)
-        handler(self, frame.channel, chan, frame.payload)
-
-    def _on_unopened_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
-        method = _decode(payload)
-        if not isinstance(method, commands.Channel.Open):
-            raise AMQPError(CHANNEL_ERROR, "expected 'channel.open'", *method_ids(method))
-        self._channels[channel] = _Channel()
-        self._queue_out(codec.encode_method(channel, commands.Channel.OpenOk()))
-        self._events.append(ChannelOpened(channel))
-
-    def _on_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
-        ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
-        if ids == _PUBLISH_IDS:
-            self._begin_publish(chan, payload)
-            return
-        method = _decode_ack(payload) if ids == _ACK_IDS else _decode(payload)
-        if isinstance(method, commands.Channel.Close):
-            self._queue_out(codec.encode_method(channel, commands.Channel.CloseOk()))
-            self._drop_channel(channel)
-        elif isinstance(method, commands.Channel.Open):
-            raise AMQPError(CHANNEL_ERROR, "second 'channel.open' seen", 20, 10)
-        elif method.index in _CLIENT_METHODS:
-            self._events.append(MethodReceived(channel, method))
-        else:
-            # rabbit_channel's answer to a method a client may not send.
-            raise AMQPError(COMMAND_INVALID, "unimplemented method", *method_ids(method))
-
-    def _on_closing_method(self, channel: int, chan: _Channel, payload: memoryview) -> None:
-        ids = _IDS.unpack_from(payload) if len(payload) >= 4 else None
-        if ids == (20, 40):  # channel.close crossing ours: answer it, keep waiting
-            self._queue_out(codec.encode_method(channel, commands.Channel.CloseOk()))
-        elif ids == (20, 41):
-            self._drop_channel(channel)
-
-    def _discard(self, channel: int, chan: _Channel, payload: memoryview) -> None:
-        pass
-
-    def _drop_channel(self, channel: int) -> None:
-        del self._channels[channel]
-        self._events.append(ChannelClosed(channel))
-
-    def _begin_publish(self, chan: _Channel, payload: memoryview) -> None:
-        try:
-            exchange, routing_key, mandatory, immediate = codec.decode_basic_publish(payload)
-        except codec.DecodeError as exc:
-            raise AMQPError(FRAME_ERROR, str(exc), *_PUBLISH_IDS) from exc
-        if immediate:
-            # RabbitMQ (3.0+) does not implement immediate (rabbit_channel).
-            raise AMQPError(NOT_IMPLEMENTED, "immediate=true", *_PUBLISH_IDS)
-        chan.exchange, chan.routing_key = exchange, routing_key
-        chan.mandatory, chan.immediate = mandatory, immediate
-        chan.move(ChannelState.AWAIT_HEADER)
-
-    def _on_content_header(self, channel: int, chan: _Channel, payload: memoryview) -> None:
-        try:
-            class_id, body_size, _ = codec.parse_content_header(payload)
-        except codec.DecodeError as exc:
-            raise AMQPError(FRAME_ERROR, str(exc)) from exc
-        if class_id != codec.BASIC_CLASS:
-            raise AMQPError(
-                UNEXPECTED_FRAME,
-                f"expected content header for class 60, got one for class {class_id} instead",
-                *_PUBLISH_IDS,
-            )
-        if body_size > self._max_body_size:
-            chan.reset_content()
-            chan.move(ChannelState.IDLE)
-            # rabbit_channel:check_msg_size words it so; "max size" alone at its 512 MiB cap.
-            configured = "max size" if self._max_body_size == 512 << 20 else "configured max size"
-            raise AMQPError(
-                PRECONDITION_FAILED,
-                f"message size {body_size} is larger than {configured} {self._max_body_size}",
-                *_PUBLISH_IDS,
-            )
-        chan.header_payload = bytes(payload)
-        chan.body_size = chan.remaining = body_size
-        if body_size:
-            chan.move(ChannelState.AWAIT_BODY)
-        else:
-            self._publish_complete(channel, chan)
-
-    def _on_content_body(self, channel: int, chan: _Channel, payload: memoryview) -> None:
-        size = len(payload)
-        if size > chan.remaining:
-            # rabbit_command_assembler: a frame_error, not unexpected_frame.
-            raise AMQPError(
-                FRAME_ERROR, "content body frame exceeds remaining content size", *_PUBLISH_IDS
-            )
-        if size:
-            chan.chunks.append(payload)
-            chan.remaining -= size
-        if not chan.remaining:
-            self._publish_complete(channel, chan)
-
-    def _publish_complete(self, channel: int, chan: _Channel) -> None:
-        self._events.append(
-            PublishReceived(
-                channel,
-                chan.exchange,
-                chan.routing_key,
-                chan.mandatory,
-                chan.immediate,
-                chan.header_payload,
-                chan.body_size,
-                chan.chunks,
-            )
-        )
-        chan.reset_content()
-        chan.move(ChannelState.IDLE)
-
-    # -- liveness -----------------------------------------------------------------
-
-    def _observe_traffic(self, now: float, socket_activity: object) -> None:
-        if self._started_at is None:
-            self._started_at = self._last_received = self._last_sent = now
-        if self._bytes_received != self._seen_received or self.reading_paused:
-            self._seen_received = self._bytes_received
-            self._last_received = now
-        if socket_activity is not None and socket_activity != self._seen_activity:
-            self._last_received = now
-        self._seen_activity = socket_activity
-        if self._bytes_sent != self._seen_sent:
-            self._seen_sent = self._bytes_sent
-            self._last_sent = now
-        if self._state is State.CLOSING and self._closing_since is None:
-            self._closing_since = now
-
-    def _timeout_reason(self, now: float) -> str | None:
-        state = self._state
-        if state is State.CLOSING:
-            assert self._closing_since is not None
-            if now - self._closing_since >= self._close_timeout():
-                return "timed out waiting for connection.close-ok"
-            return None
-        assert self._started_at is not None
-        if state is not State.RUNNING and now - self._started_at >= self._handshake_timeout:
-            return "handshake timeout"
-        if self._heartbeat_monitored() and now - self._last_received >= 2 * self.heartbeat:
-            return f"missed heartbeats from client, timeout: {self.heartbeat}s"
-        return None
-
-    def _close_timeout(self) -> float:
-        # rabbit_reader close_connection: the heartbeat, but at most 30 s.
-        return self.heartbeat if 0 < self.heartbeat < 30 else 30
-
-    def _heartbeat_monitored(self) -> bool:
-        return bool(self.heartbeat) and self._state in (State.OPENING, State.RUNNING)
-
-    def _heartbeat_due(self, now: float) -> bool:
-        return self._heartbeat_monitored() and now - self._last_sent >= self.heartbeat / 2
-
     def _can_send(self, channel: int) -> bool:
         if self._state is not State.RUNNING:
             return False
@@ -958,56 +581,10 @@ _CONNECTION_HANDLERS: dict[Input, Callable[[AMQPConnection, Any], None]] = {
     Input.UPDATE_SECRET: AMQPConnection._on_update_secret,
 }
 
-_ChannelHandler = Callable[[AMQPConnection, int, _Channel, memoryview], None]
-
-# (channel state, frame type) -> handler.  A miss is 505 UNEXPECTED_FRAME.
-_CHANNEL_TABLE: dict[tuple[ChannelState, int], _ChannelHandler] = {
-    (ChannelState.UNOPENED, FRAME_METHOD): AMQPConnection._on_unopened_method,
-    (ChannelState.IDLE, FRAME_METHOD): AMQPConnection._on_method,
-    (ChannelState.AWAIT_HEADER, FRAME_HEADER): AMQPConnection._on_content_header,
-    (ChannelState.AWAIT_BODY, FRAME_BODY): AMQPConnection._on_content_body,
-    (ChannelState.CLOSING, FRAME_METHOD): AMQPConnection._on_closing_method,
-    (ChannelState.CLOSING, FRAME_HEADER): AMQPConnection._discard,
-    (ChannelState.CLOSING, FRAME_BODY): AMQPConnection._discard,
-    (ChannelState.CLOSING, FRAME_HEARTBEAT): AMQPConnection._discard,
-}
-# The table by row, so that dispatch is one int-keyed lookup per frame.
-_CHANNEL_ROWS: dict[ChannelState, dict[int, _ChannelHandler]] = {
-    state: {
-        frame_type: handler for (row, frame_type), handler in _CHANNEL_TABLE.items() if row is state
-    }
-    for state in ChannelState
-}
-_UNOPENED = _Channel(ChannelState.UNOPENED)  # shared, never mutated
-
-
-def _unexpected_frame(state: ChannelState) -> AMQPError:
-    ids = _PUBLISH_IDS if state in (ChannelState.AWAIT_HEADER, ChannelState.AWAIT_BODY) else (0, 0)
-    return AMQPError(UNEXPECTED_FRAME, _UNEXPECTED_FRAME_TEXT[state], *ids)
-
-
-def _decode(payload: memoryview) -> base.Frame:
-    """A method frame via pamqp; unknown ids are 540, undecodable fields 501."""
-    try:
-        return codec.decode_method(payload)
-    except codec.UnknownMethod as exc:
-        raise AMQPError(NOT_IMPLEMENTED, str(exc), exc.class_id, exc.method_id) from exc
-    except codec.DecodeError as exc:
-        raise AMQPError(FRAME_ERROR, str(exc)) from exc
-
-
-def _decode_ack(payload: memoryview) -> base.Frame:
-    try:
-        return codec.decode_basic_ack(payload)
-    except codec.DecodeError as exc:
-        raise AMQPError(FRAME_ERROR, str(exc), *_ACK_IDS) from exc
-
-
 def _negotiate(name: str, client: int, server: int, minimum: int) -> int:
     """Tune-ok value: the client's when lower and non-zero, else ours."""
     if 0 < client < minimum:
-        raise AMQPError(
-            NOT_ALLOWED,
+        raise errors.NotAllowed(
             f"negotiated {name} = {client} is lower than the minimum allowed value ({minimum})",
             10,
             30,

@@ -9,27 +9,56 @@ while it has credit.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from workers.channel import Channel
+
+class CreditPool(Protocol):
+    """What a target's credit depends on beyond its own counters: its channel's flow, its
+    connection's back-pressure and the channel's global prefetch (basic.qos global=true)."""
+
+    @property
+    def flow_active(self) -> bool: ...
+    @property
+    def backpressured(self) -> bool: ...
+    @property
+    def global_prefetch(self) -> int: ...
+    @property
+    def consumer_unacked(self) -> int: ...
+    @property
+    def pull_reserved(self) -> int: ...
+
+
+C = TypeVar("C", bound=CreditPool)
 
 # Most messages one Pull may ask for: bounds the burst one consumer can take
 # from the supervisor in one turn when it has unlimited credit.
 PULL_BATCH = 128
 
 
-class ConsumerTarget:
+class ConsumerTarget(Generic[C]):
     """One basic.consume as its worker sees it (seed: ConsumerTarget): prefetch credit, whether
     the supervisor was told it is interested, whether it was notified, and the pull in flight."""
 
     __slots__ = (
-        "id", "slot", "tag", "channel", "queue", "no_ack", "browse", "prefetch",
-        "unacked", "active", "notified", "pulling", "interested", "renotified", "more",
+        "active",
+        "browse",
+        "channel",
+        "id",
+        "interested",
+        "more",
+        "no_ack",
+        "notified",
+        "prefetch",
+        "pulling",
+        "queue",
+        "renotified",
+        "slot",
+        "tag",
+        "unacked",
     )
 
     def __init__(
-        self, id: int, slot: int, tag: str, channel: Channel, queue: str, *,
+        self, id: int, slot: int, tag: str, channel: C, queue: str, *,
         no_ack: bool, browse: bool, prefetch: int,
     ) -> None:
         self.id = id
@@ -63,7 +92,7 @@ class ConsumerTarget:
     def credit(self) -> int:
         """How many messages this consumer may take now (0: not interested)."""
         ch = self.channel
-        if not ch.flow_active or ch.session.backpressured:
+        if not ch.flow_active or ch.backpressured:
             return 0
         n = PULL_BATCH
         if self.settles_on_delivery:

@@ -24,6 +24,10 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from broker.errors import (
+    FrameError,  # malformed frames: connection.close 501 FRAME_ERROR
+)
+
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 PROTOCOL_HEADER_SIZE = 8
 
@@ -47,23 +51,6 @@ _PUBLISH_MIN = 9  # ids, ticket, two empty short strings, bits
 _HEADER_MIN = 14  # class, weight, body size, property flags
 # A frame at least this long that is not all here yet is assembled in its own buffer.
 _BIG_FRAME = 8192
-
-
-class FrameError(Exception):
-    """A malformed frame; answered with connection.close 501 FRAME_ERROR.
-
-    Carries the same attributes as ``workers.connection.AMQPError`` so that
-    ``AMQPConnection.handle_error`` can turn either into frames.
-    """
-
-    reply_code = 501
-    class_id = 0
-    method_id = 0
-    hard = True
-
-    def __init__(self, reply_text: str) -> None:
-        super().__init__(reply_text)
-        self.reply_text = reply_text
 
 
 class Frame(NamedTuple):

@@ -5,7 +5,7 @@ Tasks of a worker process:
 * ``_accept``: takes connections from the listening socket shared with the
   other workers, standing back when it holds more than a peer does
   (:mod:`workers.balance`); each connection gets a reader task (bytes → protocol →
-  session) and a writer task (protocol output → socket);
+  handler) and a writer task (protocol output → socket);
 * ``_events``: drains the event ring and notify slots; sleeps on the worker's
   eventfd only after saying so in shared memory and checking once more;
 * ``_flusher``: the request outbox goes to the ring once per scheduling round
@@ -33,14 +33,15 @@ from typing import Any
 
 import trio
 
+from broker import errors
 from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
 from workers import codec
 from workers import events as ev
 from workers.balance import AcceptBalance
-from workers.connection import INTERNAL_ERROR, AMQPConnection, AMQPError
-from workers.session import Session
+from workers.connection import AMQPConnection
+from workers.connection_handler import ConnectionHandler
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
@@ -186,12 +187,12 @@ class Server:
         self._stopping = True
         self._accepting = False
         self.worker.region.connections = NOT_ACCEPTING  # peers must not wait for us
-        for session in list(self.worker.sessions.values()):
-            session.proto.close(320, "CONNECTION_FORCED - broker forced connection closure "
+        for handler in list(self.worker.handlers.values()):
+            handler.proto.close(320, "CONNECTION_FORCED - broker forced connection closure "
                                 "with reason 'shutdown'")
-            session.wake_writer()
+            handler.wake_writer()
         with trio.move_on_after(SHUTDOWN_GRACE):
-            while self.worker.sessions:
+            while self.worker.handlers:
                 await trio.sleep(0.01)
 
     # -------------------------------------------------------- the event ring
@@ -213,7 +214,7 @@ class Server:
             # More came in meanwhile: take it once the other ready tasks have run. Else
             # straight to the sleep protocol (another pass would only find both empty).
             if done and has_work():
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 continue
             await wait_for_work(flag, worker.event_efd, has_work)
 
@@ -278,20 +279,20 @@ class Server:
             if self.worker.trace is not None and whole:
                 self.worker.trace.maybe_flush()
             now = trio.current_time()
-            for session in list(self.worker.sessions.values()):
-                closed = session.proto.closed
-                if not whole and (closed or session.proto.heartbeat != 1):
+            for handler in list(self.worker.handlers.values()):
+                closed = handler.proto.closed
+                if not whole and (closed or handler.proto.heartbeat != 1):
                     continue
-                alive = session.heartbeat_tick(now)
-                session.wake_writer()
-                if closed and session.closed_ticks < CLOSED_TICKS:
+                alive = handler.heartbeat_tick(now)
+                handler.wake_writer()
+                if closed and handler.closed_ticks < CLOSED_TICKS:
                     # Closed by the protocol (the client's connection.close, say): its reader
                     # is still handling what it read before the close -- publishes that must
                     # not be lost -- and ends the connection itself. Cut only a stuck one.
-                    session.closed_ticks += 1
+                    handler.closed_ticks += 1
                     continue
                 if not alive:
-                    scope = self._scopes.get(session.conn_id)
+                    scope = self._scopes.get(handler.conn_id)
                     if scope is not None:
                         scope.cancel()
 
@@ -348,20 +349,20 @@ class Server:
             max_body_size=c.max_message_size, users=c.users or None,
             peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
         )
-        session = Session(self.worker, next(self.worker.conn_ids), proto)
-        session.connected_at = time.time()
-        session.peer, session.local = peer, local
-        log_connection.info("accepting AMQP connection %s", session.label)
-        self.worker.sessions[session.conn_id] = session
+        handler = ConnectionHandler(self.worker, next(self.worker.conn_ids), proto)
+        handler.connected_at = time.time()
+        handler.peer, handler.local = peer, local
+        log_connection.info("accepting AMQP connection %s", handler.label)
+        self.worker.handlers[handler.conn_id] = handler
         bell = _Doorbell()
-        session.wake_writer = functools.partial(self._send_now, sock, session, bell)
-        session.socket_queues = functools.partial(_socket_queues, sock)
+        handler.wake_writer = functools.partial(self._send_now, sock, handler, bell)
+        handler.socket_queues = functools.partial(_socket_queues, sock)
         try:
             with trio.CancelScope() as scope:
-                self._scopes[session.conn_id] = scope
+                self._scopes[handler.conn_id] = scope
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, stream, session, bell)
-                    await self._reader(session, sock)
+                    nursery.start_soon(self._writer, stream, handler, bell)
+                    await self._reader(handler, sock)
                     # Let the writer send what is left (close-ok, connection.close),
                     # never cutting a send_all in half; bounded for dead peers.
                     bell.last_call = True
@@ -369,26 +370,26 @@ class Server:
                     with trio.move_on_after(SHUTDOWN_GRACE):
                         await bell.drained.wait()
                     nursery.cancel_scope.cancel()
-                session.finish()
+                handler.finish()
                 self.worker.after_batch()
-                _log_closed(session)
+                _log_closed(handler)
                 await _linger(sock)
         finally:
-            self._scopes.pop(session.conn_id, None)
-            if not session.finished:
-                session.finish()
+            self._scopes.pop(handler.conn_id, None)
+            if not handler.finished:
+                handler.finish()
                 self.worker.after_batch()
-                _log_closed(session)
+                _log_closed(handler)
             self._count_connection(-1)
             await stream.aclose()
 
-    async def _reader(self, session: Session, sock: socket.socket) -> None:
-        proto = session.proto
+    async def _reader(self, handler: ConnectionHandler, sock: socket.socket) -> None:
+        proto = handler.proto
         worker = self.worker
         recv = sock.recv
         while not proto.closed:
-            if session.reading_stop is not None:
-                await self._stop_reading(session)
+            if handler.reading_stop is not None:
+                await self._stop_reading(handler)
             # Wait, then read: what trio's receive_some does, less its two checkpoints and
             # the failed recv it tries first (a client is mostly quiet between messages).
             # Every pass waits once, so a client that never pauses cannot hog the worker.
@@ -404,73 +405,73 @@ class Server:
             try:
                 for n, event in enumerate(proto.receive_data(data), 1):
                     if isinstance(event, ev.PublishReceived):
-                        await self._publish(session, event)
+                        await self._publish(handler, event)
                     else:
-                        session.handle(event)
+                        handler.handle(event)
                     if not n % EVENTS_PER_TURN:
                         # One read can hold a few thousand publishes (tens of ms of work):
                         # hand what we have to the supervisor and let the worker's other
                         # connections and the event ring have a turn.
                         worker.after_batch()
-                        await trio.sleep(0)
-            except Exception:  # noqa: BLE001 — one connection's bug must not end the worker
-                log.exception("connection %d: internal error", session.conn_id)
-                session.fail(AMQPError(INTERNAL_ERROR, "internal error", hard=True))
-            if session.proto_has_output():  # publishes alone give the writer nothing to do
-                worker.dirty.add(session)
+                        await trio.lowlevel.checkpoint()
+            except Exception:  # one connection's bug must not end the worker
+                log.exception("connection %d: internal error", handler.conn_id)
+                handler.fail(errors.InternalError("internal error"))
+            if handler.proto_has_output():  # publishes alone give the writer nothing to do
+                worker.dirty.add(handler)
             worker.after_batch()
 
-    async def _stop_reading(self, session: Session) -> None:
+    async def _stop_reading(self, handler: ConnectionHandler) -> None:
         """Credit flow and bounded output: leave the socket unread (the client's TCP
         window fills and its writes stop, as RabbitMQ's reader does) until the
         supervisor gives credit back or the writer has sent enough."""
-        with _not_reading(session):
+        with _not_reading(handler):
             try:
-                while (why := session.reading_stop) is not None:
+                while (why := handler.reading_stop) is not None:
                     # Unsent output is the client's doing, not ours: its heartbeats are then
-                    # looked for in the socket's queues (Session.heartbeat_tick).
-                    session.proto.reading_paused = why == "flow"
+                    # looked for in the socket's queues (ConnectionHandler.heartbeat_tick).
+                    handler.proto.reading_paused = why == "flow"
                     resume = trio.Event()
-                    session.wake_reader = resume.set
+                    handler.wake_reader = resume.set
                     self.worker.after_batch()
                     await resume.wait()
             finally:
-                session.wake_reader = _nothing
+                handler.wake_reader = _nothing
 
-    async def _publish(self, session: Session, event: ev.PublishReceived) -> None:
+    async def _publish(self, handler: ConnectionHandler, event: ev.PublishReceived) -> None:
         """Copy a publish into this worker's arena; wait for room when it is full
         (the client is back-pressured by our not reading its socket)."""
-        session.publishes = True
+        handler.publishes = True
         worker = self.worker
         if worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
-            with _not_reading(session):
+            with _not_reading(handler):
                 while worker.blocked:
-                    session.set_blocked(True)
+                    handler.set_blocked(True)
                     worker.after_batch()
                     await self._unblocked.wait()
         headers, expiration, priority, reply_to = codec.publish_properties(event.header_payload)
-        header = session.publish_header(event, reply_to)
+        header = handler.publish_header(event, reply_to)
         if header is None:
             return
         size = len(header) + event.body_size
         arena = worker.region.arena
         offset = arena.alloc(size)
         if offset is None:
-            offset = await self._wait_for_room(session, size)
+            offset = await self._wait_for_room(handler, size)
         view = arena.view(offset, size)
         view[: len(header)] = header
         pos = len(header)
         for chunk in event.body:
             view[pos : pos + len(chunk)] = chunk
             pos += len(chunk)
-        session.publish(event, offset, len(header), headers, expiration, priority)
+        handler.publish(event, offset, len(header), headers, expiration, priority)
 
-    async def _wait_for_room(self, session: Session, size: int) -> int:
+    async def _wait_for_room(self, handler: ConnectionHandler, size: int) -> int:
         """The arena has no block of ``size``: tell our publishers connection.blocked and
         wait until the supervisor has freed that much here (ArenaFreed), not polling."""
         worker = self.worker
         arena = worker.region.arena
-        with _not_reading(session):
+        with _not_reading(handler):
             while True:
                 worker.set_arena_full(True)
                 worker.send(r.ArenaWait(size))
@@ -482,14 +483,14 @@ class Server:
                     worker.set_arena_full(False)
                     return offset
 
-    def _send_now(self, sock: socket.socket, session: Session, bell: _Doorbell) -> None:
-        """A session has output: while its writer is idle, send it from here (the socket
+    def _send_now(self, sock: socket.socket, handler: ConnectionHandler, bell: _Doorbell) -> None:
+        """A handler has output: while its writer is idle, send it from here (the socket
         is non-blocking) and wake the writer only for what the socket did not take. A
         delivery then costs no task switch and no trip through trio's send_all."""
         if bell.busy or bell.last_call:
             bell.ring()  # the writer is sending: it looks again before it sleeps
             return
-        data = session.take_output()
+        data = handler.take_output()
         if not data:
             return
         try:
@@ -503,21 +504,21 @@ class Server:
             bell.busy = True  # until the writer runs: nothing may overtake the rest
             bell.ring()
             return
-        session.written()
+        handler.written()
 
-    async def _writer(self, stream: trio.SocketStream, session: Session, bell: _Doorbell) -> None:
+    async def _writer(self, stream: trio.SocketStream, handler: ConnectionHandler, bell: _Doorbell) -> None:
         try:
             while True:
                 bell.busy = False
                 await bell.wait()
                 bell.busy = True
-                data = bell.pending if bell.pending is not None else session.take_output()
+                data = bell.pending if bell.pending is not None else handler.take_output()
                 bell.pending = None
                 if data:
                     await stream.send_all(data)
-                session.written()
+                handler.written()
                 self.worker.after_batch()
-                if bell.last_call and not session.proto_has_output():
+                if bell.last_call and not handler.proto_has_output():
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
@@ -569,34 +570,34 @@ def _is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-def _log_closed(session: Session) -> None:
+def _log_closed(handler: ConnectionHandler) -> None:
     """RabbitMQ's lines: a normal close at info, an error or a refused login at error."""
-    proto = session.proto
+    proto = handler.proto
     refused = proto.refused_login
     if refused is not None:
         log_connection.error("connection %s: login refused: user '%s' - %s",
-                             session.label, refused[0], refused[1])
+                             handler.label, refused[0], refused[1])
         return
     reason = proto.close_reason or "client closed the TCP connection"
-    if session.opened:
+    if handler.opened:
         who = f"vhost: '{proto.vhost}', user: '{proto.user}'"
         if proto.close_reason is None or reason.startswith("closed by client: 200"):
-            log_connection.info("closing AMQP connection %s, %s", session.label, who)
+            log_connection.info("closing AMQP connection %s, %s", handler.label, who)
         else:
-            log_connection.error("closing AMQP connection %s, %s: %s", session.label, who, reason)
+            log_connection.error("closing AMQP connection %s, %s: %s", handler.label, who, reason)
     else:
-        log_connection.info("connection %s closed before it was opened: %s", session.label, reason)
+        log_connection.info("connection %s closed before it was opened: %s", handler.label, reason)
 
 
 @contextlib.contextmanager
-def _not_reading(session: Session) -> Iterator[None]:
+def _not_reading(handler: ConnectionHandler) -> Iterator[None]:
     """While the broker leaves a connection's socket unread (credit flow, unsent output, an
     alarm, no arena room), the client's silence is ours: no missed-heartbeat timeout."""
-    session.proto.reading_paused = True
+    handler.proto.reading_paused = True
     try:
         yield
     finally:
-        session.proto.reading_paused = False
+        handler.proto.reading_paused = False
 
 
 async def serve(config: r.WorkerConfig) -> None:

@@ -1,10 +1,10 @@
-"""A worker process's state: its region, its sessions, its consumer targets.
+"""A worker process's state: its region, its connection handlers, its consumer targets.
 
 The worker end of the rings (no trio here; ``workers.server`` drives it):
 requests are encoded into an outbox and written to the request ring in
-batches; events are drained from the event ring and routed to sessions and
-consumer targets; set notify slots are the seed's notifyWork and lead to
-pulls (the seed's steps 3–11, collapsed: target → channel → pull).
+batches; events are drained from the event ring and routed to connection
+handlers and consumer targets; set notify slots are the seed's notifyWork and
+lead to pulls (the seed's steps 3–11, collapsed: target → channel → pull).
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from broker import errors
 from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
 from workers import codec
-from workers.connection import INTERNAL_ERROR, AMQPError
+from workers.channel import Channel, Target
+from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTarget
-from workers.session import Session
 
 log = logging.getLogger("shoal.worker")
 
@@ -35,10 +36,10 @@ LAZY_SETTLE_DELAY = 0.005
 
 
 class Worker:
-    """One worker process's state, without IO: its region and rings, its sessions (client
-    connections) and consumer targets. Requests go out through ``send`` (an outbox written to
-    the request ring once per scheduling round), events come in through ``handle_events``;
-    :class:`workers.server.Server` drives it from trio."""
+    """One worker process's state, without IO: its region and rings, its connection handlers
+    (client connections) and consumer targets. Requests go out through ``send`` (an outbox
+    written to the request ring once per scheduling round), events come in through
+    ``handle_events``; :class:`workers.server.Server` drives it from trio."""
 
     def __init__(self, config: r.WorkerConfig, region: Region) -> None:
         self.config = config
@@ -56,13 +57,13 @@ class Worker:
         self._urgent = False  # the outbox holds a record that must wake the supervisor
         self.lazy_pending = False  # acks in the ring that no wake-up announced yet
         self.want_lazy_wake: Callable[[], object] = self.wake_supervisor  # the server defers it
-        self.sessions: dict[int, Session] = {}
-        self.targets: dict[int, ConsumerTarget] = {}
-        self._by_slot: dict[int, ConsumerTarget] = {}
+        self.handlers: dict[int, ConnectionHandler] = {}
+        self.targets: dict[int, Target] = {}
+        self._by_slot: dict[int, Target] = {}
         self._free_slots = list(range(len(region.slots) - 1, -1, -1))
         self._consumer_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
-        self.dirty: set[Session] = set()
+        self.dirty: set[ConnectionHandler] = set()
         self.trace: Any = None  # perf.tracewriter.TraceWriter with shoal serve --trace
         if config.trace_dir:
             from perf.tracewriter import TraceWriter  # lazily: pyarrow is heavy
@@ -151,8 +152,8 @@ class Worker:
 
     # ------------------------------------------------------------ targets
 
-    def new_target(self, tag: str, channel: Any, queue: str, *, no_ack: bool, browse: bool,
-                   prefetch: int) -> ConsumerTarget | None:
+    def new_target(self, tag: str, channel: Channel, queue: str, *, no_ack: bool, browse: bool,
+                   prefetch: int) -> Target | None:
         if not self._free_slots:
             return None
         target = ConsumerTarget(
@@ -163,7 +164,7 @@ class Worker:
         self._by_slot[target.slot] = target
         return target
 
-    def drop_target(self, target: ConsumerTarget) -> None:
+    def drop_target(self, target: Target) -> None:
         """Free the target's slot; a target with a pull in flight stays known by
         id until the answer comes (its channel requeues what it brings)."""
         if self._by_slot.get(target.slot) is target:
@@ -189,10 +190,10 @@ class Worker:
             target = self._by_slot.get(slot)
             if target is not None:
                 target.channel.notify(target)
-        for session in list(self.dirty):
-            for ch in session.confirms_pending:
+        for handler in list(self.dirty):
+            for ch in handler.confirms_pending:
                 ch.flush_confirms()
-            session.confirms_pending.clear()
+            handler.confirms_pending.clear()
         return len(batch) + len(slots)
 
     def _dispatch(self, event: Any) -> None:
@@ -206,11 +207,11 @@ class Worker:
                 if target is not None:
                     target.channel.on_cancelled(target)
             case r.Credit(conns=conns, counts=counts):
-                sessions = self.sessions
+                handlers = self.handlers
                 for conn, n in zip(conns, counts, strict=True):
-                    session = sessions.get(conn)
-                    if session is not None:
-                        session.add_credit(n)
+                    handler = handlers.get(conn)
+                    if handler is not None:
+                        handler.add_credit(n)
             case r.Blocked(active=active):
                 self.blocked = active
                 self._tell_blocked()
@@ -218,13 +219,13 @@ class Worker:
             case r.ArenaFreed():
                 self.on_arena_freed()
             case r.ListConnections(request=request):
-                rows = [session.info() for session in self.sessions.values() if session.opened]
+                rows = [handler.info() for handler in self.handlers.values() if handler.opened]
                 self.send(r.ConnectionsListed(request, rows))
             case r.Returned():
-                self._session_event(event)
+                self._handler_event(event)
                 self.region.arena.free(event.offset)  # our own block, always
             case _:
-                self._session_event(event)
+                self._handler_event(event)
 
     @property
     def alarmed(self) -> bool:
@@ -246,40 +247,40 @@ class Worker:
 
     def _tell_blocked(self) -> None:
         alarmed = self.alarmed
-        for session in self.sessions.values():
-            session.set_blocked(alarmed)
-            self.dirty.add(session)
+        for handler in self.handlers.values():
+            handler.set_blocked(alarmed)
+            self.dirty.add(handler)
 
     def _internal_error(self, event: Any) -> None:
         """An event we failed to apply: close its connection with 541 INTERNAL_ERROR (the
         supervisor then requeues what it held) and carry on with every other connection."""
-        session = None
+        handler = None
         if isinstance(event, (r.Pulled, r.Cancelled)):
             target = self.targets.get(event.consumer)
-            session = target.channel.session if target is not None else None
+            handler = self.handlers.get(target.channel.conn_id) if target is not None else None
         elif hasattr(event, "conn"):
-            session = self.sessions.get(event.conn)
+            handler = self.handlers.get(event.conn)
         log.exception("internal error on %s (connection %s)", type(event).__name__,
-                      session.conn_id if session is not None else "-")
-        if session is not None and not session.finished:
-            session.fail(AMQPError(INTERNAL_ERROR, "INTERNAL_ERROR", hard=True))
-            self.dirty.add(session)
+                      handler.conn_id if handler is not None else "-")
+        if handler is not None and not handler.finished:
+            handler.fail(errors.InternalError("INTERNAL_ERROR"))
+            self.dirty.add(handler)
 
-    def _session_event(self, event: Any) -> None:
-        session = self.sessions.get(event.conn)
-        if session is not None:
-            session.on_event(event)
-            self.dirty.add(session)
+    def _handler_event(self, event: Any) -> None:
+        handler = self.handlers.get(event.conn)
+        if handler is not None:
+            handler.on_event(event)
+            self.dirty.add(handler)
 
     def after_batch(self) -> None:
-        """Wake the socket writers of sessions with output; ask for a flush of
+        """Wake the socket writers of handlers with output; ask for a flush of
         the requests (the server folds the flushes of one scheduling round
         into one, so a sleeping supervisor is woken once, not per connection)."""
         for _ in range(4):  # a send that lifts back-pressure may make more output
             if not self.dirty:
                 break
             dirty, self.dirty = self.dirty, set()
-            for session in dirty:
-                session.wake_writer()
+            for handler in dirty:
+                handler.wake_writer()
         if self.outbox:
             self.want_flush()

@@ -9,7 +9,13 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 import trio
 
-from ipc.region import NOT_ACCEPTING, Region, new_instance_id, region_name, starting_deadline
+from ipc.region import (
+    NOT_ACCEPTING,
+    Region,
+    new_instance_id,
+    region_name,
+    starting_deadline,
+)
 from workers.balance import (
     ACCEPT_GRACE,
     MAX_START_WAIT,

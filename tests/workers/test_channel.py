@@ -1,8 +1,8 @@
 """Channel: credit and interest (setNotifyWorkDesired), pulls (deliverSingleMessage),
 delivery tags and settling, reply order, confirms, the "last declared queue".
 
-Driven through a real AMQPConnection and Session (see the harness in
-``test_session.py``); the records the channel sends are what is asserted on.
+Driven through a real AMQPConnection and ConnectionHandler (see the harness in
+``tests/workers/helpers.py``); the records the channel sends are what is asserted on.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from pamqp import commands, header
 
 from ipc import records as r
-from tests.workers.test_session import (
+from tests.workers.helpers import (
     CONN,
     Harness,
     consumer,

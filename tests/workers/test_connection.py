@@ -5,14 +5,13 @@ from typing import Any
 import pytest
 from pamqp import base, body, commands, encode, frame, header, heartbeat
 
+from broker import errors
+from tests.workers.helpers import decode, default_server_properties
 from workers.connection import (
     AMQPConnection,
-    AMQPError,
     Input,
     State,
     UnexpectedMethod,
-    default_server_properties,
-    format_reply_text,
 )
 from workers.events import (
     ChannelClosed,
@@ -23,6 +22,7 @@ from workers.events import (
     PublishReceived,
 )
 from workers.frame_buffer import PROTOCOL_HEADER
+from workers.outgoing import Ack, DeclareOk, Deliveries, Method, Return
 
 LOGIN_REFUSED = (
     "ACCESS_REFUSED - Login was refused using authentication mechanism {}. "
@@ -55,13 +55,7 @@ def publish(channel: int, data: bytes, frame_max: int = 131072, **kwargs: Any) -
 
 def sent(conn: AMQPConnection) -> list[tuple[int, Any]]:
     """Decode data_to_send() into (channel, pamqp frame) pairs."""
-    data = conn.data_to_send()
-    out = []
-    while data:
-        used, channel, value = frame.unmarshal(data)
-        out.append((channel, value))
-        data = data[used:]
-    return out
+    return decode(conn.data_to_send())
 
 
 def start_ok(
@@ -835,7 +829,7 @@ def test_connection_close_crossing_ours() -> None:
 def test_handle_error_soft_closes_the_channel() -> None:
     """A soft error closes its channel, with RabbitMQ's code-name prefix."""
     conn = opened()
-    conn.handle_error(AMQPError(404, "no queue 'q' in vhost '/'", 50, 10), channel=1)
+    conn.handle_error(errors.NotFound("no queue 'q' in vhost '/'", 50, 10), channel=1)
     [(channel, close)] = sent(conn)
     assert channel == 1 and (close.reply_code, close.reply_text) == (
         404,
@@ -847,7 +841,7 @@ def test_handle_error_soft_closes_the_channel() -> None:
 def test_handle_error_hard_closes_the_connection() -> None:
     """A hard error closes the connection, whatever channel it came from."""
     conn = opened()
-    conn.handle_error(AMQPError(540, "immediate=true", 60, 40), channel=1)
+    conn.handle_error(errors.NotImplemented_("immediate=true", 60, 40), channel=1)
     assert_closing(conn, 540, "NOT_IMPLEMENTED - immediate=true", 60, 40)
 
 
@@ -856,6 +850,11 @@ def test_format_reply_text() -> None:
     assert format_reply_text(406, "x") == "PRECONDITION_FAILED - x"
     assert format_reply_text(504, "y") == "CHANNEL_ERROR - y"
     assert format_reply_text(320, "z") == "CONNECTION_FORCED - z"
+
+
+def format_reply_text(reply_code: int, text: str) -> str:
+    """The text handle_error puts in a close frame for an error with this code."""
+    return errors.error_for_code(reply_code, text).frame_text
 
 
 def test_send_raw_checks_the_channel() -> None:
@@ -923,3 +922,49 @@ def test_whole_publish_declines_what_frame_by_frame_must_refuse() -> None:
     conn = opened()
     conn.receive_data(publish(1, b"x", immediate=True))
     assert only_close(conn).reply_code == 540
+
+
+# -- outgoing events (AMQPConnection.send) ------------------------------------------
+
+OUT_HEADER = memoryview(header.ContentHeader(0, 10, commands.Basic.Properties()).marshal())
+
+
+def test_deliveries_are_split_by_the_negotiated_frame_max() -> None:
+    """A body larger than frame_max - 8 goes out in several body frames, each within it."""
+    conn = opened(frame_max=4096)
+    data = b"x" * 10_000
+    assert conn.send(Deliveries(1, "c1", [(1, False, "", "q", OUT_HEADER, memoryview(data))]))
+    frames = sent(conn)
+    deliver = frames[0][1]
+    assert isinstance(deliver, commands.Basic.Deliver) and deliver.consumer_tag == "c1"
+    bodies = [f.value for _, f in frames if isinstance(f, body.ContentBody)]
+    assert b"".join(bodies) == data and all(len(b) <= 4096 - 8 for b in bodies)
+
+
+def test_nothing_follows_a_channel_close() -> None:
+    """AMQP 0-9-1 channel.close: once the server sent it, nothing more goes out on the channel."""
+    conn = opened(channels=(1, 2))
+    conn.close_channel(1, 406, "PRECONDITION_FAILED - x")
+    conn.data_to_send()
+    for event in (
+        Deliveries(1, "c1", [(1, False, "", "q", OUT_HEADER, memoryview(b"0123456789"))]),
+        Ack(1, 1, False),
+        Return(1, 312, "NO_ROUTE", "", "q", OUT_HEADER, memoryview(b"0123456789")),
+        DeclareOk(1, "q", 0, 0),
+        Method(1, commands.Basic.QosOk()),
+    ):
+        assert conn.send(event) is False
+    assert conn.data_to_send() == b""
+    assert conn.send(Ack(2, 1, False)) is True
+    [(channel, ack)] = sent(conn)
+    assert channel == 2 and isinstance(ack, commands.Basic.Ack)
+
+
+def test_nothing_follows_a_connection_close() -> None:
+    """After connection.close only close-ok may be sent: channel 0 events are dropped too."""
+    conn = opened()
+    conn.close(320, "CONNECTION_FORCED - x")
+    conn.data_to_send()
+    assert conn.send(Method(0, commands.Connection.Blocked("low on memory"))) is False
+    assert conn.send(Ack(1, 1, False)) is False
+    assert conn.data_to_send() == b""

@@ -10,15 +10,18 @@ from typing import Any
 
 import pytest
 
+from broker import errors
+from broker.errors import AMQPError
 from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd
-from workers.connection import INTERNAL_ERROR, AMQPError
 from workers.worker import Worker
 
+INTERNAL_ERROR = errors.InternalError.reply_code
 
-class StubSession:
-    """Records what the worker asks of a session."""
+
+class StubHandler:
+    """Records what the worker asks of a handler."""
 
     def __init__(self, conn_id: int, *, broken: bool = False) -> None:
         self.conn_id = conn_id
@@ -61,8 +64,8 @@ def _send(worker: Worker, *events: Any) -> None:
 
 
 def test_an_event_that_fails_closes_only_its_connection(worker: Worker) -> None:
-    healthy, broken = StubSession(1), StubSession(2, broken=True)
-    worker.sessions.update({1: healthy, 2: broken})
+    healthy, broken = StubHandler(1), StubHandler(2, broken=True)
+    worker.handlers.update({1: healthy, 2: broken})
     _send(worker, r.Reply(2, 1, "qos"), r.Reply(1, 1, "qos"), r.Reply(1, 2, "qos"))
 
     assert worker.handle_events() == 3
@@ -74,9 +77,9 @@ def test_an_event_that_fails_closes_only_its_connection(worker: Worker) -> None:
 
 
 def test_a_failing_event_for_a_finished_connection_is_only_logged(worker: Worker) -> None:
-    gone = StubSession(3, broken=True)
+    gone = StubHandler(3, broken=True)
     gone.finished = True
-    worker.sessions[3] = gone
+    worker.handlers[3] = gone
     _send(worker, r.Reply(3, 1, "qos"))
     assert worker.handle_events() == 1
     assert not gone.failures

@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pamqp import commands as spec
 
+from broker import errors
+from broker.constants import REPLY_TO
+from broker.errors import AMQPError
 from ipc import records as r
 from workers import codec
 from workers import events as ev
 from workers.channel import Channel
-from workers.connection import (
-    HARD_REPLY_CODES,
-    AMQPConnection,
-    AMQPError,
-    State,
-    format_reply_text,
-)
-
-if TYPE_CHECKING:
-    from workers.worker import Worker
+from workers.channel_owner import ChannelConfig, WorkerServices
+from workers.connection import AMQPConnection, State
+from workers.outgoing import Method, Outgoing
 
 log = logging.getLogger("shoal.connection")
 
@@ -41,11 +37,28 @@ OUTPUT_BOUND = 2 * HIGH_WATER
 # Publishes a connection may have on the request ring that the supervisor has not given
 # back as credit (RabbitMQ's credit flow: reader -> channel -> queue, initial credit 400).
 PUBLISH_CREDIT = 400
-REPLY_TO = "amq.rabbitmq.reply-to"
 
 
-class Session:
-    def __init__(self, worker: Worker, conn_id: int, proto: AMQPConnection) -> None:
+class HandlerWorker(WorkerServices[Channel], Protocol):
+    """What a connection handler uses of its worker (``workers.worker.Worker``), besides what
+    its channels use: its index (for the log), the memory alarm, the handlers by connection
+    id, and the set of handlers with output for the writers."""
+
+    index: int
+    dirty: set[ConnectionHandler]
+    handlers: dict[int, ConnectionHandler]
+
+    @property
+    def alarmed(self) -> bool: ...
+
+
+class ConnectionHandler:
+    """One client connection on this worker: owns its ``AMQPConnection`` (the protocol) and
+    its ``Channel`` objects (the AMQP channels, the seed's Sessions), routes protocol events
+    and supervisor events to them, and holds the connection-wide limits (publish credit,
+    output bounds, connection.blocked)."""
+
+    def __init__(self, worker: HandlerWorker, conn_id: int, proto: AMQPConnection) -> None:
         self.worker = worker
         self.conn_id = conn_id
         self.proto = proto
@@ -53,6 +66,7 @@ class Session:
         self.opened = False
         self.finished = False
         self.cancel_notify = False
+        self._channel_config = ChannelConfig(conn_id, False)  # set when opened
         self.blocked_capable = False  # the client understands connection.blocked
         self.told_blocked = False
         self.publishes = False  # RabbitMQ blocks (and tells) only publishing connections
@@ -74,10 +88,6 @@ class Session:
     def label(self) -> str:
         """How the log names this connection (RabbitMQ: ``<pid> (peer -> local)``)."""
         return f"w{self.worker.index}#{self.conn_id} ({self.peer} -> {self.local})"
-
-    @property
-    def frame_max(self) -> int:
-        return self.proto.frame_max
 
     @property
     def backpressured(self) -> bool:
@@ -131,12 +141,10 @@ class Session:
 
     # ------------------------------------------------------------- output
 
-    def send_method(self, channel: int, method: Any) -> None:
-        self.proto.send_method(channel, method)
-        self.worker.dirty.add(self)
-
-    def send_raw(self, data: bytes) -> None:
-        self.proto.send_raw(data)
+    def send(self, event: Outgoing) -> None:
+        """Hand an outgoing event to the protocol (which encodes it, or drops it once its
+        channel or the connection is closing); the writer is woken after the batch."""
+        self.proto.send(event)
         self.worker.dirty.add(self)
 
     def take_output(self) -> bytes:
@@ -171,7 +179,7 @@ class Session:
             case ev.ConnectionOpened():
                 self._opened(event)
             case ev.ChannelOpened(channel=n):
-                self.channels[n] = Channel(self, n)
+                self.channels[n] = Channel(self, n, self._channel_config)
                 log.debug("connection %s: channel %d opened", self.label, n)
             case ev.ChannelClosed(channel=n):
                 ch = self.channels.pop(n, None)
@@ -191,6 +199,7 @@ class Session:
     def _opened(self, event: ev.ConnectionOpened) -> None:
         caps = (event.client_properties or {}).get("capabilities") or {}
         self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
+        self._channel_config = ChannelConfig(self.conn_id, self.cancel_notify)
         self.blocked_capable = bool(caps.get("connection.blocked", False))
         self.opened = True
         name = (event.client_properties or {}).get("connection_name")
@@ -217,7 +226,7 @@ class Session:
         if ch is None or ch.closing:
             return None
         if not ch.reply_to:  # RabbitMQ's text
-            self.fail(AMQPError(406, "fast reply consumer does not exist", 60, 40, hard=False), ch)
+            self.fail(errors.PreconditionFailed("fast reply consumer does not exist", 60, 40), ch)
             return None
         return codec.with_reply_to(header, ch.reply_to)
 
@@ -229,7 +238,7 @@ class Session:
         self.told_blocked = active
         method = (spec.Connection.Blocked(reason="low on memory") if active
                   else spec.Connection.Unblocked())
-        self.send_method(0, method)
+        self.send(Method(0, method))
 
     def publish(self, event: ev.PublishReceived, offset: int, header_len: int,
                 headers: dict | None, expiration: str | None = None,
@@ -251,7 +260,7 @@ class Session:
             # RabbitMQ logs a channel exception at error (a hard one shows in the close line).
             log.error("channel error on connection %s, vhost: '%s', user: '%s', channel %d: %s",
                       self.label, self.proto.vhost, self.proto.user, ch.number,
-                      format_reply_text(exc.reply_code, exc.reply_text))
+                      exc.frame_text)
         if exc.hard:
             self._close_all_channels()
         elif ch is not None:
@@ -279,7 +288,7 @@ class Session:
         self.channels.clear()
         if self.opened:
             self.worker.send(r.ConnClose(self.conn_id))
-        self.worker.sessions.pop(self.conn_id, None)
+        self.worker.handlers.pop(self.conn_id, None)
 
     # ---------------------------------------------------- supervisor events
 
@@ -303,7 +312,7 @@ class Session:
             case r.Returned():
                 ch.on_return(event)
             case r.Error(code=code, text=text, class_id=cid, method_id=mid):
-                self.fail(AMQPError(code, text, cid, mid, hard=code in HARD_REPLY_CODES), ch)
+                self.fail(errors.error_for_code(code, text, cid, mid), ch)
 
     def _answer(self, ch: Channel, event: Any) -> None:
         try:

@@ -1,0 +1,227 @@
+"""What the worker tests share: server properties for a test connection, and the harness
+that drives a connection handler over an opened AMQPConnection (model: h2's tests/helpers.py)."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+from typing import Any
+
+from pamqp import base, body, commands, frame, header
+
+from ipc import records as r
+from workers import events as ev
+from workers.channel import Channel
+from workers.connection import AMQPConnection
+from workers.connection_handler import ConnectionHandler
+from workers.consumer_target import ConsumerTarget
+from workers.frame_buffer import PROTOCOL_HEADER
+
+
+def default_server_properties() -> dict[str, Any]:
+    """Server properties as RabbitMQ shapes them (capabilities included)."""
+    return {
+        "capabilities": {
+            "publisher_confirms": True,
+            "exchange_exchange_bindings": True,
+            "basic.nack": True,
+            "consumer_cancel_notify": True,
+            "connection.blocked": True,
+            "consumer_priorities": True,
+            "authentication_failure_close": True,
+            "per_consumer_qos": True,
+            "direct_reply_to": True,
+        },
+        "product": "Shoal",
+        "version": "0.1.0",
+        "platform": "Python",
+        "information": "An AMQP 0-9-1 broker",
+    }
+
+
+CONN = 7
+
+
+# -- the harness --------------------------------------------------------------
+
+
+class FakeArena:
+    """A bump allocator over one fixed bytearray (never resized: views stay valid)."""
+
+    def __init__(self, size: int) -> None:
+        self.memory = bytearray(size)
+        self.top = 0
+        self.freed: list[int] = []
+
+    def store(self, data: bytes | bytearray | memoryview) -> int:
+        offset = self.top
+        self.memory[offset : offset + len(data)] = data
+        self.top += len(data)
+        return offset
+
+    def view(self, offset: int, size: int) -> memoryview:
+        return memoryview(self.memory)[offset : offset + size]
+
+    def free(self, offset: int) -> None:
+        self.freed.append(offset)
+
+
+class FakeWorker:
+    """What ConnectionHandler and Channel use of ``workers.worker.Worker``; records requests."""
+
+    def __init__(self, arena_size: int = 1 << 20) -> None:
+        self.index = 0
+        self.requests: list[Any] = []
+        self.dirty: set[ConnectionHandler] = set()
+        self.handlers: dict[int, ConnectionHandler] = {}
+        self.targets: dict[int, ConsumerTarget] = {}
+        self.region = SimpleNamespace(arena=FakeArena(arena_size))
+        self.blocked = False
+        self.arena_full = False
+        self.trace = None
+        self._ids = itertools.count(1)
+
+    @property
+    def alarmed(self) -> bool:
+        return self.blocked or self.arena_full
+
+    def send(self, rec: Any) -> None:
+        self.requests.append(rec)
+
+    def new_target(self, tag: str, channel: Any, queue: str, *, no_ack: bool, browse: bool,
+                   prefetch: int) -> ConsumerTarget:
+        cid = next(self._ids)
+        target = ConsumerTarget(cid, cid - 1, tag, channel, queue, no_ack=no_ack, browse=browse,
+                                prefetch=prefetch)
+        self.targets[cid] = target
+        return target
+
+    def drop_target(self, target: ConsumerTarget) -> None:
+        # As Worker.drop_target: a target with a pull in flight stays known by id
+        # until the answer comes, unless its channel is closing.
+        if not target.pulling or target.channel.closing:
+            self.targets.pop(target.id, None)
+
+    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]:
+        return self.own_body(d.offset, d.header_len, d.body_len)
+
+    def own_body(self, offset: int, header_len: int, body_len: int) -> tuple[memoryview, memoryview]:
+        view = self.region.arena.view(offset, header_len + body_len)
+        return view[:header_len], view[header_len:]
+
+
+class Harness:
+    """A ConnectionHandler over an opened AMQPConnection with ``channels`` open, output drained."""
+
+    def __init__(self, channels: tuple[int, ...] = (1,), arena_size: int = 1 << 20,
+                 capabilities: dict[str, Any] | None = None) -> None:
+        self.worker = FakeWorker(arena_size)
+        self.proto = AMQPConnection(server_properties=default_server_properties())
+        self.handler = ConnectionHandler(self.worker, CONN, self.proto)  # type: ignore[arg-type]
+        self.worker.handlers[CONN] = self.handler
+        props = {"product": "test", "capabilities": capabilities or {}}
+        self.feed(PROTOCOL_HEADER)
+        self.client(0, commands.Connection.StartOk(props, "PLAIN", "\0guest\0guest"))  # type: ignore[arg-type]
+        self.client(0, commands.Connection.TuneOk(2047, 131072, 60))
+        self.client(0, commands.Connection.Open("/"))
+        for n in channels:
+            self.client(n, commands.Channel.Open())
+        self.frames()
+        self.take()
+
+    # client → worker
+    def feed(self, data: bytes) -> None:
+        for event in self.proto.receive_data(data):
+            if isinstance(event, ev.PublishReceived):  # as workers.server._publish does
+                payload = bytes(event.header_payload) + b"".join(bytes(c) for c in event.body)
+                offset = self.worker.region.arena.store(payload)
+                self.handler.publish(event, offset, len(event.header_payload), None)
+            else:
+                self.handler.handle(event)
+
+    def client(self, channel: int, method: base.Frame) -> None:
+        self.feed(frame.marshal(method, channel))
+
+    def publish(self, channel: int, data: bytes = b"m", **kwargs: Any) -> None:
+        self.feed(frame.marshal(commands.Basic.Publish(**kwargs), channel)
+                  + frame.marshal(header.ContentHeader(0, len(data), commands.Basic.Properties()),
+                                  channel)
+                  + frame.marshal(body.ContentBody(data), channel))
+
+    # supervisor → worker
+    def supervisor(self, *events: Any) -> None:
+        """One batch of events, routed as Worker.handle_events routes them."""
+        for event in events:
+            if isinstance(event, (r.Pulled, r.Cancelled)):
+                target = self.worker.targets.get(event.consumer)
+                if target is None:
+                    continue
+                if isinstance(event, r.Pulled):
+                    target.channel.on_pulled(target, event)
+                else:
+                    target.channel.on_cancelled(target)
+            else:
+                handler = self.worker.handlers.get(event.conn)
+                if handler is not None:
+                    handler.on_event(event)
+        for ch in self.handler.confirms_pending:
+            ch.flush_confirms()
+        self.handler.confirms_pending.clear()
+
+    def notify(self, target: ConsumerTarget) -> None:
+        """seed: notifyWork, i.e. the target's notify slot was found set."""
+        if target.id in self.worker.targets:
+            target.channel.notify(target)
+
+    def delivery(self, entry: int, data: bytes = b"body", redelivered: bool = False) -> r.Delivery:
+        """A message body in the arena and the Delivery record that names it."""
+        head = header.ContentHeader(0, len(data), commands.Basic.Properties()).marshal()
+        offset = self.worker.region.arena.store(head + data)
+        return r.Delivery(entry, redelivered, "", "q", 0, offset, len(head), len(data))
+
+    # worker → observed
+    def take(self) -> list[Any]:
+        """The request records sent since the last call."""
+        out, self.worker.requests = self.worker.requests, []
+        return out
+
+    def frames(self) -> list[tuple[int, Any]]:
+        """What the handler wrote (the writer took it and the socket accepted it)."""
+        data = self.handler.take_output()
+        self.handler.written()
+        return decode(data)
+
+    def channel(self, n: int = 1) -> Channel:
+        return self.handler.channels[n]
+
+
+def decode(data: bytes) -> list[tuple[int, Any]]:
+    out = []
+    while data:
+        used, channel, value = frame.unmarshal(data)
+        out.append((channel, value))
+        data = data[used:]
+    return out
+
+
+def methods(frames: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """Method frames only (no content headers or bodies)."""
+    return [(n, f) for n, f in frames if isinstance(f, base.Frame)]
+
+
+def consumer(h: Harness, ch: int = 1, tag: str = "c1", queue: str = "q", *,
+             no_ack: bool = False) -> ConsumerTarget:
+    """A consumer whose consume-ok was sent; requests and frames drained."""
+    h.client(ch, commands.Basic.Consume(queue=queue, consumer_tag=tag, no_ack=no_ack))
+    h.supervisor(r.Reply(CONN, ch, "consume"))
+    h.take()
+    h.frames()
+    return h.channel(ch).consumers[tag]
+
+
+def pulls(records: list[Any]) -> list[r.Pull]:
+    return [rec for rec in records if isinstance(rec, r.Pull)]
+
+
+def interests(records: list[Any]) -> list[r.Interest]:
+    return [rec for rec in records if isinstance(rec, r.Interest)]

@@ -1,0 +1,130 @@
+"""Reassemble one channel's basic.publish: method, content header and body frames into one event.
+
+AMQP 0-9-1 §4.2.6: a content-bearing method is followed on its channel by one content header
+frame and as many body frames as the header's body size needs, with nothing in between.
+``AMQPConnection`` owns one ``ContentAssembler`` per open channel (as h2's connection owns its
+``FrameBuffer``) and feeds it the frames its channel table routes here; the assembler checks
+each frame against the publish it is assembling, caps the body a peer can make us buffer
+(``max_body_size``, checked on the header before any body arrives), and returns the complete
+publish as a ``PublishReceived``. Errors are raised as ``broker.errors`` classes, with
+RabbitMQ's texts (rabbit_command_assembler, rabbit_channel:check_msg_size).
+"""
+
+from __future__ import annotations
+
+from broker import errors
+from workers import codec
+from workers.events import PublishReceived
+
+PUBLISH_IDS = (codec.BASIC_CLASS, codec.BASIC_PUBLISH)
+# RabbitMQ's own limit; its text then says "max size", not "configured max size".
+_RABBITMQ_MAX_BODY = 512 << 20
+# tuple.__new__ skips NamedTuple's Python-level __new__: one PublishReceived per message.
+_new_publish = tuple.__new__
+
+
+class ContentAssembler:
+    """The publish one channel is assembling; empty between publishes."""
+
+    __slots__ = (
+        "body_size",
+        "chunks",
+        "exchange",
+        "header_payload",
+        "immediate",
+        "mandatory",
+        "max_body_size",
+        "remaining",
+        "routing_key",
+    )
+
+    def __init__(self, max_body_size: int) -> None:
+        self.max_body_size = max_body_size
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop the publish in assembly (the channel closes, or it completed)."""
+        self.exchange = ""
+        self.routing_key = ""
+        self.mandatory = False
+        self.immediate = False
+        self.header_payload = b""
+        self.body_size = 0
+        self.remaining = 0
+        self.chunks: list[bytes | memoryview] = []
+
+    def begin(self, payload: memoryview) -> None:
+        """basic.publish: remember where it goes; its content header comes next."""
+        try:
+            exchange, routing_key, mandatory, immediate = codec.decode_basic_publish(payload)
+        except codec.DecodeError as exc:
+            raise errors.FrameError(str(exc), *PUBLISH_IDS) from exc
+        if immediate:
+            # RabbitMQ (3.0+) does not implement immediate (rabbit_channel).
+            raise errors.NotImplemented_("immediate=true", *PUBLISH_IDS)
+        self.exchange, self.routing_key = exchange, routing_key
+        self.mandatory, self.immediate = mandatory, immediate
+
+    def header(self, channel: int, payload: memoryview) -> PublishReceived | None:
+        """The content header: the publish when its body is empty, else None (bodies follow)."""
+        try:
+            class_id, body_size, _ = codec.parse_content_header(payload)
+        except codec.DecodeError as exc:
+            raise errors.FrameError(str(exc)) from exc
+        if class_id != codec.BASIC_CLASS:
+            raise errors.UnexpectedFrame(
+                f"expected content header for class 60, got one for class {class_id} instead",
+                *PUBLISH_IDS,
+            )
+        if body_size > self.max_body_size:
+            self.reset()
+            # rabbit_channel:check_msg_size words it so; "max size" alone at its 512 MiB cap.
+            configured = "max size" if self.max_body_size == _RABBITMQ_MAX_BODY else (
+                "configured max size")
+            raise errors.PreconditionFailed(
+                f"message size {body_size} is larger than {configured} {self.max_body_size}",
+                *PUBLISH_IDS,
+            )
+        self.header_payload = bytes(payload)
+        self.body_size = self.remaining = body_size
+        return None if body_size else self._complete(channel)
+
+    def body(self, channel: int, payload: memoryview) -> PublishReceived | None:
+        """A body frame: the publish once its last body frame is here, else None."""
+        size = len(payload)
+        if size > self.remaining:
+            # rabbit_command_assembler: a frame_error, not unexpected_frame.
+            raise errors.FrameError(
+                "content body frame exceeds remaining content size", *PUBLISH_IDS
+            )
+        if size:
+            self.chunks.append(payload)
+            self.remaining -= size
+        return None if self.remaining else self._complete(channel)
+
+    def whole(
+        self, channel: int, method: memoryview, header: memoryview, body: memoryview
+    ) -> PublishReceived | None:
+        """The publish hot path: method, header and one body frame, all here at once. None
+        (declined) whenever the frame-by-frame path could answer differently, so every error
+        still comes from one place; nothing is assembled either way."""
+        if len(body) > self.max_body_size:
+            return None
+        try:
+            exchange, routing_key, mandatory, immediate = codec.decode_basic_publish(method)
+        except codec.DecodeError:
+            return None
+        if immediate:
+            return None
+        return _new_publish(PublishReceived, (
+            channel, exchange, routing_key, mandatory, False, bytes(header), len(body),
+            [body] if len(body) else [],
+        ))
+
+    def _complete(self, channel: int) -> PublishReceived:
+        publish = PublishReceived(
+            channel, self.exchange, self.routing_key, self.mandatory, self.immediate,
+            self.header_payload, self.body_size, self.chunks,
+        )
+        self.reset()
+        return publish

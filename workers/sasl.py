@@ -1,0 +1,61 @@
+"""SASL login for connection.start-ok: PLAIN and AMQPLAIN against the broker's users.
+
+AMQP 0-9-1 §4.2.2 leaves the mechanisms to the server; these are RabbitMQ's defaults, with
+its rules and texts: the same refusal for an unknown user and a wrong password (the log says
+which), and RabbitMQ's ``loopback_users`` (guest) only from a loopback address.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from broker import errors
+from workers import codec
+
+_DECODERS = {"PLAIN": codec.decode_plain_response, "AMQPLAIN": codec.decode_amqplain_response}
+MECHANISMS = tuple(_DECODERS)
+
+
+class LoginRefused(errors.LoginRefused):
+    """A refused login, with what the runtime's log says of it (never on the wire)."""
+
+    def __init__(self, reply_text: str, user: str, why: str) -> None:
+        super().__init__(reply_text)
+        self.user = user
+        self.why = why
+
+
+class Authenticator:
+    """The users one connection may log in as, and from where."""
+
+    __slots__ = ("_loopback_users", "_peer_is_loopback", "_users")
+
+    def __init__(
+        self, users: Mapping[str, str], *, peer_is_loopback: bool, loopback_users: frozenset[str]
+    ) -> None:
+        self._users = dict(users)
+        self._peer_is_loopback = peer_is_loopback
+        self._loopback_users = loopback_users
+
+    def authenticate(self, mechanism: str, response: str | bytes) -> str:
+        """The user start-ok's response names; raises LoginRefused, or 503/502 (start-ok ids)."""
+        decoder = _DECODERS.get(mechanism)
+        if decoder is None:
+            raise errors.CommandInvalid(f"unknown authentication mechanism '{mechanism}'", 10, 11)
+        raw = response.encode("utf-8") if isinstance(response, str) else bytes(response or b"")
+        try:
+            user, password = decoder(raw)
+        except codec.DecodeError as exc:
+            raise errors.SyntaxError_(str(exc), 10, 11) from exc
+        if user not in self._users or self._users[user] != password:
+            raise LoginRefused(
+                f"Login was refused using authentication mechanism {mechanism}. "
+                "For details see the broker logfile.",
+                user, "unknown user" if user not in self._users else "invalid credentials",
+            )
+        if user in self._loopback_users and not self._peer_is_loopback:
+            raise LoginRefused(
+                f"{mechanism} login refused: user '{user}' can only connect via localhost",
+                user, "can only connect via localhost",
+            )
+        return user
