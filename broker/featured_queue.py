@@ -292,7 +292,7 @@ class FeaturedQueue(Queue):
             self._end_round_if_over(now)
         return entries, more
 
-    def get(self, now: float | None = None) -> QueueEntry | None:
+    def _get(self, now: float | None) -> QueueEntry | None:
         """basic.get: the next entry no consumer's group blocks, or None (seed 001 one-shot).
 
         Never a pending zero-TTL entry: it is on its way to a consumer (module docstring).
@@ -401,7 +401,7 @@ class FeaturedQueue(Queue):
 
     # ----------------------------------------------------------------------- timers
 
-    def next_deadline(self) -> float | None:
+    def _storage_deadline(self) -> float | None:
         """The head's expiry, the first held message's due time or the oldest pending zero-TTL
         entry's ``ZERO_TTL_GRACE``, whichever comes first (a pending head is not expiring)."""
         deadline = None
@@ -463,12 +463,12 @@ class FeaturedQueue(Queue):
 
     # -------------------------------------------------------------------- consumers
 
-    def remove_consumer(self, consumer: QueueConsumer) -> list[QueueConsumer]:
+    def _detach(self, consumer: QueueConsumer) -> list[QueueConsumer]:
         """Detach; a standard message group goes with its consumer (Broker-J clearAssignments).
 
         May end the round of pulls for pending zero-TTL entries (module docstring).
         """
-        notify = super().remove_consumer(consumer)
+        notify = super()._detach(consumer)
         if not self._shared_groups and consumer in self._groups_of:
             for group in list(self._groups_of[consumer]):
                 notify += self._free_group(group)
@@ -478,7 +478,7 @@ class FeaturedQueue(Queue):
             self._end_round_if_over(self._time(None))
         return notify
 
-    def set_notify_work_desired(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
+    def _set_interest(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
         """seed setNotifyWorkDesired, plus the zero-TTL round (module docstring).
 
         A consumer becoming interested while zero-TTL entries are pending could not have taken
@@ -487,7 +487,7 @@ class FeaturedQueue(Queue):
         """
         if desired and self._zero and consumer.acquiring and consumer.state is NOT_INTERESTED:
             self._late[consumer] = self._next_position - 1
-        notify = super().set_notify_work_desired(consumer, desired)
+        notify = super()._set_interest(consumer, desired)
         if not desired and self._zero:
             self._end_round_if_over(self._time(None))
         return notify

@@ -56,6 +56,7 @@ from broker.consumer_manager import (
     QueueConsumer,
     QueueConsumerManager,
 )
+from broker.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
 from broker.errors import AccessRefused, InternalError, NotFound
 from broker.message import Message, drop_reference
 
@@ -307,10 +308,19 @@ class Queue:
         self._exclusive_consumer: QueueConsumer | None = None
         self.settings = settings
         self._host: QueueHost = host if host is not None else StandaloneHost()
+        # Consumer modes (broker.consumer_modes), held whatever the storage: None when off.
+        self.single_active: SingleActiveConsumer | None = (
+            SingleActiveConsumer() if settings.single_active_consumer else None
+        )
+        self.lease: ExpiresWhenUnused | None = (
+            ExpiresWhenUnused(settings.expires, self._host.now) if settings.expires is not None else None
+        )
         self._setup(settings)
+        if self.lease is not None:
+            self._reschedule()
 
     def _setup(self, settings: QueueSettings) -> None:
-        """Per-kind initialisation; storage and consumer modes extend it (broker.queue_kinds)."""
+        """Per-storage initialisation; featured storage extends it (broker.featured_queue)."""
 
     def __repr__(self) -> str:
         return (
@@ -344,6 +354,12 @@ class Queue:
     def consumer_count(self) -> int:
         """Attached consumers, interested or not."""
         return len(self.consumers)
+
+    @property
+    def active_consumer(self) -> QueueConsumer | None:
+        """x-single-active-consumer: the one consumer that gets messages (else None)."""
+        mode = self.single_active
+        return mode.active if mode is not None else None
 
     @property
     def should_auto_delete(self) -> bool:
@@ -418,8 +434,15 @@ class Queue:
 
         seed 001: Basic.Get is "a temporary subscription that can only ever receive one
         message" -- a subscription at the queue head that acquires once and goes away, so it
-        needs no consumer record and notifies nobody.
+        needs no consumer record and notifies nobody. basic.get restarts an x-expires lease
+        (rabbit_amqqueue_process ensure_expiry_timer).
         """
+        if self.lease is not None:
+            self.touch(now)
+        return self._get(now)
+
+    def _get(self, now: float | None) -> QueueEntry | None:
+        """The storage's half of :meth:`get`."""
         return self._take_next()
 
     def release(self, entry: QueueEntry, now: float | None = None) -> list[QueueConsumer]:
@@ -536,6 +559,13 @@ class Queue:
 
     def next_deadline(self) -> float | None:
         """The earliest ``now`` at which :meth:`tick` has work (a TTL, a held message, x-expires)."""
+        lease = self.lease
+        if lease is None:
+            return self._storage_deadline()
+        return lease.deadline(self._storage_deadline(), bool(self.consumers))
+
+    def _storage_deadline(self) -> float | None:
+        """The storage's half of :meth:`next_deadline`: none for the plain FIFO."""
         return None
 
     def tick(self, now: float) -> list[QueueConsumer]:
@@ -547,10 +577,15 @@ class Queue:
 
     def touch(self, now: float | None = None) -> None:
         """The queue was used (queue.declare, passive or not): restarts an x-expires lease."""
+        lease = self.lease
+        if lease is not None:
+            lease.last_used = self._time(now)
+            self._reschedule()
 
     def unused_expired(self, now: float) -> bool:
-        """Whether an x-expires queue has been unused for its whole lease (VirtualHost.tick)."""
-        return False
+        """Whether an x-expires queue has no consumers and was unused for its whole lease."""
+        lease = self.lease
+        return lease is not None and not self.consumers and now >= lease.end()
 
     # -------------------------------------------------------------- delivery content
 
@@ -575,6 +610,9 @@ class Queue:
         RabbitMQ: 403 ACCESS_REFUSED "queue 'q' in vhost '/' in exclusive use" when the queue
         has an exclusive consumer, or an exclusive consumer asks for a queue already consumed.
         """
+        single = self.single_active
+        if single is not None:
+            single.admit(consumer, self.description)
         if self.deleted:
             raise NotFound(f"no {self.description}")
         if self._exclusive_consumer is not None or (consumer.exclusive and self.consumers):
@@ -583,14 +621,32 @@ class Queue:
         self.has_ever_had_consumers = True
         if consumer.exclusive:
             self._exclusive_consumer = consumer
+        if single is not None:
+            single.added(consumer)
 
     def remove_consumer(self, consumer: QueueConsumer) -> list[QueueConsumer]:
         """Detach a consumer, leaving no reference to it; returns whom to wake instead.
 
         Called for basic.cancel, channel/connection close and worker death. seed: if it was
         Notified ("did not do the work we expected") or was the higher priority holding others
-        back, the work goes to another consumer.
+        back, the work goes to another consumer. x-expires: the lease starts again when the last
+        consumer goes; x-single-active-consumer: the next in line takes over when the active one
+        goes, and is notified if it wanted work.
         """
+        single = self.single_active
+        if single is not None:
+            single.forget(consumer)
+        notify = self._detach(consumer)
+        if self.lease is not None and not self.consumers:
+            self.touch()
+        if single is not None:
+            successor = single.succeed(consumer)
+            if successor is not None:
+                notify += self._set_interest(successor, True)
+        return notify
+
+    def _detach(self, consumer: QueueConsumer) -> list[QueueConsumer]:
+        """The storage's half of :meth:`remove_consumer`."""
         previous = self.consumers.remove(consumer)
         if previous is REMOVED:
             return []
@@ -606,8 +662,16 @@ class Queue:
         Becoming interested with work available notifies that consumer (seed: "Consumer
         becomes Interested"). A Notified consumer turning uninterested hands its work to
         another, and a higher-priority one turning uninterested lets lower priorities consume
-        (seed: "A high priority consumer becomes uninterested").
+        (seed: "A high priority consumer becomes uninterested"). A waiting single-active
+        consumer's wish is only recorded.
         """
+        single = self.single_active
+        if single is not None and single.defers(consumer, desired):
+            return []
+        return self._set_interest(consumer, desired)
+
+    def _set_interest(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
+        """The storage's half of :meth:`set_notify_work_desired`."""
         if consumer not in self.consumers:
             return []
         previous = consumer.state
