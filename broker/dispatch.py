@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from broker.constants import REPLY_TO
 from broker.consumer_manager import NOTIFIED, QueueConsumer
 from broker.errors import AMQPError, InternalError
 from broker.message import (
@@ -40,7 +41,7 @@ from broker.message import (
     drop_reference,
 )
 from broker.queue import Queue, QueueEntry
-from broker.vhost import VirtualHost
+from broker.vhost import NO_ROUTE, VirtualHost
 from ipc import records as r
 
 log = logging.getLogger("shoal.dispatch")
@@ -65,9 +66,6 @@ _METHOD_IDS: dict[type, tuple[int, int]] = {
     r.Publish: (60, 40),
     r.Get: (60, 70),
 }
-
-NO_ROUTE = 312
-REPLY_TO = "amq.rabbitmq.reply-to"
 
 # Credit flow: the supervisor is *behind* while a consumer it woke has not been served and
 # that consumer's queue holds at least this many ready messages. Publish credit is then

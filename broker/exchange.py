@@ -603,20 +603,3 @@ class Exchange:
         return self.inequivalent_arg(
             type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
         ) is None
-
-
-def make_exchange(
-    name: str,
-    type: str,
-    *,
-    durable: bool = False,
-    auto_delete: bool = False,
-    internal: bool = False,
-    arguments: Arguments | None = None,
-    vhost: str = "/",
-) -> Exchange:
-    """Create an exchange of a known type; CommandInvalid (503) for any other type."""
-    return Exchange(
-        name, type, durable=durable, auto_delete=auto_delete, internal=internal,
-        arguments=arguments, vhost=vhost,
-    )

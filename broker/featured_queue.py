@@ -95,6 +95,7 @@ from broker.arguments import (
     parse_expiration,
 )
 from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
+from broker.deadletter import DeadLetterReason
 from broker.errors import InternalError
 from broker.exchange import freeze
 from broker.message import Message
@@ -227,7 +228,7 @@ class FeaturedQueue(Queue):
             raise InternalError(f"enqueue on deleted {self.description}")
         if self._limited and self._overflow != DROP_HEAD and self._would_overflow(message):
             if self._overflow == REJECT_PUBLISH_DLX:
-                self._dead_letter(message, "maxlen")
+                self._dead_letter(message, DeadLetterReason.MAXLEN)
             return None
         now = self._time(now)
         entry = QueueEntry(self, self._next_position, message, new_entry_id())
@@ -242,7 +243,7 @@ class FeaturedQueue(Queue):
             entry.state = HELD
             heapq.heappush(self._held, (due, entry.position, entry))
         elif ttl == 0 and not self._can_take_at_once(entry):
-            self._drop_available(entry, "expired")  # nobody can take it at once: expired on arrival
+            self._drop_available(entry, DeadLetterReason.EXPIRED)  # nobody can take it at once: expired on arrival
         else:
             self._insert(entry)
             if ttl == 0:
@@ -320,7 +321,7 @@ class FeaturedQueue(Queue):
         entry.redelivered = True
         returns = self._returns[entry.id] = self._returns.get(entry.id, 0) + 1
         if self._delivery_limit is not None and returns > self._delivery_limit:
-            self._dead_letter(entry.message, "delivery_limit")
+            self._dead_letter(entry.message, DeadLetterReason.DELIVERY_LIMIT)
             self._delete(entry)
             return notify
         self._count += 1
@@ -607,7 +608,7 @@ class FeaturedQueue(Queue):
                         self._insert(entry)
                         self._starved = True
                         return None
-                    self._drop_available(entry, "expired")  # never delivered
+                    self._drop_available(entry, DeadLetterReason.EXPIRED)  # never delivered
                     continue
             self._acquire_entry(entry, owner)
             return entry
@@ -732,7 +733,7 @@ class FeaturedQueue(Queue):
             entry = heapq.heappop(self._held)[2]
         else:
             return False
-        self._drop_available(entry, "maxlen")
+        self._drop_available(entry, DeadLetterReason.MAXLEN)
         return True
 
     def _expire_head(self, now: float) -> None:
@@ -748,7 +749,7 @@ class FeaturedQueue(Queue):
             if expires is None or now < expires or not self._spend_expiry():
                 return
             heapq.heappop(ready)
-            self._drop_available(entry, "expired")
+            self._drop_available(entry, DeadLetterReason.EXPIRED)
 
     def _spend_expiry(self) -> bool:
         """Take one expired message's cost from the step's budget; False when it is spent."""
@@ -758,7 +759,7 @@ class FeaturedQueue(Queue):
         host.expire_budget -= self._expire_cost
         return True
 
-    def _drop_available(self, entry: QueueEntry, reason: str) -> None:
+    def _drop_available(self, entry: QueueEntry, reason: DeadLetterReason) -> None:
         """Remove a ready or held entry already taken off its heap, dead-lettering it."""
         self._count -= 1
         self._bytes -= entry.message.body_size

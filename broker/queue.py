@@ -57,6 +57,7 @@ from broker.consumer_manager import (
     QueueConsumerManager,
 )
 from broker.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
+from broker.deadletter import DeadLetterReason
 from broker.errors import AccessRefused, InternalError, NotFound
 from broker.message import Message, drop_reference
 
@@ -226,7 +227,7 @@ class QueueHost(Protocol):
 
     def schedule(self, queue: Queue, deadline: float) -> None: ...
 
-    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None: ...
+    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None: ...
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
              on_drop: Callable[[Message], None] | None) -> None: ...
@@ -256,7 +257,7 @@ class StandaloneHost:
     def schedule(self, queue: Queue, deadline: float) -> None:
         self.deadlines[queue] = deadline
 
-    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None:
         return None
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
@@ -494,7 +495,7 @@ class Queue:
             return []
         if self.deleted:
             return self._settle_orphan(entry)
-        self._dead_letter(entry.message, "rejected")
+        self._dead_letter(entry.message, DeadLetterReason.REJECTED)
         return self.settle(entry)
 
     def purge(self) -> int:
@@ -791,7 +792,7 @@ class Queue:
             elif self._on_drop is not None:
                 self._on_drop(message)
 
-    def _dead_letter(self, message: Message, reason: str) -> None:
+    def _dead_letter(self, message: Message, reason: DeadLetterReason) -> None:
         # rabbit_amqqueue_process with_dlx: only a queue with a dead-letter exchange republishes.
         if self.settings.dead_letter_exchange is not None:
             self._host.dead_letter(self, message, reason)

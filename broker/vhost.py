@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 
 from broker.arguments import check_resource_arg, parse_expiration
 from broker.consumer_manager import QueueConsumer
-from broker.deadletter import REJECTED, DeadLetter, dead_letter_copy, is_cycle
+from broker.deadletter import DeadLetter, DeadLetterReason, dead_letter_copy, is_cycle
 from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from broker.exchange import (
     Exchange,
@@ -95,6 +95,11 @@ QUEUE_ARG_KEYS = (
 _QUEUE_ARG_DEFAULTS = {"x-queue-type": "classic"}
 
 _DEFAULT_EXCHANGE_REFUSED = "operation not permitted on the default exchange"
+
+
+# basic.return's reply code for a mandatory message routed nowhere (AMQP 0-9-1 §1.8.3.9): a
+# reply, not an error -- the channel stays open -- so it has no class in broker.errors.
+NO_ROUTE = 312
 
 
 class PublishOutcome(NamedTuple):
@@ -145,7 +150,7 @@ class VirtualHost:
         self._deadlines: list[tuple[float, int, Queue]] = []
         self._scheduled: dict[Queue, float] = {}
         self._tiebreak = itertools.count()
-        self._dead_letters: deque[tuple[DeadLetter, str]] = deque()
+        self._dead_letters: deque[tuple[DeadLetter, DeadLetterReason]] = deque()
         self._pending: list[QueueConsumer] = []
         self._rejected: list[str] | tuple[str, ...] = ()
         self.dead_lettered = 0  # dead-letter copies made, ever
@@ -709,7 +714,7 @@ class VirtualHost:
         """Their messages: bodies still in use for an arena sweep (O(buried))."""
         return self._graveyard.messages()
 
-    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None:
         """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain).
 
         RabbitMQ with_dlx: a dead-letter exchange that does not exist drops the message.
@@ -741,7 +746,7 @@ class VirtualHost:
                 queues = []  # CC / BCC not arrays: never published as such, so never seen here
             for queue in queues:
                 # rabbit_dead_letter detect_cycles: automatic cycles are dropped.
-                if reason == REJECTED or not is_cycle(queue.name, copy.headers):
+                if reason == DeadLetterReason.REJECTED or not is_cycle(queue.name, copy.headers):
                     taken = queue.offer(copy)
                     if taken:
                         self._pending += taken
