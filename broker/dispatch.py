@@ -678,7 +678,7 @@ class Dispatcher:
             message.trace = (worker, self.worker_pids[worker], self._pub_seq[worker],
                              time.monotonic_ns())
         try:
-            outcome = self.vhost.publish_outcome(rec.exchange, message, mandatory=rec.mandatory)
+            outcome = self.vhost.publish(rec.exchange, message)
         except AMQPError:
             self._free(worker, rec.offset, rec.header_len + rec.body_len)
             raise
