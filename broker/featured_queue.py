@@ -12,12 +12,10 @@ O(log n) per message) and is chosen at declare time only for queues that need it
 * ``_held`` -- entries held until their ``x-qpid-not-valid-before`` time (Qpid Broker-J
   ``holdOnPublishEnabled``), ``(due, position, entry)``. :meth:`tick` moves the due ones into
   ``_ready`` and notifies (seed: "a previously unavailable (held) message becomes available").
-* ``_parked`` -- message groups (Qpid ``qpid.group_header_key``): while a group belongs to one
-  consumer its entries are skipped by the others. An entry of someone else's group met at the
-  head is parked in that group's own heap (seed: "blocked by message grouping"); when the
-  group is free again its parked entries return to ``_ready`` and one consumer is notified.
-  Shared groups (``qpid.shared_msg_group=1``) belong to a consumer while it holds unsettled
-  messages of the group; standard groups stay with their consumer until it goes (Broker-J).
+* ``_groups`` -- message groups (Qpid ``qpid.group_header_key``), a
+  :class:`broker.message_groups.MessageGroups` (or ``UNGROUPED``): it parks the entries of a
+  group someone else owns in that group's own heap and hands them back to ``_ready`` when the
+  group is free again; the queue then notifies one consumer.
 * ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
   seed 001); deleted entries are pruned lazily, one window of the list at a time.
 * ``_expiry`` / ``_returns`` -- per entry id: expiry time (monotonic seconds) and how many times
@@ -84,7 +82,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from broker.arguments import (
@@ -97,8 +95,8 @@ from broker.arguments import (
 from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
 from broker.deadletter import DeadLetterReason
 from broker.errors import InternalError
-from broker.exchange import freeze
 from broker.message import Message
+from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
 from broker.queue import (
     ACQUIRED,
     AVAILABLE,
@@ -124,14 +122,6 @@ _COMPACT_EVERY = 1024
 # A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
 ZERO_TTL_GRACE = 1.0
 
-HeapItem = tuple[int, QueueEntry]
-Owner = Any  # a QueueConsumer, or a _GetOwner for a basic.get in a shared-groups queue
-
-
-class _GetOwner:
-    """The owner of the groups one basic.get acquired (seed 001: a one-message subscription)."""
-
-    __slots__ = ()
 
 
 def _position(entry: QueueEntry) -> int:
@@ -156,15 +146,9 @@ class FeaturedQueue(Queue):
         self._max_priority = settings.max_priority
         self._delivery_limit = settings.delivery_limit
         self._hold = settings.hold_on_publish
-        self._group_header = settings.group_header
-        self._shared_groups = settings.shared_groups
-        self._default_group: Hashable | None = settings.default_group if settings.shared_groups else None
+        self._groups: Ungrouped = message_groups(settings)
         self._ready: list[HeapItem] = []
         self._held: list[tuple[float, int, QueueEntry]] = []
-        self._parked: dict[Hashable, list[HeapItem]] = {}
-        self._owner: dict[Hashable, Owner] = {}
-        self._groups_of: dict[Owner, dict[Hashable, None]] = {}
-        self._in_flight: dict[Hashable, int] = {}
         self._expiry: dict[int, float] = {}
         self._returns: dict[int, int] = {}
         self._order: list[QueueEntry] = []
@@ -266,7 +250,7 @@ class FeaturedQueue(Queue):
             return [], False
         if not consumer.acquiring:
             return self._browse(consumer, max_n)
-        if self._group_header is None and self.consumers.higher_priority_active(consumer):
+        if self._groups.priority_holds_back and self.consumers.higher_priority_active(consumer):
             self.consumers.back_of_interested(consumer)
             if self._zero:
                 self._end_round_if_over(self._time(now))
@@ -299,7 +283,7 @@ class FeaturedQueue(Queue):
         Never a pending zero-TTL entry: it is on its way to a consumer (module docstring).
         Get-empty, too, when more expired messages are in the way than this step may expire.
         """
-        owner = _GetOwner() if self._shared_groups else None
+        owner = self._groups.get_owner()
         skipped: list[QueueEntry] = []
         self._starved = False
         entry = self._take_for(owner, self._time(now), skipped)
@@ -379,9 +363,9 @@ class FeaturedQueue(Queue):
         host, on_drop = self._host, self._on_drop
         host.bury(self._ready, pick=1, on_drop=on_drop)
         host.bury(self._held, pick=2, on_drop=on_drop)
-        for parked in self._parked.values():
+        for parked in self._groups.take_parked():
             host.bury(parked, pick=1, on_drop=on_drop)
-        self._ready, self._held, self._parked = [], [], {}
+        self._ready, self._held = [], []
         if self._zero:  # pending zero-TTL entries were ready ones
             host.discard(self._zero)
             self._zero = {}
@@ -470,9 +454,8 @@ class FeaturedQueue(Queue):
         May end the round of pulls for pending zero-TTL entries (module docstring).
         """
         notify = super()._detach(consumer)
-        if not self._shared_groups and consumer in self._groups_of:
-            for group in list(self._groups_of[consumer]):
-                notify += self._free_group(group)
+        for parked in self._groups.consumer_gone(consumer):
+            notify += self._unpark(parked)
         if self._late:
             self._late.pop(consumer, None)
         if self._zero:
@@ -498,7 +481,7 @@ class FeaturedQueue(Queue):
     def _notify_newly_interested(self, consumer: QueueConsumer) -> list[QueueConsumer]:
         if not consumer.acquiring:
             return [consumer] if self._next_after(consumer.browse_position) else []
-        if self._group_header is None and self.consumers.higher_priority_active(consumer):
+        if self._groups.priority_holds_back and self.consumers.higher_priority_active(consumer):
             return []
         if self._next_heap(consumer) is None:
             return []
@@ -506,7 +489,7 @@ class FeaturedQueue(Queue):
         return [consumer]
 
     def _hand_over(self) -> list[QueueConsumer]:
-        if not self._ready and not self._parked:
+        if not self._ready and not any(self._groups.parked_heaps()):
             return []
         consumer = self.consumers.notify_one(unless_notified=True)
         return [consumer] if consumer is not None else []
@@ -525,7 +508,7 @@ class FeaturedQueue(Queue):
     def _announce(self, entry: QueueEntry) -> list[QueueConsumer]:
         """seed notifyWork for an entry that became available: browsers behind it, one acquirer."""
         notify = self._browsers_before(entry.position)
-        owner = self._owner.get(self._group(entry.message)) if self._group_header is not None else None
+        owner = self._groups.owner_of(entry.message)
         if owner is None:
             consumer = self.consumers.notify_one()
         elif isinstance(owner, QueueConsumer) and owner.state is INTERESTED:
@@ -543,43 +526,18 @@ class FeaturedQueue(Queue):
         priority = min(entry.message.priority or 0, self._max_priority)
         return ((self._max_priority - priority) << _PRIORITY_SHIFT) | entry.position
 
-    def _group(self, message: Message) -> Hashable | None:
-        headers = message.headers
-        value = headers.get(self._group_header) if headers and self._group_header else None
-        if value is None:
-            return self._default_group
-        return freeze(value)
-
     def _insert(self, entry: QueueEntry) -> None:
         """Make an entry available: into its owned group's parked heap, else into _ready."""
         entry.state = AVAILABLE
         item = (self._key(entry), entry)
-        if self._group_header is not None:
-            group = self._group(entry.message)
-            if group in self._owner:
-                heapq.heappush(self._parked.setdefault(group, []), item)
-                return
-        heapq.heappush(self._ready, item)
+        if not self._groups.park(entry, item):
+            heapq.heappush(self._ready, item)
 
-    def _next_heap(self, owner: Owner) -> list[HeapItem] | None:
-        """The heap whose top is ``owner``'s next entry, parking other owners' groups on the way."""
-        ready = self._ready
-        if self._group_header is None:
-            return ready or None
-        while ready:
-            group = self._group(ready[0][1].message)
-            holder = self._owner.get(group)
-            if holder is None or holder is owner:
-                break
-            heapq.heappush(self._parked.setdefault(group, []), heapq.heappop(ready))
-        best = ready or None
-        for group in self._groups_of.get(owner, ()):
-            parked = self._parked.get(group)
-            if parked and (best is None or parked[0][0] < best[0][0]):
-                best = parked
-        return best
+    def _next_heap(self, owner: Owner | None) -> list[HeapItem] | None:
+        """The heap whose top is ``owner``'s next entry (message groups may park some)."""
+        return self._groups.next_heap(self._ready, owner)
 
-    def _take_for(self, owner: Owner, now: float, skipped: list[QueueEntry]) -> QueueEntry | None:
+    def _take_for(self, owner: Owner | None, now: float, skipped: list[QueueEntry]) -> QueueEntry | None:
         """Acquire ``owner``'s next entry, dropping expired ones on the way.
 
         Pending zero-TTL entries ``owner`` may not take are popped into ``skipped``: the caller
@@ -592,7 +550,7 @@ class FeaturedQueue(Queue):
                 return None
             entry = heapq.heappop(heap)[1]
             if heap is not self._ready and not heap:
-                del self._parked[self._group(entry.message)]
+                self._groups.emptied(heap, entry)
             zero = self._zero
             if zero and entry.id in zero:
                 if not isinstance(owner, QueueConsumer) or self._late.get(owner, 0) >= entry.position:
@@ -625,12 +583,11 @@ class FeaturedQueue(Queue):
         channel or a backed-up socket has said it is not interested. In a grouped queue the
         group must be free or owned by such a consumer.
         """
-        if self._group_header is not None:
-            owner = self._owner.get(self._group(entry.message))
-            if owner is not None:
-                return isinstance(owner, QueueConsumer) and (
-                    owner.state is INTERESTED or owner.state is NOTIFIED
-                )
+        owner = self._groups.owner_of(entry.message)
+        if owner is not None:
+            return isinstance(owner, QueueConsumer) and (
+                owner.state is INTERESTED or owner.state is NOTIFIED
+            )
         return self.consumers.top_active_priority() is not None
 
     def _end_round_if_over(self, now: float) -> None:
@@ -643,47 +600,22 @@ class FeaturedQueue(Queue):
         self._expire_head(now)
         self._reschedule()
 
-    def _acquire_entry(self, entry: QueueEntry, owner: Owner) -> None:
+    def _acquire_entry(self, entry: QueueEntry, owner: Owner | None) -> None:
         entry.state = ACQUIRED
         self._acquired[entry.id] = entry
         self._count -= 1
         self._bytes -= entry.message.body_size
-        if self._group_header is None or owner is None:
-            return
-        group = self._group(entry.message)
-        if group is None:
-            return
-        if group not in self._owner:
-            self._owner[group] = owner
-            self._groups_of.setdefault(owner, {})[group] = None
-        if self._shared_groups:
-            self._in_flight[group] = self._in_flight.get(group, 0) + 1
+        self._groups.acquired(entry, owner)
 
     def _unacquire(self, entry: QueueEntry) -> list[QueueConsumer]:
         """An acquired entry is settled or returned; a shared group with none left is freed."""
         del self._acquired[entry.id]
-        if not self._shared_groups:
-            return []
-        group = self._group(entry.message)
-        left = self._in_flight.get(group, 0) - 1
-        if left > 0:
-            self._in_flight[group] = left
-            return []
-        self._in_flight.pop(group, None)
-        return self._free_group(group)
+        parked = self._groups.unacquired(entry)
+        return self._unpark(parked) if parked else []
 
-    def _free_group(self, group: Hashable) -> list[QueueConsumer]:
-        """The group may go to anyone again: unpark its entries and notify (seed notifyWork)."""
-        owner = self._owner.pop(group, None)
-        if owner is None:
-            return []
-        groups = self._groups_of[owner]
-        del groups[group]
-        if not groups:
-            del self._groups_of[owner]
-        parked = self._parked.pop(group, None)
-        if not parked:
-            return []
+    def _unpark(self, parked: list[HeapItem]) -> list[QueueConsumer]:
+        """A freed group may go to anyone again: its entries go back to _ready, and one
+        consumer is notified (seed notifyWork)."""
         for item in parked:
             heapq.heappush(self._ready, item)
         consumer = self.consumers.notify_one()
@@ -722,13 +654,13 @@ class FeaturedQueue(Queue):
     def _drop_head(self) -> bool:
         """Dead-letter the next message in delivery order (reason ``maxlen``); False if none."""
         heap: list[HeapItem] | None = self._ready or None
-        for parked in self._parked.values():
+        for parked in self._groups.parked_heaps():
             if parked and (heap is None or parked[0][0] < heap[0][0]):
                 heap = parked
         if heap is not None:
             entry = heapq.heappop(heap)[1]
             if heap is not self._ready and not heap:
-                del self._parked[self._group(entry.message)]
+                self._groups.emptied(heap, entry)
         elif self._held:
             entry = heapq.heappop(self._held)[2]
         else:
