@@ -17,7 +17,7 @@ O(log n) per message) and is chosen at declare time only for queues that need it
   group someone else owns in that group's own heap and hands them back to ``_ready`` when the
   group is free again; the queue then notifies one consumer.
 * ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
-  seed 001); deleted entries are pruned lazily, one window of the list at a time.
+  seed 001): a :class:`broker.arrival_order.ArrivalOrder`.
 * ``_expiry`` / ``_returns`` -- per entry id: expiry time (monotonic seconds) and how many times
   it was returned (quorum queues' ``delivery_count``; ``x-delivery-limit``).
 
@@ -80,7 +80,6 @@ Called from: the supervisor process, as a :class:`broker.queue.Queue`.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -92,6 +91,7 @@ from broker.arguments import (
     QueueSettings,
     parse_expiration,
 )
+from broker.arrival_order import ArrivalOrder
 from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
 from broker.deadletter import DeadLetterReason
 from broker.errors import InternalError
@@ -108,24 +108,10 @@ from broker.queue import (
     new_entry_id,
 )
 
-# What a browser sees: the queue's contents, acquired-but-unsettled entries included.
-_BROWSABLE = frozenset((AVAILABLE, ACQUIRED))
-
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
-# _order is compacted while more than _COMPACT_AT and half of its entries are deleted: one
-# window of _COMPACT_WINDOW entries per _COMPACT_EVERY deletes (each window removes more than
-# it costs, and no delete pays for a whole list of a million entries).
-_COMPACT_AT = 1024
-_COMPACT_WINDOW = 4096
-_COMPACT_EVERY = 1024
 
 # A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
 ZERO_TTL_GRACE = 1.0
-
-
-
-def _position(entry: QueueEntry) -> int:
-    return entry.position
 
 
 class FeaturedQueue(Queue):
@@ -151,10 +137,7 @@ class FeaturedQueue(Queue):
         self._held: list[tuple[float, int, QueueEntry]] = []
         self._expiry: dict[int, float] = {}
         self._returns: dict[int, int] = {}
-        self._order: list[QueueEntry] = []
-        self._order_dead = 0  # deleted entries still in _order
-        self._order_debt = 0  # deletes since the last compaction window
-        self._order_cursor = 0  # where the next compaction window starts
+        self._order = ArrivalOrder()
         # Budget units per expired message (host.expire_budget); a pull or get that met an
         # expired head with no budget left sets _starved.
         self._expire_cost = DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
@@ -179,7 +162,7 @@ class FeaturedQueue(Queue):
                 entry.id = new_entry_id()
         self._log, self._head, self._released = [], 0, []
         self._init_storage(self.settings)
-        self._order = sorted(available + list(self._acquired.values()), key=_position)
+        self._order = ArrivalOrder(available + list(self._acquired.values()))
         for entry in available:
             self._count += 1
             self._bytes += entry.message.body_size
@@ -335,9 +318,8 @@ class FeaturedQueue(Queue):
         expiry, returns = self._expiry, self._returns
         self._expiry = {i: expiry[i] for i in acquired if i in expiry}
         self._returns = {i: returns[i] for i in acquired if i in returns}
-        order = self._order
-        self._order = sorted(acquired.values(), key=_position)
-        self._order_dead = self._order_debt = self._order_cursor = 0
+        order = self._order.entries
+        self._order = ArrivalOrder(acquired.values())
         host = self._host
         for container in (order, expiry, returns):
             host.discard(container)
@@ -351,7 +333,7 @@ class FeaturedQueue(Queue):
         # Acquired entries stay in _acquired until settled or released (Queue.delete).
         self._bury_storage()
         host = self._host
-        for container in (self._order, self._expiry, self._returns):
+        for container in (self._order.entries, self._expiry, self._returns):
             host.discard(container)
         self._init_storage(self.settings)
         self.deleted = True
@@ -373,7 +355,7 @@ class FeaturedQueue(Queue):
 
     def available_entries(self) -> list[QueueEntry]:
         """Available (not held, not acquired) entries in position order (introspection)."""
-        return [e for e in self._order if e.state is AVAILABLE]
+        return [e for e in self._order.entries if e.state is AVAILABLE]
 
     def held_entries(self) -> list[QueueEntry]:
         """Entries held until their not-valid-before time, earliest due first."""
@@ -381,7 +363,7 @@ class FeaturedQueue(Queue):
 
     def entries(self) -> Iterator[QueueEntry]:
         """Every entry still holding its message: available and held, then acquired."""
-        yield from [e for e in self._order if e.state is AVAILABLE or e.state is HELD]
+        yield from [e for e in self._order.entries if e.state is AVAILABLE or e.state is HELD]
         yield from list(self._acquired.values())
 
     # ----------------------------------------------------------------------- timers
@@ -704,44 +686,14 @@ class FeaturedQueue(Queue):
             self._zero.pop(entry.id, None)
         self._expiry.pop(entry.id, None)
         self._returns.pop(entry.id, None)
-        self._order_dead += 1
-        if self._order_dead > _COMPACT_AT and self._order_dead * 2 > len(self._order):
-            self._order_debt += 1
-            if self._order_debt >= _COMPACT_EVERY:
-                self._order_debt = 0
-                self._compact_order()
+        self._order.deleted()
         self._unref(entry.message)
 
-    def _compact_order(self) -> None:
-        """Remove the deleted entries of one window of _order, the next window next time
-        (round the list): O(_COMPACT_WINDOW) and a memmove of the rest of the list."""
-        order = self._order
-        start = self._order_cursor if self._order_cursor < len(order) else 0
-        stop = start + _COMPACT_WINDOW
-        window = order[start:stop]
-        live = [e for e in window if e.state is not DELETED]
-        if len(live) < len(window):
-            order[start:stop] = live
-            self._order_dead -= len(window) - len(live)
-        self._order_cursor = start + len(live)
-
     def _next_after(self, position: int) -> QueueEntry | None:
-        """The first entry still on the queue past ``position`` in arrival order (a
-        browser's next): available or acquired, as a browser sees the queue's contents."""
-        order = self._order
-        for index in range(bisect.bisect_right(order, position, key=_position), len(order)):
-            if order[index].state in _BROWSABLE:
-                return order[index]
-        return None
+        return self._order.next_after(position)
 
     def _browse(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
-        order = self._order
-        seen: list[QueueEntry] = []
-        index = bisect.bisect_right(order, consumer.browse_position, key=_position)
-        while index < len(order) and len(seen) < max_n:
-            if order[index].state in _BROWSABLE:
-                seen.append(order[index])
-            index += 1
+        seen = self._order.browse(consumer.browse_position, max_n)
         if seen:
             consumer.browse_position = seen[-1].position
         return seen, len(seen) == max_n and self._next_after(consumer.browse_position) is not None
