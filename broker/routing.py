@@ -8,14 +8,19 @@ its routing key and every CC and BCC key at each step, still reaching each queue
 
 The virtual host keeps its own two fast paths (the default exchange, and an exchange bound only
 to plain queues) and comes here for everything else: publishes that need checks, and dead-letter
-copies. Called from: the supervisor process (``broker.vhost``).
+copies (:class:`DeadLetterRouter`; what a copy carries is :mod:`broker.deadletter`'s).
+Called from: the supervisor process (``broker.vhost``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from broker.consumer_manager import QueueConsumer
+from broker.deadletter import DeadLetter, DeadLetterReason, dead_letter_copy, is_cycle
+from broker.errors import PreconditionFailed
 from broker.exchange import (
     Exchange,
     ExchangeDestination,
@@ -28,6 +33,7 @@ from broker.message import (
     FullMessage,
     Message,
     delivered_headers,
+    drop_reference,
 )
 from broker.queue import Queue
 
@@ -99,3 +105,53 @@ class Router:
                     if following is not None:
                         work.append(following)
         return queues
+
+
+class DeadLetterRouter:
+    """Dead-letter copies waiting to be routed, routed in the order they were made.
+
+    A queue that dead-letters a message gets its copy made at once (:meth:`add`, pinning the
+    body) and routed later (:meth:`route`), so that routing never re-enters a queue in the
+    middle of one of its own operations. RabbitMQ with_dlx: a dead-letter exchange that does
+    not exist drops the message; rabbit_dead_letter detect_cycles: automatic cycles are dropped.
+    """
+
+    __slots__ = ("_copies", "_exchanges", "_on_drop", "_router", "made")
+
+    def __init__(
+        self, router: Router, exchanges: Mapping[str, Exchange], on_drop: Callable[[Message], None] | None
+    ) -> None:
+        self._router = router
+        self._exchanges = exchanges
+        self._on_drop = on_drop
+        self._copies: deque[tuple[DeadLetter, DeadLetterReason]] = deque()
+        self.made = 0  # dead-letter copies made, ever
+
+    def add(self, queue: Queue, message: Message, reason: DeadLetterReason, epoch_seconds: float) -> None:
+        """Copy ``message`` for ``queue``'s dead-letter exchange, if it has one that exists."""
+        settings = queue.settings
+        dlx = settings.dead_letter_exchange
+        if dlx is None or dlx not in self._exchanges:
+            return
+        copy = dead_letter_copy(message, reason, queue.name, dlx, settings.dead_letter_routing_key, epoch_seconds)
+        copy.refs += 1  # in flight until routed
+        self.made += 1
+        self._copies.append((copy, reason))
+
+    def route(self) -> list[QueueConsumer]:
+        """Route every waiting copy; returns the consumers to notify."""
+        notify: list[QueueConsumer] = []
+        while self._copies:
+            copy, reason = self._copies.popleft()
+            exchange = self._exchanges.get(copy.exchange)
+            try:
+                queues = self._router.route(exchange, copy) if exchange is not None else []
+            except PreconditionFailed:
+                queues = []  # CC / BCC not arrays: never published as such, so never seen here
+            for queue in queues:
+                if reason == DeadLetterReason.REJECTED or not is_cycle(queue.name, copy.headers):
+                    taken = queue.offer(copy)
+                    if taken:
+                        notify += taken
+            drop_reference(copy, self._on_drop)
+        return notify

@@ -39,14 +39,13 @@ Called from: the supervisor process (``broker.dispatch``).
 from __future__ import annotations
 
 import secrets
-from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from broker.arguments import check_resource_arg, parse_expiration
 from broker.consumer_manager import QueueConsumer
-from broker.deadletter import DeadLetter, DeadLetterReason, dead_letter_copy, is_cycle
+from broker.deadletter import DeadLetterReason
 from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from broker.exchange import (
     Exchange,
@@ -60,7 +59,7 @@ from broker.exchange import (
 from broker.message import Message, drop_reference
 from broker.queue import EXPIRE_SLICE, REAP_SLICE, Graveyard, Queue
 from broker.queue_kinds import make_queue, upgrade
-from broker.routing import Router
+from broker.routing import DeadLetterRouter, Router
 from broker.timers import Timers
 
 # AMQP 0-9-1 §3.1.3: the default exchange plus the amq.* ones a broker must pre-declare.
@@ -144,9 +143,7 @@ class VirtualHost:
         self.epoch_offset = epoch_offset
         self._timers = Timers()
         self._router = Router(self._exchanges, self._queues)
-        self._dead_letters: deque[tuple[DeadLetter, DeadLetterReason]] = deque()
-        self._pending: list[QueueConsumer] = []
-        self.dead_lettered = 0  # dead-letter copies made, ever
+        self._dead_letters = DeadLetterRouter(self._router, self._exchanges, on_drop)
         # Work per step (module docstring): the slices, and what is left of them in this step.
         self.expire_slice = EXPIRE_SLICE
         self.reap_slice = REAP_SLICE
@@ -623,21 +620,13 @@ class VirtualHost:
         return self._graveyard.messages()
 
     def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None:
-        """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain).
+        """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain)."""
+        self._dead_letters.add(queue, message, reason, self.now + self.epoch_offset)
 
-        RabbitMQ with_dlx: a dead-letter exchange that does not exist drops the message.
-        """
-        settings = queue.settings
-        dlx = settings.dead_letter_exchange
-        if dlx is None or dlx not in self._exchanges:
-            return
-        copy = dead_letter_copy(
-            message, reason, queue.name, dlx, settings.dead_letter_routing_key,
-            self.now + self.epoch_offset,
-        )
-        copy.refs += 1  # in flight until drain routes it
-        self.dead_lettered += 1
-        self._dead_letters.append((copy, reason))
+    @property
+    def dead_lettered(self) -> int:
+        """Dead-letter copies made, ever."""
+        return self._dead_letters.made
 
     def drain(self) -> list[QueueConsumer]:
         """Route pending dead letters; returns consumers to notify that no call returned yet.
@@ -645,22 +634,7 @@ class VirtualHost:
         The runtime calls it after each batch of requests (queue-level calls -- pull, get,
         release, discard -- can dead-letter). publish and tick call it themselves.
         """
-        while self._dead_letters:
-            copy, reason = self._dead_letters.popleft()
-            exchange = self._exchanges.get(copy.exchange)
-            try:
-                queues = self._router.route(exchange, copy) if exchange is not None else []
-            except PreconditionFailed:
-                queues = []  # CC / BCC not arrays: never published as such, so never seen here
-            for queue in queues:
-                # rabbit_dead_letter detect_cycles: automatic cycles are dropped.
-                if reason == DeadLetterReason.REJECTED or not is_cycle(queue.name, copy.headers):
-                    taken = queue.offer(copy)
-                    if taken:
-                        self._pending += taken
-            drop_reference(copy, self._on_drop)
-        notify, self._pending = self._pending, []
-        return notify
+        return self._dead_letters.route()
 
     def schedule(self, queue: Queue, deadline: float) -> None:
         """Called by a queue: call its tick at ``deadline`` (earlier requests win)."""
