@@ -73,7 +73,7 @@ at once, and in between other requests are served. A pull that meets an expired 
 budget left answers what it has with ``more`` (its consumer pulls again next step); a basic.get
 answers get-empty. Expired messages are still removed from the head in order, so dead letters
 keep their order. ``purge`` and ``delete`` hand the heaps to the host's graveyard (see
-:class:`broker.queue.Graveyard`) and are O(acquired entries).
+:class:`broker.graveyard.Graveyard`) and are O(acquired entries).
 
 Called from: the supervisor process, as a :class:`broker.queue.Queue`.
 """
@@ -94,19 +94,11 @@ from broker.arguments import (
 from broker.arrival_order import ArrivalOrder
 from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
 from broker.deadletter import DeadLetterReason
+from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
 from broker.errors import InternalError
 from broker.message import Message
 from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
-from broker.queue import (
-    ACQUIRED,
-    AVAILABLE,
-    DEAD_LETTER_COST,
-    DELETED,
-    HELD,
-    Queue,
-    QueueEntry,
-    new_entry_id,
-)
+from broker.queue import DEAD_LETTER_COST, Queue, QueueEntry
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
 

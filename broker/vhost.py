@@ -28,7 +28,7 @@ happens at one ``now``: a batch of requests (:meth:`advance` to a later time sta
 or a timer tick. Each step may expire or release from hold at most ``expire_slice`` messages
 (``expire_budget``, spent by the queues) and drop at most ``reap_slice`` entries of purged and
 deleted queues. queue.purge and queue.delete answer at once -- the queue is empty, or gone, at
-once -- and hand their entries to the :class:`~broker.queue.Graveyard`; the step reaps what its
+once -- and hand their entries to the :class:`~broker.graveyard.Graveyard`; the step reaps what its
 budget allows and :meth:`next_deadline` says "now" while anything is left, so the runtime's
 timer ticks again at once and other requests are served in between. Expiry left over by a spent
 budget leaves the queue's deadline due: the same.
@@ -56,8 +56,9 @@ from broker.exchange import (
     field_inequivalence,
     has_routing_headers,
 )
+from broker.graveyard import Graveyard
 from broker.message import Message, drop_reference
-from broker.queue import EXPIRE_SLICE, REAP_SLICE, Graveyard, Queue
+from broker.queue import EXPIRE_SLICE, REAP_SLICE, Queue
 from broker.queue_kinds import make_queue, upgrade
 from broker.routing import DeadLetterRouter, Router
 from broker.timers import Timers

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from broker.entry_state import AVAILABLE, HELD
 from broker.featured_queue import FeaturedQueue
-from broker.queue import AVAILABLE, HELD
 from broker.vhost import VirtualHost
 from tests.broker.conftest import EPOCH, ME
 from tests.broker.support import attach, consumer, message

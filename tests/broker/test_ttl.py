@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from broker.entry_state import ACQUIRED
 from broker.featured_queue import FeaturedQueue
 from broker.message import Message
-from broker.queue import ACQUIRED
 from broker.vhost import VirtualHost
 from tests.broker.conftest import ME
 from tests.broker.support import attach, consumer, message
