@@ -21,7 +21,7 @@ from collections.abc import Hashable, Iterable
 
 from broker.arguments import QueueSettings
 from broker.consumer_manager import QueueConsumer
-from broker.exchange import freeze
+from broker.field_tables import freeze
 from broker.message import Message
 from broker.queue import QueueEntry
 

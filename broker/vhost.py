@@ -50,12 +50,10 @@ from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceL
 from broker.exchange import (
     Exchange,
     ExchangeDestination,
-    Inequivalence,
-    args_inequivalence,
     check_exchange_type,
-    field_inequivalence,
     has_routing_headers,
 )
+from broker.field_tables import Inequivalence, args_inequivalence, field_inequivalence
 from broker.graveyard import Graveyard
 from broker.message import Message, drop_reference
 from broker.queue import EXPIRE_SLICE, REAP_SLICE, Queue
