@@ -10,8 +10,9 @@ O(log n) per message) and is chosen at declare time only for queues that need it
   for ``x-max-priority`` queues ``(max - priority) << 48 | position``: higher priority first,
   FIFO within a priority, and a released entry goes back to its original place in its priority.
 * ``_held`` -- entries held until their ``x-qpid-not-valid-before`` time (Qpid Broker-J
-  ``holdOnPublishEnabled``), ``(due, position, entry)``. :meth:`tick` moves the due ones into
-  ``_ready`` and notifies (seed: "a previously unavailable (held) message becomes available").
+  ``holdOnPublishEnabled``), a :class:`broker.held_messages.HeldMessages`. :meth:`tick` moves
+  the due ones into ``_ready`` and notifies (seed: "a previously unavailable (held) message
+  becomes available").
 * ``_groups`` -- message groups (Qpid ``qpid.group_header_key``), a
   :class:`broker.message_groups.MessageGroups` (or ``UNGROUPED``): it parks the entries of a
   group someone else owns in that group's own heap and hands them back to ``_ready`` when the
@@ -86,7 +87,6 @@ from typing import Any, ClassVar
 
 from broker.arguments import (
     DROP_HEAD,
-    NOT_VALID_BEFORE,
     REJECT_PUBLISH_DLX,
     QueueSettings,
     parse_expiration,
@@ -96,6 +96,7 @@ from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueC
 from broker.deadletter import DeadLetterReason
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
 from broker.errors import InternalError
+from broker.held_messages import HeldMessages, due_time
 from broker.message import Message
 from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
 from broker.queue import DEAD_LETTER_COST, Queue, QueueEntry
@@ -126,7 +127,7 @@ class FeaturedQueue(Queue):
         self._hold = settings.hold_on_publish
         self._groups: Ungrouped = message_groups(settings)
         self._ready: list[HeapItem] = []
-        self._held: list[tuple[float, int, QueueEntry]] = []
+        self._held = HeldMessages()
         self._expiry: dict[int, float] = {}
         self._returns: dict[int, int] = {}
         self._order = ArrivalOrder()
@@ -197,10 +198,10 @@ class FeaturedQueue(Queue):
         self._bytes += message.body_size
         self._order.append(entry)
         ttl = self._set_expiry(entry, now)
-        due = self._hold_until(message, now) if self._hold else None
+        due = due_time(message, now, self._host.epoch_offset) if self._hold else None
         if due is not None:
             entry.state = HELD
-            heapq.heappush(self._held, (due, entry.position, entry))
+            self._held.hold(due, entry)
         elif ttl == 0 and not self._can_take_at_once(entry):
             self._drop_available(entry, DeadLetterReason.EXPIRED)  # nobody can take it at once: expired on arrival
         else:
@@ -336,10 +337,10 @@ class FeaturedQueue(Queue):
         """Hand the ready, held and parked entries to the host's graveyard: none are left."""
         host, on_drop = self._host, self._on_drop
         host.bury(self._ready, pick=1, on_drop=on_drop)
-        host.bury(self._held, pick=2, on_drop=on_drop)
+        host.bury(self._held.take(), pick=2, on_drop=on_drop)
         for parked in self._groups.take_parked():
             host.bury(parked, pick=1, on_drop=on_drop)
-        self._ready, self._held = [], []
+        self._ready = []
         if self._zero:  # pending zero-TTL entries were ready ones
             host.discard(self._zero)
             self._zero = {}
@@ -351,7 +352,7 @@ class FeaturedQueue(Queue):
 
     def held_entries(self) -> list[QueueEntry]:
         """Entries held until their not-valid-before time, earliest due first."""
-        return [entry for _, _, entry in sorted(self._held)]
+        return self._held.entries()
 
     def entries(self) -> Iterator[QueueEntry]:
         """Every entry still holding its message: available and held, then acquired."""
@@ -372,8 +373,9 @@ class FeaturedQueue(Queue):
             grace = self._expiry[next(iter(self._zero))] + ZERO_TTL_GRACE
             if deadline is None or grace < deadline:
                 deadline = grace
-        if self._held and (deadline is None or self._held[0][0] < deadline):
-            deadline = self._held[0][0]
+        due = self._held.next_due()
+        if due is not None and (deadline is None or due < deadline):
+            deadline = due
         return deadline
 
     def tick(self, now: float) -> list[QueueConsumer]:
@@ -392,9 +394,8 @@ class FeaturedQueue(Queue):
             self._late.clear()
         released: list[QueueEntry] = []
         host = self._host
-        while self._held and self._held[0][0] <= now and host.expire_budget > 0:
+        while host.expire_budget > 0 and (entry := self._held.pop_due(now)) is not None:
             host.expire_budget -= 1
-            entry = heapq.heappop(self._held)[2]
             self._insert(entry)
             released.append(entry)
         self._expire_head(now)  # a held message may have outlived its TTL meanwhile
@@ -606,14 +607,6 @@ class FeaturedQueue(Queue):
             self._expiry[entry.id] = now + ttl / 1000.0
         return ttl
 
-    def _hold_until(self, message: Message, now: float) -> float | None:
-        headers = message.headers
-        value = headers.get(NOT_VALID_BEFORE) if headers else None
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return None
-        due = value / 1000.0 - self._host.epoch_offset  # Unix ms → monotonic seconds
-        return due if due > now else None
-
     def _would_overflow(self, message: Message) -> bool:
         # rabbit_amqqueue_process will_overflow
         return (self._max_length is not None and self._count + 1 > self._max_length) or (
@@ -635,10 +628,11 @@ class FeaturedQueue(Queue):
             entry = heapq.heappop(heap)[1]
             if heap is not self._ready and not heap:
                 self._groups.emptied(heap, entry)
-        elif self._held:
-            entry = heapq.heappop(self._held)[2]
         else:
-            return False
+            held = self._held.pop_first()
+            if held is None:
+                return False
+            entry = held
         self._drop_available(entry, DeadLetterReason.MAXLEN)
         return True
 
