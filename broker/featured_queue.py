@@ -31,41 +31,11 @@ after an enqueue or requeue takes the queue over; ``reject-publish`` refuses the
 (``reject-publish-dlx`` also dead-letters it). A message returned more than ``x-delivery-limit``
 times is dead-lettered (reason ``delivery_limit``) instead of requeued.
 
-A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"`` -- which upgrades a plain queue to this
-kind, :func:`broker.queue_kinds.upgrade`) is RabbitMQ's replacement for the ``immediate`` flag: the
-message "will expire upon reaching a queue unless it can be delivered to a consumer immediately",
-and is then dead-lettered with reason ``expired``. RabbitMQ decides that synchronously
-(``deliver_or_enqueue``: ``attempt_delivery`` to a consumer with credit, else discard). Here
-delivery is a notification followed by the consumer's pull, so the decision is split in two:
-
-1. *At enqueue*: the message can be delivered at once when an acquiring consumer wants work --
-   Interested or Notified in the QueueConsumerManager, i.e. it has credit (a consumer whose
-   prefetch is full, whose channel is flowed off or whose socket is backed up has told the queue
-   it is not interested) and, in a grouped queue, the message's group is free or its owner is
-   such a consumer. Browsers do not count. If none can, the message expires on arrival: it is
-   dead-lettered (reason ``expired``) or dropped without ever entering a heap, wherever it would
-   have stood. If one can, the entry is *pending* (``_zero``) and the usual notifyWork goes out.
-2. *The round*: a pending entry is exempt from expiry only while the round of pulls that
-   notification started lasts, i.e. while some acquiring consumer of the queue is Notified (the
-   seed's promise that it will pull, or say it is no longer interested, or go). The round is
-   over when no consumer is Notified any more: after a pull that leaves its consumer Interested
-   (the "empty" pull: it found nothing more for itself), a consumer losing interest or going
-   away with nobody to hand the work to. Then every pending entry that was not taken is an
-   ordinary expired entry: dead-lettered at once if it is at the head -- the usual case, and
-   always so in an ``x-message-ttl: 0`` queue -- else, as RabbitMQ expires per-message TTLs,
-   when it reaches the head; either way it is never delivered. A late pending entry is thus
-   never lost (expired and dead-lettered) nor delivered twice (taking it ends its pending
-   state). As a safety net a pending entry stops being exempt at the timer ``ZERO_TTL_GRACE``
-   after its enqueue, should a round never end (a worker that neither pulls nor answers).
-
-While pending, an entry goes only to a consumer that could have taken it when it arrived: never
-to basic.get, and never to a consumer that became interested after it arrived (``_late`` keeps,
-for such consumers, the last position enqueued before their interest). Those step over pending
-entries and take what lies behind them (such a consumer may be woken for pending entries it
-then does not get: a spurious wake-up, as the seed allows). A pending entry taken by a pull is
-acquired once, like any other; its expiry is kept, so if it is requeued it expires at the head
-at once (RabbitMQ keeps the original expiry on requeue). Nothing of this costs a queue without
-zero-TTL messages more than an empty-dict check, nor the plain queue anything (untouched).
+A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"``) is RabbitMQ's replacement for the
+``immediate`` flag: delivered only to a consumer that can take it at once, else expired on
+arrival. How that is decided across a notification and the pulls it causes -- the *round* --
+is :mod:`broker.zero_ttl`'s; the queue holds a :class:`broker.zero_ttl.ZeroTtlRound`
+(``_zero``) and asks it.
 
 Bounded steps (Overload). Expiring and releasing held messages spend the host's per-step
 ``expire_budget`` (a dead-lettered message costs ``DEAD_LETTER_COST``): when it runs out, the
@@ -100,11 +70,10 @@ from broker.held_messages import HeldMessages, due_time
 from broker.message import Message
 from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
 from broker.queue import DEAD_LETTER_COST, Queue, QueueEntry
+from broker.zero_ttl import ZERO_TTL_GRACE, ZeroTtlRound
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
 
-# A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
-ZERO_TTL_GRACE = 1.0
 
 
 class FeaturedQueue(Queue):
@@ -138,8 +107,7 @@ class FeaturedQueue(Queue):
         # Zero-TTL entries awaiting the pulls their notification causes (module docstring),
         # id -> entry in enqueue order; and consumers that became interested while some were
         # pending -> the last position enqueued before that (they may not take those).
-        self._zero: dict[int, QueueEntry] = {}
-        self._late: dict[QueueConsumer, int] = {}
+        self._zero = ZeroTtlRound()
         self._count = 0
         self._bytes = 0
 
@@ -207,7 +175,7 @@ class FeaturedQueue(Queue):
         else:
             self._insert(entry)
             if ttl == 0:
-                self._zero[entry.id] = entry  # kept for this round of pulls only
+                self._zero.add(entry)  # kept for this round of pulls only
         return self._settle_in(entry, now)
 
     def pull(
@@ -228,7 +196,7 @@ class FeaturedQueue(Queue):
             return self._browse(consumer, max_n)
         if self._groups.priority_holds_back and self.consumers.higher_priority_active(consumer):
             self.consumers.back_of_interested(consumer)
-            if self._zero:
+            if self._zero.pending:
                 self._end_round_if_over(self._time(now))
             return [], False
         now = self._time(now)
@@ -249,7 +217,7 @@ class FeaturedQueue(Queue):
             self.consumers.mark_notified(consumer)
         else:
             self.consumers.back_of_interested(consumer)
-        if self._zero:
+        if self._zero.pending:
             self._end_round_if_over(now)
         return entries, more
 
@@ -341,10 +309,9 @@ class FeaturedQueue(Queue):
         for parked in self._groups.take_parked():
             host.bury(parked, pick=1, on_drop=on_drop)
         self._ready = []
-        if self._zero:  # pending zero-TTL entries were ready ones
-            host.discard(self._zero)
-            self._zero = {}
-        self._late.clear()
+        pending = self._zero.take_all()
+        if pending:  # pending zero-TTL entries were ready ones
+            host.discard(pending)
 
     def available_entries(self) -> list[QueueEntry]:
         """Available (not held, not acquired) entries in position order (introspection)."""
@@ -365,12 +332,13 @@ class FeaturedQueue(Queue):
         """The head's expiry, the first held message's due time or the oldest pending zero-TTL
         entry's ``ZERO_TTL_GRACE``, whichever comes first (a pending head is not expiring)."""
         deadline = None
+        zero = self._zero.pending
         if self._expiry and self._ready:
             head = self._ready[0][1].id
-            if not (self._zero and head in self._zero):
+            if not (zero and head in zero):
                 deadline = self._expiry.get(head)
-        if self._zero:
-            grace = self._expiry[next(iter(self._zero))] + ZERO_TTL_GRACE
+        if zero:
+            grace = self._expiry[next(iter(zero))] + ZERO_TTL_GRACE
             if deadline is None or grace < deadline:
                 deadline = grace
         due = self._held.next_due()
@@ -384,14 +352,7 @@ class FeaturedQueue(Queue):
         Pending zero-TTL entries older than ``ZERO_TTL_GRACE`` stop being exempt first.
         """
         now = self._time(now)
-        zero = self._zero
-        while zero:
-            oldest = next(iter(zero))
-            if self._expiry[oldest] + ZERO_TTL_GRACE > now:
-                break
-            del zero[oldest]
-        if not zero:
-            self._late.clear()
+        self._zero.cut(self._expiry, now)
         released: list[QueueEntry] = []
         host = self._host
         while host.expire_budget > 0 and (entry := self._held.pop_due(now)) is not None:
@@ -431,9 +392,8 @@ class FeaturedQueue(Queue):
         notify = super()._detach(consumer)
         for parked in self._groups.consumer_gone(consumer):
             notify += self._unpark(parked)
-        if self._late:
-            self._late.pop(consumer, None)
-        if self._zero:
+        self._zero.forget(consumer)
+        if self._zero.pending:
             self._end_round_if_over(self._time(None))
         return notify
 
@@ -444,10 +404,10 @@ class FeaturedQueue(Queue):
         them when they arrived, so it is marked late for them; one losing interest may end the
         round (its work was handed to another consumer, or there was nobody to take it).
         """
-        if desired and self._zero and consumer.acquiring and consumer.state is NOT_INTERESTED:
-            self._late[consumer] = self._next_position - 1
+        if desired and self._zero.pending and consumer.acquiring and consumer.state is NOT_INTERESTED:
+            self._zero.mark_late(consumer, self._next_position - 1)
         notify = super()._set_interest(consumer, desired)
-        if not desired and self._zero:
+        if not desired and self._zero.pending:
             self._end_round_if_over(self._time(None))
         return notify
 
@@ -527,13 +487,10 @@ class FeaturedQueue(Queue):
             if heap is not self._ready and not heap:
                 self._groups.emptied(heap, entry)
             zero = self._zero
-            if zero and entry.id in zero:
-                if not isinstance(owner, QueueConsumer) or self._late.get(owner, 0) >= entry.position:
+            if zero.pending and entry.id in zero.pending:
+                if not zero.take(entry, owner):
                     skipped.append(entry)  # basic.get, or a consumer that came too late
                     continue
-                del zero[entry.id]  # delivered at once; its expiry stays for a requeue
-                if not zero:
-                    self._late.clear()
             else:
                 expires = self._expiry.get(entry.id) if self._expiry else None
                 if expires is not None and now >= expires:
@@ -570,8 +527,7 @@ class FeaturedQueue(Queue):
         caused are over, so the pending ones nobody took expire (dead-lettered, ``expired``)."""
         if self.consumers.notified():
             return  # a Notified consumer will still pull (or give the work up)
-        self._zero.clear()
-        self._late.clear()
+        self._zero.end()
         self._expire_head(now)
         self._reschedule()
 
@@ -640,7 +596,7 @@ class FeaturedQueue(Queue):
         if not self._expiry:
             return
         ready = self._ready
-        zero = self._zero
+        zero = self._zero.pending
         while ready:
             entry = ready[0][1]
             if zero and entry.id in zero:
@@ -668,8 +624,9 @@ class FeaturedQueue(Queue):
 
     def _delete(self, entry: QueueEntry) -> None:
         entry.state = DELETED
-        if self._zero:
-            self._zero.pop(entry.id, None)
+        pending = self._zero.pending
+        if pending:
+            pending.pop(entry.id, None)
         self._expiry.pop(entry.id, None)
         self._returns.pop(entry.id, None)
         self._order.deleted()

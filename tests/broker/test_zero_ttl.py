@@ -302,7 +302,7 @@ def test_queue_without_zero_ttl_keeps_no_pending_state(vhost: VirtualHost) -> No
     assert isinstance(q, FeaturedQueue)
     attach(q, consumer("c"))
     vhost.publish("", message(), now=1.0)
-    assert q._zero == {} and vhost.next_deadline() == 2.0
+    assert q._zero.pending == {} and vhost.next_deadline() == 2.0
 
 
 @pytest.mark.parametrize("seed", range(40))
