@@ -32,16 +32,21 @@ Called from: the supervisor process, by VirtualHost when a queue dead-letters a 
 from __future__ import annotations
 
 import datetime
+import enum
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from broker.exchange import header_routes
 from broker.message import BLIND_HEADER, FullMessage, Message
 
-REJECTED = "rejected"
-EXPIRED = "expired"
-MAXLEN = "maxlen"
-DELIVERY_LIMIT = "delivery_limit"
+
+class DeadLetterReason(enum.StrEnum):
+    """Why a queue dead-letters a message: the ``reason`` of an x-death table (RabbitMQ's words)."""
+
+    REJECTED = "rejected"  # basic.reject / basic.nack with requeue=false
+    EXPIRED = "expired"  # message TTL, per queue or per message
+    MAXLEN = "maxlen"  # x-max-length / x-max-length-bytes (drop-head, reject-publish-dlx)
+    DELIVERY_LIMIT = "delivery_limit"  # x-delivery-limit returns exceeded
 
 
 class DeadLetter(FullMessage):
@@ -62,7 +67,7 @@ class DeadLetter(FullMessage):
 
 def dead_letter_copy(
     message: Message,
-    reason: str,
+    reason: DeadLetterReason,
     queue: str,
     exchange: str,
     routing_key: str | None,
@@ -86,10 +91,11 @@ def _routes(headers: dict[str, Any], routing_key: str) -> list[str]:
     return [routing_key, *header_routes(headers, ("CC",))]
 
 
-def _with_death(message: Message, reason: str, queue: str, epoch_seconds: float) -> dict[str, Any]:
+def _with_death(message: Message, reason: DeadLetterReason, queue: str, epoch_seconds: float) -> dict[str, Any]:
     headers = dict(message.headers or {})
+    text = str(reason)  # headers carry the plain string
     info: dict[str, Any] = {
-        "reason": reason,
+        "reason": text,
         "queue": queue,
         "time": datetime.datetime.fromtimestamp(int(epoch_seconds), datetime.UTC),
         "exchange": message.exchange,
@@ -99,7 +105,7 @@ def _with_death(message: Message, reason: str, queue: str, epoch_seconds: float)
         info["original-expiration"] = message.expiration
     deaths = headers.get("x-death")
     if "x-death" not in headers:
-        headers["x-first-death-reason"] = reason
+        headers["x-first-death-reason"] = text
         headers["x-first-death-queue"] = queue
         headers["x-first-death-exchange"] = message.exchange
         headers["x-death"] = [{"count": 1, **info}]
@@ -164,7 +170,7 @@ def is_cycle(queue: str, headers: dict[str, Any] | None) -> bool:
     for table in deaths:
         if not isinstance(table, dict):
             return False  # something a client put there: not "fully automatic"
-        if table.get("reason") == REJECTED:
+        if table.get("reason") == DeadLetterReason.REJECTED:
             return False
         if table.get("queue") == queue:
             return True

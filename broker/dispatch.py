@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from broker.body_ref import pack_body_ref, unpack_body_ref
+from broker.constants import REPLY_TO
 from broker.consumer_manager import NOTIFIED, QueueConsumer
 from broker.errors import AMQPError, InternalError
 from broker.message import (
@@ -40,7 +42,7 @@ from broker.message import (
     drop_reference,
 )
 from broker.queue import Queue, QueueEntry
-from broker.vhost import VirtualHost
+from broker.vhost import NO_ROUTE, VirtualHost
 from ipc import records as r
 
 log = logging.getLogger("shoal.dispatch")
@@ -66,9 +68,6 @@ _METHOD_IDS: dict[type, tuple[int, int]] = {
     r.Get: (60, 70),
 }
 
-NO_ROUTE = 312
-REPLY_TO = "amq.rabbitmq.reply-to"
-
 # Credit flow: the supervisor is *behind* while a consumer it woke has not been served and
 # that consumer's queue holds at least this many ready messages. Publish credit is then
 # withheld from every publishing connection, so the rings carry settles and pulls, not
@@ -78,30 +77,6 @@ FLOW_BACKLOG = 1000
 # so a publisher never waits for it), smaller amounts on the timer's tick: a steady
 # publisher's worker is not woken by a Credit event per publish.
 CREDIT_CHUNK = 200
-
-
-# A message's body handle (Message.body_ref, opaque to the domain) packs where its header and
-# body sit into one int: ((offset * 2**24 + header_len) * 2**32 + body_len) * 2**16 + region.
-# A tuple of four ints cost 104 bytes per queued message, the int costs 36-40 (S8).
-_REGION_BITS, _BODY_BITS, _HEADER_BITS = 16, 32, 24
-_REGION_MASK = (1 << _REGION_BITS) - 1
-_BODY_MASK = (1 << _BODY_BITS) - 1
-_HEADER_MASK = (1 << _HEADER_BITS) - 1
-_BODY_SHIFT = _REGION_BITS
-_HEADER_SHIFT = _REGION_BITS + _BODY_BITS
-_OFFSET_SHIFT = _HEADER_SHIFT + _HEADER_BITS
-
-
-def pack_body_ref(region: int, offset: int, header_len: int, body_len: int) -> int:
-    """The fields fit by construction: at most 256 workers, a content header within
-    frame_max (at most 2**24), a body within max_message_size (at most 512 MiB)."""
-    return (offset << _OFFSET_SHIFT) | (header_len << _HEADER_SHIFT) | (body_len << _BODY_SHIFT) | region
-
-
-def unpack_body_ref(ref: int) -> tuple[int, int, int, int]:
-    """(region, offset, header_len, body_len) of a packed handle."""
-    return (ref & _REGION_MASK, ref >> _OFFSET_SHIFT, (ref >> _HEADER_SHIFT) & _HEADER_MASK,
-            (ref >> _BODY_SHIFT) & _BODY_MASK)
 
 
 class _Pin:
@@ -308,7 +283,7 @@ class Dispatcher:
         self.flow_tick(all_credit=True)
         return self.vhost.next_deadline()
 
-    def internal_error(self, worker: int, rec: Any) -> None:
+    def internal_error(self, worker: int, rec: r.Request) -> None:
         """A request failed unexpectedly: close its connection with 541."""
         if hasattr(rec, "conn"):
             self._fail(worker, rec, InternalError("internal error"))
@@ -354,7 +329,7 @@ class Dispatcher:
 
     # ------------------------------------------------------------- plumbing
 
-    def _fail(self, worker: int, rec: Any, exc: AMQPError) -> None:
+    def _fail(self, worker: int, rec: r.Request, exc: AMQPError) -> None:
         class_id, method_id = exc.class_id, exc.method_id
         if not class_id:
             class_id, method_id = _METHOD_IDS.get(type(rec), (0, 0))
@@ -680,7 +655,7 @@ class Dispatcher:
             message.trace = (worker, self.worker_pids[worker], self._pub_seq[worker],
                              time.monotonic_ns())
         try:
-            outcome = self.vhost.publish_outcome(rec.exchange, message, mandatory=rec.mandatory)
+            outcome = self.vhost.publish(rec.exchange, message)
         except AMQPError:
             self._free(worker, rec.offset, rec.header_len + rec.body_len)
             raise

@@ -20,8 +20,8 @@ routing keys; :func:`header_routes` reads them as ``rabbit_basic:header_routes``
 :meth:`Exchange.route_keys` routes with all of them at once (direct and topic take the union,
 fanout and headers ignore routing keys anyway).
 
-The redeclare checks (RabbitMQ ``assert_equivalence``) and the wording of their errors live
-here too, as :func:`field_inequivalence` / :func:`args_inequivalence`, shared with queues.
+Field values -- how they freeze, compare and print, and the redeclare checks built on that
+(RabbitMQ ``assert_equivalence``) -- are :mod:`broker.field_tables`'s, shared with queues.
 
 Called from: the supervisor process, through :class:`broker.vhost.VirtualHost`.
 """
@@ -29,10 +29,20 @@ Called from: the supervisor process, through :class:`broker.vhost.VirtualHost`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
-from decimal import Decimal
 from typing import Any, NamedTuple, Protocol
 
 from broker.errors import CommandInvalid, PreconditionFailed
+from broker.field_tables import (
+    Arguments,
+    Inequivalence,
+    amqp_type_name,
+    args_inequivalence,
+    as_bytes,
+    field_inequivalence,
+    freeze,
+    same_value,
+    value_text,
+)
 
 EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
 
@@ -45,7 +55,6 @@ _TOPIC_CACHE_MAX = 4096
 # rabbit_basic ?ROUTING_HEADERS: headers whose values are extra routing keys, in this order.
 ROUTING_HEADERS = ("CC", "BCC")
 
-Arguments = Mapping[str, Any]
 BindingKey = tuple[Hashable, str, Hashable]
 
 
@@ -61,124 +70,6 @@ class Binding(NamedTuple):
     destination: Hashable
     routing_key: str
     arguments: dict[str, Any]
-
-
-# ------------------------------------------------------------------------ field tables
-
-
-def freeze(value: Any) -> Hashable:
-    """A hashable, order-insensitive form of an AMQP field value (tables compare as sets)."""
-    if isinstance(value, Mapping):
-        return ("table", tuple(sorted((str(k), freeze(v)) for k, v in value.items())))
-    if isinstance(value, (list, tuple)):
-        return ("array", tuple(freeze(v) for v in value))
-    if isinstance(value, bytearray):
-        return bytes(value)
-    if isinstance(value, (bool, int, float, str, bytes, Decimal, type(None))):
-        return value
-    return ("repr", repr(value))
-
-
-def amqp_type_name(value: Any) -> str:
-    """The AMQP field type RabbitMQ would name for a decoded value (used in error texts)."""
-    if value is None:
-        return "void"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "signedint" if -(2**31) <= value < 2**31 else "long"
-    if isinstance(value, float):
-        return "double"
-    if isinstance(value, Decimal):
-        return "decimal"
-    if isinstance(value, (str, bytes, bytearray)):
-        return "longstr"
-    if isinstance(value, Mapping):
-        return "table"
-    if isinstance(value, (list, tuple)):
-        return "array"
-    return "timestamp" if hasattr(value, "timestamp") else type(value).__name__
-
-
-def _as_bytes(value: Any) -> bytes | None:
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value)
-    return None
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Erlang ``==`` on field values: 1 == 1.0, but booleans are not numbers; str == bytes."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    sa, sb = _as_bytes(a), _as_bytes(b)
-    if sa is not None or sb is not None:
-        return sa == sb
-    return bool(a == b)
-
-
-def _type_class(value: Any) -> str:
-    # rabbit_misc:type_class: every integer width (and decimal) is one class, floats another.
-    name = amqp_type_name(value)
-    if name in ("signedint", "long", "decimal"):
-        return "int"
-    return "float" if name == "double" else name
-
-
-def same_argument(a: Any, b: Any) -> bool:
-    """RabbitMQ ``assert_args_equivalence1``: same type class and equal values."""
-    return _type_class(a) == _type_class(b) and same_value(a, b)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode(errors="replace")
-    return str(value)
-
-
-class Inequivalence(NamedTuple):
-    """A redeclare that differs: which field, and both values as RabbitMQ prints them."""
-
-    field: str
-    received: str
-    current: str
-
-
-def field_inequivalence(field: str, received: Any, current: Any) -> Inequivalence | None:
-    """RabbitMQ ``assert_field_equivalence``: ``received 'true' but current is 'false'``."""
-    if received == current and type(received) is type(current):
-        return None
-    return Inequivalence(field, f"'{_text(received)}'", f"'{_text(current)}'")
-
-
-_MISSING: Any = object()
-
-
-def _arg_text(value: Any) -> str:
-    if value is _MISSING:
-        return "none"
-    return f"the value '{_text(value)}' of type '{amqp_type_name(value)}'"
-
-
-def args_inequivalence(
-    received: Arguments | None,
-    current: Arguments | None,
-    keys: Iterable[str],
-    defaults: Mapping[str, Any] | None = None,
-) -> Inequivalence | None:
-    """The first of ``keys`` whose value differs (``defaults`` stand in for absent keys)."""
-    received, current, defaults = received or {}, current or {}, defaults or {}
-    for key in keys:
-        new = received.get(key, defaults.get(key, _MISSING))
-        old = current.get(key, defaults.get(key, _MISSING))
-        if new is _MISSING and old is _MISSING:
-            continue
-        if new is _MISSING or old is _MISSING or not same_argument(new, old):
-            return Inequivalence(key, _arg_text(new), _arg_text(old))
-    return None
 
 
 # ------------------------------------------------------------------------------ routers
@@ -353,10 +244,10 @@ def _x_match(value: Any) -> str:
     """Validate ``x-match`` as RabbitMQ's ``validate_binding`` does (absent means all)."""
     if value is None:
         return "all"
-    raw = _as_bytes(value)
+    raw = as_bytes(value)
     if raw is None:
         raise PreconditionFailed(
-            f"Invalid x-match field type {amqp_type_name(value)} (value {_text(value)}); expected longstr"
+            f"Invalid x-match field type {amqp_type_name(value)} (value {value_text(value)}); expected longstr"
         )
     mode = raw.decode(errors="replace")
     if mode not in _X_MATCH_MODES:
@@ -603,20 +494,3 @@ class Exchange:
         return self.inequivalent_arg(
             type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
         ) is None
-
-
-def make_exchange(
-    name: str,
-    type: str,
-    *,
-    durable: bool = False,
-    auto_delete: bool = False,
-    internal: bool = False,
-    arguments: Arguments | None = None,
-    vhost: str = "/",
-) -> Exchange:
-    """Create an exchange of a known type; CommandInvalid (503) for any other type."""
-    return Exchange(
-        name, type, durable=durable, auto_delete=auto_delete, internal=internal,
-        arguments=arguments, vhost=vhost,
-    )

@@ -10,16 +10,15 @@ O(log n) per message) and is chosen at declare time only for queues that need it
   for ``x-max-priority`` queues ``(max - priority) << 48 | position``: higher priority first,
   FIFO within a priority, and a released entry goes back to its original place in its priority.
 * ``_held`` -- entries held until their ``x-qpid-not-valid-before`` time (Qpid Broker-J
-  ``holdOnPublishEnabled``), ``(due, position, entry)``. :meth:`tick` moves the due ones into
-  ``_ready`` and notifies (seed: "a previously unavailable (held) message becomes available").
-* ``_parked`` -- message groups (Qpid ``qpid.group_header_key``): while a group belongs to one
-  consumer its entries are skipped by the others. An entry of someone else's group met at the
-  head is parked in that group's own heap (seed: "blocked by message grouping"); when the
-  group is free again its parked entries return to ``_ready`` and one consumer is notified.
-  Shared groups (``qpid.shared_msg_group=1``) belong to a consumer while it holds unsettled
-  messages of the group; standard groups stay with their consumer until it goes (Broker-J).
+  ``holdOnPublishEnabled``), a :class:`broker.held_messages.HeldMessages`. :meth:`tick` moves
+  the due ones into ``_ready`` and notifies (seed: "a previously unavailable (held) message
+  becomes available").
+* ``_groups`` -- message groups (Qpid ``qpid.group_header_key``), a
+  :class:`broker.message_groups.MessageGroups` (or ``UNGROUPED``): it parks the entries of a
+  group someone else owns in that group's own heap and hands them back to ``_ready`` when the
+  group is free again; the queue then notifies one consumer.
 * ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
-  seed 001); deleted entries are pruned lazily, one window of the list at a time.
+  seed 001): a :class:`broker.arrival_order.ArrivalOrder`.
 * ``_expiry`` / ``_returns`` -- per entry id: expiry time (monotonic seconds) and how many times
   it was returned (quorum queues' ``delivery_count``; ``x-delivery-limit``).
 
@@ -32,41 +31,11 @@ after an enqueue or requeue takes the queue over; ``reject-publish`` refuses the
 (``reject-publish-dlx`` also dead-letters it). A message returned more than ``x-delivery-limit``
 times is dead-lettered (reason ``delivery_limit``) instead of requeued.
 
-A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"`` -- which upgrades a plain queue to this
-kind, :func:`broker.queue_kinds.upgrade`) is RabbitMQ's replacement for the ``immediate`` flag: the
-message "will expire upon reaching a queue unless it can be delivered to a consumer immediately",
-and is then dead-lettered with reason ``expired``. RabbitMQ decides that synchronously
-(``deliver_or_enqueue``: ``attempt_delivery`` to a consumer with credit, else discard). Here
-delivery is a notification followed by the consumer's pull, so the decision is split in two:
-
-1. *At enqueue*: the message can be delivered at once when an acquiring consumer wants work --
-   Interested or Notified in the QueueConsumerManager, i.e. it has credit (a consumer whose
-   prefetch is full, whose channel is flowed off or whose socket is backed up has told the queue
-   it is not interested) and, in a grouped queue, the message's group is free or its owner is
-   such a consumer. Browsers do not count. If none can, the message expires on arrival: it is
-   dead-lettered (reason ``expired``) or dropped without ever entering a heap, wherever it would
-   have stood. If one can, the entry is *pending* (``_zero``) and the usual notifyWork goes out.
-2. *The round*: a pending entry is exempt from expiry only while the round of pulls that
-   notification started lasts, i.e. while some acquiring consumer of the queue is Notified (the
-   seed's promise that it will pull, or say it is no longer interested, or go). The round is
-   over when no consumer is Notified any more: after a pull that leaves its consumer Interested
-   (the "empty" pull: it found nothing more for itself), a consumer losing interest or going
-   away with nobody to hand the work to. Then every pending entry that was not taken is an
-   ordinary expired entry: dead-lettered at once if it is at the head -- the usual case, and
-   always so in an ``x-message-ttl: 0`` queue -- else, as RabbitMQ expires per-message TTLs,
-   when it reaches the head; either way it is never delivered. A late pending entry is thus
-   never lost (expired and dead-lettered) nor delivered twice (taking it ends its pending
-   state). As a safety net a pending entry stops being exempt at the timer ``ZERO_TTL_GRACE``
-   after its enqueue, should a round never end (a worker that neither pulls nor answers).
-
-While pending, an entry goes only to a consumer that could have taken it when it arrived: never
-to basic.get, and never to a consumer that became interested after it arrived (``_late`` keeps,
-for such consumers, the last position enqueued before their interest). Those step over pending
-entries and take what lies behind them (such a consumer may be woken for pending entries it
-then does not get: a spurious wake-up, as the seed allows). A pending entry taken by a pull is
-acquired once, like any other; its expiry is kept, so if it is requeued it expires at the head
-at once (RabbitMQ keeps the original expiry on requeue). Nothing of this costs a queue without
-zero-TTL messages more than an empty-dict check, nor the plain queue anything (untouched).
+A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"``) is RabbitMQ's replacement for the
+``immediate`` flag: delivered only to a consumer that can take it at once, else expired on
+arrival. How that is decided across a notification and the pulls it causes -- the *round* --
+is :mod:`broker.zero_ttl`'s; the queue holds a :class:`broker.zero_ttl.ZeroTtlRound`
+(``_zero``) and asks it.
 
 Bounded steps (Overload). Expiring and releasing held messages spend the host's per-step
 ``expire_budget`` (a dead-lettered message costs ``DEAD_LETTER_COST``): when it runs out, the
@@ -75,66 +44,36 @@ at once, and in between other requests are served. A pull that meets an expired 
 budget left answers what it has with ``more`` (its consumer pulls again next step); a basic.get
 answers get-empty. Expired messages are still removed from the head in order, so dead letters
 keep their order. ``purge`` and ``delete`` hand the heaps to the host's graveyard (see
-:class:`broker.queue.Graveyard`) and are O(acquired entries).
+:class:`broker.graveyard.Graveyard`) and are O(acquired entries).
 
 Called from: the supervisor process, as a :class:`broker.queue.Queue`.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from broker.arguments import (
     DROP_HEAD,
-    NOT_VALID_BEFORE,
     REJECT_PUBLISH_DLX,
     QueueSettings,
     parse_expiration,
 )
+from broker.arrival_order import ArrivalOrder
 from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
+from broker.deadletter import DeadLetterReason
+from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
 from broker.errors import InternalError
-from broker.exchange import freeze
+from broker.held_messages import HeldMessages, due_time
 from broker.message import Message
-from broker.queue import (
-    ACQUIRED,
-    AVAILABLE,
-    DEAD_LETTER_COST,
-    DELETED,
-    HELD,
-    Queue,
-    QueueEntry,
-    new_entry_id,
-)
-
-# What a browser sees: the queue's contents, acquired-but-unsettled entries included.
-_BROWSABLE = frozenset((AVAILABLE, ACQUIRED))
+from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
+from broker.queue import DEAD_LETTER_COST, Queue, QueueEntry
+from broker.zero_ttl import ZERO_TTL_GRACE, ZeroTtlRound
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
-# _order is compacted while more than _COMPACT_AT and half of its entries are deleted: one
-# window of _COMPACT_WINDOW entries per _COMPACT_EVERY deletes (each window removes more than
-# it costs, and no delete pays for a whole list of a million entries).
-_COMPACT_AT = 1024
-_COMPACT_WINDOW = 4096
-_COMPACT_EVERY = 1024
 
-# A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
-ZERO_TTL_GRACE = 1.0
-
-HeapItem = tuple[int, QueueEntry]
-Owner = Any  # a QueueConsumer, or a _GetOwner for a basic.get in a shared-groups queue
-
-
-class _GetOwner:
-    """The owner of the groups one basic.get acquired (seed 001: a one-message subscription)."""
-
-    __slots__ = ()
-
-
-def _position(entry: QueueEntry) -> int:
-    return entry.position
 
 
 class FeaturedQueue(Queue):
@@ -155,21 +94,12 @@ class FeaturedQueue(Queue):
         self._max_priority = settings.max_priority
         self._delivery_limit = settings.delivery_limit
         self._hold = settings.hold_on_publish
-        self._group_header = settings.group_header
-        self._shared_groups = settings.shared_groups
-        self._default_group: Hashable | None = settings.default_group if settings.shared_groups else None
+        self._groups: Ungrouped = message_groups(settings)
         self._ready: list[HeapItem] = []
-        self._held: list[tuple[float, int, QueueEntry]] = []
-        self._parked: dict[Hashable, list[HeapItem]] = {}
-        self._owner: dict[Hashable, Owner] = {}
-        self._groups_of: dict[Owner, dict[Hashable, None]] = {}
-        self._in_flight: dict[Hashable, int] = {}
+        self._held = HeldMessages()
         self._expiry: dict[int, float] = {}
         self._returns: dict[int, int] = {}
-        self._order: list[QueueEntry] = []
-        self._order_dead = 0  # deleted entries still in _order
-        self._order_debt = 0  # deletes since the last compaction window
-        self._order_cursor = 0  # where the next compaction window starts
+        self._order = ArrivalOrder()
         # Budget units per expired message (host.expire_budget); a pull or get that met an
         # expired head with no budget left sets _starved.
         self._expire_cost = DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
@@ -177,8 +107,7 @@ class FeaturedQueue(Queue):
         # Zero-TTL entries awaiting the pulls their notification causes (module docstring),
         # id -> entry in enqueue order; and consumers that became interested while some were
         # pending -> the last position enqueued before that (they may not take those).
-        self._zero: dict[int, QueueEntry] = {}
-        self._late: dict[QueueConsumer, int] = {}
+        self._zero = ZeroTtlRound()
         self._count = 0
         self._bytes = 0
 
@@ -194,7 +123,7 @@ class FeaturedQueue(Queue):
                 entry.id = new_entry_id()
         self._log, self._head, self._released = [], 0, []
         self._init_storage(self.settings)
-        self._order = sorted(available + list(self._acquired.values()), key=_position)
+        self._order = ArrivalOrder(available + list(self._acquired.values()))
         for entry in available:
             self._count += 1
             self._bytes += entry.message.body_size
@@ -227,7 +156,7 @@ class FeaturedQueue(Queue):
             raise InternalError(f"enqueue on deleted {self.description}")
         if self._limited and self._overflow != DROP_HEAD and self._would_overflow(message):
             if self._overflow == REJECT_PUBLISH_DLX:
-                self._dead_letter(message, "maxlen")
+                self._dead_letter(message, DeadLetterReason.MAXLEN)
             return None
         now = self._time(now)
         entry = QueueEntry(self, self._next_position, message, new_entry_id())
@@ -237,16 +166,16 @@ class FeaturedQueue(Queue):
         self._bytes += message.body_size
         self._order.append(entry)
         ttl = self._set_expiry(entry, now)
-        due = self._hold_until(message, now) if self._hold else None
+        due = due_time(message, now, self._host.epoch_offset) if self._hold else None
         if due is not None:
             entry.state = HELD
-            heapq.heappush(self._held, (due, entry.position, entry))
+            self._held.hold(due, entry)
         elif ttl == 0 and not self._can_take_at_once(entry):
-            self._drop_available(entry, "expired")  # nobody can take it at once: expired on arrival
+            self._drop_available(entry, DeadLetterReason.EXPIRED)  # nobody can take it at once: expired on arrival
         else:
             self._insert(entry)
             if ttl == 0:
-                self._zero[entry.id] = entry  # kept for this round of pulls only
+                self._zero.add(entry)  # kept for this round of pulls only
         return self._settle_in(entry, now)
 
     def pull(
@@ -265,9 +194,9 @@ class FeaturedQueue(Queue):
             return [], False
         if not consumer.acquiring:
             return self._browse(consumer, max_n)
-        if self._group_header is None and self.consumers.higher_priority_active(consumer):
+        if self._groups.priority_holds_back and self.consumers.higher_priority_active(consumer):
             self.consumers.back_of_interested(consumer)
-            if self._zero:
+            if self._zero.pending:
                 self._end_round_if_over(self._time(now))
             return [], False
         now = self._time(now)
@@ -288,17 +217,17 @@ class FeaturedQueue(Queue):
             self.consumers.mark_notified(consumer)
         else:
             self.consumers.back_of_interested(consumer)
-        if self._zero:
+        if self._zero.pending:
             self._end_round_if_over(now)
         return entries, more
 
-    def get(self, now: float | None = None) -> QueueEntry | None:
+    def _get(self, now: float | None) -> QueueEntry | None:
         """basic.get: the next entry no consumer's group blocks, or None (seed 001 one-shot).
 
         Never a pending zero-TTL entry: it is on its way to a consumer (module docstring).
         Get-empty, too, when more expired messages are in the way than this step may expire.
         """
-        owner = _GetOwner() if self._shared_groups else None
+        owner = self._groups.get_owner()
         skipped: list[QueueEntry] = []
         self._starved = False
         entry = self._take_for(owner, self._time(now), skipped)
@@ -320,7 +249,7 @@ class FeaturedQueue(Queue):
         entry.redelivered = True
         returns = self._returns[entry.id] = self._returns.get(entry.id, 0) + 1
         if self._delivery_limit is not None and returns > self._delivery_limit:
-            self._dead_letter(entry.message, "delivery_limit")
+            self._dead_letter(entry.message, DeadLetterReason.DELIVERY_LIMIT)
             self._delete(entry)
             return notify
         self._count += 1
@@ -350,9 +279,8 @@ class FeaturedQueue(Queue):
         expiry, returns = self._expiry, self._returns
         self._expiry = {i: expiry[i] for i in acquired if i in expiry}
         self._returns = {i: returns[i] for i in acquired if i in returns}
-        order = self._order
-        self._order = sorted(acquired.values(), key=_position)
-        self._order_dead = self._order_debt = self._order_cursor = 0
+        order = self._order.entries
+        self._order = ArrivalOrder(acquired.values())
         host = self._host
         for container in (order, expiry, returns):
             host.discard(container)
@@ -366,7 +294,7 @@ class FeaturedQueue(Queue):
         # Acquired entries stay in _acquired until settled or released (Queue.delete).
         self._bury_storage()
         host = self._host
-        for container in (self._order, self._expiry, self._returns):
+        for container in (self._order.entries, self._expiry, self._returns):
             host.discard(container)
         self._init_storage(self.settings)
         self.deleted = True
@@ -377,44 +305,45 @@ class FeaturedQueue(Queue):
         """Hand the ready, held and parked entries to the host's graveyard: none are left."""
         host, on_drop = self._host, self._on_drop
         host.bury(self._ready, pick=1, on_drop=on_drop)
-        host.bury(self._held, pick=2, on_drop=on_drop)
-        for parked in self._parked.values():
+        host.bury(self._held.take(), pick=2, on_drop=on_drop)
+        for parked in self._groups.take_parked():
             host.bury(parked, pick=1, on_drop=on_drop)
-        self._ready, self._held, self._parked = [], [], {}
-        if self._zero:  # pending zero-TTL entries were ready ones
-            host.discard(self._zero)
-            self._zero = {}
-        self._late.clear()
+        self._ready = []
+        pending = self._zero.take_all()
+        if pending:  # pending zero-TTL entries were ready ones
+            host.discard(pending)
 
     def available_entries(self) -> list[QueueEntry]:
         """Available (not held, not acquired) entries in position order (introspection)."""
-        return [e for e in self._order if e.state is AVAILABLE]
+        return [e for e in self._order.entries if e.state is AVAILABLE]
 
     def held_entries(self) -> list[QueueEntry]:
         """Entries held until their not-valid-before time, earliest due first."""
-        return [entry for _, _, entry in sorted(self._held)]
+        return self._held.entries()
 
     def entries(self) -> Iterator[QueueEntry]:
         """Every entry still holding its message: available and held, then acquired."""
-        yield from [e for e in self._order if e.state is AVAILABLE or e.state is HELD]
+        yield from [e for e in self._order.entries if e.state is AVAILABLE or e.state is HELD]
         yield from list(self._acquired.values())
 
     # ----------------------------------------------------------------------- timers
 
-    def next_deadline(self) -> float | None:
+    def _storage_deadline(self) -> float | None:
         """The head's expiry, the first held message's due time or the oldest pending zero-TTL
         entry's ``ZERO_TTL_GRACE``, whichever comes first (a pending head is not expiring)."""
         deadline = None
+        zero = self._zero.pending
         if self._expiry and self._ready:
             head = self._ready[0][1].id
-            if not (self._zero and head in self._zero):
+            if not (zero and head in zero):
                 deadline = self._expiry.get(head)
-        if self._zero:
-            grace = self._expiry[next(iter(self._zero))] + ZERO_TTL_GRACE
+        if zero:
+            grace = self._expiry[next(iter(zero))] + ZERO_TTL_GRACE
             if deadline is None or grace < deadline:
                 deadline = grace
-        if self._held and (deadline is None or self._held[0][0] < deadline):
-            deadline = self._held[0][0]
+        due = self._held.next_due()
+        if due is not None and (deadline is None or due < deadline):
+            deadline = due
         return deadline
 
     def tick(self, now: float) -> list[QueueConsumer]:
@@ -423,19 +352,11 @@ class FeaturedQueue(Queue):
         Pending zero-TTL entries older than ``ZERO_TTL_GRACE`` stop being exempt first.
         """
         now = self._time(now)
-        zero = self._zero
-        while zero:
-            oldest = next(iter(zero))
-            if self._expiry[oldest] + ZERO_TTL_GRACE > now:
-                break
-            del zero[oldest]
-        if not zero:
-            self._late.clear()
+        self._zero.cut(self._expiry, now)
         released: list[QueueEntry] = []
         host = self._host
-        while self._held and self._held[0][0] <= now and host.expire_budget > 0:
+        while host.expire_budget > 0 and (entry := self._held.pop_due(now)) is not None:
             host.expire_budget -= 1
-            entry = heapq.heappop(self._held)[2]
             self._insert(entry)
             released.append(entry)
         self._expire_head(now)  # a held message may have outlived its TTL meanwhile
@@ -463,32 +384,30 @@ class FeaturedQueue(Queue):
 
     # -------------------------------------------------------------------- consumers
 
-    def remove_consumer(self, consumer: QueueConsumer) -> list[QueueConsumer]:
+    def _detach(self, consumer: QueueConsumer) -> list[QueueConsumer]:
         """Detach; a standard message group goes with its consumer (Broker-J clearAssignments).
 
         May end the round of pulls for pending zero-TTL entries (module docstring).
         """
-        notify = super().remove_consumer(consumer)
-        if not self._shared_groups and consumer in self._groups_of:
-            for group in list(self._groups_of[consumer]):
-                notify += self._free_group(group)
-        if self._late:
-            self._late.pop(consumer, None)
-        if self._zero:
+        notify = super()._detach(consumer)
+        for parked in self._groups.consumer_gone(consumer):
+            notify += self._unpark(parked)
+        self._zero.forget(consumer)
+        if self._zero.pending:
             self._end_round_if_over(self._time(None))
         return notify
 
-    def set_notify_work_desired(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
+    def _set_interest(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
         """seed setNotifyWorkDesired, plus the zero-TTL round (module docstring).
 
         A consumer becoming interested while zero-TTL entries are pending could not have taken
         them when they arrived, so it is marked late for them; one losing interest may end the
         round (its work was handed to another consumer, or there was nobody to take it).
         """
-        if desired and self._zero and consumer.acquiring and consumer.state is NOT_INTERESTED:
-            self._late[consumer] = self._next_position - 1
-        notify = super().set_notify_work_desired(consumer, desired)
-        if not desired and self._zero:
+        if desired and self._zero.pending and consumer.acquiring and consumer.state is NOT_INTERESTED:
+            self._zero.mark_late(consumer, self._next_position - 1)
+        notify = super()._set_interest(consumer, desired)
+        if not desired and self._zero.pending:
             self._end_round_if_over(self._time(None))
         return notify
 
@@ -497,7 +416,7 @@ class FeaturedQueue(Queue):
     def _notify_newly_interested(self, consumer: QueueConsumer) -> list[QueueConsumer]:
         if not consumer.acquiring:
             return [consumer] if self._next_after(consumer.browse_position) else []
-        if self._group_header is None and self.consumers.higher_priority_active(consumer):
+        if self._groups.priority_holds_back and self.consumers.higher_priority_active(consumer):
             return []
         if self._next_heap(consumer) is None:
             return []
@@ -505,7 +424,7 @@ class FeaturedQueue(Queue):
         return [consumer]
 
     def _hand_over(self) -> list[QueueConsumer]:
-        if not self._ready and not self._parked:
+        if not self._ready and not any(self._groups.parked_heaps()):
             return []
         consumer = self.consumers.notify_one(unless_notified=True)
         return [consumer] if consumer is not None else []
@@ -524,7 +443,7 @@ class FeaturedQueue(Queue):
     def _announce(self, entry: QueueEntry) -> list[QueueConsumer]:
         """seed notifyWork for an entry that became available: browsers behind it, one acquirer."""
         notify = self._browsers_before(entry.position)
-        owner = self._owner.get(self._group(entry.message)) if self._group_header is not None else None
+        owner = self._groups.owner_of(entry.message)
         if owner is None:
             consumer = self.consumers.notify_one()
         elif isinstance(owner, QueueConsumer) and owner.state is INTERESTED:
@@ -542,43 +461,18 @@ class FeaturedQueue(Queue):
         priority = min(entry.message.priority or 0, self._max_priority)
         return ((self._max_priority - priority) << _PRIORITY_SHIFT) | entry.position
 
-    def _group(self, message: Message) -> Hashable | None:
-        headers = message.headers
-        value = headers.get(self._group_header) if headers and self._group_header else None
-        if value is None:
-            return self._default_group
-        return freeze(value)
-
     def _insert(self, entry: QueueEntry) -> None:
         """Make an entry available: into its owned group's parked heap, else into _ready."""
         entry.state = AVAILABLE
         item = (self._key(entry), entry)
-        if self._group_header is not None:
-            group = self._group(entry.message)
-            if group in self._owner:
-                heapq.heappush(self._parked.setdefault(group, []), item)
-                return
-        heapq.heappush(self._ready, item)
+        if not self._groups.park(entry, item):
+            heapq.heappush(self._ready, item)
 
-    def _next_heap(self, owner: Owner) -> list[HeapItem] | None:
-        """The heap whose top is ``owner``'s next entry, parking other owners' groups on the way."""
-        ready = self._ready
-        if self._group_header is None:
-            return ready or None
-        while ready:
-            group = self._group(ready[0][1].message)
-            holder = self._owner.get(group)
-            if holder is None or holder is owner:
-                break
-            heapq.heappush(self._parked.setdefault(group, []), heapq.heappop(ready))
-        best = ready or None
-        for group in self._groups_of.get(owner, ()):
-            parked = self._parked.get(group)
-            if parked and (best is None or parked[0][0] < best[0][0]):
-                best = parked
-        return best
+    def _next_heap(self, owner: Owner | None) -> list[HeapItem] | None:
+        """The heap whose top is ``owner``'s next entry (message groups may park some)."""
+        return self._groups.next_heap(self._ready, owner)
 
-    def _take_for(self, owner: Owner, now: float, skipped: list[QueueEntry]) -> QueueEntry | None:
+    def _take_for(self, owner: Owner | None, now: float, skipped: list[QueueEntry]) -> QueueEntry | None:
         """Acquire ``owner``'s next entry, dropping expired ones on the way.
 
         Pending zero-TTL entries ``owner`` may not take are popped into ``skipped``: the caller
@@ -591,15 +485,12 @@ class FeaturedQueue(Queue):
                 return None
             entry = heapq.heappop(heap)[1]
             if heap is not self._ready and not heap:
-                del self._parked[self._group(entry.message)]
+                self._groups.emptied(heap, entry)
             zero = self._zero
-            if zero and entry.id in zero:
-                if not isinstance(owner, QueueConsumer) or self._late.get(owner, 0) >= entry.position:
+            if zero.pending and entry.id in zero.pending:
+                if not zero.take(entry, owner):
                     skipped.append(entry)  # basic.get, or a consumer that came too late
                     continue
-                del zero[entry.id]  # delivered at once; its expiry stays for a requeue
-                if not zero:
-                    self._late.clear()
             else:
                 expires = self._expiry.get(entry.id) if self._expiry else None
                 if expires is not None and now >= expires:
@@ -607,7 +498,7 @@ class FeaturedQueue(Queue):
                         self._insert(entry)
                         self._starved = True
                         return None
-                    self._drop_available(entry, "expired")  # never delivered
+                    self._drop_available(entry, DeadLetterReason.EXPIRED)  # never delivered
                     continue
             self._acquire_entry(entry, owner)
             return entry
@@ -624,12 +515,11 @@ class FeaturedQueue(Queue):
         channel or a backed-up socket has said it is not interested. In a grouped queue the
         group must be free or owned by such a consumer.
         """
-        if self._group_header is not None:
-            owner = self._owner.get(self._group(entry.message))
-            if owner is not None:
-                return isinstance(owner, QueueConsumer) and (
-                    owner.state is INTERESTED or owner.state is NOTIFIED
-                )
+        owner = self._groups.owner_of(entry.message)
+        if owner is not None:
+            return isinstance(owner, QueueConsumer) and (
+                owner.state is INTERESTED or owner.state is NOTIFIED
+            )
         return self.consumers.top_active_priority() is not None
 
     def _end_round_if_over(self, now: float) -> None:
@@ -637,52 +527,26 @@ class FeaturedQueue(Queue):
         caused are over, so the pending ones nobody took expire (dead-lettered, ``expired``)."""
         if self.consumers.notified():
             return  # a Notified consumer will still pull (or give the work up)
-        self._zero.clear()
-        self._late.clear()
+        self._zero.end()
         self._expire_head(now)
         self._reschedule()
 
-    def _acquire_entry(self, entry: QueueEntry, owner: Owner) -> None:
+    def _acquire_entry(self, entry: QueueEntry, owner: Owner | None) -> None:
         entry.state = ACQUIRED
         self._acquired[entry.id] = entry
         self._count -= 1
         self._bytes -= entry.message.body_size
-        if self._group_header is None or owner is None:
-            return
-        group = self._group(entry.message)
-        if group is None:
-            return
-        if group not in self._owner:
-            self._owner[group] = owner
-            self._groups_of.setdefault(owner, {})[group] = None
-        if self._shared_groups:
-            self._in_flight[group] = self._in_flight.get(group, 0) + 1
+        self._groups.acquired(entry, owner)
 
     def _unacquire(self, entry: QueueEntry) -> list[QueueConsumer]:
         """An acquired entry is settled or returned; a shared group with none left is freed."""
         del self._acquired[entry.id]
-        if not self._shared_groups:
-            return []
-        group = self._group(entry.message)
-        left = self._in_flight.get(group, 0) - 1
-        if left > 0:
-            self._in_flight[group] = left
-            return []
-        self._in_flight.pop(group, None)
-        return self._free_group(group)
+        parked = self._groups.unacquired(entry)
+        return self._unpark(parked) if parked else []
 
-    def _free_group(self, group: Hashable) -> list[QueueConsumer]:
-        """The group may go to anyone again: unpark its entries and notify (seed notifyWork)."""
-        owner = self._owner.pop(group, None)
-        if owner is None:
-            return []
-        groups = self._groups_of[owner]
-        del groups[group]
-        if not groups:
-            del self._groups_of[owner]
-        parked = self._parked.pop(group, None)
-        if not parked:
-            return []
+    def _unpark(self, parked: list[HeapItem]) -> list[QueueConsumer]:
+        """A freed group may go to anyone again: its entries go back to _ready, and one
+        consumer is notified (seed notifyWork)."""
         for item in parked:
             heapq.heappush(self._ready, item)
         consumer = self.consumers.notify_one()
@@ -699,14 +563,6 @@ class FeaturedQueue(Queue):
             self._expiry[entry.id] = now + ttl / 1000.0
         return ttl
 
-    def _hold_until(self, message: Message, now: float) -> float | None:
-        headers = message.headers
-        value = headers.get(NOT_VALID_BEFORE) if headers else None
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            return None
-        due = value / 1000.0 - self._host.epoch_offset  # Unix ms → monotonic seconds
-        return due if due > now else None
-
     def _would_overflow(self, message: Message) -> bool:
         # rabbit_amqqueue_process will_overflow
         return (self._max_length is not None and self._count + 1 > self._max_length) or (
@@ -721,25 +577,26 @@ class FeaturedQueue(Queue):
     def _drop_head(self) -> bool:
         """Dead-letter the next message in delivery order (reason ``maxlen``); False if none."""
         heap: list[HeapItem] | None = self._ready or None
-        for parked in self._parked.values():
+        for parked in self._groups.parked_heaps():
             if parked and (heap is None or parked[0][0] < heap[0][0]):
                 heap = parked
         if heap is not None:
             entry = heapq.heappop(heap)[1]
             if heap is not self._ready and not heap:
-                del self._parked[self._group(entry.message)]
-        elif self._held:
-            entry = heapq.heappop(self._held)[2]
+                self._groups.emptied(heap, entry)
         else:
-            return False
-        self._drop_available(entry, "maxlen")
+            held = self._held.pop_first()
+            if held is None:
+                return False
+            entry = held
+        self._drop_available(entry, DeadLetterReason.MAXLEN)
         return True
 
     def _expire_head(self, now: float) -> None:
         if not self._expiry:
             return
         ready = self._ready
-        zero = self._zero
+        zero = self._zero.pending
         while ready:
             entry = ready[0][1]
             if zero and entry.id in zero:
@@ -748,7 +605,7 @@ class FeaturedQueue(Queue):
             if expires is None or now < expires or not self._spend_expiry():
                 return
             heapq.heappop(ready)
-            self._drop_available(entry, "expired")
+            self._drop_available(entry, DeadLetterReason.EXPIRED)
 
     def _spend_expiry(self) -> bool:
         """Take one expired message's cost from the step's budget; False when it is spent."""
@@ -758,7 +615,7 @@ class FeaturedQueue(Queue):
         host.expire_budget -= self._expire_cost
         return True
 
-    def _drop_available(self, entry: QueueEntry, reason: str) -> None:
+    def _drop_available(self, entry: QueueEntry, reason: DeadLetterReason) -> None:
         """Remove a ready or held entry already taken off its heap, dead-lettering it."""
         self._count -= 1
         self._bytes -= entry.message.body_size
@@ -767,48 +624,19 @@ class FeaturedQueue(Queue):
 
     def _delete(self, entry: QueueEntry) -> None:
         entry.state = DELETED
-        if self._zero:
-            self._zero.pop(entry.id, None)
+        pending = self._zero.pending
+        if pending:
+            pending.pop(entry.id, None)
         self._expiry.pop(entry.id, None)
         self._returns.pop(entry.id, None)
-        self._order_dead += 1
-        if self._order_dead > _COMPACT_AT and self._order_dead * 2 > len(self._order):
-            self._order_debt += 1
-            if self._order_debt >= _COMPACT_EVERY:
-                self._order_debt = 0
-                self._compact_order()
+        self._order.deleted()
         self._unref(entry.message)
 
-    def _compact_order(self) -> None:
-        """Remove the deleted entries of one window of _order, the next window next time
-        (round the list): O(_COMPACT_WINDOW) and a memmove of the rest of the list."""
-        order = self._order
-        start = self._order_cursor if self._order_cursor < len(order) else 0
-        stop = start + _COMPACT_WINDOW
-        window = order[start:stop]
-        live = [e for e in window if e.state is not DELETED]
-        if len(live) < len(window):
-            order[start:stop] = live
-            self._order_dead -= len(window) - len(live)
-        self._order_cursor = start + len(live)
-
     def _next_after(self, position: int) -> QueueEntry | None:
-        """The first entry still on the queue past ``position`` in arrival order (a
-        browser's next): available or acquired, as a browser sees the queue's contents."""
-        order = self._order
-        for index in range(bisect.bisect_right(order, position, key=_position), len(order)):
-            if order[index].state in _BROWSABLE:
-                return order[index]
-        return None
+        return self._order.next_after(position)
 
     def _browse(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
-        order = self._order
-        seen: list[QueueEntry] = []
-        index = bisect.bisect_right(order, consumer.browse_position, key=_position)
-        while index < len(order) and len(seen) < max_n:
-            if order[index].state in _BROWSABLE:
-                seen.append(order[index])
-            index += 1
+        seen = self._order.browse(consumer.browse_position, max_n)
         if seen:
             consumer.browse_position = seen[-1].position
         return seen, len(seen) == max_n and self._next_after(consumer.browse_position) is not None

@@ -41,10 +41,7 @@ its next deadline (``schedule``) and hands it messages to dead-letter (``dead_le
 
 from __future__ import annotations
 
-import enum
 import heapq
-import itertools
-from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -56,27 +53,17 @@ from broker.consumer_manager import (
     QueueConsumer,
     QueueConsumerManager,
 )
+from broker.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
+from broker.deadletter import DeadLetterReason
+from broker.entry_state import (
+    ACQUIRED,
+    AVAILABLE,
+    DELETED,
+    new_entry_id,
+)
 from broker.errors import AccessRefused, InternalError, NotFound
+from broker.graveyard import Graveyard
 from broker.message import Message, drop_reference
-
-
-class EntryState(enum.Enum):
-    """Where a queue entry is in its life (seed: QueueEntry available / acquired / deleted)."""
-
-    AVAILABLE = "available"
-    HELD = "held"  # seed: "held" -- not available before its not-valid-before time
-    ACQUIRED = "acquired"
-    DELETED = "deleted"
-
-
-AVAILABLE = EntryState.AVAILABLE
-HELD = EntryState.HELD
-ACQUIRED = EntryState.ACQUIRED
-DELETED = EntryState.DELETED
-
-# Entry ids are unique across every queue of the process: the runtime uses them as handles.
-_entry_ids = itertools.count(1)
-new_entry_id = _entry_ids.__next__
 
 # Drop the consumed prefix of the log once it is this long and at least half of the list.
 _COMPACT_AT = 4096
@@ -89,9 +76,6 @@ REAP_SLICE = 1000
 # DEAD_LETTER_COST of it: its copy is made, routed and enqueued in the same step.
 EXPIRE_SLICE = 250
 DEAD_LETTER_COST = 4
-# Letting go of a container's slot (a None, an object whose last reference it was, a dict item)
-# costs about this many times less than dropping an entry.
-DISMANTLE_PER_DROP = 8
 
 
 def _position(entry: QueueEntry) -> int:
@@ -124,96 +108,6 @@ class QueueEntry:
         )
 
 
-class Graveyard:
-    """Entries of purged and deleted queues whose messages are still to be let go of.
-
-    queue.purge and queue.delete answer at once (with the message count, as RabbitMQ does);
-    the containers that held the entries are handed over whole (:meth:`bury`) and
-    :meth:`reap` works them off a slice at a time, in the order they were buried: each entry is
-    marked deleted and its message reference dropped (``on_drop`` -- the body freed -- on the
-    last one), exactly once. Containers whose contents only need deallocating (a featured
-    queue's index of entries, its per-entry dicts) are handed over too (:meth:`discard`):
-    freeing a million objects at once costs about as much as dropping them.
-
-    Nothing else sees a buried entry: the queue no longer holds it, and delivered entries are
-    never buried (they stay with their channel until settled). Until it is reaped a buried
-    entry still holds its body, so an arena sweep must count it live (:meth:`messages`).
-    """
-
-    def __init__(self) -> None:
-        # [items, pick, start, on_drop]: items[start:] are entries still to drop (item[pick] when
-        # the list holds heap tuples); a dropped one's slot is set to None. on_drop None: only
-        # dismantle ``items`` (a list from its end, a dict by popitem).
-        self._graves: deque[list[Any]] = deque()
-        self.pending = 0  # buried entries whose message reference is not dropped yet
-
-    def __bool__(self) -> bool:
-        return bool(self._graves)
-
-    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
-             on_drop: Callable[[Message], None] | None) -> None:
-        """Take ``items[keep:]`` (entries, or heap tuples whose ``[pick]`` is the entry) to drop.
-
-        The caller lets go of ``items``; ``items[:keep]`` holds nothing to drop.
-        """
-        if not items:
-            return
-        self.pending += len(items) - keep
-        self._graves.append([items, pick, keep, on_drop or _no_drop])
-
-    def discard(self, container: list[Any] | dict[Any, Any]) -> None:
-        """Take a container the caller let go of, to be dismantled a slice at a time."""
-        if container:
-            self._graves.append([container, None, 0, None])
-
-    def reap(self, limit: int) -> int:
-        """Drop at most ``limit`` entries (dismantling counts ``1/DISMANTLE_PER_DROP`` each),
-        oldest burial first; returns the work done in those units."""
-        done = 0
-        graves = self._graves
-        while graves and done < limit:
-            grave = graves[0]
-            items, pick, start, on_drop = grave
-            if on_drop is None:  # dismantle only
-                n = min((limit - done) * DISMANTLE_PER_DROP, len(items))
-                if isinstance(items, dict):
-                    popitem = items.popitem
-                    for _ in range(n):
-                        popitem()
-                else:
-                    del items[len(items) - n:]
-                if not items:
-                    graves.popleft()
-                done += -(-n // DISMANTLE_PER_DROP)
-            else:
-                stop = min(start + limit - done, len(items))
-                n = stop - start
-                for index in range(start, stop):
-                    item = items[index]
-                    items[index] = None
-                    entry = item if pick is None else item[pick]
-                    entry.state = DELETED
-                    drop_reference(entry.message, on_drop)
-                self.pending -= n
-                grave[2] = stop
-                if stop == len(items):  # what is left is Nones (and consumed slots): dismantle
-                    grave[3] = None
-                done += n
-        return done
-
-    def messages(self) -> Iterator[Message]:
-        """The messages of buried entries not reaped yet (O(buried): an arena sweep)."""
-        for items, pick, start, on_drop in self._graves:
-            if on_drop is None:
-                continue
-            for item in itertools.islice(items, start, None):
-                yield (item if pick is None else item[pick]).message
-
-
-def _no_drop(message: Message) -> None:
-    """on_drop of a queue made without one: the reference is dropped, nothing to free."""
-
-
 class QueueHost(Protocol):
     """What a queue needs from its virtual host (broker.vhost.VirtualHost implements it)."""
 
@@ -225,7 +119,7 @@ class QueueHost(Protocol):
 
     def schedule(self, queue: Queue, deadline: float) -> None: ...
 
-    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None: ...
+    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None: ...
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
              on_drop: Callable[[Message], None] | None) -> None: ...
@@ -255,7 +149,7 @@ class StandaloneHost:
     def schedule(self, queue: Queue, deadline: float) -> None:
         self.deadlines[queue] = deadline
 
-    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
+    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None:
         return None
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
@@ -307,10 +201,19 @@ class Queue:
         self._exclusive_consumer: QueueConsumer | None = None
         self.settings = settings
         self._host: QueueHost = host if host is not None else StandaloneHost()
+        # Consumer modes (broker.consumer_modes), held whatever the storage: None when off.
+        self.single_active: SingleActiveConsumer | None = (
+            SingleActiveConsumer() if settings.single_active_consumer else None
+        )
+        self.lease: ExpiresWhenUnused | None = (
+            ExpiresWhenUnused(settings.expires, self._host.now) if settings.expires is not None else None
+        )
         self._setup(settings)
+        if self.lease is not None:
+            self._reschedule()
 
     def _setup(self, settings: QueueSettings) -> None:
-        """Per-kind initialisation; storage and consumer modes extend it (broker.queue_kinds)."""
+        """Per-storage initialisation; featured storage extends it (broker.featured_queue)."""
 
     def __repr__(self) -> str:
         return (
@@ -344,6 +247,12 @@ class Queue:
     def consumer_count(self) -> int:
         """Attached consumers, interested or not."""
         return len(self.consumers)
+
+    @property
+    def active_consumer(self) -> QueueConsumer | None:
+        """x-single-active-consumer: the one consumer that gets messages (else None)."""
+        mode = self.single_active
+        return mode.active if mode is not None else None
 
     @property
     def should_auto_delete(self) -> bool:
@@ -418,8 +327,15 @@ class Queue:
 
         seed 001: Basic.Get is "a temporary subscription that can only ever receive one
         message" -- a subscription at the queue head that acquires once and goes away, so it
-        needs no consumer record and notifies nobody.
+        needs no consumer record and notifies nobody. basic.get restarts an x-expires lease
+        (rabbit_amqqueue_process ensure_expiry_timer).
         """
+        if self.lease is not None:
+            self.touch(now)
+        return self._get(now)
+
+    def _get(self, now: float | None) -> QueueEntry | None:
+        """The storage's half of :meth:`get`."""
         return self._take_next()
 
     def release(self, entry: QueueEntry, now: float | None = None) -> list[QueueConsumer]:
@@ -471,7 +387,7 @@ class Queue:
             return []
         if self.deleted:
             return self._settle_orphan(entry)
-        self._dead_letter(entry.message, "rejected")
+        self._dead_letter(entry.message, DeadLetterReason.REJECTED)
         return self.settle(entry)
 
     def purge(self) -> int:
@@ -536,6 +452,13 @@ class Queue:
 
     def next_deadline(self) -> float | None:
         """The earliest ``now`` at which :meth:`tick` has work (a TTL, a held message, x-expires)."""
+        lease = self.lease
+        if lease is None:
+            return self._storage_deadline()
+        return lease.deadline(self._storage_deadline(), bool(self.consumers))
+
+    def _storage_deadline(self) -> float | None:
+        """The storage's half of :meth:`next_deadline`: none for the plain FIFO."""
         return None
 
     def tick(self, now: float) -> list[QueueConsumer]:
@@ -547,10 +470,15 @@ class Queue:
 
     def touch(self, now: float | None = None) -> None:
         """The queue was used (queue.declare, passive or not): restarts an x-expires lease."""
+        lease = self.lease
+        if lease is not None:
+            lease.last_used = self._time(now)
+            self._reschedule()
 
     def unused_expired(self, now: float) -> bool:
-        """Whether an x-expires queue has been unused for its whole lease (VirtualHost.tick)."""
-        return False
+        """Whether an x-expires queue has no consumers and was unused for its whole lease."""
+        lease = self.lease
+        return lease is not None and not self.consumers and now >= lease.end()
 
     # -------------------------------------------------------------- delivery content
 
@@ -575,6 +503,9 @@ class Queue:
         RabbitMQ: 403 ACCESS_REFUSED "queue 'q' in vhost '/' in exclusive use" when the queue
         has an exclusive consumer, or an exclusive consumer asks for a queue already consumed.
         """
+        single = self.single_active
+        if single is not None:
+            single.admit(consumer, self.description)
         if self.deleted:
             raise NotFound(f"no {self.description}")
         if self._exclusive_consumer is not None or (consumer.exclusive and self.consumers):
@@ -583,14 +514,32 @@ class Queue:
         self.has_ever_had_consumers = True
         if consumer.exclusive:
             self._exclusive_consumer = consumer
+        if single is not None:
+            single.added(consumer)
 
     def remove_consumer(self, consumer: QueueConsumer) -> list[QueueConsumer]:
         """Detach a consumer, leaving no reference to it; returns whom to wake instead.
 
         Called for basic.cancel, channel/connection close and worker death. seed: if it was
         Notified ("did not do the work we expected") or was the higher priority holding others
-        back, the work goes to another consumer.
+        back, the work goes to another consumer. x-expires: the lease starts again when the last
+        consumer goes; x-single-active-consumer: the next in line takes over when the active one
+        goes, and is notified if it wanted work.
         """
+        single = self.single_active
+        if single is not None:
+            single.forget(consumer)
+        notify = self._detach(consumer)
+        if self.lease is not None and not self.consumers:
+            self.touch()
+        if single is not None:
+            successor = single.succeed(consumer)
+            if successor is not None:
+                notify += self._set_interest(successor, True)
+        return notify
+
+    def _detach(self, consumer: QueueConsumer) -> list[QueueConsumer]:
+        """The storage's half of :meth:`remove_consumer`."""
         previous = self.consumers.remove(consumer)
         if previous is REMOVED:
             return []
@@ -606,8 +555,16 @@ class Queue:
         Becoming interested with work available notifies that consumer (seed: "Consumer
         becomes Interested"). A Notified consumer turning uninterested hands its work to
         another, and a higher-priority one turning uninterested lets lower priorities consume
-        (seed: "A high priority consumer becomes uninterested").
+        (seed: "A high priority consumer becomes uninterested"). A waiting single-active
+        consumer's wish is only recorded.
         """
+        single = self.single_active
+        if single is not None and single.defers(consumer, desired):
+            return []
+        return self._set_interest(consumer, desired)
+
+    def _set_interest(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
+        """The storage's half of :meth:`set_notify_work_desired`."""
         if consumer not in self.consumers:
             return []
         previous = consumer.state
@@ -727,7 +684,7 @@ class Queue:
             elif self._on_drop is not None:
                 self._on_drop(message)
 
-    def _dead_letter(self, message: Message, reason: str) -> None:
+    def _dead_letter(self, message: Message, reason: DeadLetterReason) -> None:
         # rabbit_amqqueue_process with_dlx: only a queue with a dead-letter exchange republishes.
         if self.settings.dead_letter_exchange is not None:
             self._host.dead_letter(self, message, reason)

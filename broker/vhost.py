@@ -9,16 +9,15 @@ exclusive queue is never durable, and exclusivity mismatches are 405 RESOURCE_LO
 ``owner`` is an opaque connection key (the runtime uses ``(worker, conn)``); exclusive queues
 belong to one owner and go with it.
 
-Routing follows RabbitMQ ``rabbit_exchange:route``: from the published-to exchange through
-exchange-to-exchange bindings, each exchange visited once (cycles end), an exchange that routes
-nowhere handing over to its ``alternate-exchange``; each queue receives the message once. A
-message with ``CC`` / ``BCC`` headers (RabbitMQ's sender-selected distribution) is routed with
-its routing key and every CC and BCC key at each step, still reaching each queue once.
+Routing is :class:`broker.routing.Router`'s (RabbitMQ ``rabbit_exchange:route``); the virtual
+host keeps the two fast paths of basic.publish and says what a publish did in a
+:class:`PublishOutcome`.
 
 Time, timers and dead letters. The domain reads no clock: ``now`` (monotonic seconds) comes in
 as an argument, and the virtual host remembers the latest (:meth:`VirtualHost.advance`).
-Queues register deadlines (TTL at the head, held messages, x-expires leases) and the runtime
-calls :meth:`VirtualHost.tick` when :meth:`VirtualHost.next_deadline` is reached. A queue that
+Queues register deadlines (TTL at the head, held messages, x-expires leases; kept by
+:class:`broker.timers.Timers`) and the runtime calls :meth:`VirtualHost.tick` when
+:meth:`VirtualHost.next_deadline` is reached. A queue that
 dead-letters a message asks the virtual host for a copy (:meth:`VirtualHost.dead_letter`) at
 once, pinning the body; the copy is routed by :meth:`VirtualHost.drain`, which publish and tick
 call themselves and the runtime calls after each batch of requests: routing never re-enters a
@@ -29,7 +28,7 @@ happens at one ``now``: a batch of requests (:meth:`advance` to a later time sta
 or a timer tick. Each step may expire or release from hold at most ``expire_slice`` messages
 (``expire_budget``, spent by the queues) and drop at most ``reap_slice`` entries of purged and
 deleted queues. queue.purge and queue.delete answer at once -- the queue is empty, or gone, at
-once -- and hand their entries to the :class:`~broker.queue.Graveyard`; the step reaps what its
+once -- and hand their entries to the :class:`~broker.graveyard.Graveyard`; the step reaps what its
 budget allows and :meth:`next_deadline` says "now" while anything is left, so the runtime's
 timer ticks again at once and other requests are served in between. Expiry left over by a spent
 budget leaves the queue's deadline due: the same.
@@ -39,38 +38,28 @@ Called from: the supervisor process (``broker.dispatch``).
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import secrets
-from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from broker.arguments import check_resource_arg, parse_expiration
 from broker.consumer_manager import QueueConsumer
-from broker.deadletter import REJECTED, DeadLetter, dead_letter_copy, is_cycle
+from broker.deadletter import DeadLetterReason
 from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from broker.exchange import (
     Exchange,
     ExchangeDestination,
-    Inequivalence,
-    args_inequivalence,
     check_exchange_type,
-    field_inequivalence,
     has_routing_headers,
-    header_routes,
 )
-from broker.message import (
-    BLIND_HEADER,
-    BlindCopied,
-    FullMessage,
-    Message,
-    delivered_headers,
-    drop_reference,
-)
-from broker.queue import EXPIRE_SLICE, REAP_SLICE, Graveyard, Queue
+from broker.field_tables import Inequivalence, args_inequivalence, field_inequivalence
+from broker.graveyard import Graveyard
+from broker.message import Message, drop_reference
+from broker.queue import EXPIRE_SLICE, REAP_SLICE, Queue
 from broker.queue_kinds import make_queue, upgrade
+from broker.routing import DeadLetterRouter, Router
+from broker.timers import Timers
 
 # AMQP 0-9-1 §3.1.3: the default exchange plus the amq.* ones a broker must pre-declare.
 STANDARD_EXCHANGES = (
@@ -97,8 +86,17 @@ _QUEUE_ARG_DEFAULTS = {"x-queue-type": "classic"}
 _DEFAULT_EXCHANGE_REFUSED = "operation not permitted on the default exchange"
 
 
+# basic.return's reply code for a mandatory message routed nowhere (AMQP 0-9-1 §1.8.3.9): a
+# reply, not an error -- the channel stays open -- so it has no class in broker.errors.
+NO_ROUTE = 312
+
+
 class PublishOutcome(NamedTuple):
-    """What basic.publish did: see VirtualHost.publish_outcome."""
+    """What basic.publish did (VirtualHost.publish): all a confirming channel needs.
+
+    RabbitMQ nacks a confirm when any queue refused the message (reject-publish) and acks it
+    otherwise; a mandatory return is only for a message routed nowhere (``routed == 0``).
+    """
 
     routed: int  # queues the message was routed to (0: basic.return if mandatory, else free it)
     notify: list[QueueConsumer]  # consumers to notifyWork
@@ -142,13 +140,9 @@ class VirtualHost:
         # x-qpid-not-valid-before are Unix times.
         self.now = now
         self.epoch_offset = epoch_offset
-        self._deadlines: list[tuple[float, int, Queue]] = []
-        self._scheduled: dict[Queue, float] = {}
-        self._tiebreak = itertools.count()
-        self._dead_letters: deque[tuple[DeadLetter, str]] = deque()
-        self._pending: list[QueueConsumer] = []
-        self._rejected: list[str] | tuple[str, ...] = ()
-        self.dead_lettered = 0  # dead-letter copies made, ever
+        self._timers = Timers()
+        self._router = Router(self._exchanges, self._queues)
+        self._dead_letters = DeadLetterRouter(self._router, self._exchanges, on_drop)
         # Work per step (module docstring): the slices, and what is left of them in this step.
         self.expire_slice = EXPIRE_SLICE
         self.reap_slice = REAP_SLICE
@@ -423,7 +417,7 @@ class VirtualHost:
         return count, self._delete_queue(queue)
 
     def _delete_queue(self, queue: Queue) -> list[QueueConsumer]:
-        self._scheduled.pop(queue, None)
+        self._timers.cancel(queue)
         self._featured_queues -= not queue.plain
         for exchange_name in self._sources.pop(queue.name, {}):
             exchange = self._exchanges.get(exchange_name)
@@ -519,23 +513,15 @@ class VirtualHost:
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(
-        self,
-        exchange_name: str,
-        message: Message,
-        *,
-        mandatory: bool = False,
-        now: float | None = None,
-    ) -> tuple[int, list[QueueConsumer]]:
-        """basic.publish: enqueue on every matched queue once; ``(queues, consumers to wake)``.
+    def publish(self, exchange_name: str, message: Message, *, now: float | None = None) -> PublishOutcome:
+        """basic.publish: enqueue on every matched queue once; what happened (PublishOutcome).
 
         With 0 queues nothing references the message and ``on_drop`` is not called: the runtime
-        returns it (``mandatory``) or frees it. Otherwise the domain owns it: if every queue
-        refused or at once dropped it, ``on_drop`` has been called. ``mandatory`` is accepted
-        for the record; the domain's answer is the same either way. Checks, in rabbit_channel's
-        order: the exchange exists (404), is not internal (403), the expiration is valid (406),
-        the CC / BCC headers are arrays (406, rabbit_basic:message).
-        publish_outcome also says which queues refused the message.
+        returns it (mandatory) or frees it. Otherwise the domain owns it: if every queue refused
+        or at once dropped it, ``on_drop`` has been called. The domain's answer does not depend
+        on mandatory, so it is not passed in. Checks, in rabbit_channel's order: the exchange
+        exists (404), is not internal (403), the expiration is valid (406), the CC / BCC
+        headers are arrays (406, rabbit_basic:message).
 
         CC / BCC headers (sender-selected distribution) add routing keys; a message with BCC
         becomes a :class:`BlindCopied` (delivered without it). Only a message with headers
@@ -548,18 +534,18 @@ class VirtualHost:
             raise AccessRefused(f"cannot publish to internal {exchange.description}")
         if message.expiration is not None:
             parse_expiration(message.expiration)
-            return self._deliver(self._route_published(exchange, message), message, now)
+            return self._deliver(self._router.route_published(exchange, message), message, now)
         headers = message.headers
         if headers is not None and has_routing_headers(headers):
-            return self._deliver(self._route_published(exchange, message), message, now)
+            return self._deliver(self._router.route_published(exchange, message), message, now)
         if exchange_name == "":
             # Hot path: the default exchange's bindings are exactly "each queue by its name".
             queue = self._queues.get(message.routing_key)
             if queue is None:
-                return 0, []
-            return (1, queue.enqueue(message)) if queue.plain else self._deliver([queue], message, now)
+                return PublishOutcome(0, [])
+            return PublishOutcome(1, queue.enqueue(message)) if queue.plain else self._deliver([queue], message, now)
         if not exchange.routes_only_to_queues or self._featured_queues:
-            return self._deliver(self._route(exchange, message), message, now)
+            return self._deliver(self._router.route(exchange, message), message, now)
         notify: list[QueueConsumer] = []
         routed = 0
         for destination in exchange.route(message.routing_key, message.headers):
@@ -567,91 +553,14 @@ class VirtualHost:
             if queue is not None:
                 notify += queue.enqueue(message)
                 routed += 1
-        return routed, notify
+        return PublishOutcome(routed, notify)
 
-    def publish_outcome(
-        self,
-        exchange_name: str,
-        message: Message,
-        *,
-        mandatory: bool = False,
-        now: float | None = None,
-    ) -> PublishOutcome:
-        """basic.publish with everything a confirming channel needs: see PublishOutcome.
-
-        RabbitMQ nacks a confirm when any queue refused the message (reject-publish) and
-        acks it otherwise; a mandatory return is only for a message routed nowhere.
-        """
-        self._rejected = ()
-        before = self.dead_lettered
-        routed, notify = self.publish(exchange_name, message, mandatory=mandatory, now=now)
-        return PublishOutcome(routed, notify, tuple(self._rejected), self.dead_lettered - before)
-
-    def _route_published(self, exchange: Exchange, message: Message) -> list[Queue]:
-        """_route for basic.publish: CC / BCC are checked first (406), and a message with a
-        BCC header becomes a BlindCopied (its deliveries are re-encoded without BCC)."""
-        queues = self._route(exchange, message)
-        headers = message.headers
-        if headers is not None and BLIND_HEADER in headers and type(message) is FullMessage:
-            message.__class__ = BlindCopied  # same slots: only the reheadered flag changes
-        return queues
-
-    def _route(self, exchange: Exchange, message: Message) -> list[Queue]:
-        """rabbit_exchange:route -- the queues a message reaches from ``exchange``, each once.
-
-        With CC / BCC headers the message is routed with its routing key and every CC and BCC
-        key (rabbit_basic header_routes; PreconditionFailed when one is not an array); a
-        headers exchange matches the headers without BCC, as RabbitMQ strips it before routing.
-        """
-        headers = message.headers
-        keys: list[str] | None = None
-        if headers is not None and has_routing_headers(headers):
-            keys = [message.routing_key, *header_routes(headers)]
-            headers = delivered_headers(headers)
-        if not exchange.routes_only_to_queues:
-            names: Iterable[Any] = self._walk(exchange, message.routing_key, keys, headers)
-        elif keys is None:
-            names = exchange.route(message.routing_key, headers)
-        else:
-            names = exchange.route_keys(keys, headers)
-        return [queue for name in names if (queue := self._queues.get(name)) is not None]
-
-    def _walk(
-        self,
-        exchange: Exchange,
-        routing_key: str,
-        keys: list[str] | None,
-        headers: Mapping[str, Any] | None,
-    ) -> dict[str, None]:
-        # Each exchange is visited once, so exchange-to-exchange cycles end; an exchange whose
-        # own route is empty hands over to its alternate exchange (process_alternate). ``keys``:
-        # every routing key of a CC / BCC message (each hop routes with all of them).
-        queues: dict[str, None] = {}
-        seen = {exchange.name}
-        work = [exchange]
-        while work:
-            current = work.pop()
-            destinations: Iterable[Any] = (
-                current.route(routing_key, headers) if keys is None else current.route_keys(keys, headers)
-            )
-            if not destinations and current.alternate is not None:
-                destinations = (ExchangeDestination(current.alternate),)
-            for destination in destinations:
-                if type(destination) is not ExchangeDestination:
-                    queues[destination] = None
-                elif destination.name not in seen:
-                    seen.add(destination.name)
-                    following = self._exchanges.get(destination.name)
-                    if following is not None:
-                        work.append(following)
-        return queues
-
-    def _deliver(self, queues: list[Queue], message: Message, now: float | None) -> tuple[int, list[QueueConsumer]]:
+    def _deliver(self, queues: list[Queue], message: Message, now: float | None) -> PublishOutcome:
         """Offer to queues that may refuse, drop or dead-letter it at once; then drain."""
         if now is not None:
             self.advance(now)
+        before = self.dead_lettered
         rejected: list[str] = []
-        self._rejected = rejected
         # Held while routing: a queue dropping it (drop-head, TTL) must not free it under the
         # queues still to come.
         message.refs += 1
@@ -670,7 +579,7 @@ class VirtualHost:
         else:
             message.refs -= 1  # unroutable: the runtime returns or frees it
         notify += self.drain()
-        return len(queues), notify
+        return PublishOutcome(len(queues), notify, tuple(rejected), self.dead_lettered - before)
 
     # ------------------------------------------------------------ dead letters, timers
 
@@ -709,22 +618,14 @@ class VirtualHost:
         """Their messages: bodies still in use for an arena sweep (O(buried))."""
         return self._graveyard.messages()
 
-    def dead_letter(self, queue: Queue, message: Message, reason: str) -> None:
-        """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain).
+    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None:
+        """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain)."""
+        self._dead_letters.add(queue, message, reason, self.now + self.epoch_offset)
 
-        RabbitMQ with_dlx: a dead-letter exchange that does not exist drops the message.
-        """
-        settings = queue.settings
-        dlx = settings.dead_letter_exchange
-        if dlx is None or dlx not in self._exchanges:
-            return
-        copy = dead_letter_copy(
-            message, reason, queue.name, dlx, settings.dead_letter_routing_key,
-            self.now + self.epoch_offset,
-        )
-        copy.refs += 1  # in flight until drain routes it
-        self.dead_lettered += 1
-        self._dead_letters.append((copy, reason))
+    @property
+    def dead_lettered(self) -> int:
+        """Dead-letter copies made, ever."""
+        return self._dead_letters.made
 
     def drain(self) -> list[QueueConsumer]:
         """Route pending dead letters; returns consumers to notify that no call returned yet.
@@ -732,30 +633,11 @@ class VirtualHost:
         The runtime calls it after each batch of requests (queue-level calls -- pull, get,
         release, discard -- can dead-letter). publish and tick call it themselves.
         """
-        while self._dead_letters:
-            copy, reason = self._dead_letters.popleft()
-            exchange = self._exchanges.get(copy.exchange)
-            try:
-                queues = self._route(exchange, copy) if exchange is not None else []
-            except PreconditionFailed:
-                queues = []  # CC / BCC not arrays: never published as such, so never seen here
-            for queue in queues:
-                # rabbit_dead_letter detect_cycles: automatic cycles are dropped.
-                if reason == REJECTED or not is_cycle(queue.name, copy.headers):
-                    taken = queue.offer(copy)
-                    if taken:
-                        self._pending += taken
-            drop_reference(copy, self._on_drop)
-        notify, self._pending = self._pending, []
-        return notify
+        return self._dead_letters.route()
 
     def schedule(self, queue: Queue, deadline: float) -> None:
         """Called by a queue: call its tick at ``deadline`` (earlier requests win)."""
-        current = self._scheduled.get(queue)
-        if current is not None and current <= deadline:
-            return
-        self._scheduled[queue] = deadline
-        heapq.heappush(self._deadlines, (deadline, next(self._tiebreak), queue))
+        self._timers.schedule(queue, deadline)
 
     def next_deadline(self) -> float | None:
         """When the runtime's timer should next call :meth:`tick` (monotonic seconds), or None.
@@ -764,13 +646,7 @@ class VirtualHost:
         """
         if self._graveyard:
             return self.now
-        deadlines = self._deadlines
-        while deadlines:
-            deadline, _, queue = deadlines[0]
-            if self._scheduled.get(queue) == deadline:
-                return deadline
-            heapq.heappop(deadlines)  # superseded, or the queue is gone
-        return None
+        return self._timers.next_deadline()
 
     def tick(self, now: float) -> TickOutcome:
         """The runtime's timer: expire messages, release held ones, delete unused x-expires queues.
@@ -787,12 +663,7 @@ class VirtualHost:
         self._reap_budget = self.reap_slice
         self._reap()
         before = self.dead_lettered
-        due: list[tuple[float, Queue]] = []
-        while self._deadlines and self._deadlines[0][0] <= now and len(due) < self.expire_slice:
-            deadline, _, queue = heapq.heappop(self._deadlines)
-            if self._scheduled.get(queue) == deadline:
-                del self._scheduled[queue]
-                due.append((deadline, queue))
+        due = self._timers.pop_due(now, self.expire_slice)
         notify: list[QueueConsumer] = []
         deleted: list[str] = []
         cancelled: list[QueueConsumer] = []

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from broker.arguments import parse_expiration, parse_queue_arguments
+from broker.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
 from broker.errors import PreconditionFailed
 from broker.featured_queue import FeaturedQueue
 from broker.queue import Queue
-from broker.queue_kinds import ExpiresWhenUnused, SingleActiveConsumer
 from broker.vhost import VirtualHost
 from tests.broker.conftest import ME
 from tests.broker.support import message
@@ -111,8 +111,8 @@ def test_consumer_modes_are_mixed_into_either_storage(vhost: VirtualHost) -> Non
     """x-single-active-consumer and x-expires combine with plain and featured storage."""
     plain = vhost.declare_queue("p", owner=ME, arguments={"x-single-active-consumer": True, "x-expires": 100})
     featured = vhost.declare_queue("f", owner=ME, arguments={"x-single-active-consumer": True, "x-max-priority": 2})
-    assert isinstance(plain, SingleActiveConsumer) and isinstance(plain, ExpiresWhenUnused) and plain.plain
-    assert isinstance(featured, SingleActiveConsumer) and isinstance(featured, FeaturedQueue)
+    assert isinstance(plain.single_active, SingleActiveConsumer) and isinstance(plain.lease, ExpiresWhenUnused) and plain.plain
+    assert isinstance(featured.single_active, SingleActiveConsumer) and isinstance(featured, FeaturedQueue)
 
 
 def test_redeclare_with_other_delivery_limit_is_inequivalent(vhost: VirtualHost) -> None:

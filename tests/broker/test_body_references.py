@@ -73,7 +73,7 @@ def test_every_body_is_dropped_once_and_only_when_unused(steps: list[tuple[Any, 
             _, exchange, key, expiration, priority, group = step
             m = message(key, headers={"JMSXGroupID": group} if group else None, exchange=exchange,
                         expiration=expiration, priority=priority)
-            routed, _ = vhost.publish(exchange, m, now=now)
+            routed, _ = vhost.publish(exchange, m, now=now)[:2]
             (published if routed else unroutable).append(m)
         elif kind == "get":
             entry = vhost.queues[step[1]].get(now=now)

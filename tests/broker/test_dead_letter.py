@@ -270,6 +270,6 @@ def test_tick_wakes_consumers_of_the_dead_letter_queue(vhost: VirtualHost, dlq: 
 def test_publish_outcome_counts_dead_letters_from_drop_head(vhost: VirtualHost, dlq: Queue) -> None:
     """A publish that pushes the head out of a full queue reports the dead-lettered copy."""
     vhost.declare_queue("q", owner=ME, arguments={**DLX_ARGS, "x-max-length": 1})
-    assert vhost.publish_outcome("", message("q")).dead_lettered == 0
-    outcome = vhost.publish_outcome("", message("q"))
+    assert vhost.publish("", message("q")).dead_lettered == 0
+    outcome = vhost.publish("", message("q"))
     assert outcome.dead_lettered == 1 and outcome.rejected == () and dlq.message_count == 1

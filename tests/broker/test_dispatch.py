@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.dispatch import Dispatcher, pack_body_ref, unpack_body_ref
+from broker.body_ref import pack_body_ref, unpack_body_ref
+from broker.dispatch import Dispatcher
 from broker.message import FullMessage, PlainMessage
 from ipc import records as r
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from broker.errors import CommandInvalid, PreconditionFailed
-from broker.exchange import Exchange, make_exchange, topic_words
+from broker.exchange import Exchange, topic_words
 
 
 def _topic(*patterns: str) -> Exchange:
@@ -232,14 +232,14 @@ def test_unbind_destination_removes_every_binding_of_a_queue() -> None:
 def test_unknown_exchange_type_is_command_invalid() -> None:
     """RabbitMQ replies 503 COMMAND_INVALID (a connection error) to an unknown exchange type."""
     with pytest.raises(CommandInvalid) as err:
-        make_exchange("x", "foo")
+        Exchange("x", "foo")
     assert err.value.reply_code == 503 and err.value.hard
     assert err.value.reply_text == "invalid exchange type 'foo'"
 
 
 def test_exchange_equivalence_compares_properties_and_alternate_exchange() -> None:
     """Redeclare checks type, durable, auto_delete, internal and alternate-exchange, like RabbitMQ."""
-    ex = make_exchange("x", "direct", durable=True, arguments={"alternate-exchange": "ae"})
+    ex = Exchange("x", "direct", durable=True, arguments={"alternate-exchange": "ae"})
     assert ex.equivalent("direct", durable=True, arguments={"alternate-exchange": "ae", "other": 1})
     assert not ex.equivalent("fanout", durable=True, arguments={"alternate-exchange": "ae"})
     assert not ex.equivalent("direct", durable=False, arguments={"alternate-exchange": "ae"})

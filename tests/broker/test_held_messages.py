@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from broker.entry_state import AVAILABLE, HELD
 from broker.featured_queue import FeaturedQueue
-from broker.queue import AVAILABLE, HELD
 from broker.vhost import VirtualHost
 from tests.broker.conftest import EPOCH, ME
 from tests.broker.support import attach, consumer, message
@@ -27,7 +27,7 @@ def test_held_message_is_not_delivered_before_its_time(vhost: VirtualHost) -> No
     c = consumer("c")
     attach(q, c)
     m = message(headers=_not_before(10.0))
-    assert vhost.publish("", m, now=0.0) == (1, [])
+    assert vhost.publish("", m, now=0.0)[:2] == (1, [])
     assert q.pull(c, 5, now=9.0) == ([], False)
     assert q.get(now=9.0) is None
     assert q.message_count == 1 and [e.state for e in q.held_entries()] == [HELD]

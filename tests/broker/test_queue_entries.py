@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from broker.consumer_manager import INTERESTED, NON_ACQUIRING
+from broker.entry_state import ACQUIRED, AVAILABLE, DELETED
 from broker.message import Message
-from broker.queue import ACQUIRED, AVAILABLE, DELETED, Queue
+from broker.queue import Queue
 from tests.broker.support import attach, consumer, fill, keys, message
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from broker.consumer_manager import NOT_INTERESTED
+from broker.consumer_modes import SingleActiveConsumer
 from broker.errors import AccessRefused
-from broker.queue_kinds import SingleActiveConsumer
+from broker.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.conftest import ME
 from tests.broker.support import attach, consumer, fill, keys, message
@@ -14,9 +15,9 @@ from tests.broker.support import attach, consumer, fill, keys, message
 SAC = {"x-single-active-consumer": True}
 
 
-def _sac_queue(vhost: VirtualHost, **arguments: object) -> SingleActiveConsumer:
+def _sac_queue(vhost: VirtualHost, **arguments: object) -> Queue:
     q = vhost.declare_queue("q", owner=ME, arguments={**SAC, **arguments})
-    assert isinstance(q, SingleActiveConsumer)
+    assert isinstance(q.single_active, SingleActiveConsumer)
     return q
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from broker.entry_state import ACQUIRED
 from broker.featured_queue import FeaturedQueue
 from broker.message import Message
-from broker.queue import ACQUIRED
 from broker.vhost import VirtualHost
 from tests.broker.conftest import ME
 from tests.broker.support import attach, consumer, message
@@ -45,7 +45,7 @@ def test_per_message_expiration_upgrades_a_plain_queue(vhost: VirtualHost, dropp
     vhost.publish("", old, now=0.0)
     assert q.plain
     short = message(expiration="100")
-    routed, _ = vhost.publish("", short, now=0.0)
+    routed, _ = vhost.publish("", short, now=0.0)[:2]
     assert routed == 1 and isinstance(q, FeaturedQueue) and vhost.queues["q"] is q
     assert [e.message for e in q.available_entries()] == [old, short]
     assert q.get(now=0.05).message is old  # type: ignore[union-attr]

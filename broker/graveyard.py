@@ -1,0 +1,108 @@
+"""What purged and deleted queues let go of, dropped a slice at a time (Overload).
+
+Called from: the supervisor process (the virtual host, as a queue's host).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from broker.entry_state import DELETED
+from broker.message import Message, drop_reference
+
+# Letting go of a container's slot (a None, an object whose last reference it was, a dict item)
+# costs about this many times less than dropping an entry.
+DISMANTLE_PER_DROP = 8
+
+
+class Graveyard:
+    """Entries of purged and deleted queues whose messages are still to be let go of.
+
+    queue.purge and queue.delete answer at once (with the message count, as RabbitMQ does);
+    the containers that held the entries are handed over whole (:meth:`bury`) and
+    :meth:`reap` works them off a slice at a time, in the order they were buried: each entry is
+    marked deleted and its message reference dropped (``on_drop`` -- the body freed -- on the
+    last one), exactly once. Containers whose contents only need deallocating (a featured
+    queue's index of entries, its per-entry dicts) are handed over too (:meth:`discard`):
+    freeing a million objects at once costs about as much as dropping them.
+
+    Nothing else sees a buried entry: the queue no longer holds it, and delivered entries are
+    never buried (they stay with their channel until settled). Until it is reaped a buried
+    entry still holds its body, so an arena sweep must count it live (:meth:`messages`).
+    """
+
+    def __init__(self) -> None:
+        # [items, pick, start, on_drop]: items[start:] are entries still to drop (item[pick] when
+        # the list holds heap tuples); a dropped one's slot is set to None. on_drop None: only
+        # dismantle ``items`` (a list from its end, a dict by popitem).
+        self._graves: deque[list[Any]] = deque()
+        self.pending = 0  # buried entries whose message reference is not dropped yet
+
+    def __bool__(self) -> bool:
+        return bool(self._graves)
+
+    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
+             on_drop: Callable[[Message], None] | None) -> None:
+        """Take ``items[keep:]`` (entries, or heap tuples whose ``[pick]`` is the entry) to drop.
+
+        The caller lets go of ``items``; ``items[:keep]`` holds nothing to drop.
+        """
+        if not items:
+            return
+        self.pending += len(items) - keep
+        self._graves.append([items, pick, keep, on_drop or _no_drop])
+
+    def discard(self, container: list[Any] | dict[Any, Any]) -> None:
+        """Take a container the caller let go of, to be dismantled a slice at a time."""
+        if container:
+            self._graves.append([container, None, 0, None])
+
+    def reap(self, limit: int) -> int:
+        """Drop at most ``limit`` entries (dismantling counts ``1/DISMANTLE_PER_DROP`` each),
+        oldest burial first; returns the work done in those units."""
+        done = 0
+        graves = self._graves
+        while graves and done < limit:
+            grave = graves[0]
+            items, pick, start, on_drop = grave
+            if on_drop is None:  # dismantle only
+                n = min((limit - done) * DISMANTLE_PER_DROP, len(items))
+                if isinstance(items, dict):
+                    popitem = items.popitem
+                    for _ in range(n):
+                        popitem()
+                else:
+                    del items[len(items) - n:]
+                if not items:
+                    graves.popleft()
+                done += -(-n // DISMANTLE_PER_DROP)
+            else:
+                stop = min(start + limit - done, len(items))
+                n = stop - start
+                for index in range(start, stop):
+                    item = items[index]
+                    items[index] = None
+                    entry = item if pick is None else item[pick]
+                    entry.state = DELETED
+                    drop_reference(entry.message, on_drop)
+                self.pending -= n
+                grave[2] = stop
+                if stop == len(items):  # what is left is Nones (and consumed slots): dismantle
+                    grave[3] = None
+                done += n
+        return done
+
+    def messages(self) -> Iterator[Message]:
+        """The messages of buried entries not reaped yet (O(buried): an arena sweep)."""
+        for items, pick, start, on_drop in self._graves:
+            if on_drop is None:
+                continue
+            for item in itertools.islice(items, start, None):
+                yield (item if pick is None else item[pick]).message
+
+
+def _no_drop(message: Message) -> None:
+    """on_drop of a queue made without one: the reference is dropped, nothing to free."""
