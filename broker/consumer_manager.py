@@ -144,7 +144,8 @@ class QueueConsumerManager:
             return self._non_acquiring
         return None  # REMOVED: in no list
 
-    def _move(self, consumer: QueueConsumer, from_states: frozenset[ConsumerState], to: ConsumerState) -> bool:
+    def _move(self, consumer: QueueConsumer, from_states: frozenset[ConsumerState],
+              to: ConsumerState) -> bool:
         """Move ``consumer`` to the back of the list for ``to`` if it is in one of ``from_states``.
 
         Qpid's ``QueueConsumerNode#moveFromTo``: the only place a consumer changes list, O(1).

@@ -80,7 +80,8 @@ def dead_letter_copy(
         headers.pop("CC", None)
         headers.pop(BLIND_HEADER, None)
     root = message.origin if message.origin is not None else message
-    return DeadLetter(root, exchange, routing_key if routing_key is not None else message.routing_key, headers)
+    key = routing_key if routing_key is not None else message.routing_key
+    return DeadLetter(root, exchange, key, headers)
 
 
 def _routes(headers: dict[str, Any], routing_key: str) -> list[str]:
@@ -91,7 +92,8 @@ def _routes(headers: dict[str, Any], routing_key: str) -> list[str]:
     return [routing_key, *header_routes(headers, ("CC",))]
 
 
-def _with_death(message: Message, reason: DeadLetterReason, queue: str, epoch_seconds: float) -> dict[str, Any]:
+def _with_death(message: Message, reason: DeadLetterReason, queue: str,
+                epoch_seconds: float) -> dict[str, Any]:
     headers = dict(message.headers or {})
     text = str(reason)  # headers carry the plain string
     info: dict[str, Any] = {

@@ -44,6 +44,7 @@ from broker.message import (
 from broker.queue import Queue, QueueEntry
 from broker.vhost import NO_ROUTE, VirtualHost
 from ipc import records as r
+from tracing import TraceWriter
 
 log = logging.getLogger("shoal.dispatch")
 
@@ -98,7 +99,7 @@ class _Channel:
 
 
 class _Subscription:
-    __slots__ = ("consumer", "queue", "channel")
+    __slots__ = ("channel", "consumer", "queue")
 
     def __init__(self, consumer: QueueConsumer, queue: Queue, channel: ChannelKey) -> None:
         self.consumer = consumer
@@ -109,7 +110,7 @@ class _Subscription:
 class Listing:
     """A ``shoal list-connections`` in progress: the workers' answers as they come."""
 
-    __slots__ = ("rows", "waiting", "done")
+    __slots__ = ("done", "rows", "waiting")
 
     def __init__(self, workers: Iterable[int], done: Callable[[], object]) -> None:
         self.rows: list[tuple[int, r.ConnectionInfo]] = []  # (worker, row)
@@ -163,9 +164,9 @@ class Dispatcher:
             r.ArenaWait: self._arena_wait,
             r.ConnectionsListed: self._connections_listed,
         }
-        # Tracing (shoal serve --trace): a perf.tracewriter.TraceWriter, else None;
+        # Tracing (shoal serve --trace): a tracing.TraceWriter, else None;
         # every hook below is behind one `is not None` check.
-        self.trace: Any = None
+        self.trace: TraceWriter | None = None
         self.worker_pids = [0] * workers
         self._pub_seq = [0] * workers  # Publish records seen per worker incarnation
         self._pulled_ns: dict[int, int] = {}
@@ -483,14 +484,17 @@ class Dispatcher:
         self._reply(worker, rec)
 
     def _trace_settle(self, worker: int, entry: QueueEntry, action: int) -> None:
+        trace = self.trace
+        if trace is None:
+            return
         now = time.monotonic_ns()
         pulled = self._pulled_ns.pop(entry.id, None)
         if action == r.REQUEUE:
-            self.trace.requeue_event(now, entry.queue.name, entry.id, worker, None)
+            trace.requeue_event(now, entry.queue.name, entry.id, worker, None)
             return
         m = entry.message
         pub = m.trace or (None, None, None, None)
-        self.trace.settled(
+        trace.settled(
             now, "acked" if action == r.ACK else "rejected", m.id, entry.id, entry.queue.name,
             pub[0], pub[1], pub[2], consumer_worker=worker, redelivered=int(entry.redelivered),
             enqueued_ns=pub[3], pulled_ns=pulled, exchange=m.exchange,
@@ -610,11 +614,14 @@ class Dispatcher:
 
     def _trace_pull(self, worker: int, cid: int, queue: str, entries: list[QueueEntry]) -> None:
         """seed: a pull a notifyWork caused either found work or was a spurious wake-up."""
+        trace = self.trace
+        if trace is None:
+            return
         now = time.monotonic_ns()
         key = (worker, cid)
         found = bool(entries) if key in self._notified else None
         self._notified.discard(key)
-        self.trace.pull_event(now, queue, worker, cid, len(entries), found)
+        trace.pull_event(now, queue, worker, cid, len(entries), found)
         for entry in entries:
             self._pulled_ns[entry.id] = now
 

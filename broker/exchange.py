@@ -247,7 +247,8 @@ def _x_match(value: Any) -> str:
     raw = as_bytes(value)
     if raw is None:
         raise PreconditionFailed(
-            f"Invalid x-match field type {amqp_type_name(value)} (value {value_text(value)}); expected longstr"
+            f"Invalid x-match field type {amqp_type_name(value)} (value {value_text(value)}); "
+            "expected longstr"
         )
     mode = raw.decode(errors="replace")
     if mode not in _X_MATCH_MODES:
@@ -443,7 +444,8 @@ class Exchange:
         """
         return self._router.route(routing_key, headers)
 
-    def route_keys(self, routing_keys: Iterable[str], headers: Mapping[str, Any] | None = None) -> set[Hashable]:
+    def route_keys(self, routing_keys: Iterable[str],
+                   headers: Mapping[str, Any] | None = None) -> set[Hashable]:
         """Destinations for a message with several routing keys (the publish key plus CC and
         BCC keys): the union over the keys, each destination once (rabbit_exchange_type_direct /
         _topic route every key of the delivery; fanout and headers ignore routing keys).

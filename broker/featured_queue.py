@@ -171,7 +171,8 @@ class FeaturedQueue(Queue):
             entry.state = HELD
             self._held.hold(due, entry)
         elif ttl == 0 and not self._can_take_at_once(entry):
-            self._drop_available(entry, DeadLetterReason.EXPIRED)  # nobody can take it at once: expired on arrival
+            # nobody can take it at once: expired on arrival
+            self._drop_available(entry, DeadLetterReason.EXPIRED)
         else:
             self._insert(entry)
             if ttl == 0:

@@ -644,14 +644,13 @@ class Queue:
         for released_position, entry in self._released:  # few: released entries go first
             if released_position > position and (best is None or released_position < best.position):
                 best = entry
-        has_log = self._head < len(self._log)
-        if self._acquired and (not has_log or self._log[self._head].position > position + 1):
+        head = self._log[self._head] if self._head < len(self._log) else None  # never None from _head on
+        if self._acquired and (head is None or head.position > position + 1):
             acquired = self._first_acquired_after(position)
             if acquired is not None and (best is None or acquired.position < best.position):
                 best = acquired
-        if not has_log:
+        if head is None:
             return best
-        head = self._log[self._head]
         if best is not None and best.position < head.position:
             return best
         index = self._head + max(0, position + 1 - head.position)

@@ -46,7 +46,8 @@ def make_queue(
 ) -> Queue:
     """A queue of the kind its arguments ask for (validated: 406 as RabbitMQ words it)."""
     if settings is None:
-        settings = parse_queue_arguments(arguments, f"queue '{name}' in vhost '{vhost}'") if arguments else PLAIN
+        where = f"queue '{name}' in vhost '{vhost}'"
+        settings = parse_queue_arguments(arguments, where) if arguments else PLAIN
     cls = queue_class(settings)
     return cls(
         name, durable=durable, exclusive_owner=exclusive_owner, auto_delete=auto_delete,

@@ -133,7 +133,8 @@ class DeadLetterRouter:
         dlx = settings.dead_letter_exchange
         if dlx is None or dlx not in self._exchanges:
             return
-        copy = dead_letter_copy(message, reason, queue.name, dlx, settings.dead_letter_routing_key, epoch_seconds)
+        copy = dead_letter_copy(message, reason, queue.name, dlx, settings.dead_letter_routing_key,
+                                epoch_seconds)
         copy.refs += 1  # in flight until routed
         self.made += 1
         self._copies.append((copy, reason))

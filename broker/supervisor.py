@@ -43,6 +43,7 @@ from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
+from tracing import open_writer
 
 log = logging.getLogger("shoal.supervisor")
 
@@ -141,10 +142,7 @@ class Supervisor:
         self.dispatcher.high_watermark = high
         self.dispatcher.low_watermark = min(c.memory_low_watermark or high * 9 // 10, high)
         if c.trace:
-            from perf.tracewriter import TraceWriter  # lazily: pyarrow is heavy
-
-            os.makedirs(c.trace, exist_ok=True)
-            self.dispatcher.trace = TraceWriter(c.trace, "supervisor")
+            self.dispatcher.trace = open_writer(c.trace, "supervisor")  # imports pyarrow
         self.port = self._listener.getsockname()[1]
         self.control_path = c.control_socket or default_control_path(self.port)
         self._control = ControlServer(
@@ -364,7 +362,7 @@ class Supervisor:
                 self._hello(w, rec)
             try:
                 handle(w.index, rec)
-            except Exception:  # noqa: BLE001 — a bug must not take every client down
+            except Exception:
                 log.exception("worker %d: failed to apply %r", w.index, rec)
                 self.dispatcher.internal_error(w.index, rec)
         self.dispatcher.end_batch()

@@ -246,7 +246,8 @@ class VirtualHost:
     def _maybe_auto_delete(self, exchange: Exchange) -> None:
         # An auto-delete exchange goes when its last binding -- to a queue or an exchange --
         # does (RabbitMQ conditional_delete: no bindings with it as the source).
-        if exchange.auto_delete and not exchange.has_bindings and self._exchanges.get(exchange.name) is exchange:
+        if (exchange.auto_delete and not exchange.has_bindings
+                and self._exchanges.get(exchange.name) is exchange):
             self._remove_exchange(exchange)
 
     def bind_exchange(
@@ -543,7 +544,9 @@ class VirtualHost:
             queue = self._queues.get(message.routing_key)
             if queue is None:
                 return PublishOutcome(0, [])
-            return PublishOutcome(1, queue.enqueue(message)) if queue.plain else self._deliver([queue], message, now)
+            if queue.plain:
+                return PublishOutcome(1, queue.enqueue(message))
+            return self._deliver([queue], message, now)
         if not exchange.routes_only_to_queues or self._featured_queues:
             return self._deliver(self._router.route(exchange, message), message, now)
         notify: list[QueueConsumer] = []
@@ -667,7 +670,7 @@ class VirtualHost:
         notify: list[QueueConsumer] = []
         deleted: list[str] = []
         cancelled: list[QueueConsumer] = []
-        for index, (deadline, queue) in enumerate(due):
+        for index, (_deadline, queue) in enumerate(due):
             if self._queues.get(queue.name) is not queue:
                 continue
             if self.expire_budget <= 0:  # the rest in the next tick, at once

@@ -1,8 +1,8 @@
 """Zero-TTL messages of a featured queue: the round of pulls that may still take them.
 
 A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"`` -- which upgrades a plain queue to
-featured storage, :func:`broker.queue_kinds.upgrade`) is RabbitMQ's replacement for the ``immediate`` flag: the
-message "will expire upon reaching a queue unless it can be delivered to a consumer immediately",
+featured storage, :func:`broker.queue_kinds.upgrade`) is RabbitMQ's replacement for the ``immediate``
+flag: the message "will expire upon reaching a queue unless it can be delivered to a consumer immediately",
 and is then dead-lettered with reason ``expired``. RabbitMQ decides that synchronously
 (``deliver_or_enqueue``: ``attempt_delivery`` to a consumer with credit, else discard). Here
 delivery is a notification followed by the consumer's pull, so the decision is split in two:
@@ -13,7 +13,8 @@ delivery is a notification followed by the consumer's pull, so the decision is s
    it is not interested) and, in a grouped queue, the message's group is free or its owner is
    such a consumer. Browsers do not count. If none can, the message expires on arrival: it is
    dead-lettered (reason ``expired``) or dropped without ever entering a heap, wherever it would
-   have stood. If one can, the entry is *pending* (:attr:`ZeroTtlRound.pending`) and the usual notifyWork goes out.
+   have stood. If one can, the entry is *pending* (:attr:`ZeroTtlRound.pending`) and the usual
+   notifyWork goes out.
 2. *The round*: a pending entry is exempt from expiry only while the round of pulls that
    notification started lasts, i.e. while some acquiring consumer of the queue is Notified (the
    seed's promise that it will pull, or say it is no longer interested, or go). The round is

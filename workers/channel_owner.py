@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ipc import records as r
+from tracing import TraceWriter
 from workers.consumer_target import ConsumerTarget, CreditPool
 from workers.outgoing import Outgoing
 
@@ -34,7 +35,7 @@ class WorkerServices(Protocol[Ch]):
     @property
     def region(self) -> _Region: ...
     @property
-    def trace(self) -> Any: ...  # perf's TraceWriter, untyped until tracing has its package
+    def trace(self) -> TraceWriter | None: ...
 
     def send(self, rec: Any) -> None: ...
     def new_target(self, tag: str, channel: Ch, queue: str, *, no_ack: bool,

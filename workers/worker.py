@@ -19,6 +19,7 @@ from broker import errors
 from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
+from tracing import TraceWriter, open_writer
 from workers import codec
 from workers.channel import Channel, Target
 from workers.connection_handler import ConnectionHandler
@@ -64,12 +65,9 @@ class Worker:
         self._consumer_ids = itertools.count(1)
         self.conn_ids = itertools.count(1)
         self.dirty: set[ConnectionHandler] = set()
-        self.trace: Any = None  # perf.tracewriter.TraceWriter with shoal serve --trace
-        if config.trace_dir:
-            from perf.tracewriter import TraceWriter  # lazily: pyarrow is heavy
-
-            self.trace = TraceWriter(config.trace_dir, f"worker{config.index}",
-                                     worker=config.index)
+        self.trace: TraceWriter | None = None  # shoal serve --trace
+        if config.trace_dir:  # open_writer imports pyarrow
+            self.trace = open_writer(config.trace_dir, f"worker{config.index}", worker=config.index)
         self.blocked = False  # the supervisor says: our arena is past its memory watermark
         self.arena_full = False  # a publish found no room in our arena and waits for some
         self.on_blocked: Callable[[bool], object] = lambda active: None

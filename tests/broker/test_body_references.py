@@ -26,14 +26,14 @@ QUEUES: dict[str, dict[str, Any]] = {
 publish = st.tuples(
     st.just("publish"),
     st.sampled_from(["", "amq.fanout", "fan"]),
-    st.sampled_from(sorted(QUEUES) + ["dlq", "nowhere"]),
+    st.sampled_from([*sorted(QUEUES), "dlq", "nowhere"]),
     st.one_of(st.none(), st.sampled_from(["0", "200", "900"])),
     st.integers(0, 9),
     st.sampled_from([None, "a", "b"]),
 )
 ops = st.one_of(
     publish,
-    st.tuples(st.sampled_from(["get", "release", "settle", "discard"]), st.sampled_from(sorted(QUEUES) + ["dlq"])),
+    st.tuples(st.sampled_from(["get", "release", "settle", "discard"]), st.sampled_from([*sorted(QUEUES), "dlq"])),
     st.tuples(st.just("tick"), st.floats(0.0, 0.6)),
     st.tuples(st.just("purge"), st.sampled_from(sorted(QUEUES))),
 )

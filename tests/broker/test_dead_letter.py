@@ -50,7 +50,8 @@ def test_rejected_message_is_dead_lettered_with_x_death(vhost: VirtualHost, dlq:
 def test_dead_letter_routing_key_replaces_the_routing_key_and_drops_cc(vhost: VirtualHost) -> None:
     """x-dead-letter-routing-key replaces the routing key and removes CC; x-death keeps the original keys."""
     dead = vhost.declare_queue("dead", owner=ME)
-    q = vhost.declare_queue("q", owner=ME, arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+    q = vhost.declare_queue("q", owner=ME,
+                            arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
     vhost.publish("", message("q", headers={"CC": ["q2"]}))
     entry = q.get()
     assert entry is not None
@@ -141,7 +142,8 @@ def test_dead_letter_copy_routed_nowhere_frees_the_body_once(vhost: VirtualHost,
     assert dropped == [m] and m.refs == 0
 
 
-def test_body_is_freed_once_when_copy_and_original_both_go(vhost: VirtualHost, dlq: Queue, dropped: list[Message]) -> None:
+def test_body_is_freed_once_when_copy_and_original_both_go(vhost: VirtualHost, dlq: Queue,
+                                                           dropped: list[Message]) -> None:
     """A fanned-out message dead-lettered by one queue keeps its body until the copy and the other entry settle."""
     q = vhost.declare_queue("q", owner=ME, arguments=DLX_ARGS)
     other = vhost.declare_queue("other", owner=ME)

@@ -112,7 +112,7 @@ def test_closed_channel_requeues_unacked_to_original_position_redelivered(h: Har
     h.send(W1, r.ChanClose(1, 1))
     h.consume("q", cid=2, slot=2, ch=2)
     again = h.pull(2, 10).deliveries
-    assert [d.entry for d in again][0] == first.entry
+    assert next(d.entry for d in again) == first.entry
     assert [d.redelivered for d in again] == [True, False]
 
 

@@ -79,13 +79,13 @@ def test_exchange_binding_cycles_terminate(vhost: VirtualHost) -> None:
 def test_exchange_bind_checks_default_exchange_then_source_then_destination(vhost: VirtualHost) -> None:
     """exchange.bind: 403 for the default exchange at either end, then 404 naming the source first."""
     vhost.declare_exchange("x", "direct")
-    with pytest.raises(AccessRefused, match="^operation not permitted on the default exchange$"):
+    with pytest.raises(AccessRefused, match=r"^operation not permitted on the default exchange$"):
         vhost.bind_exchange("", "x", "k")
     with pytest.raises(AccessRefused, match="default exchange"):
         vhost.bind_exchange("x", "", "k")
-    with pytest.raises(NotFound, match="^no exchange 'nosrc' in vhost '/'$"):
+    with pytest.raises(NotFound, match=r"^no exchange 'nosrc' in vhost '/'$"):
         vhost.bind_exchange("nodst", "nosrc", "k")
-    with pytest.raises(NotFound, match="^no exchange 'nodst' in vhost '/'$"):
+    with pytest.raises(NotFound, match=r"^no exchange 'nodst' in vhost '/'$"):
         vhost.bind_exchange("nodst", "x", "k")
 
 
@@ -123,7 +123,7 @@ def test_exchange_delete_if_unused_counts_exchange_bindings(vhost: VirtualHost) 
     vhost.declare_exchange("a", "fanout")
     vhost.declare_exchange("b", "fanout")
     vhost.bind_exchange("b", "a", "")
-    with pytest.raises(PreconditionFailed, match="^exchange 'a' in vhost '/' in use$"):
+    with pytest.raises(PreconditionFailed, match=r"^exchange 'a' in vhost '/' in use$"):
         vhost.delete_exchange("a", if_unused=True)
     vhost.delete_exchange("b", if_unused=True)  # only bindings as the source count
     assert "b" not in vhost.exchanges

@@ -100,7 +100,7 @@ def test_default_exchange_cannot_be_declared_or_deleted(vhost: VirtualHost) -> N
         lambda: vhost.declare_exchange("", "direct", passive=True),
         lambda: vhost.delete_exchange(""),
     ):
-        with pytest.raises(AccessRefused, match="^operation not permitted on the default exchange$"):
+        with pytest.raises(AccessRefused, match=r"^operation not permitted on the default exchange$"):
             action()
     assert "" in vhost.exchanges
 
@@ -130,7 +130,7 @@ def test_delete_exchange_if_unused_refuses_bound_exchange(vhost: VirtualHost) ->
     vhost.declare_exchange("x", "direct")
     vhost.declare_queue("q", owner=ME)
     vhost.bind_queue("q", "x", "k", owner=ME)
-    with pytest.raises(PreconditionFailed, match="^exchange 'x' in vhost '/' in use$"):
+    with pytest.raises(PreconditionFailed, match=r"^exchange 'x' in vhost '/' in use$"):
         vhost.delete_exchange("x", if_unused=True)
     vhost.delete_exchange("x")
     assert "x" not in vhost.exchanges
@@ -153,13 +153,13 @@ def test_auto_delete_exchange_goes_with_its_last_binding(vhost: VirtualHost) -> 
 def test_publish_to_internal_exchange_is_access_refused(vhost: VirtualHost) -> None:
     """basic.publish to an internal exchange: 403 "cannot publish to internal exchange ..."."""
     vhost.declare_exchange("i", "fanout", internal=True)
-    with pytest.raises(AccessRefused, match="^cannot publish to internal exchange 'i' in vhost '/'$"):
+    with pytest.raises(AccessRefused, match=r"^cannot publish to internal exchange 'i' in vhost '/'$"):
         vhost.publish("i", message())
 
 
 def test_publish_to_missing_exchange_is_not_found(vhost: VirtualHost) -> None:
     """basic.publish to a missing exchange: 404 "no exchange 'x' in vhost '/'"."""
-    with pytest.raises(NotFound, match="^no exchange 'x' in vhost '/'$"):
+    with pytest.raises(NotFound, match=r"^no exchange 'x' in vhost '/'$"):
         vhost.publish("x", message())
 
 
@@ -285,9 +285,9 @@ def test_binding_to_or_from_the_default_exchange_is_access_refused(vhost: Virtua
 def test_binding_missing_queue_or_exchange_is_not_found(vhost: VirtualHost) -> None:
     """queue.bind naming a missing exchange or queue: 404 naming it."""
     vhost.declare_queue("q", owner=ME)
-    with pytest.raises(NotFound, match="^no exchange 'x' in vhost '/'$"):
+    with pytest.raises(NotFound, match=r"^no exchange 'x' in vhost '/'$"):
         vhost.bind_queue("q", "x", "k", owner=ME)
-    with pytest.raises(NotFound, match="^no queue 'nope' in vhost '/'$"):
+    with pytest.raises(NotFound, match=r"^no queue 'nope' in vhost '/'$"):
         vhost.bind_queue("nope", "amq.direct", "k", owner=ME)
 
 
@@ -357,9 +357,9 @@ def test_delete_queue_if_unused_and_if_empty(vhost: VirtualHost) -> None:
     c = consumer("c")
     q.add_consumer(c)
     vhost.publish("", message("q"))
-    with pytest.raises(PreconditionFailed, match="^queue 'q' in vhost '/' in use$"):
+    with pytest.raises(PreconditionFailed, match=r"^queue 'q' in vhost '/' in use$"):
         vhost.delete_queue("q", owner=ME, if_unused=True)
-    with pytest.raises(PreconditionFailed, match="^queue 'q' in vhost '/' not empty$"):
+    with pytest.raises(PreconditionFailed, match=r"^queue 'q' in vhost '/' not empty$"):
         vhost.delete_queue("q", owner=ME, if_empty=True)
     assert vhost.delete_queue("q", owner=ME) == (1, [c])
     assert "q" not in vhost.queues and not vhost.exchanges[""].is_bound("q")

@@ -5,6 +5,7 @@ and time is trio's autojump clock, so the test does not depend on how fast worke
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -96,7 +97,7 @@ async def test_a_worker_that_never_starts_is_not_waited_for_and_backs_off(
     start leaves the region NOT_ACCEPTING, and starts come RESTART_BACKOFF apart."""
     spawns = await _run(supervisor, [Life(0.1, starts=False)] * 5)
     assert [s.region for s in spawns] == ["starting"] + ["not accepting"] * 4
-    gaps = [b.at - a.at for a, b in zip(spawns, spawns[1:], strict=False)]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(spawns)]
     assert gaps == pytest.approx([0.1 + RESTART_BACKOFF] * 4)
 
 
@@ -109,7 +110,7 @@ async def test_a_worker_that_dies_soon_after_starting_twice_running_is_a_crash_l
     spawns = await _run(supervisor, lives)
     assert [s.region for s in spawns] == [
         "starting", "starting", "not accepting", "not accepting", "starting"]
-    gaps = [b.at - a.at for a, b in zip(spawns, spawns[1:], strict=False)]
+    gaps = [b.at - a.at for a, b in itertools.pairwise(spawns)]
     assert gaps == pytest.approx([0.5, 0.5 + RESTART_BACKOFF, 0.5 + RESTART_BACKOFF, 30.0])
 
 
