@@ -32,7 +32,9 @@ from typing import Any
 
 from broker.body_ref import pack_body_ref, unpack_body_ref
 from broker.constants import REPLY_TO
-from broker.consumer_manager import NOTIFIED, QueueConsumer
+from broker.consumer_manager import QueueConsumer
+from broker.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow
+from broker.dispatch_trace import DispatchTrace
 from broker.errors import AMQPError, InternalError
 from broker.message import (
     FullMessage,
@@ -44,7 +46,6 @@ from broker.message import (
 from broker.queue import Queue, QueueEntry
 from broker.vhost import NO_ROUTE, VirtualHost
 from ipc import records as r
-from tracing import TraceWriter
 
 log = logging.getLogger("shoal.dispatch")
 
@@ -69,15 +70,7 @@ _METHOD_IDS: dict[type, tuple[int, int]] = {
     r.Get: (60, 70),
 }
 
-# Credit flow: the supervisor is *behind* while a consumer it woke has not been served and
-# that consumer's queue holds at least this many ready messages. Publish credit is then
-# withheld from every publishing connection, so the rings carry settles and pulls, not
-# more publishes, until the consumers have caught up (see Dispatcher._give_credit).
-FLOW_BACKLOG = 1000
-# Credit goes back to a connection once this much is due (half the workers' PUBLISH_CREDIT,
-# so a publisher never waits for it), smaller amounts on the timer's tick: a steady
-# publisher's worker is not woken by a Credit event per publish.
-CREDIT_CHUNK = 200
+__all__ = ["CREDIT_CHUNK", "FLOW_BACKLOG", "Dispatcher", "Listing"]
 
 
 class _Pin:
@@ -164,13 +157,11 @@ class Dispatcher:
             r.ArenaWait: self._arena_wait,
             r.ConnectionsListed: self._connections_listed,
         }
-        # Tracing (shoal serve --trace): a tracing.TraceWriter, else None;
+        # Tracing (shoal serve --trace): the writer's hooks, else None;
         # every hook below is behind one `is not None` check.
-        self.trace: TraceWriter | None = None
+        self.trace: DispatchTrace | None = None
         self.worker_pids = [0] * workers
         self._pub_seq = [0] * workers  # Publish records seen per worker incarnation
-        self._pulled_ns: dict[int, int] = {}
-        self._notified: set[tuple[int, int]] = set()
         # Memory alarm, per worker arena: bytes of messages held in region k; its publishers
         # are blocked at high_watermark and unblocked below low_watermark (hysteresis).
         self.region_bytes = [0] * workers
@@ -180,11 +171,7 @@ class Dispatcher:
         # A worker whose arena had no room for a publish: bytes it waits for, bytes freed since.
         self._arena_need = [0] * workers
         self._arena_freed = [0] * workers
-        # Credit flow: Publish records applied per (worker, conn) whose credit is not given
-        # back yet, and the consumers woken since (candidates for "the supervisor is behind").
-        self._credit_due: dict[tuple[int, int], int] = {}
-        self._woken: set[tuple[int, int]] = set()
-        self.behind = False
+        self._credit = CreditFlow()  # publish credit due, and whether we are behind
         self.listings: dict[int, Listing] = {}  # shoal list-connections requests in progress
 
     # ------------------------------------------------------------------ entry
@@ -215,47 +202,20 @@ class Dispatcher:
         self.flow_tick()
 
     def flow_tick(self, *, all_credit: bool = False) -> None:
-        """Give back publish credit unless the supervisor is behind; raise or clear each
-        worker's memory alarm. Called after every batch and by the timer (so credit held
-        back while nothing else arrives is released within a tick)."""
-        if self._credit_due:
-            self._give_credit(all_credit)
+        """Give back publish credit unless the supervisor is behind (broker.credit_flow);
+        raise or clear each worker's memory alarm. Called after every batch and by the timer
+        (so credit held back while nothing else arrives is released within a tick)."""
+        if self._credit.due:
+            for worker, grant in self._credit.grants(self._subs, all_credit=all_credit).items():
+                self.outbox[worker].append(grant)
         if self.high_watermark:
             self._memory_alarms()
 
-    def _give_credit(self, all_credit: bool) -> None:
-        """RabbitMQ's credit flow, mapped onto the rings: a worker stops reading a
-        connection that has sent PUBLISH_CREDIT publishes not yet given back here. Credit
-        comes back once they are applied, unless a consumer we woke still waits on a
-        backlog (``behind``): then settles and pulls get the supervisor first."""
-        self.behind = self._is_behind()
-        if self.behind:
-            return
-        grants: dict[int, r.Credit] = {}
-        due = self._credit_due
-        for key, n in list(due.items()):
-            if n < CREDIT_CHUNK and not all_credit:
-                continue
-            del due[key]
-            worker, conn = key
-            grant = grants.get(worker)
-            if grant is None:
-                grant = grants[worker] = r.Credit([], [])
-                self.outbox[worker].append(grant)
-            grant.conns.append(conn)
-            grant.counts.append(n)
-
-    def _is_behind(self) -> bool:
-        """True while a woken acquiring consumer has not pulled yet and its queue holds
-        FLOW_BACKLOG ready messages or more. O(consumers woken since they last pulled)."""
-        woken = self._woken
-        for key in list(woken):
-            sub = self._subs.get(key)
-            if sub is None or sub.consumer.state is not NOTIFIED:
-                woken.discard(key)
-            elif sub.queue.message_count >= FLOW_BACKLOG:
-                return True
-        return False
+    @property
+    def behind(self) -> bool:
+        """Publish credit is withheld: a consumer we woke still waits on a backlog, so
+        settles and pulls get the supervisor first."""
+        return self._credit.behind
 
     def _memory_alarms(self) -> None:
         for k, held in enumerate(self.region_bytes):
@@ -302,8 +262,7 @@ class Dispatcher:
             self._conn_close(worker, r.ConnClose(conn=owner[1]))
         self.outbox[worker].clear()
         self.notify[worker].clear()
-        for key in [k for k in self._credit_due if k[0] == worker]:
-            del self._credit_due[key]
+        self._credit.forget_worker(worker)
         self._arena_need[worker] = 0
         for listing in list(self.listings.values()):
             listing.answered(worker)  # it will not answer: list what the others have
@@ -345,15 +304,14 @@ class Dispatcher:
 
     def _wake(self, consumers: Iterable[QueueConsumer]) -> None:
         trace = self.trace
-        woken = self._woken
+        woken = self._credit.woken
         for c in consumers:
             worker, cid, slot = c.key
             self.notify[worker].append(slot)
             woken.add((worker, cid))
             if trace is not None:
                 sub = self._subs.get((worker, cid))
-                trace.notify_event(time.monotonic_ns(), sub.queue.name if sub else "", worker, cid)
-                self._notified.add((worker, cid))
+                trace.notified(sub.queue.name if sub else "", worker, cid)
 
     def _channel(self, key: ChannelKey) -> _Channel:
         chan = self._channels.get(key)
@@ -446,7 +404,7 @@ class Dispatcher:
         # AMQP 0-9-1 §4.7: unacknowledged messages of a closed channel are requeued.
         for held in chan.acquired.values():
             if self.trace is not None and isinstance(held, QueueEntry):
-                self.trace.requeue_event(time.monotonic_ns(), held.queue.name, held.id, key[0], None)
+                self.trace.requeued(held, key[0])
             self._requeue(held)
 
     def _requeue(self, held: QueueEntry | _Pin) -> None:
@@ -482,24 +440,6 @@ class Dispatcher:
     def _exchange_delete(self, worker: int, rec: r.ExchangeDelete) -> None:
         self.vhost.delete_exchange(rec.name, if_unused=rec.if_unused)
         self._reply(worker, rec)
-
-    def _trace_settle(self, worker: int, entry: QueueEntry, action: int) -> None:
-        trace = self.trace
-        if trace is None:
-            return
-        now = time.monotonic_ns()
-        pulled = self._pulled_ns.pop(entry.id, None)
-        if action == r.REQUEUE:
-            trace.requeue_event(now, entry.queue.name, entry.id, worker, None)
-            return
-        m = entry.message
-        pub = m.trace or (None, None, None, None)
-        trace.settled(
-            now, "acked" if action == r.ACK else "rejected", m.id, entry.id, entry.queue.name,
-            pub[0], pub[1], pub[2], consumer_worker=worker, redelivered=int(entry.redelivered),
-            enqueued_ns=pub[3], pulled_ns=pulled, exchange=m.exchange,
-            routing_key=m.routing_key, body_size=m.body_size,
-        )
 
     def _exchange_bind(self, worker: int, rec: r.ExchangeBind) -> None:
         self.vhost.bind_exchange(rec.destination, rec.source, rec.routing_key, rec.arguments)
@@ -564,8 +504,7 @@ class Dispatcher:
         self._channel(key).consumers.add(rec.consumer)
         self._reply(worker, rec, queue=q.name)
         if self.trace is not None:
-            self.trace.consume_event(time.monotonic_ns(), q.name, worker, rec.consumer, rec.tag,
-                                     rec.priority, rec.browse)
+            self.trace.consumed(q.name, worker, rec.consumer, rec.tag, rec.priority, rec.browse)
         if rec.interested:
             self._wake(q.set_notify_work_desired(consumer, True))
 
@@ -581,7 +520,7 @@ class Dispatcher:
         sub = self._subs.pop((worker, rec.consumer), None)
         if sub is not None:
             if self.trace is not None:
-                self.trace.cancel_event(time.monotonic_ns(), sub.queue.name, worker, rec.consumer)
+                self.trace.cancelled(sub.queue.name, worker, rec.consumer)
             self._channel(sub.channel).consumers.discard(rec.consumer)
             self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
         self._reply(worker, rec)
@@ -610,20 +549,7 @@ class Dispatcher:
                 deliveries.append(self._delivery(pin_id, entry))
         self.outbox[worker].append(r.Pulled(rec.consumer, deliveries, more))
         if self.trace is not None:
-            self._trace_pull(worker, rec.consumer, sub.queue.name, entries)
-
-    def _trace_pull(self, worker: int, cid: int, queue: str, entries: list[QueueEntry]) -> None:
-        """seed: a pull a notifyWork caused either found work or was a spurious wake-up."""
-        trace = self.trace
-        if trace is None:
-            return
-        now = time.monotonic_ns()
-        key = (worker, cid)
-        found = bool(entries) if key in self._notified else None
-        self._notified.discard(key)
-        trace.pull_event(now, queue, worker, cid, len(entries), found)
-        for entry in entries:
-            self._pulled_ns[entry.id] = now
+            self.trace.pulled(worker, rec.consumer, sub.queue.name, entries)
 
     def _get(self, worker: int, rec: r.Get) -> None:
         q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
@@ -638,7 +564,7 @@ class Dispatcher:
     # ----------------------------------------------------------- publishing
 
     def _publish(self, worker: int, rec: r.Publish) -> None:
-        due = self._credit_due  # counted first: a publish that fails gives its credit back too
+        due = self._credit.due  # counted first: a publish that fails gives its credit back too
         key = (worker, rec.conn)
         due[key] = due.get(key, 0) + 1
         # Memory per queued message (S8, tracemalloc, 1 queue): the decoded names are interned,
@@ -695,7 +621,7 @@ class Dispatcher:
             if held is None:
                 continue  # the worker validates delivery tags; a stale id is harmless
             if self.trace is not None and not isinstance(held, _Pin):
-                self._trace_settle(worker, held, rec.action)
+                self.trace.settled(worker, held, rec.action)
             if isinstance(held, _Pin):
                 self._unpin(held)
             elif rec.action == r.ACK:

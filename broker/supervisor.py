@@ -39,6 +39,7 @@ import trio
 
 from broker.control import ControlServer, default_control_path
 from broker.dispatch import Dispatcher
+from broker.dispatch_trace import DispatchTrace
 from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
@@ -142,7 +143,7 @@ class Supervisor:
         self.dispatcher.high_watermark = high
         self.dispatcher.low_watermark = min(c.memory_low_watermark or high * 9 // 10, high)
         if c.trace:
-            self.dispatcher.trace = open_writer(c.trace, "supervisor")  # imports pyarrow
+            self.dispatcher.trace = DispatchTrace(open_writer(c.trace, "supervisor"))  # pyarrow
         self.port = self._listener.getsockname()[1]
         self.control_path = c.control_socket or default_control_path(self.port)
         self._control = ControlServer(
@@ -174,7 +175,7 @@ class Supervisor:
 
     def cleanup(self) -> None:
         if self.dispatcher.trace is not None:
-            self.dispatcher.trace.close()
+            self.dispatcher.trace.writer.close()
         for w in self.workers:
             w.region.close()
             w.region.unlink()
@@ -407,7 +408,7 @@ class Supervisor:
             self._deadline = self.dispatcher.tick(time.monotonic())
             self.flush()
             if self.dispatcher.trace is not None:
-                self.dispatcher.trace.maybe_flush()
+                self.dispatcher.trace.writer.maybe_flush()
             delay = IDLE_TICK if self._deadline is None else self._deadline - time.monotonic()
             with trio.move_on_after(max(0.0, min(delay, IDLE_TICK))):
                 await self._deadline_changed.wait()
