@@ -18,6 +18,7 @@ LINT_STAMP := $(VENV)/.stamp-lint
 HOST ?= 127.0.0.1
 PORT ?= 5672
 WORKERS ?=
+DATA_DIR ?=
 LOG_LEVEL ?= info
 PYTEST_ARGS ?=
 PERF_ARGS ?=
@@ -41,7 +42,7 @@ $(LINT_STAMP): $(STAMP)
 	touch $(LINT_STAMP)
 
 run: venv
-	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS))
+	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS)) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 # ruff over the whole tree; mypy over the packages [tool.mypy] names (broker ipc workers cli tracing).
 lint: $(LINT_STAMP)

@@ -38,6 +38,9 @@ import msgspec
 import trio
 
 from broker.control import ControlServer, default_control_path
+from broker.data_dir import DataDir, DataDirInUse
+from broker.definition_store import DefinitionStore, DefinitionStoreError, restore
+from broker.definitions import TopologyJournal
 from broker.dispatch import Dispatcher
 from broker.dispatch_trace import DispatchTrace
 from ipc import records as r
@@ -77,6 +80,9 @@ class ServeConfig:
     memory_high_watermark: int = 0
     memory_low_watermark: int = 0
     trace: str | None = None  # directory for trace files (shoal report reads them)
+    # Durable topology lives here (broker.data_dir); None: nothing survives a restart.
+    # `shoal serve` always passes one (--data-dir, default broker.data_dir.default_data_dir).
+    data_dir: str | None = None
     log_level: str = "info"
     ready_file: str | None = None
     control_socket: str | None = None  # shoal list-connections asks here; None: the default path
@@ -121,13 +127,19 @@ class Supervisor:
         self.control_path = ""
         self._alive_r, self._alive_w = os.pipe()
         self._backlog = trio.Event()
+        self.data: DataDir | None = None
+        self.definitions: DefinitionStore | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     def setup(self) -> None:
-        """Listen first (a port in use fails here, before anything is created), then sweep
-        what dead instances left and create the regions and the control socket."""
+        """Listen first (a port in use fails here, before anything is created), lock the data
+        directory and restore durable topology (before any worker runs, so no client sees a
+        half-recovered broker), then sweep what dead instances left and create the regions and
+        the control socket."""
         self._listener = self._bind()
+        if self.config.data_dir:
+            self._recover(self.config.data_dir)
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
@@ -173,6 +185,29 @@ class Supervisor:
         sock.setblocking(False)
         return sock
 
+    def _recover(self, path: str) -> None:
+        started = time.monotonic()
+        self.data = DataDir(path)
+        self.definitions = DefinitionStore(self.data.definitions)
+        defs = self.definitions.load()
+        vhost = self.dispatcher.vhost
+        skipped = restore(vhost, defs)
+        vhost.journal = TopologyJournal()
+        log.info("data directory %s: restored %d exchange(s), %d queue(s), %d binding(s)%s in %.0f ms",
+                 self.data.path, len(defs.exchanges), len(defs.queues), len(defs.bindings),
+                 f" ({len(skipped)} skipped)" if skipped else "", (time.monotonic() - started) * 1e3)
+
+    def _save_definitions(self) -> None:
+        """Write what the last batch changed in durable topology, before its replies go out."""
+        journal = self.dispatcher.vhost.journal
+        if journal is None or not journal.changes or self.definitions is None:
+            return
+        changes = journal.take()
+        try:
+            self.definitions.apply(changes)
+        except Exception:  # a full or failing disk: the broker goes on, the change is not kept
+            log.exception("data directory: %d definition change(s) not saved", len(changes))
+
     def cleanup(self) -> None:
         if self.dispatcher.trace is not None:
             self.dispatcher.trace.writer.close()
@@ -187,6 +222,10 @@ class Supervisor:
             self._listener.close()
         for fd in (self._alive_r, self._alive_w):
             os.close(fd)
+        if self.definitions is not None:
+            self.definitions.close()
+        if self.data is not None:
+            self.data.close()
         if self.config.ready_file:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.ready_file)
@@ -373,7 +412,9 @@ class Supervisor:
 
     def flush(self) -> None:
         """Move every outbox into its event ring and set notify slots; wake
-        each worker that sleeps (and only those)."""
+        each worker that sleeps (and only those). Durable topology the batch changed is on
+        disk first."""
+        self._save_definitions()
         encode = self.codec.encode
         for w in self.workers:
             out = self.dispatcher.outbox[w.index]
@@ -456,6 +497,10 @@ def run(config: ServeConfig) -> int:
     sup = Supervisor(config)
     try:
         sup.setup()
+    except (DataDirInUse, DefinitionStoreError) as exc:
+        log.error("cannot start: %s", exc)
+        sup.cleanup()
+        return 1
     except OSError as exc:
         # One line, as RabbitMQ's "could not start listener" (no traceback), and nothing left
         # behind: what setup created so far is removed.

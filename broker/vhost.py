@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 from broker.arguments import check_resource_arg, parse_expiration
 from broker.consumer_manager import QueueConsumer
 from broker.deadletter import DeadLetterReason
+from broker.definitions import TopologyJournal
 from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from broker.exchange import (
     Exchange,
@@ -152,6 +153,9 @@ class VirtualHost:
         # Queues whose kind is not plain: while there are none, publishing through an exchange
         # needs no per-queue check.
         self._featured_queues = 0
+        # Changes to durable topology for the runtime to write (shoal serve --data-dir);
+        # None: nothing is kept (and nothing recorded).
+        self.journal: TopologyJournal | None = None
 
     @property
     def exchanges(self) -> Mapping[str, Exchange]:
@@ -205,6 +209,9 @@ class VirtualHost:
                 arguments=arguments, vhost=self.name,
             )
             self._exchanges[name] = exchange
+            if self.journal is not None:
+                self.journal.exchange_created(name, type, durable=durable, auto_delete=auto_delete,
+                                              internal=internal, arguments=exchange.arguments)
             return exchange
         diff = exchange.inequivalent_arg(
             type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
@@ -235,6 +242,8 @@ class VirtualHost:
             if sources is not None:
                 sources.pop(exchange.name, None)
         del self._exchanges[exchange.name]
+        if self.journal is not None:
+            self.journal.removed("exchange", exchange.name, durable=exchange.durable)
         # RabbitMQ remove_for_destination: bindings to it go too, and may auto-delete sources.
         as_destination = ExchangeDestination(exchange.name)
         for source_name in self._exchange_sources.pop(exchange.name, {}):
@@ -265,9 +274,12 @@ class VirtualHost:
         if destination == "" or source == "":
             raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
         src = self.exchange(source)
-        self.exchange(destination)
+        dst = self.exchange(destination)
         if src.bind(ExchangeDestination(destination), routing_key, arguments):
             self._exchange_sources.setdefault(destination, {})[source] = None
+            if self.journal is not None:
+                self.journal.bound(source, destination, routing_key, arguments, to_exchange=True,
+                                   durable=src.durable and dst.durable)
 
     def unbind_exchange(
         self,
@@ -287,6 +299,10 @@ class VirtualHost:
         as_destination = ExchangeDestination(destination)
         if src is None or not src.unbind(as_destination, routing_key, arguments):
             return
+        if self.journal is not None:
+            dst = self._exchanges.get(destination)
+            self.journal.unbound(source, destination, routing_key, arguments, to_exchange=True,
+                                 durable=src.durable and dst is not None and dst.durable)
         if not src.is_bound(as_destination):
             self._exchange_sources.get(destination, {}).pop(source, None)
         self._maybe_auto_delete(src)
@@ -364,6 +380,9 @@ class VirtualHost:
         )
         self._queues[name] = queue
         self._featured_queues += not queue.plain
+        if self.journal is not None:
+            self.journal.queue_created(name, durable=durable, auto_delete=auto_delete,
+                                       arguments=queue.arguments)
         if exclusive:
             self._owned.setdefault(owner, {})[name] = None
         # AMQP 0-9-1 §3.1.3.1: every queue is bound to the default exchange by its name.
@@ -426,6 +445,8 @@ class VirtualHost:
                 exchange.unbind_destination(queue.name)
                 self._maybe_auto_delete(exchange)
         del self._queues[queue.name]
+        if self.journal is not None:
+            self.journal.removed("queue", queue.name, durable=queue.durable)
         if queue.exclusive_owner is not None:
             owned = self._owned.get(queue.exclusive_owner, {})
             owned.pop(queue.name, None)
@@ -475,6 +496,9 @@ class VirtualHost:
         exchange, queue = self._binding_ends(queue_name, exchange_name, owner)
         if exchange.bind(queue.name, routing_key, arguments):
             self._sources.setdefault(queue.name, {})[exchange.name] = None
+            if self.journal is not None:
+                self.journal.bound(exchange.name, queue.name, routing_key, arguments, to_exchange=False,
+                                   durable=exchange.durable and queue.durable)
 
     def unbind_queue(
         self,
@@ -500,6 +524,9 @@ class VirtualHost:
         queue = self.queue(queue_name, owner=owner)
         if not exchange.unbind(queue.name, routing_key, arguments):
             return
+        if self.journal is not None:
+            self.journal.unbound(exchange.name, queue.name, routing_key, arguments, to_exchange=False,
+                                 durable=exchange.durable and queue.durable)
         if not exchange.is_bound(queue.name):
             self._sources.get(queue.name, {}).pop(exchange.name, None)
         self._maybe_auto_delete(exchange)

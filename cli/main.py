@@ -8,6 +8,7 @@ import stat
 import click
 from click.core import ParameterSource
 
+from broker.data_dir import default_data_dir
 from broker.supervisor import ServeConfig, run
 from cli.control import list_connections
 from cli.report import report
@@ -81,6 +82,10 @@ def main() -> None:
 @click.option("--trace", default=None, type=click.Path(file_okay=False),
               help="Write trace files (Arrow IPC) of every message's stages into this "
               "directory; analyse them with `shoal report DIR`.")
+@click.option("--data-dir", default=None, type=click.Path(file_okay=False),
+              show_default="$XDG_STATE_HOME/shoal/node-PORT, or ~/.local/state/shoal/node-PORT",
+              help="Where durable exchanges, queues and bindings are kept between runs. One "
+              "broker per directory: a second one refuses to start.")
 @click.option("--user", "users", multiple=True, metavar="NAME:PASSWORD", envvar="SHOAL_USERS",
               callback=_parse_users,
               help="A user who may log in (PLAIN or AMQPLAIN), repeatable; when given, these "
@@ -112,6 +117,8 @@ def serve(**options: object) -> None:
     users_file = options.pop("users_file")
     if users_file:
         options["users"] = {**options["users"], **_read_users_file(str(users_file))}  # type: ignore[dict-item]
+    if not options["data_dir"]:
+        options["data_dir"] = str(default_data_dir(int(options["port"])))  # type: ignore[call-overload]
     config = ServeConfig(**options)  # type: ignore[arg-type]
     raise SystemExit(run(config))
 

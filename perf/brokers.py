@@ -153,7 +153,8 @@ class ShoalBroker(Broker):
         self.known: dict[int, psutil.Process] = {}
         self.command = [
             *shoal_command(), "serve", "--host", HOST, "--port", "0", "--workers", str(workers),
-            "--log-level", "warning", "--ready-file", str(self.ready_file), *(extra_args or []),
+            "--log-level", "warning", "--ready-file", str(self.ready_file),
+            "--data-dir", str(self.directory / "data"), *(extra_args or []),
         ]  # fmt: skip
         with self.log_path.open("wb") as log:
             self.popen = subprocess.Popen(

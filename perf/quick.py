@@ -108,7 +108,7 @@ def start_broker(workers: int, directory: Path, trace: Path | None = None) -> Br
     command = [
         *serve_command(), "serve", "--host", HOST, "--port", "0", "--workers", str(workers),
         "--log-level", "warning", "--ready-file", str(ready_file),
-        *(["--trace", str(trace)] if trace else []),
+        "--data-dir", str(directory / "data"), *(["--trace", str(trace)] if trace else []),
     ]  # fmt: skip
     with log_path.open("wb") as log:
         popen = subprocess.Popen(

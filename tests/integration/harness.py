@@ -214,7 +214,8 @@ class Broker:
             *serve_command(), "serve",
             "--host", HOST, "--port", str(port), "--workers", str(workers),
             "--ready-file", str(self.ready_file),
-            "--control-socket", str(self.control_dir / "control.sock"), *extra_args,
+            "--control-socket", str(self.control_dir / "control.sock"),
+            "--data-dir", str(directory / "data"), *extra_args,
         ]  # fmt: skip
         self.popen = subprocess.Popen(
             command,
