@@ -138,3 +138,20 @@ def test_a_second_broker_on_the_same_data_dir_refuses_in_one_line(tmp_path: Path
         assert shm_segments(first.instance)
     finally:
         finish(first)
+
+
+@pytest.mark.deadline(60)
+def test_a_damaged_definitions_file_is_one_line_and_exit_code_1(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "definitions.db").write_bytes(b"not a database, " * 512)
+    done = subprocess.run(
+        [*serve_command(), "serve", "--host", HOST, "--port", "0", "--workers", "1",
+         "--data-dir", str(data), "--control-socket", str(tmp_path / "control.sock")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert done.returncode == 1
+    output = (done.stdout + done.stderr).strip().splitlines()
+    assert len(output) == 1, output
+    assert f"cannot start: {data / 'definitions.db'}: " in output[0]
+    assert "Traceback" not in done.stderr
