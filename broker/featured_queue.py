@@ -62,6 +62,7 @@ from broker.arguments import (
     parse_expiration,
 )
 from broker.arrival_order import ArrivalOrder
+from broker.browsing import browsers_before
 from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
 from broker.deadletter import DeadLetterReason
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
@@ -69,7 +70,8 @@ from broker.errors import InternalError
 from broker.held_messages import HeldMessages, due_time
 from broker.message import Message
 from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
-from broker.queue import DEAD_LETTER_COST, Queue, QueueEntry
+from broker.queue import Queue, QueueEntry
+from broker.queue_host import DEAD_LETTER_COST
 from broker.zero_ttl import ZERO_TTL_GRACE, ZeroTtlRound
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
@@ -443,7 +445,7 @@ class FeaturedQueue(Queue):
 
     def _announce(self, entry: QueueEntry) -> list[QueueConsumer]:
         """seed notifyWork for an entry that became available: browsers behind it, one acquirer."""
-        notify = self._browsers_before(entry.position)
+        notify = browsers_before(self.consumers, entry.position)
         owner = self._groups.owner_of(entry.message)
         if owner is None:
             consumer = self.consumers.notify_one()

@@ -56,7 +56,8 @@ from broker.exchange import (
 from broker.field_tables import Inequivalence, args_inequivalence, field_inequivalence
 from broker.graveyard import Graveyard
 from broker.message import Message, drop_reference
-from broker.queue import EXPIRE_SLICE, REAP_SLICE, Queue
+from broker.queue import Queue
+from broker.queue_host import EXPIRE_SLICE, REAP_SLICE
 from broker.queue_kinds import make_queue, upgrade
 from broker.routing import DeadLetterRouter, Router
 from broker.timers import Timers
@@ -594,7 +595,7 @@ class VirtualHost:
             self.expire_budget = self.expire_slice
             self._reap_budget = self.reap_slice
 
-    # Graveyard (broker.queue.QueueHost): what purged and deleted queues let go of.
+    # Graveyard (broker.queue_host.QueueHost): what purged and deleted queues let go of.
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
              on_drop: Callable[[Message], None] | None) -> None:
