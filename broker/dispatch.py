@@ -235,7 +235,7 @@ class Dispatcher:
     def tick(self, now: float) -> float | None:
         """The timer: expire messages, delete unused x-expires queues, release held
         messages, free a slice of purged and deleted queues' bodies -- a bounded step
-        (broker.vhost). Returns the next deadline (None: nothing pending; ``now`` or
+        (broker.step_host). Returns the next deadline (None: nothing pending; ``now`` or
         earlier: more to do at once)."""
         self.vhost.advance(now)
         outcome = self.vhost.tick(now)

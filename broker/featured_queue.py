@@ -19,17 +19,14 @@ O(log n) per message) and is chosen at declare time only for queues that need it
   group is free again; the queue then notifies one consumer.
 * ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
   seed 001): a :class:`broker.arrival_order.ArrivalOrder`.
-* ``_expiry`` / ``_returns`` -- per entry id: expiry time (monotonic seconds) and how many times
-  it was returned (quorum queues' ``delivery_count``; ``x-delivery-limit``).
+* ``_expiry`` -- expiry times per entry id, a :class:`broker.message_expiry.MessageExpiry`
+  (RabbitMQ's TTL rules are in that module); ``_returns`` -- how many times each entry was
+  returned (quorum queues' ``delivery_count``; ``x-delivery-limit``).
+* ``_limit`` -- ``x-max-length`` / ``-bytes`` and ``x-overflow``, a
+  :class:`broker.length_limit.LengthLimit` (None without one).
 
-RabbitMQ's rules, 3.10: an expiry is ``min(x-message-ttl, expiration)`` from enqueue and is kept
-when a message is requeued; expired messages are removed only at the head (so per-message TTLs
-can queue up behind longer ones, and in a priority queue low priorities behind high ones),
-checked on publish, on delivery and on the timer, and are never delivered. ``x-max-length`` /
-``-bytes`` count ready messages (held ones too, here): ``drop-head`` dead-letters from the head
-after an enqueue or requeue takes the queue over; ``reject-publish`` refuses the new message
-(``reject-publish-dlx`` also dead-letters it). A message returned more than ``x-delivery-limit``
-times is dead-lettered (reason ``delivery_limit``) instead of requeued.
+A message returned more than ``x-delivery-limit`` times is dead-lettered (reason
+``delivery_limit``) instead of requeued.
 
 A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"``) is RabbitMQ's replacement for the
 ``immediate`` flag: delivered only to a consumer that can take it at once, else expired on
@@ -55,21 +52,20 @@ import heapq
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from broker.arguments import (
-    DROP_HEAD,
-    REJECT_PUBLISH_DLX,
-    QueueSettings,
-    parse_expiration,
-)
+from broker.arguments import REJECT_PUBLISH_DLX, QueueSettings
 from broker.arrival_order import ArrivalOrder
+from broker.browsing import browsers_before
 from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
 from broker.deadletter import DeadLetterReason
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
 from broker.errors import InternalError
 from broker.held_messages import HeldMessages, due_time
+from broker.length_limit import length_limit, pop_head
 from broker.message import Message
+from broker.message_expiry import MessageExpiry
 from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
-from broker.queue import DEAD_LETTER_COST, Queue, QueueEntry
+from broker.queue import Queue, QueueEntry
+from broker.queue_host import DEAD_LETTER_COST
 from broker.zero_ttl import ZERO_TTL_GRACE, ZeroTtlRound
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
@@ -86,24 +82,19 @@ class FeaturedQueue(Queue):
         self._init_storage(settings)
 
     def _init_storage(self, settings: QueueSettings) -> None:
-        self._ttl = settings.message_ttl
-        self._max_length = settings.max_length
-        self._max_bytes = settings.max_length_bytes
-        self._limited = self._max_length is not None or self._max_bytes is not None
-        self._overflow = settings.overflow
+        self._limit = length_limit(settings)
         self._max_priority = settings.max_priority
         self._delivery_limit = settings.delivery_limit
         self._hold = settings.hold_on_publish
         self._groups: Ungrouped = message_groups(settings)
         self._ready: list[HeapItem] = []
         self._held = HeldMessages()
-        self._expiry: dict[int, float] = {}
+        self._expiry = MessageExpiry(
+            settings.message_ttl, DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
+        )
         self._returns: dict[int, int] = {}
         self._order = ArrivalOrder()
-        # Budget units per expired message (host.expire_budget); a pull or get that met an
-        # expired head with no budget left sets _starved.
-        self._expire_cost = DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
-        self._starved = False
+        self._starved = False  # a pull or get met an expired head with no budget left
         # Zero-TTL entries awaiting the pulls their notification causes (module docstring),
         # id -> entry in enqueue order; and consumers that became interested while some were
         # pending -> the last position enqueued before that (they may not take those).
@@ -154,8 +145,10 @@ class FeaturedQueue(Queue):
         """
         if self.deleted:
             raise InternalError(f"enqueue on deleted {self.description}")
-        if self._limited and self._overflow != DROP_HEAD and self._would_overflow(message):
-            if self._overflow == REJECT_PUBLISH_DLX:
+        limit = self._limit
+        if (limit is not None and not limit.drops_head
+                and limit.would_overflow(self._count, self._bytes, message)):
+            if limit.overflow == REJECT_PUBLISH_DLX:
                 self._dead_letter(message, DeadLetterReason.MAXLEN)
             return None
         now = self._time(now)
@@ -165,7 +158,7 @@ class FeaturedQueue(Queue):
         self._count += 1
         self._bytes += message.body_size
         self._order.append(entry)
-        ttl = self._set_expiry(entry, now)
+        ttl = self._expiry.start(entry, now)
         due = due_time(message, now, self._host.epoch_offset) if self._hold else None
         if due is not None:
             entry.state = HELD
@@ -277,8 +270,8 @@ class FeaturedQueue(Queue):
         count = self._count
         self._bury_storage()
         acquired = self._acquired
-        expiry, returns = self._expiry, self._returns
-        self._expiry = {i: expiry[i] for i in acquired if i in expiry}
+        expiry, returns = self._expiry.times, self._returns
+        self._expiry.times = {i: expiry[i] for i in acquired if i in expiry}
         self._returns = {i: returns[i] for i in acquired if i in returns}
         order = self._order.entries
         self._order = ArrivalOrder(acquired.values())
@@ -295,7 +288,7 @@ class FeaturedQueue(Queue):
         # Acquired entries stay in _acquired until settled or released (Queue.delete).
         self._bury_storage()
         host = self._host
-        for container in (self._order.entries, self._expiry, self._returns):
+        for container in (self._order.entries, self._expiry.times, self._returns):
             host.discard(container)
         self._init_storage(self.settings)
         self.deleted = True
@@ -334,12 +327,13 @@ class FeaturedQueue(Queue):
         entry's ``ZERO_TTL_GRACE``, whichever comes first (a pending head is not expiring)."""
         deadline = None
         zero = self._zero.pending
-        if self._expiry and self._ready:
+        expiry = self._expiry.times
+        if expiry and self._ready:
             head = self._ready[0][1].id
             if not (zero and head in zero):
-                deadline = self._expiry.get(head)
+                deadline = expiry.get(head)
         if zero:
-            grace = self._expiry[next(iter(zero))] + ZERO_TTL_GRACE
+            grace = expiry[next(iter(zero))] + ZERO_TTL_GRACE
             if deadline is None or grace < deadline:
                 deadline = grace
         due = self._held.next_due()
@@ -353,7 +347,7 @@ class FeaturedQueue(Queue):
         Pending zero-TTL entries older than ``ZERO_TTL_GRACE`` stop being exempt first.
         """
         now = self._time(now)
-        self._zero.cut(self._expiry, now)
+        self._zero.cut(self._expiry.times, now)
         released: list[QueueEntry] = []
         host = self._host
         while host.expire_budget > 0 and (entry := self._held.pop_due(now)) is not None:
@@ -433,8 +427,9 @@ class FeaturedQueue(Queue):
     def _settle_in(self, entry: QueueEntry, now: float) -> list[QueueConsumer]:
         # rabbit_amqqueue_process deliver_or_enqueue / requeue_and_run: drop-head, then drop
         # expired messages at the head; announce the entry only if it survived.
-        if self._limited and self._overflow == DROP_HEAD:
-            while self._over_limit() and self._drop_head():
+        limit = self._limit
+        if limit is not None and limit.drops_head:
+            while limit.exceeded(self._count, self._bytes) and self._drop_head():
                 pass
         self._expire_head(now)
         notify = self._announce(entry) if entry.state is AVAILABLE else []
@@ -443,7 +438,7 @@ class FeaturedQueue(Queue):
 
     def _announce(self, entry: QueueEntry) -> list[QueueConsumer]:
         """seed notifyWork for an entry that became available: browsers behind it, one acquirer."""
-        notify = self._browsers_before(entry.position)
+        notify = browsers_before(self.consumers, entry.position)
         owner = self._groups.owner_of(entry.message)
         if owner is None:
             consumer = self.consumers.notify_one()
@@ -493,9 +488,10 @@ class FeaturedQueue(Queue):
                     skipped.append(entry)  # basic.get, or a consumer that came too late
                     continue
             else:
-                expires = self._expiry.get(entry.id) if self._expiry else None
+                expiry = self._expiry.times
+                expires = expiry.get(entry.id) if expiry else None
                 if expires is not None and now >= expires:
-                    if not self._spend_expiry():  # the next step drops it (module docstring)
+                    if not self._expiry.spend(self._host):  # the next step drops it (module docstring)
                         self._insert(entry)
                         self._starved = True
                         return None
@@ -553,68 +549,19 @@ class FeaturedQueue(Queue):
         consumer = self.consumers.notify_one()
         return [consumer] if consumer is not None else []
 
-    def _set_expiry(self, entry: QueueEntry, now: float) -> int | None:
-        # rabbit_amqqueue_process calculate_msg_expiry: the smaller of the two TTLs.
-        ttl = self._ttl
-        expiration = entry.message.expiration
-        if expiration is not None:
-            own = parse_expiration(expiration)
-            ttl = own if ttl is None else min(ttl, own)
-        if ttl is not None:
-            self._expiry[entry.id] = now + ttl / 1000.0
-        return ttl
-
-    def _would_overflow(self, message: Message) -> bool:
-        # rabbit_amqqueue_process will_overflow
-        return (self._max_length is not None and self._count + 1 > self._max_length) or (
-            self._max_bytes is not None and self._bytes + message.body_size > self._max_bytes
-        )
-
-    def _over_limit(self) -> bool:
-        return (self._max_length is not None and self._count > self._max_length) or (
-            self._max_bytes is not None and self._bytes > self._max_bytes
-        )
-
     def _drop_head(self) -> bool:
         """Dead-letter the next message in delivery order (reason ``maxlen``); False if none."""
-        heap: list[HeapItem] | None = self._ready or None
-        for parked in self._groups.parked_heaps():
-            if parked and (heap is None or parked[0][0] < heap[0][0]):
-                heap = parked
-        if heap is not None:
-            entry = heapq.heappop(heap)[1]
-            if heap is not self._ready and not heap:
-                self._groups.emptied(heap, entry)
-        else:
-            held = self._held.pop_first()
-            if held is None:
-                return False
-            entry = held
+        entry = pop_head(self._ready, self._groups, self._held)
+        if entry is None:
+            return False
         self._drop_available(entry, DeadLetterReason.MAXLEN)
         return True
 
     def _expire_head(self, now: float) -> None:
-        if not self._expiry:
-            return
-        ready = self._ready
-        zero = self._zero.pending
-        while ready:
-            entry = ready[0][1]
-            if zero and entry.id in zero:
-                return  # pending: exempt until its round of pulls is over
-            expires = self._expiry.get(entry.id)
-            if expires is None or now < expires or not self._spend_expiry():
-                return
-            heapq.heappop(ready)
+        """Drop the expired entries at the head of _ready, as many as the step's budget pays for."""
+        expiry, ready, pending, host = self._expiry, self._ready, self._zero.pending, self._host
+        while (entry := expiry.pop_expired_head(ready, pending, now, host)) is not None:
             self._drop_available(entry, DeadLetterReason.EXPIRED)
-
-    def _spend_expiry(self) -> bool:
-        """Take one expired message's cost from the step's budget; False when it is spent."""
-        host = self._host
-        if host.expire_budget <= 0:
-            return False
-        host.expire_budget -= self._expire_cost
-        return True
 
     def _drop_available(self, entry: QueueEntry, reason: DeadLetterReason) -> None:
         """Remove a ready or held entry already taken off its heap, dead-lettering it."""
@@ -628,7 +575,7 @@ class FeaturedQueue(Queue):
         pending = self._zero.pending
         if pending:
             pending.pop(entry.id, None)
-        self._expiry.pop(entry.id, None)
+        self._expiry.times.pop(entry.id, None)
         self._returns.pop(entry.id, None)
         self._order.deleted()
         self._unref(entry.message)

@@ -34,18 +34,18 @@ This is the plain queue, the hot path: no TTL, limits, priorities, groups or hel
 Queue arguments that need those pick :class:`broker.featured_queue.FeaturedQueue` at declare
 time (:mod:`broker.queue_kinds`), so nothing here tests for them per message.
 
-Time and the virtual host. The domain reads no clock: a queue asks its *host* (the
-VirtualHost, or a standalone stand-in) for the last ``now`` the runtime passed in, tells it of
-its next deadline (``schedule``) and hands it messages to dead-letter (``dead_letter``).
+Time and the virtual host: a queue reads no clock; it asks its host
+(:class:`broker.queue_host.QueueHost`). Browsers' next entries: :mod:`broker.browsing`.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from broker.arguments import PLAIN, QueueSettings
+from broker.browsing import browse, browsers_before, next_after
 from broker.consumer_manager import (
     INTERESTED,
     NOTIFIED,
@@ -55,31 +55,14 @@ from broker.consumer_manager import (
 )
 from broker.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
 from broker.deadletter import DeadLetterReason
-from broker.entry_state import (
-    ACQUIRED,
-    AVAILABLE,
-    DELETED,
-    new_entry_id,
-)
+from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
 from broker.errors import AccessRefused, InternalError, NotFound
-from broker.graveyard import Graveyard
 from broker.message import Message, drop_reference
+from broker.queue_host import DEAD_LETTER_COST as DEAD_LETTER_COST  # re-exported: it was defined here
+from broker.queue_host import QueueHost, StandaloneHost
 
 # Drop the consumed prefix of the log once it is this long and at least half of the list.
 _COMPACT_AT = 4096
-
-# Work per step (a batch of requests, a timer tick; see broker.vhost), each about 2 ms on the
-# project's shared 2-core machine (perf/bench_supervisor_slices.py): entries of purged and
-# deleted queues let go of (a message reference dropped, maybe a body freed) ...
-REAP_SLICE = 1000
-# ... and messages expired or released from hold. A dead-lettered message costs
-# DEAD_LETTER_COST of it: its copy is made, routed and enqueued in the same step.
-EXPIRE_SLICE = 250
-DEAD_LETTER_COST = 4
-
-
-def _position(entry: QueueEntry) -> int:
-    return entry.position
 
 
 class QueueEntry:
@@ -108,60 +91,6 @@ class QueueEntry:
         )
 
 
-class QueueHost(Protocol):
-    """What a queue needs from its virtual host (broker.vhost.VirtualHost implements it)."""
-
-    now: float  # the latest monotonic time the runtime passed in
-    epoch_offset: float  # Unix time minus monotonic time
-    expire_budget: int  # messages this step may still expire or release from hold
-
-    def advance(self, now: float) -> None: ...
-
-    def schedule(self, queue: Queue, deadline: float) -> None: ...
-
-    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None: ...
-
-    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
-             on_drop: Callable[[Message], None] | None) -> None: ...
-
-    def discard(self, container: list[Any] | dict[Any, Any]) -> None: ...
-
-
-class StandaloneHost:
-    """The host of a queue made outside a virtual host: keeps time, has no exchanges.
-
-    Dead-lettered messages have nowhere to go, so they are simply dropped; purged and deleted
-    entries are dropped at once.
-    """
-
-    def __init__(self, now: float = 0.0, epoch_offset: float = 0.0) -> None:
-        self.now = now
-        self.epoch_offset = epoch_offset
-        self.deadlines: dict[Queue, float] = {}
-        self.expire_budget = EXPIRE_SLICE
-        self._graveyard = Graveyard()
-
-    def advance(self, now: float) -> None:
-        if now > self.now:
-            self.now = now
-            self.expire_budget = EXPIRE_SLICE
-
-    def schedule(self, queue: Queue, deadline: float) -> None:
-        self.deadlines[queue] = deadline
-
-    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None:
-        return None
-
-    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
-             on_drop: Callable[[Message], None] | None) -> None:
-        self._graveyard.bury(items, pick=pick, keep=keep, on_drop=on_drop)
-        while self._graveyard.reap(1 << 30):
-            pass
-
-    def discard(self, container: list[Any] | dict[Any, Any]) -> None:
-        return None
-
-
 class Queue:
     """A queue of one virtual host (seed: AbstractQueue) with its QueueConsumerManager."""
 
@@ -179,7 +108,7 @@ class Queue:
         on_drop: Callable[[Message], None] | None = None,
         vhost: str = "/",
         settings: QueueSettings = PLAIN,
-        host: QueueHost | None = None,
+        host: QueueHost[Queue] | None = None,
     ) -> None:
         self.name = name
         self.durable = durable
@@ -200,7 +129,7 @@ class Queue:
         self._next_position = 1
         self._exclusive_consumer: QueueConsumer | None = None
         self.settings = settings
-        self._host: QueueHost = host if host is not None else StandaloneHost()
+        self._host: QueueHost[Queue] = host if host is not None else StandaloneHost()
         # Consumer modes (broker.consumer_modes), held whatever the storage: None when off.
         self.single_active: SingleActiveConsumer | None = (
             SingleActiveConsumer() if settings.single_active_consumer else None
@@ -356,7 +285,7 @@ class Queue:
         entry.state = AVAILABLE
         entry.redelivered = True
         heapq.heappush(self._released, (entry.position, entry))
-        notify = self._browsers_before(entry.position)
+        notify = browsers_before(self.consumers, entry.position)
         consumer = self.consumers.notify_one()
         if consumer is not None:
             notify.append(consumer)
@@ -594,11 +523,6 @@ class Queue:
         consumer = self.consumers.notify_one(unless_notified=True)
         return [consumer] if consumer is not None else []
 
-    def _browsers_before(self, position: int) -> list[QueueConsumer]:
-        if not self.consumers.has_non_acquiring:
-            return []
-        return [b for b in self.consumers.iter_non_acquiring() if b.browse_position < position]
-
     def _take_next(self) -> QueueEntry | None:
         if self._released:
             entry = heapq.heappop(self._released)[1]
@@ -634,45 +558,11 @@ class Queue:
             self._head = 0
 
     def _next_after(self, position: int) -> QueueEntry | None:
-        """The first entry still on the queue past ``position`` (a browser's next).
-
-        Browsers see the queue's contents: available entries and acquired ones not
-        yet settled, so what a browser sees does not depend on whether an acquiring
-        consumer pulled first. Acquired entries all sit below the log head; they
-        are only searched when the browser lags behind it."""
-        best: QueueEntry | None = None
-        for released_position, entry in self._released:  # few: released entries go first
-            if released_position > position and (best is None or released_position < best.position):
-                best = entry
-        head = self._log[self._head] if self._head < len(self._log) else None  # never None from _head on
-        if self._acquired and (head is None or head.position > position + 1):
-            acquired = self._first_acquired_after(position)
-            if acquired is not None and (best is None or acquired.position < best.position):
-                best = acquired
-        if head is None:
-            return best
-        if best is not None and best.position < head.position:
-            return best
-        index = self._head + max(0, position + 1 - head.position)
-        return self._log[index] if index < len(self._log) else best
-
-    def _first_acquired_after(self, position: int) -> QueueEntry | None:
-        after = [e for e in self._acquired.values() if e.position > position]
-        return min(after, key=_position) if after else None
+        """The first entry still on the queue past ``position`` (broker.browsing)."""
+        return next_after(self._log, self._head, self._released, self._acquired, position)
 
     def _browse(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
-        seen: list[QueueEntry] = []
-        position = consumer.browse_position
-        while len(seen) < max_n:
-            entry = self._next_after(position)
-            if entry is None:
-                break
-            if not entry.id:
-                entry.id = new_entry_id()
-            seen.append(entry)
-            position = entry.position
-        consumer.browse_position = position
-        return seen, len(seen) == max_n and self._next_after(position) is not None
+        return browse(consumer, max_n, self._log, self._head, self._released, self._acquired)
 
     def _unref(self, message: Message) -> None:
         message.refs -= 1

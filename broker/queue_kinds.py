@@ -24,7 +24,8 @@ from typing import Any
 from broker.arguments import PLAIN, QueueSettings, parse_queue_arguments
 from broker.featured_queue import FeaturedQueue
 from broker.message import Message
-from broker.queue import Queue, QueueHost
+from broker.queue import Queue
+from broker.queue_host import QueueHost
 
 
 def queue_class(settings: QueueSettings) -> type[Queue]:
@@ -42,7 +43,7 @@ def make_queue(
     exclusive_owner: Hashable | None = None,
     auto_delete: bool = False,
     on_drop: Callable[[Message], None] | None = None,
-    host: QueueHost | None = None,
+    host: QueueHost[Queue] | None = None,
 ) -> Queue:
     """A queue of the kind its arguments ask for (validated: 406 as RabbitMQ words it)."""
     if settings is None:

@@ -9,7 +9,7 @@ its routing key and every CC and BCC key at each step, still reaching each queue
 The virtual host keeps its own two fast paths (the default exchange, and an exchange bound only
 to plain queues) and comes here for everything else: publishes that need checks, and dead-letter
 copies (:class:`DeadLetterRouter`; what a copy carries is :mod:`broker.deadletter`'s).
-Called from: the supervisor process (``broker.vhost``).
+Called from: the supervisor process (``broker.vhost``; dead letters ``broker.step_host``).
 """
 
 from __future__ import annotations

@@ -13,25 +13,8 @@ Routing is :class:`broker.routing.Router`'s (RabbitMQ ``rabbit_exchange:route``)
 host keeps the two fast paths of basic.publish and says what a publish did in a
 :class:`PublishOutcome`.
 
-Time, timers and dead letters. The domain reads no clock: ``now`` (monotonic seconds) comes in
-as an argument, and the virtual host remembers the latest (:meth:`VirtualHost.advance`).
-Queues register deadlines (TTL at the head, held messages, x-expires leases; kept by
-:class:`broker.timers.Timers`) and the runtime calls :meth:`VirtualHost.tick` when
-:meth:`VirtualHost.next_deadline` is reached. A queue that
-dead-letters a message asks the virtual host for a copy (:meth:`VirtualHost.dead_letter`) at
-once, pinning the body; the copy is routed by :meth:`VirtualHost.drain`, which publish and tick
-call themselves and the runtime calls after each batch of requests: routing never re-enters a
-queue in the middle of one of its own operations.
-
-Bounded steps (Overload: no single operation holds the supervisor for long). A *step* is what
-happens at one ``now``: a batch of requests (:meth:`advance` to a later time starts a new one)
-or a timer tick. Each step may expire or release from hold at most ``expire_slice`` messages
-(``expire_budget``, spent by the queues) and drop at most ``reap_slice`` entries of purged and
-deleted queues. queue.purge and queue.delete answer at once -- the queue is empty, or gone, at
-once -- and hand their entries to the :class:`~broker.graveyard.Graveyard`; the step reaps what its
-budget allows and :meth:`next_deadline` says "now" while anything is left, so the runtime's
-timer ticks again at once and other requests are served in between. Expiry left over by a spent
-budget leaves the queue's deadline due: the same.
+Time, timers, dead letters and bounded steps -- what the virtual host is to its queues and to
+the runtime's timer -- are :class:`broker.step_host.StepHost`'s, which it derives from.
 
 Called from: the supervisor process (``broker.dispatch``).
 """
@@ -39,13 +22,12 @@ Called from: the supervisor process (``broker.dispatch``).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from broker.arguments import check_resource_arg, parse_expiration
 from broker.consumer_manager import QueueConsumer
-from broker.deadletter import DeadLetterReason
 from broker.definitions import TopologyJournal
 from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
 from broker.exchange import (
@@ -55,12 +37,11 @@ from broker.exchange import (
     has_routing_headers,
 )
 from broker.field_tables import Inequivalence, args_inequivalence, field_inequivalence
-from broker.graveyard import Graveyard
 from broker.message import Message, drop_reference
-from broker.queue import EXPIRE_SLICE, REAP_SLICE, Queue
+from broker.queue import Queue
 from broker.queue_kinds import make_queue, upgrade
 from broker.routing import DeadLetterRouter, Router
-from broker.timers import Timers
+from broker.step_host import StepHost
 
 # AMQP 0-9-1 §3.1.3: the default exchange plus the amq.* ones a broker must pre-declare.
 STANDARD_EXCHANGES = (
@@ -105,16 +86,7 @@ class PublishOutcome(NamedTuple):
     dead_lettered: int = 0  # dead-letter copies made on the way (drop-head, reject-publish-dlx)
 
 
-class TickOutcome(NamedTuple):
-    """What a timer tick did: see VirtualHost.tick."""
-
-    notify: list[QueueConsumer]  # consumers to notifyWork (held messages released, dead letters)
-    deleted_queues: list[str]  # queues deleted by x-expires
-    cancelled: list[QueueConsumer]  # their consumers, to cancel (consumer_cancel_notify)
-    dead_lettered: int = 0  # dead-letter copies made (expired messages of queues with a DLX)
-
-
-class VirtualHost:
+class VirtualHost(StepHost):
     """Exchanges, queues and bindings of one vhost; the supervisor's domain entry point."""
 
     def __init__(
@@ -136,20 +108,10 @@ class VirtualHost:
         self._exchange_sources: dict[str, dict[str, None]] = {}
         for exchange_name, type_name in STANDARD_EXCHANGES:
             self._exchanges[exchange_name] = Exchange(exchange_name, type_name, durable=True, vhost=name)
-        # The latest monotonic time the runtime passed in, and Unix time minus monotonic time
-        # (the runtime's time.time() - time.monotonic()): x-death times and held messages'
-        # x-qpid-not-valid-before are Unix times.
-        self.now = now
-        self.epoch_offset = epoch_offset
-        self._timers = Timers()
         self._router = Router(self._exchanges, self._queues)
-        self._dead_letters = DeadLetterRouter(self._router, self._exchanges, on_drop)
-        # Work per step (module docstring): the slices, and what is left of them in this step.
-        self.expire_slice = EXPIRE_SLICE
-        self.reap_slice = REAP_SLICE
-        self.expire_budget = EXPIRE_SLICE
-        self._reap_budget = REAP_SLICE
-        self._graveyard = Graveyard()
+        # Time, steps, deadlines and dead letters (broker.step_host).
+        dead_letters = DeadLetterRouter(self._router, self._exchanges, on_drop)
+        super().__init__(dead_letters, now=now, epoch_offset=epoch_offset)
         # Queues whose kind is not plain: while there are none, publishing through an exchange
         # needs no per-queue check.
         self._featured_queues = 0
@@ -610,112 +572,6 @@ class VirtualHost:
             message.refs -= 1  # unroutable: the runtime returns or frees it
         notify += self.drain()
         return PublishOutcome(len(queues), notify, tuple(rejected), self.dead_lettered - before)
-
-    # ------------------------------------------------------------ dead letters, timers
-
-    def advance(self, now: float) -> None:
-        """The runtime's clock moved on: the ``now`` used where a call passes none, and a new
-        step with fresh budgets (module docstring)."""
-        if now > self.now:
-            self.now = now
-            self.expire_budget = self.expire_slice
-            self._reap_budget = self.reap_slice
-
-    # Graveyard (broker.queue.QueueHost): what purged and deleted queues let go of.
-
-    def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
-             on_drop: Callable[[Message], None] | None) -> None:
-        """Called by a queue: drop the entries ``items[keep:]``, as many as this step's budget
-        allows now (a small queue's at once), the rest over the next steps."""
-        self._graveyard.bury(items, pick=pick, keep=keep, on_drop=on_drop)
-        self._reap()
-
-    def discard(self, container: list[Any] | dict[Any, Any]) -> None:
-        """Called by a queue: deallocate a container it let go of (the same way)."""
-        self._graveyard.discard(container)
-        self._reap()
-
-    def _reap(self) -> None:
-        if self._reap_budget > 0 and self._graveyard:
-            self._reap_budget -= self._graveyard.reap(self._reap_budget)
-
-    @property
-    def buried(self) -> int:
-        """Entries of purged and deleted queues whose messages are not dropped yet."""
-        return self._graveyard.pending
-
-    def buried_messages(self) -> Iterator[Message]:
-        """Their messages: bodies still in use for an arena sweep (O(buried))."""
-        return self._graveyard.messages()
-
-    def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None:
-        """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain)."""
-        self._dead_letters.add(queue, message, reason, self.now + self.epoch_offset)
-
-    @property
-    def dead_lettered(self) -> int:
-        """Dead-letter copies made, ever."""
-        return self._dead_letters.made
-
-    def drain(self) -> list[QueueConsumer]:
-        """Route pending dead letters; returns consumers to notify that no call returned yet.
-
-        The runtime calls it after each batch of requests (queue-level calls -- pull, get,
-        release, discard -- can dead-letter). publish and tick call it themselves.
-        """
-        return self._dead_letters.route()
-
-    def schedule(self, queue: Queue, deadline: float) -> None:
-        """Called by a queue: call its tick at ``deadline`` (earlier requests win)."""
-        self._timers.schedule(queue, deadline)
-
-    def next_deadline(self) -> float | None:
-        """When the runtime's timer should next call :meth:`tick` (monotonic seconds), or None.
-
-        ``now`` while purged or deleted queues' entries are left to drop.
-        """
-        if self._graveyard:
-            return self.now
-        return self._timers.next_deadline()
-
-    def tick(self, now: float) -> TickOutcome:
-        """The runtime's timer: expire messages, release held ones, delete unused x-expires queues.
-
-        Expired messages are dead-lettered or dropped (``on_drop`` already called). Returns the
-        consumers to notify, and the queues deleted with the consumers to cancel.
-
-        One step (module docstring): a slice of the graveyard, and at most ``expire_slice``
-        messages expired or released (each due queue counts one too); a queue still due when
-        the budget is spent is ticked again at once.
-        """
-        self.advance(now)
-        self.expire_budget = self.expire_slice
-        self._reap_budget = self.reap_slice
-        self._reap()
-        before = self.dead_lettered
-        due = self._timers.pop_due(now, self.expire_slice)
-        notify: list[QueueConsumer] = []
-        deleted: list[str] = []
-        cancelled: list[QueueConsumer] = []
-        for index, (_deadline, queue) in enumerate(due):
-            if self._queues.get(queue.name) is not queue:
-                continue
-            if self.expire_budget <= 0:  # the rest in the next tick, at once
-                for later_deadline, later in due[index:]:
-                    if self._queues.get(later.name) is later:
-                        self.schedule(later, later_deadline)
-                break
-            self.expire_budget -= 1
-            if queue.unused_expired(now):
-                deleted.append(queue.name)
-                cancelled += self._delete_queue(queue)
-                continue
-            notify += queue.tick(now)
-            following = queue.next_deadline()
-            if following is not None:
-                self.schedule(queue, following)
-        notify += self.drain()
-        return TickOutcome(notify, deleted, cancelled, self.dead_lettered - before)
 
     # ---------------------------------------------------------------------- errors
 
