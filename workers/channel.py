@@ -10,10 +10,9 @@ that reply into the client's ``*-ok``. Methods answered locally (qos, flow,
 confirm.select, recover) wait behind outstanding replies so the client sees
 replies in the order it asked (AMQP 0-9-1 §2.2.2: a channel is serial).
 
-Delivery tags are the channel's: the channel maps each tag to the supervisor's
-entry id (and the consumer that took it, for prefetch credit). Acks, nacks
-and rejects become ``Settle`` records; an unknown tag is 406
-PRECONDITION_FAILED, as RabbitMQ replies.
+Delivery tags are the channel's (``workers.delivery_tags``). Acks, nacks and
+rejects become ``Settle`` records; an unknown tag is 406 PRECONDITION_FAILED,
+as RabbitMQ replies.
 
 No IO here: output goes through the handler's protocol object and the
 worker's request outbox.
@@ -35,6 +34,7 @@ from ipc import records as r
 from workers import codec
 from workers.channel_owner import ChannelConfig, ChannelOwner, WorkerServices
 from workers.consumer_target import ConsumerTarget
+from workers.delivery_tags import DeliveryTags
 from workers.outgoing import (
     Ack,
     DeclareOk,
@@ -97,8 +97,7 @@ class Channel:
         # or a confirm: a local reply then waits for a Sync (_local_reply).
         self.publishes_unanswered = False
         self._tx: Transaction[Target] = Transaction()
-        self._next_tag = 0
-        self.unacked: OrderedDict[int, tuple[int, Target | None]] = OrderedDict()
+        self.tags: DeliveryTags[Target] = DeliveryTags()
         self.consumers: dict[str, Target] = {}
         # Replies owed to the client, in request order: (from_supervisor, fn).
         # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
@@ -113,6 +112,11 @@ class Channel:
     @property
     def worker(self) -> WorkerServices[Channel]:
         return self.handler.worker
+
+    @property
+    def unacked(self) -> OrderedDict[int, tuple[int, Target | None]]:
+        """Delivery tag → (entry, target) of what the client has not settled yet."""
+        return self.tags.held
 
     @property
     def backpressured(self) -> bool:
@@ -325,7 +329,7 @@ class Channel:
             self._send(spec.Basic.GetEmpty())
             return
         d = ev.delivery
-        tag = self._tag(d.entry, None, no_ack)
+        tag = self.tags.tag(d.entry, None, no_ack)
         header, body = self.worker.body(d)
         self._reply(GetOk(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
@@ -391,12 +395,12 @@ class Channel:
         """Drop the held publishes; the held acks' messages are unacked again."""
         self._check_tx(m)
         self._discard_tx()
-        for tag, entry, target, _ in self._tx.take_settles():
-            self.unacked[tag] = (entry, target)
+        settles = self._tx.take_settles()
+        self.tags.give_back(settles)
+        for _, _, target, _ in settles:
             if target is not None:
                 target.unacked += 1
                 self.consumer_unacked += 1
-        self.unacked = OrderedDict(sorted(self.unacked.items()))
         self.refresh_all()
         self._local_reply(spec.Tx.RollbackOk())
 
@@ -437,17 +441,8 @@ class Channel:
 
     # ------------------------------------------------------ acknowledgements
 
-    def _tag(self, entry: int, target: Target | None, settled: bool) -> int:
-        self._next_tag += 1
-        if not settled:
-            self.unacked[self._next_tag] = (entry, target)
-            if target is not None:
-                target.unacked += 1
-                self.consumer_unacked += 1
-        return self._next_tag
-
     def _settle_tags(self, tag: int, multiple: bool, action: int, m: Any) -> None:
-        taken = self._take(tag, multiple)
+        taken = self.tags.take(tag, multiple)
         if not taken and not (multiple and tag == 0):
             raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *_ids(m))
         touched: set[Target] = set()
@@ -468,24 +463,6 @@ class Channel:
         else:
             for target in touched:
                 self.refresh(target)
-
-    def _take(self, tag: int, multiple: bool) -> list[tuple[int, int, Target | None]]:
-        """(tag, entry, target) of the deliveries an ack/nack/reject names."""
-        if not multiple:
-            held = self.unacked.pop(tag, None)
-            return [] if held is None else [(tag, *held)]
-        if tag == 0:  # AMQP 0-9-1 §1.8.3.13: multiple with tag 0 means "all"
-            tag = self._next_tag
-        elif tag not in self.unacked:
-            return []
-        taken = []
-        while self.unacked:
-            first = next(iter(self.unacked))
-            if first > tag:
-                break
-            tag_, held = self.unacked.popitem(last=False)
-            taken.append((tag_, *held))
-        return taken
 
     # ------------------------------------------------------- publishing
 
@@ -569,15 +546,19 @@ class Channel:
         done: list[int] = []
         trace = self.worker.trace
         messages: list[Delivery] = []
+        next_tag = self.tags.tag
         for d in ev.deliveries:
-            tag = self._tag(d.entry, target, settled)
+            tag = next_tag(d.entry, target, settled)
+            if settled:
+                done.append(d.entry)
+            else:  # held until acked: counts against prefetch
+                target.unacked += 1
+                self.consumer_unacked += 1
             header, body = self.worker.body(d)
             messages.append((tag, d.redelivered, d.exchange, d.routing_key, header, body))
             if trace is not None:
                 trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
                                 d.redelivered)
-            if settled:
-                done.append(d.entry)
         if messages:
             self.handler.send(Deliveries(self.number, target.tag, messages))
         self._settle(done, r.ACK)
