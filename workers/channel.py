@@ -9,6 +9,7 @@ worker's requests in ring order, so the channel keeps a FIFO of
 that reply into the client's ``*-ok``. Methods answered locally (qos, flow,
 confirm.select, recover) wait behind outstanding replies so the client sees
 replies in the order it asked (AMQP 0-9-1 §2.2.2: a channel is serial).
+The exchange and queue methods' records and -oks are ``workers.topology``'s.
 
 Delivery tags are the channel's (``workers.delivery_tags``). Acks, nacks and
 rejects become ``Settle`` records; an unknown tag is 406 PRECONDITION_FAILED,
@@ -31,7 +32,7 @@ from pamqp import commands as spec
 from broker import errors
 from broker.constants import REPLY_TO
 from ipc import records as r
-from workers import codec
+from workers import codec, topology
 from workers.channel_owner import ChannelConfig, ChannelOwner, WorkerServices
 from workers.consumer_target import ConsumerTarget
 from workers.delivery_tags import DeliveryTags
@@ -49,17 +50,6 @@ from workers.outgoing import (
 from workers.transaction import Transaction
 
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
-
-# Replies that carry no fields: the request's record tag → the -ok method.
-_PLAIN_OK: dict[str, Callable[[], Any]] = {
-    "xdecl": spec.Exchange.DeclareOk,
-    "xdel": spec.Exchange.DeleteOk,
-    "xbind": spec.Exchange.BindOk,
-    "xunbind": spec.Exchange.UnbindOk,
-    "qbind": spec.Queue.BindOk,
-    "qunbind": spec.Queue.UnbindOk,
-}
-
 
 # A consumer target of one of these channels (ConsumerTarget is generic over its channel).
 Target = ConsumerTarget["Channel"]
@@ -177,27 +167,10 @@ class Channel:
             raise errors.NotImplemented_(f"{m.name} is not implemented", *_ids(m))
         run(self, m)
 
-    def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
-        rec = r.ExchangeDeclare(
-            self.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
-            m.durable, m.auto_delete, m.internal, dict(m.arguments or {}), m.nowait,
-        )
-        self._request(rec, None if m.nowait else self._plain_ok)
-
-    def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
-        rec = r.ExchangeDelete(self.conn_id, self.number, m.exchange, m.if_unused,
-                               m.nowait)
-        self._request(rec, None if m.nowait else self._plain_ok)
-
-    def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
-        rec = r.ExchangeBind(self.conn_id, self.number, m.destination, m.source,
-                             m.routing_key, dict(m.arguments or {}), m.nowait)
-        self._request(rec, None if m.nowait else self._plain_ok)
-
-    def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
-        rec = r.ExchangeUnbind(self.conn_id, self.number, m.destination, m.source,
-                               m.routing_key, dict(m.arguments or {}), m.nowait)
-        self._request(rec, None if m.nowait else self._plain_ok)
+    def _exchange_method(self, m: Any) -> None:
+        """exchange.declare, delete, bind, unbind (``workers.topology``)."""
+        rec = topology.request(self.conn_id, self.number, m, "")
+        self._request(rec, None if m.nowait else self._topology_ok)
 
     def _queue_declare(self, m: spec.Queue.Declare) -> None:
         rec = r.QueueDeclare(
@@ -210,32 +183,14 @@ class Channel:
         if not m.queue and not m.nowait:
             self._inbox = deque()  # "" is unknown until declare-ok names the queue
 
-    def _queue_bind(self, m: spec.Queue.Bind) -> None:
-        queue = self._queue_name(m.queue, m)
-        key = m.routing_key if (m.queue or m.routing_key) else queue
-        rec = r.QueueBind(self.conn_id, self.number, queue, m.exchange, key,
-                          dict(m.arguments or {}), m.nowait)
-        self._request(rec, None if m.nowait else self._plain_ok)
+    def _queue_method(self, m: Any) -> None:
+        """queue.bind, unbind (no nowait), purge, delete, on the queue named or the last
+        declared one (``workers.topology``)."""
+        rec = topology.request(self.conn_id, self.number, m, self._queue_name(m.queue, m))
+        self._request(rec, None if getattr(m, "nowait", False) else self._topology_ok)
 
-    def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
-        rec = r.QueueUnbind(self.conn_id, self.number, self._queue_name(m.queue, m),
-                            m.exchange, m.routing_key, dict(m.arguments or {}))
-        self._request(rec, self._plain_ok)
-
-    def _queue_purge(self, m: spec.Queue.Purge) -> None:
-        rec = r.QueuePurge(self.conn_id, self.number, self._queue_name(m.queue, m),
-                           m.nowait)
-        self._request(rec, None if m.nowait else
-                      lambda rep: self._send(spec.Queue.PurgeOk(rep.message_count)))
-
-    def _queue_delete(self, m: spec.Queue.Delete) -> None:
-        rec = r.QueueDelete(self.conn_id, self.number, self._queue_name(m.queue, m),
-                            m.if_unused, m.if_empty, m.nowait)
-        self._request(rec, None if m.nowait else
-                      lambda rep: self._send(spec.Queue.DeleteOk(rep.message_count)))
-
-    def _plain_ok(self, rep: r.Reply) -> None:
-        self._send(_PLAIN_OK[rep.method]())
+    def _topology_ok(self, rep: r.Reply) -> None:
+        self._send(topology.ok(rep))
 
     def _declare_ok(self, rep: r.Reply) -> None:
         self.last_queue = rep.queue
@@ -414,15 +369,15 @@ class Channel:
         self._local_reply(spec.Channel.FlowOk(self.flow_active))
 
     _METHODS: ClassVar[dict[type, Callable[[Channel, Any], None]]] = {
-        spec.Exchange.Declare: _exchange_declare,
-        spec.Exchange.Delete: _exchange_delete,
-        spec.Exchange.Bind: _exchange_bind,
-        spec.Exchange.Unbind: _exchange_unbind,
+        spec.Exchange.Declare: _exchange_method,
+        spec.Exchange.Delete: _exchange_method,
+        spec.Exchange.Bind: _exchange_method,
+        spec.Exchange.Unbind: _exchange_method,
         spec.Queue.Declare: _queue_declare,
-        spec.Queue.Bind: _queue_bind,
-        spec.Queue.Unbind: _queue_unbind,
-        spec.Queue.Purge: _queue_purge,
-        spec.Queue.Delete: _queue_delete,
+        spec.Queue.Bind: _queue_method,
+        spec.Queue.Unbind: _queue_method,
+        spec.Queue.Purge: _queue_method,
+        spec.Queue.Delete: _queue_method,
         spec.Basic.Qos: _qos,
         spec.Basic.Consume: _consume,
         spec.Basic.Cancel: _cancel,
