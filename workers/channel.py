@@ -9,11 +9,11 @@ worker's requests in ring order, so the channel keeps a FIFO of
 that reply into the client's ``*-ok``. Methods answered locally (qos, flow,
 confirm.select, recover) wait behind outstanding replies so the client sees
 replies in the order it asked (AMQP 0-9-1 §2.2.2: a channel is serial).
+The exchange and queue methods' records and -oks are ``workers.topology``'s.
 
-Delivery tags are the channel's: the channel maps each tag to the supervisor's
-entry id (and the consumer that took it, for prefetch credit). Acks, nacks
-and rejects become ``Settle`` records; an unknown tag is 406
-PRECONDITION_FAILED, as RabbitMQ replies.
+Delivery tags are the channel's (``workers.delivery_tags``). Acks, nacks and
+rejects become ``Settle`` records; an unknown tag is 406 PRECONDITION_FAILED,
+as RabbitMQ replies.
 
 No IO here: output goes through the handler's protocol object and the
 worker's request outbox.
@@ -32,9 +32,10 @@ from pamqp import commands as spec
 from broker import errors
 from broker.constants import REPLY_TO
 from ipc import records as r
-from workers import codec
+from workers import codec, topology
 from workers.channel_owner import ChannelConfig, ChannelOwner, WorkerServices
 from workers.consumer_target import ConsumerTarget
+from workers.delivery_tags import DeliveryTags
 from workers.outgoing import (
     Ack,
     DeclareOk,
@@ -49,17 +50,6 @@ from workers.outgoing import (
 from workers.transaction import Transaction
 
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
-
-# Replies that carry no fields: the request's record tag → the -ok method.
-_PLAIN_OK: dict[str, Callable[[], Any]] = {
-    "xdecl": spec.Exchange.DeclareOk,
-    "xdel": spec.Exchange.DeleteOk,
-    "xbind": spec.Exchange.BindOk,
-    "xunbind": spec.Exchange.UnbindOk,
-    "qbind": spec.Queue.BindOk,
-    "qunbind": spec.Queue.UnbindOk,
-}
-
 
 # A consumer target of one of these channels (ConsumerTarget is generic over its channel).
 Target = ConsumerTarget["Channel"]
@@ -97,8 +87,7 @@ class Channel:
         # or a confirm: a local reply then waits for a Sync (_local_reply).
         self.publishes_unanswered = False
         self._tx: Transaction[Target] = Transaction()
-        self._next_tag = 0
-        self.unacked: OrderedDict[int, tuple[int, Target | None]] = OrderedDict()
+        self.tags: DeliveryTags[Target] = DeliveryTags()
         self.consumers: dict[str, Target] = {}
         # Replies owed to the client, in request order: (from_supervisor, fn).
         # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
@@ -113,6 +102,11 @@ class Channel:
     @property
     def worker(self) -> WorkerServices[Channel]:
         return self.handler.worker
+
+    @property
+    def unacked(self) -> OrderedDict[int, tuple[int, Target | None]]:
+        """Delivery tag → (entry, target) of what the client has not settled yet."""
+        return self.tags.held
 
     @property
     def backpressured(self) -> bool:
@@ -173,27 +167,10 @@ class Channel:
             raise errors.NotImplemented_(f"{m.name} is not implemented", *_ids(m))
         run(self, m)
 
-    def _exchange_declare(self, m: spec.Exchange.Declare) -> None:
-        rec = r.ExchangeDeclare(
-            self.conn_id, self.number, m.exchange, m.exchange_type, m.passive,
-            m.durable, m.auto_delete, m.internal, dict(m.arguments or {}), m.nowait,
-        )
-        self._request(rec, None if m.nowait else self._plain_ok)
-
-    def _exchange_delete(self, m: spec.Exchange.Delete) -> None:
-        rec = r.ExchangeDelete(self.conn_id, self.number, m.exchange, m.if_unused,
-                               m.nowait)
-        self._request(rec, None if m.nowait else self._plain_ok)
-
-    def _exchange_bind(self, m: spec.Exchange.Bind) -> None:
-        rec = r.ExchangeBind(self.conn_id, self.number, m.destination, m.source,
-                             m.routing_key, dict(m.arguments or {}), m.nowait)
-        self._request(rec, None if m.nowait else self._plain_ok)
-
-    def _exchange_unbind(self, m: spec.Exchange.Unbind) -> None:
-        rec = r.ExchangeUnbind(self.conn_id, self.number, m.destination, m.source,
-                               m.routing_key, dict(m.arguments or {}), m.nowait)
-        self._request(rec, None if m.nowait else self._plain_ok)
+    def _exchange_method(self, m: Any) -> None:
+        """exchange.declare, delete, bind, unbind (``workers.topology``)."""
+        rec = topology.request(self.conn_id, self.number, m, "")
+        self._request(rec, None if m.nowait else self._topology_ok)
 
     def _queue_declare(self, m: spec.Queue.Declare) -> None:
         rec = r.QueueDeclare(
@@ -206,32 +183,14 @@ class Channel:
         if not m.queue and not m.nowait:
             self._inbox = deque()  # "" is unknown until declare-ok names the queue
 
-    def _queue_bind(self, m: spec.Queue.Bind) -> None:
-        queue = self._queue_name(m.queue, m)
-        key = m.routing_key if (m.queue or m.routing_key) else queue
-        rec = r.QueueBind(self.conn_id, self.number, queue, m.exchange, key,
-                          dict(m.arguments or {}), m.nowait)
-        self._request(rec, None if m.nowait else self._plain_ok)
+    def _queue_method(self, m: Any) -> None:
+        """queue.bind, unbind (no nowait), purge, delete, on the queue named or the last
+        declared one (``workers.topology``)."""
+        rec = topology.request(self.conn_id, self.number, m, self._queue_name(m.queue, m))
+        self._request(rec, None if getattr(m, "nowait", False) else self._topology_ok)
 
-    def _queue_unbind(self, m: spec.Queue.Unbind) -> None:
-        rec = r.QueueUnbind(self.conn_id, self.number, self._queue_name(m.queue, m),
-                            m.exchange, m.routing_key, dict(m.arguments or {}))
-        self._request(rec, self._plain_ok)
-
-    def _queue_purge(self, m: spec.Queue.Purge) -> None:
-        rec = r.QueuePurge(self.conn_id, self.number, self._queue_name(m.queue, m),
-                           m.nowait)
-        self._request(rec, None if m.nowait else
-                      lambda rep: self._send(spec.Queue.PurgeOk(rep.message_count)))
-
-    def _queue_delete(self, m: spec.Queue.Delete) -> None:
-        rec = r.QueueDelete(self.conn_id, self.number, self._queue_name(m.queue, m),
-                            m.if_unused, m.if_empty, m.nowait)
-        self._request(rec, None if m.nowait else
-                      lambda rep: self._send(spec.Queue.DeleteOk(rep.message_count)))
-
-    def _plain_ok(self, rep: r.Reply) -> None:
-        self._send(_PLAIN_OK[rep.method]())
+    def _topology_ok(self, rep: r.Reply) -> None:
+        self._send(topology.ok(rep))
 
     def _declare_ok(self, rep: r.Reply) -> None:
         self.last_queue = rep.queue
@@ -325,7 +284,7 @@ class Channel:
             self._send(spec.Basic.GetEmpty())
             return
         d = ev.delivery
-        tag = self._tag(d.entry, None, no_ack)
+        tag = self.tags.tag(d.entry, None, no_ack)
         header, body = self.worker.body(d)
         self._reply(GetOk(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
@@ -391,12 +350,12 @@ class Channel:
         """Drop the held publishes; the held acks' messages are unacked again."""
         self._check_tx(m)
         self._discard_tx()
-        for tag, entry, target, _ in self._tx.take_settles():
-            self.unacked[tag] = (entry, target)
+        settles = self._tx.take_settles()
+        self.tags.give_back(settles)
+        for _, _, target, _ in settles:
             if target is not None:
                 target.unacked += 1
                 self.consumer_unacked += 1
-        self.unacked = OrderedDict(sorted(self.unacked.items()))
         self.refresh_all()
         self._local_reply(spec.Tx.RollbackOk())
 
@@ -410,15 +369,15 @@ class Channel:
         self._local_reply(spec.Channel.FlowOk(self.flow_active))
 
     _METHODS: ClassVar[dict[type, Callable[[Channel, Any], None]]] = {
-        spec.Exchange.Declare: _exchange_declare,
-        spec.Exchange.Delete: _exchange_delete,
-        spec.Exchange.Bind: _exchange_bind,
-        spec.Exchange.Unbind: _exchange_unbind,
+        spec.Exchange.Declare: _exchange_method,
+        spec.Exchange.Delete: _exchange_method,
+        spec.Exchange.Bind: _exchange_method,
+        spec.Exchange.Unbind: _exchange_method,
         spec.Queue.Declare: _queue_declare,
-        spec.Queue.Bind: _queue_bind,
-        spec.Queue.Unbind: _queue_unbind,
-        spec.Queue.Purge: _queue_purge,
-        spec.Queue.Delete: _queue_delete,
+        spec.Queue.Bind: _queue_method,
+        spec.Queue.Unbind: _queue_method,
+        spec.Queue.Purge: _queue_method,
+        spec.Queue.Delete: _queue_method,
         spec.Basic.Qos: _qos,
         spec.Basic.Consume: _consume,
         spec.Basic.Cancel: _cancel,
@@ -437,17 +396,8 @@ class Channel:
 
     # ------------------------------------------------------ acknowledgements
 
-    def _tag(self, entry: int, target: Target | None, settled: bool) -> int:
-        self._next_tag += 1
-        if not settled:
-            self.unacked[self._next_tag] = (entry, target)
-            if target is not None:
-                target.unacked += 1
-                self.consumer_unacked += 1
-        return self._next_tag
-
     def _settle_tags(self, tag: int, multiple: bool, action: int, m: Any) -> None:
-        taken = self._take(tag, multiple)
+        taken = self.tags.take(tag, multiple)
         if not taken and not (multiple and tag == 0):
             raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *_ids(m))
         touched: set[Target] = set()
@@ -468,24 +418,6 @@ class Channel:
         else:
             for target in touched:
                 self.refresh(target)
-
-    def _take(self, tag: int, multiple: bool) -> list[tuple[int, int, Target | None]]:
-        """(tag, entry, target) of the deliveries an ack/nack/reject names."""
-        if not multiple:
-            held = self.unacked.pop(tag, None)
-            return [] if held is None else [(tag, *held)]
-        if tag == 0:  # AMQP 0-9-1 §1.8.3.13: multiple with tag 0 means "all"
-            tag = self._next_tag
-        elif tag not in self.unacked:
-            return []
-        taken = []
-        while self.unacked:
-            first = next(iter(self.unacked))
-            if first > tag:
-                break
-            tag_, held = self.unacked.popitem(last=False)
-            taken.append((tag_, *held))
-        return taken
 
     # ------------------------------------------------------- publishing
 
@@ -569,15 +501,19 @@ class Channel:
         done: list[int] = []
         trace = self.worker.trace
         messages: list[Delivery] = []
+        next_tag = self.tags.tag
         for d in ev.deliveries:
-            tag = self._tag(d.entry, target, settled)
+            tag = next_tag(d.entry, target, settled)
+            if settled:
+                done.append(d.entry)
+            else:  # held until acked: counts against prefetch
+                target.unacked += 1
+                self.consumer_unacked += 1
             header, body = self.worker.body(d)
             messages.append((tag, d.redelivered, d.exchange, d.routing_key, header, body))
             if trace is not None:
                 trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
                                 d.redelivered)
-            if settled:
-                done.append(d.entry)
         if messages:
             self.handler.send(Deliveries(self.number, target.tag, messages))
         self._settle(done, r.ACK)

@@ -5,7 +5,7 @@ Tasks of a worker process:
 * ``_accept``: takes connections from the listening socket shared with the
   other workers, standing back when it holds more than a peer does
   (:mod:`workers.balance`); each connection gets a reader task (bytes → protocol →
-  handler) and a writer task (protocol output → socket);
+  handler) and a writer task (protocol output → socket, :mod:`workers.socket_writer`);
 * ``_events``: drains the event ring and notify slots; sleeps on the worker's
   eventfd only after saying so in shared memory and checking once more;
 * ``_flusher``: the request outbox goes to the ring once per scheduling round
@@ -42,6 +42,7 @@ from workers import events as ev
 from workers.balance import AcceptBalance
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
+from workers.socket_writer import Doorbell, SocketWriter
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
@@ -89,25 +90,6 @@ def server_properties(worker_index: int) -> dict[str, Any]:
     }
 
 
-class _Doorbell:
-    """Wakes a connection's writer; rings between waits are folded into one
-    (the writer takes all output produced so far)."""
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-        self.last_call = False  # the reader is done: drain, then stop
-        self.drained = trio.Event()
-        self.busy = True  # the writer is not waiting for a ring (sending, or not started)
-        self.pending: memoryview | None = None  # what a direct send left for the writer
-
-    def ring(self) -> None:
-        self._event.set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-        self._event = trio.Event()
-
-
 class _RoundFlush(trio.abc.Instrument):
     """Server._flusher's hook: the worker's request outbox goes to the ring at the end
     of each scheduling round (``before_io_wait``), outside any task. It must not raise
@@ -146,7 +128,7 @@ class Server:
         self._accepting = False
         self._open = 0  # client connections held now
         self._scopes: dict[int, trio.CancelScope] = {}
-        self._flush_bell = _Doorbell()
+        self._flush_bell = Doorbell()
         self.worker.want_flush = self._flush_bell.ring  # until _flusher installs its round hook
         self._unblocked = trio.Event()
         self._unblocked.set()
@@ -254,7 +236,7 @@ class Server:
         """Acks the worker left in the ring without waking the supervisor (they ride
         with the next record that does) reach it within LAZY_SETTLE_DELAY all the same."""
         worker = self.worker
-        bell = _Doorbell()
+        bell = Doorbell()
         # Through the trio token, not bell.ring directly: the flush that arms this usually runs
         # in _RoundFlush.before_io_wait, after trio chose how long to sleep, so a plain ring would
         # wait for the next socket event or tick (up to a second); run_sync_soon wakes the loop.
@@ -354,21 +336,16 @@ class Server:
         handler.peer, handler.local = peer, local
         log_connection.info("accepting AMQP connection %s", handler.label)
         self.worker.handlers[handler.conn_id] = handler
-        bell = _Doorbell()
-        handler.wake_writer = functools.partial(self._send_now, sock, handler, bell)
+        writer = SocketWriter(sock, stream, handler, self.worker.after_batch)
+        handler.wake_writer = writer.send_now
         handler.socket_queues = functools.partial(_socket_queues, sock)
         try:
             with trio.CancelScope() as scope:
                 self._scopes[handler.conn_id] = scope
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._writer, stream, handler, bell)
+                    nursery.start_soon(writer.run)
                     await self._reader(handler, sock)
-                    # Let the writer send what is left (close-ok, connection.close),
-                    # never cutting a send_all in half; bounded for dead peers.
-                    bell.last_call = True
-                    bell.ring()
-                    with trio.move_on_after(SHUTDOWN_GRACE):
-                        await bell.drained.wait()
+                    await writer.drain(SHUTDOWN_GRACE)
                     nursery.cancel_scope.cancel()
                 handler.finish()
                 self.worker.after_batch()
@@ -482,48 +459,6 @@ class Server:
                 if offset is not None:
                     worker.set_arena_full(False)
                     return offset
-
-    def _send_now(self, sock: socket.socket, handler: ConnectionHandler, bell: _Doorbell) -> None:
-        """A handler has output: while its writer is idle, send it from here (the socket
-        is non-blocking) and wake the writer only for what the socket did not take. A
-        delivery then costs no task switch and no trip through trio's send_all."""
-        if bell.busy or bell.last_call:
-            bell.ring()  # the writer is sending: it looks again before it sleeps
-            return
-        data = handler.take_output()
-        if not data:
-            return
-        try:
-            sent = sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            sent = 0  # the writer's send_all meets the same error and ends the connection
-        if sent < len(data):
-            bell.pending = memoryview(data)[sent:]
-            bell.busy = True  # until the writer runs: nothing may overtake the rest
-            bell.ring()
-            return
-        handler.written()
-
-    async def _writer(self, stream: trio.SocketStream, handler: ConnectionHandler, bell: _Doorbell) -> None:
-        try:
-            while True:
-                bell.busy = False
-                await bell.wait()
-                bell.busy = True
-                data = bell.pending if bell.pending is not None else handler.take_output()
-                bell.pending = None
-                if data:
-                    await stream.send_all(data)
-                handler.written()
-                self.worker.after_batch()
-                if bell.last_call and not handler.proto_has_output():
-                    return
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return
-        finally:
-            bell.drained.set()
 
 
 def _nothing() -> None:
