@@ -43,6 +43,7 @@ from broker.message import (
     delivered_headers,
     drop_reference,
 )
+from broker.message_journal import ConfirmGate
 from broker.queue import Queue, QueueEntry
 from broker.vhost import NO_ROUTE, VirtualHost
 from ipc import records as r
@@ -172,6 +173,8 @@ class Dispatcher:
         self._arena_need = [0] * workers
         self._arena_freed = [0] * workers
         self._credit = CreditFlow()  # publish credit due, and whether we are behind
+        # Publisher confirms waiting for the index log's sync (shoal serve --data-dir).
+        self.confirms = ConfirmGate()
         self.listings: dict[int, Listing] = {}  # shoal list-connections requests in progress
 
     # ------------------------------------------------------------------ entry
@@ -263,6 +266,7 @@ class Dispatcher:
         self.outbox[worker].clear()
         self.notify[worker].clear()
         self._credit.forget_worker(worker)
+        self.confirms.forget(lambda key: key[0] == worker)
         self._arena_need[worker] = 0
         for listing in list(self.listings.values()):
             listing.answered(worker)  # it will not answer: list what the others have
@@ -320,7 +324,14 @@ class Dispatcher:
             self._conns.setdefault(key[:2], set()).add(key[2])
         return chan
 
+    def index_synced(self, mark: int) -> None:
+        """The index log is on disk up to journal mark ``mark``: send the confirms it held."""
+        for (worker, _, _), confirm in self.confirms.release(mark):
+            self.outbox[worker].append(confirm)
+
     def _drop(self, message: Message) -> None:
+        if message.stored is not None and self.vhost.messages is not None:
+            self.vhost.messages.body_dropped(message.stored)
         region, offset, header_len, body_len = unpack_body_ref(message.body_ref)
         self.region_bytes[region] -= header_len + body_len
         self._free(region, offset, header_len + body_len)
@@ -379,12 +390,14 @@ class Dispatcher:
 
     def _conn_close(self, worker: int, rec: r.ConnClose) -> None:
         owner = (worker, rec.conn)
+        self.confirms.forget(lambda key: key[:2] == owner)
         for ch in sorted(self._conns.pop(owner, ())):
             self._release_channel((worker, rec.conn, ch))
         self._cancel_all(self.vhost.delete_owned_queues(owner))
 
     def _chan_close(self, worker: int, rec: r.ChanClose) -> None:
         key = (worker, rec.conn, rec.ch)
+        self.confirms.forget(lambda k: k == key)
         self._release_channel(key)
         chans = self._conns.get(key[:2])
         if chans is not None:
@@ -538,10 +551,13 @@ class Dispatcher:
         entries, more = sub.queue.pull(sub.consumer, rec.max)
         held = self._channel(sub.channel).acquired
         deliveries = []
+        store = sub.queue.store
         for entry in entries:
             if sub.consumer.acquiring:
                 held[entry.id] = entry
                 deliveries.append(self._delivery(entry.id, entry))
+                if store is not None and not entry.redelivered:  # first delivery: on record
+                    store.delivered(sub.queue.name, entry.message)
             else:
                 pin_id = next(self._pin_ids)
                 entry.message.refs += 1
@@ -558,6 +574,8 @@ class Dispatcher:
             self.outbox[worker].append(r.GetEmpty(rec.conn, rec.ch))
             return
         self._channel((worker, rec.conn, rec.ch)).acquired[entry.id] = entry
+        if q.store is not None and not entry.redelivered:  # first delivery: on record
+            q.store.delivered(q.name, entry.message)
         delivery = self._delivery(entry.id, entry, basic_get=True)
         self.outbox[worker].append(r.GetOk(rec.conn, rec.ch, delivery, q.message_count))
 
@@ -574,8 +592,10 @@ class Dispatcher:
         body_ref = pack_body_ref(worker, rec.offset, rec.header_len, rec.body_len)
         exchange, routing_key = sys.intern(rec.exchange), sys.intern(rec.routing_key)
         message: Message
+        journal = self.vhost.messages
+        mark = journal.mark if journal is not None else 0
         if (rec.headers is None and rec.expiration is None and rec.priority is None
-                and self.trace is None):
+                and self.trace is None and rec.body_at is None):
             message = PlainMessage(exchange, routing_key, body_ref, rec.body_len)
         else:  # the message id only matters to trace rows: the shared 0 unless tracing
             message = FullMessage(
@@ -583,6 +603,8 @@ class Dispatcher:
                 body_ref, rec.body_len, rec.headers, expiration=rec.expiration,
                 priority=rec.priority,
             )
+        if rec.body_at is not None and journal is not None:  # persistent: its body is on disk
+            message.stored = journal.new_body(worker, *rec.body_at)
         if self.trace is not None:  # the join key of the worker's published row
             self._pub_seq[worker] += 1
             message.trace = (worker, self.worker_pids[worker], self._pub_seq[worker],
@@ -591,10 +613,14 @@ class Dispatcher:
             outcome = self.vhost.publish(rec.exchange, message)
         except AMQPError:
             self._free(worker, rec.offset, rec.header_len + rec.body_len)
+            if message.stored is not None and journal is not None:
+                journal.body_dropped(message.stored)
             raise
         routed = outcome.routed
         if routed:
             self.region_bytes[worker] += rec.header_len + rec.body_len
+        elif message.stored is not None and journal is not None:
+            journal.body_dropped(message.stored)
         if routed == 0:
             if rec.mandatory:
                 # Published with BCC: returned without it (re-encoded), as RabbitMQ returns it.
@@ -609,7 +635,12 @@ class Dispatcher:
             else:
                 self._free(worker, rec.offset, rec.header_len + rec.body_len)
         if rec.confirm:  # a queue refusing it (x-overflow reject-publish) is a nack
-            self.outbox[worker].append(r.Confirm(rec.conn, rec.ch, not outcome.rejected))
+            confirm = r.Confirm(rec.conn, rec.ch, not outcome.rejected)
+            # Index records written for it: the confirm waits until they are on disk.
+            need = journal.mark if journal is not None and journal.mark > mark else 0
+            if (not need and not self.confirms) or self.confirms.admit(
+                    (worker, rec.conn, rec.ch), confirm, need):
+                self.outbox[worker].append(confirm)
         self._wake(outcome.notify)
 
     def _settle(self, worker: int, rec: r.Settle) -> None:

@@ -155,6 +155,8 @@ class FeaturedQueue(Queue):
         entry = QueueEntry(self, self._next_position, message, new_entry_id())
         self._next_position += 1
         message.refs += 1
+        if self.store is not None:
+            self.store.enqueued(self.name, message, now)
         self._count += 1
         self._bytes += message.body_size
         self._order.append(entry)
@@ -268,6 +270,8 @@ class FeaturedQueue(Queue):
         the index and per-entry dicts are rebuilt for the acquired entries, which stay.
         """
         count = self._count
+        if self.store is not None:
+            self.store.purged(self.name, [e.message for e in self._acquired.values()])
         self._bury_storage()
         acquired = self._acquired
         expiry, returns = self._expiry.times, self._returns
@@ -286,6 +290,8 @@ class FeaturedQueue(Queue):
         if self.deleted:
             return []
         # Acquired entries stay in _acquired until settled or released (Queue.delete).
+        if self.store is not None:
+            self.store.deleted(self.name)
         self._bury_storage()
         host = self._host
         for container in (self._order.entries, self._expiry.times, self._returns):

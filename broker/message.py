@@ -45,6 +45,9 @@ class Message:
     expiration: str | None = None
     priority: int | None = None
     trace: tuple[int, int, int, int] | None = None  # (worker, pid, seq, ns) when tracing
+    # A persistent message with --data-dir: (store id, worker, segment, offset, length), its
+    # identity in the index log and where its body is on disk (broker.message_journal).
+    stored: tuple[int, int, int, int, int] | None = None
 
     # A dead-letter copy overrides both (broker.deadletter.DeadLetter): the copy shares its
     # origin's body, and its content header must be re-encoded from ``headers`` on delivery.
@@ -80,7 +83,7 @@ class PlainMessage(Message):
 class FullMessage(Message):
     """A message with headers, an expiration, a priority or a trace id (see :class:`Message`)."""
 
-    __slots__ = ("expiration", "headers", "id", "priority", "trace")
+    __slots__ = ("expiration", "headers", "id", "priority", "stored", "trace")
 
     def __init__(
         self,
@@ -106,6 +109,7 @@ class FullMessage(Message):
         self.priority = priority
         self.refs = 0
         self.trace = None
+        self.stored = None
 
 
 BLIND_HEADER = "BCC"  # rabbit_basic ?DELETED_HEADER

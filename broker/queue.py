@@ -58,6 +58,7 @@ from broker.deadletter import DeadLetterReason
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
 from broker.errors import AccessRefused, InternalError, NotFound
 from broker.message import Message, drop_reference
+from broker.message_journal import MessageJournal
 from broker.queue_host import DEAD_LETTER_COST as DEAD_LETTER_COST  # re-exported: it was defined here
 from broker.queue_host import QueueHost, StandaloneHost
 
@@ -96,6 +97,9 @@ class Queue:
 
     # Class-level facts the virtual host reads on publish, so a plain queue costs no branch.
     plain: ClassVar[bool] = True
+    # A durable queue of a broker with --data-dir: its persistent messages' index records go
+    # here (the virtual host sets it at declare); None: nothing is recorded.
+    store: MessageJournal | None = None
 
     def __init__(
         self,
@@ -206,6 +210,8 @@ class Queue:
         self._next_position += 1
         message.refs += 1
         self._log.append(entry)
+        if self.store is not None:
+            self.store.enqueued(self.name, message, self._host.now)
         # seed: non-acquiring consumers "should always be notified about new messages".
         notify = self.consumers.non_acquiring() if self.consumers.has_non_acquiring else []
         consumer = self.consumers.notify_one()
@@ -326,6 +332,8 @@ class Queue:
         which drops their messages a slice at a time (RabbitMQ does not dead-letter them).
         """
         count = self.message_count
+        if self.store is not None:
+            self.store.purged(self.name, [e.message for e in self._acquired.values()])
         self._bury_available()
         return count
 
@@ -341,6 +349,8 @@ class Queue:
         if self.deleted:
             return []
         self.deleted = True
+        if self.store is not None:
+            self.store.deleted(self.name)
         self._bury_available()
         self._exclusive_consumer = None
         return self.consumers.clear()
@@ -565,6 +575,8 @@ class Queue:
         return browse(consumer, max_n, self._log, self._head, self._released, self._acquired)
 
     def _unref(self, message: Message) -> None:
+        if self.store is not None:
+            self.store.removed(self.name, message)
         message.refs -= 1
         if message.refs == 0:
             # A dead-letter copy releases its origin, whose last reference calls on_drop.

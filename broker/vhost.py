@@ -38,6 +38,7 @@ from broker.exchange import (
 )
 from broker.field_tables import Inequivalence, args_inequivalence, field_inequivalence
 from broker.message import Message, drop_reference
+from broker.message_journal import MessageJournal
 from broker.queue import Queue
 from broker.queue_kinds import make_queue, upgrade
 from broker.routing import DeadLetterRouter, Router
@@ -118,6 +119,8 @@ class VirtualHost(StepHost):
         # Changes to durable topology for the runtime to write (shoal serve --data-dir);
         # None: nothing is kept (and nothing recorded).
         self.journal: TopologyJournal | None = None
+        # Index records of persistent messages on durable queues (shoal serve --data-dir).
+        self.messages: MessageJournal | None = None
 
     @property
     def exchanges(self) -> Mapping[str, Exchange]:
@@ -342,6 +345,8 @@ class VirtualHost(StepHost):
         )
         self._queues[name] = queue
         self._featured_queues += not queue.plain
+        if durable and self.messages is not None:
+            queue.store = self.messages
         if self.journal is not None:
             self.journal.queue_created(name, durable=durable, auto_delete=auto_delete,
                                        arguments=queue.arguments)

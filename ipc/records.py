@@ -191,6 +191,9 @@ class Publish(_Record, frozen=True, tag="pub"):
     headers: dict[str, Any] | None
     expiration: str | None = None
     priority: int | None = None
+    # A persistent message (delivery_mode 2) with --data-dir: where the worker wrote its header
+    # and body (ipc.logfile.BodyLog): (segment, offset, length) in this worker's body log.
+    body_at: tuple[int, int, int] | None = None
 
 
 class ArenaWait(_Record, frozen=True, tag="arenawait"):
@@ -473,6 +476,7 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     max_message_size: int = 128 << 20
     log_level: str = "info"
     trace_dir: str = ""  # shoal serve --trace: write trace files here
+    data_dir: str = ""  # shoal serve --data-dir: persistent bodies go to DIR/bodies/w<index>
     # The users (JSON {name: password}) are read from this pipe at start, not passed on the
     # command line or in the environment, where other local users (ps, /proc/PID/environ)
     # could read them. -1: none.

@@ -1,0 +1,186 @@
+"""Persistent messages on durable queues as index records: what the supervisor's log must say.
+
+RabbitMQ keeps a persistent message (delivery_mode 2) routed to a durable queue across restarts.
+Here the publishing worker has already written the body (``ipc.logfile.BodyLog``: a message's
+``stored`` location); the domain records, per durable queue, what happens to it -- enqueued,
+first delivered (so a restart marks it redelivered), removed for good (ack, reject, expiry,
+drop-head...), or swept by a purge or a queue deletion -- in a :class:`MessageJournal`. The
+runtime takes the records after each batch and appends them to the index log
+(``broker.message_store``); a publisher confirm for a message with records waits until the log
+is synced up to them (``mark``).
+
+The journal also counts, per body segment, the stored messages whose body is still held, so the
+runtime can remove a segment file once nothing needs it.
+
+Records are tuples, msgpack-encoded by the store:
+
+    ("E", queue, id, worker, segment, offset, length, exchange, routing_key, headers,
+          expiration, priority, enqueued_at)    enqueued (``enqueued_at``: Unix time)
+    ("D", queue, id)                             delivered for the first time
+    ("R", queue, id)                             gone from the queue for good
+    ("P", queue, [ids kept])                     purged: every entry but these (acquired) went
+    ("X", queue)                                 the queue was deleted
+
+Pure: no IO here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from broker.message import Message
+
+# (store id, worker, segment, offset, length): a stored message's identity and body location.
+Stored = tuple[int, int, int, int, int]
+
+
+class MessageJournal:
+    """Index records not yet written, the id counter, and which body segments are still needed."""
+
+    __slots__ = ("_last_id", "_segment_idle", "_segment_live", "_segment_max", "epoch_offset", "mark",
+                 "records", "segments_free")
+
+    def __init__(self, *, last_id: int = 0, epoch_offset: float = 0.0) -> None:
+        self.records: list[tuple[Any, ...]] = []
+        self.mark = 0  # records appended ever: a confirm waits until the log is synced to it
+        self._last_id = last_id
+        self.epoch_offset = epoch_offset  # Unix time minus the domain's monotonic time
+        self._segment_live: dict[tuple[int, int], int] = {}
+        self._segment_max: dict[int, int] = {}  # per worker: the newest segment seen
+        self._segment_idle: dict[int, set[int]] = {}  # newest-then segments with nothing live
+        self.segments_free: list[tuple[int, int]] = []  # (worker, segment) the runtime may remove
+
+    def take(self) -> list[tuple[Any, ...]]:
+        records, self.records = self.records, []
+        return records
+
+    def _append(self, record: tuple[Any, ...]) -> None:
+        self.records.append(record)
+        self.mark += 1
+
+    # ------------------------------------------------------------------ bodies
+
+    def new_body(self, worker: int, segment: int, offset: int, length: int) -> Stored:
+        """A persistent message's body was written by ``worker``: its identity from now on."""
+        self._last_id += 1
+        key = (worker, segment)
+        self._segment_live[key] = self._segment_live.get(key, 0) + 1
+        if segment > self._segment_max.get(worker, -1):
+            self._segment_max[worker] = segment
+            self._free_older(worker)
+        return (self._last_id, worker, segment, offset, length)
+
+    def restored_body(self, stored: Stored) -> None:
+        """A message came back at start holding this body (the ids continue after it)."""
+        self._last_id = max(self._last_id, stored[0])
+        key = (stored[1], stored[2])
+        self._segment_live[key] = self._segment_live.get(key, 0) + 1
+
+    def body_dropped(self, stored: Stored) -> None:
+        """No queue holds the message any more: its body is not needed."""
+        worker, segment = key = (stored[1], stored[2])
+        left = self._segment_live.get(key, 0) - 1
+        if left > 0:
+            self._segment_live[key] = left
+            return
+        self._segment_live.pop(key, None)
+        if segment < self._segment_max.get(worker, -1):
+            self.segments_free.append(key)
+        else:  # the worker may still append to its newest segment: freed once it moves on
+            self._segment_idle.setdefault(worker, set()).add(segment)
+
+    def _free_older(self, worker: int) -> None:
+        idle = self._segment_idle.get(worker)
+        if not idle:
+            return
+        newest = self._segment_max[worker]
+        for segment in [s for s in idle if s < newest and (worker, s) not in self._segment_live]:
+            idle.discard(segment)
+            self.segments_free.append((worker, segment))
+
+    def live_segments(self) -> set[tuple[int, int]]:
+        """Segments some message still needs."""
+        return set(self._segment_live)
+
+    # ------------------------------------------------------------------ queues
+
+    def enqueued(self, queue: str, message: Message, now: float) -> None:
+        """``message`` joined durable ``queue`` at monotonic ``now``, if it is persistent."""
+        stored = message.stored
+        if stored is None:
+            origin = message.origin
+            if origin is None or origin.stored is None:
+                return  # not persistent
+            # A dead-letter copy of a persistent message: its own id, its origin's body.
+            self._last_id += 1
+            stored = (self._last_id, *origin.stored[1:])
+            message.stored = stored  # type: ignore[misc]  # a DeadLetter: FullMessage's slot
+        self._append((
+            "E", queue, stored[0], stored[1], stored[2], stored[3], stored[4], message.exchange,
+            message.routing_key, message.headers, message.expiration, message.priority,
+            now + self.epoch_offset,
+        ))
+
+    def delivered(self, queue: str, message: Message) -> None:
+        if message.stored is not None:
+            self._append(("D", queue, message.stored[0]))
+
+    def removed(self, queue: str, message: Message) -> None:
+        if message.stored is not None:
+            self._append(("R", queue, message.stored[0]))
+
+    def purged(self, queue: str, kept: list[Message]) -> None:
+        self._append(("P", queue, [m.stored[0] for m in kept if m.stored is not None]))
+
+    def deleted(self, queue: str) -> None:
+        self._append(("X", queue))
+
+
+class ConfirmGate:
+    """Publisher confirms that wait for the index log to be synced (per channel, in order).
+
+    A confirm for a publish that wrote index records waits until the log is on disk up to them;
+    a later confirm on the same channel waits behind it, since a client counts confirms in
+    publish order. ``key`` is the runtime's channel key."""
+
+    __slots__ = ("_held", "synced")
+
+    def __init__(self) -> None:
+        self._held: dict[Any, list[tuple[int, Any]]] = {}
+        self.synced = 0  # the journal mark the log is synced to
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def admit(self, key: Any, confirm: Any, need: int) -> bool:
+        """True: send ``confirm`` now. False: it is held until the log reaches ``need``."""
+        held = self._held.get(key)
+        if held is None:
+            if need <= self.synced:
+                return True
+            self._held[key] = [(need, confirm)]
+            return False
+        held.append((need, confirm))
+        return False
+
+    def release(self, synced: int) -> list[tuple[Any, Any]]:
+        """The log is synced up to ``synced``: ``(key, confirm)`` pairs now due, in order."""
+        self.synced = max(self.synced, synced)
+        out: list[tuple[Any, Any]] = []
+        for key in list(self._held):
+            held = self._held[key]
+            n = 0
+            while n < len(held) and held[n][0] <= self.synced:
+                out.append((key, held[n][1]))
+                n += 1
+            if n == len(held):
+                del self._held[key]
+            elif n:
+                del held[:n]
+        return out
+
+    def forget(self, match: Any) -> None:
+        """Drop held confirms whose key ``match(key)`` says (a channel, connection or worker gone)."""
+        for key in [k for k in self._held if match(k)]:
+            del self._held[key]

@@ -1,0 +1,205 @@
+"""Append-only files of checksummed records: persistent bodies and the supervisor's queue index.
+
+Both halves of a persistent message's storage use one framing (``shoal serve --data-dir DIR``)::
+
+    file    MAGIC (8 bytes: the file's kind and version), then frames
+    frame   u32 payload length, u32 CRC-32 of the payload, payload
+
+A crash can leave a frame half written (a *torn tail*): a reader stops at the first frame that is
+short or fails its checksum, and treats what follows as never written -- it was never confirmed,
+since a confirm waits for the sync that covers its frames. Nothing here raises on damaged input.
+
+Bodies (:class:`BodyLog`, :class:`BodyReader`): each worker appends the header and body of every
+persistent message it receives to ``DIR/bodies/w<k>/<segment>.seg``, from its arena, before the
+``Publish`` record goes to the supervisor; a body's location is ``(worker, segment, offset,
+length)`` of its frame. A segment is closed at ``segment_bytes`` and the next one begun; a
+replacement worker begins a new one, never appending after a possibly torn tail. The supervisor
+removes a segment once no queued message needs it, and reads bodies back only at start.
+
+Syncing happens off the event loop: :meth:`BodyLog.sync_plan` (event loop) says which files to
+``fdatasync`` and up to which append, :func:`sync_files` (any thread) does it, and
+:meth:`BodyLog.synced_to` (event loop) records the result and closes retired files.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+BODY_MAGIC = b"SHOALB1\n"
+INDEX_MAGIC = b"SHOALI1\n"
+FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
+_BODY = struct.Struct("<II")  # a body frame's payload starts with header_len, body_len
+SEGMENT_BYTES = 64 << 20
+
+
+def frame(payload: bytes) -> bytes:
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def iter_frames(data: bytes | memoryview, start: int = len(BODY_MAGIC)) -> Iterator[tuple[int, bytes]]:
+    """``(offset, payload)`` of each whole, intact frame from ``start``; stops at a torn tail."""
+    view = memoryview(data)
+    pos = start
+    end = len(view)
+    while pos + FRAME.size <= end:
+        length, crc = FRAME.unpack_from(view, pos)
+        payload_end = pos + FRAME.size + length
+        if payload_end > end:
+            return
+        payload = bytes(view[pos + FRAME.size:payload_end])
+        if zlib.crc32(payload) != crc:
+            return
+        yield pos, payload
+        pos = payload_end
+
+
+def write_all(fd: int, parts: list[bytes | memoryview]) -> int:
+    """``os.writev`` until every byte is written; returns how many."""
+    total = sum(len(p) for p in parts)
+    written = os.writev(fd, parts)
+    if written < total:  # a partial write (a big body): write the rest
+        rest = memoryview(b"".join(parts))
+        while written < total:
+            written += os.write(fd, rest[written:])
+    return total
+
+
+def sync_files(fds: list[int]) -> None:
+    """fdatasync each file, or directory (a new file's name). Runs in a thread: touches
+    nothing shared."""
+    for fd in fds:
+        os.fdatasync(fd)
+
+
+def body_dir(data_dir: str | os.PathLike[str], worker: int) -> Path:
+    return Path(data_dir) / "bodies" / f"w{worker}"
+
+
+def segment_path(data_dir: str | os.PathLike[str], worker: int, segment: int) -> Path:
+    return body_dir(data_dir, worker) / f"{segment:010d}.seg"
+
+
+def segments(data_dir: str | os.PathLike[str], worker: int) -> list[int]:
+    """The segment numbers on disk for ``worker``, ascending."""
+    try:
+        names = os.listdir(body_dir(data_dir, worker))
+    except FileNotFoundError:
+        return []
+    return sorted(int(n[:-4]) for n in names if n.endswith(".seg") and n[:-4].isdigit())
+
+
+class BodyLog:
+    """One worker's persistent bodies: appends on the event loop, syncs in a thread."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], worker: int, *,
+                 segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.data_dir = Path(data_dir)
+        self.worker = worker
+        self.segment_bytes = segment_bytes
+        directory = body_dir(data_dir, worker)
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        existing = segments(data_dir, worker)
+        self.segment = existing[-1] + 1 if existing else 0
+        self._fd = -1
+        self._offset = 0
+        self._retired: list[int] = []  # closed for appends, not yet synced
+        self._dir_dirty = False  # a segment was created since the last sync
+        self.appended = 0  # appends so far: the position a sync reaches
+        self.synced = 0
+        self._open_segment()
+
+    def _open_segment(self) -> None:
+        path = segment_path(self.data_dir, self.worker, self.segment)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self._offset = write_all(self._fd, [BODY_MAGIC])
+        self._dir_dirty = True
+
+    def append(self, header: bytes | memoryview, body: bytes | memoryview) -> tuple[int, int, int]:
+        """Write one body; returns ``(segment, offset, length)``. Not on disk until synced."""
+        prefix = _BODY.pack(len(header), len(body))
+        crc = zlib.crc32(body, zlib.crc32(header, zlib.crc32(prefix)))
+        length = FRAME.size + _BODY.size + len(header) + len(body)
+        head = FRAME.pack(length - FRAME.size, crc) + prefix
+        where = (self.segment, self._offset, length)
+        write_all(self._fd, [head, header, body])
+        self._offset += length
+        self.appended += 1
+        if self._offset >= self.segment_bytes:
+            self._retired.append(self._fd)
+            self.segment += 1
+            self._open_segment()
+        return where
+
+    @property
+    def unsynced(self) -> bool:
+        return self.synced < self.appended
+
+    def sync_plan(self) -> tuple[int, list[int]]:
+        """``(appends covered, files to sync)`` for :func:`sync_files` in a thread."""
+        fds = [*self._retired, self._fd]
+        if self._dir_dirty:
+            fds.append(self._dir_fd)
+            self._dir_dirty = False
+        return self.appended, fds
+
+    def synced_to(self, appended: int, fds: list[int]) -> None:
+        """A sync of ``sync_plan``'s files is done: bodies up to ``appended`` are on disk."""
+        self.synced = max(self.synced, appended)
+        for fd in fds:
+            if fd in self._retired:
+                self._retired.remove(fd)
+                os.close(fd)
+
+    def close(self) -> None:
+        for fd in [*self._retired, self._fd, self._dir_fd]:
+            if fd >= 0:
+                os.close(fd)
+        self._retired = []
+        self._fd = self._dir_fd = -1
+
+
+class BodyReader:
+    """Reads bodies back at start (the supervisor), one open file per segment."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.data_dir = Path(data_dir)
+        self._fds: dict[tuple[int, int], int] = {}
+
+    def read(self, worker: int, segment: int, offset: int, length: int) -> tuple[bytes, bytes] | None:
+        """``(header, body)`` of the frame there, or None if it is missing, short or damaged."""
+        key = (worker, segment)
+        fd = self._fds.get(key)
+        if fd is None:
+            try:
+                fd = os.open(segment_path(self.data_dir, worker, segment), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+            self._fds[key] = fd
+        data = os.pread(fd, length, offset)
+        if len(data) != length or length < FRAME.size + _BODY.size:
+            return None
+        size, crc = FRAME.unpack_from(data)
+        if size != length - FRAME.size or zlib.crc32(memoryview(data)[FRAME.size:]) != crc:
+            return None
+        header_len, body_len = _BODY.unpack_from(data, FRAME.size)
+        start = FRAME.size + _BODY.size
+        if start + header_len + body_len != length:
+            return None
+        return data[start:start + header_len], data[start + header_len:]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def remove_segment(data_dir: str | os.PathLike[str], worker: int, segment: int) -> None:
+    try:
+        os.unlink(segment_path(data_dir, worker, segment))
+    except FileNotFoundError:
+        pass
