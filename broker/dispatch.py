@@ -329,6 +329,10 @@ class Dispatcher:
         for (worker, _, _), confirm in self.confirms.release(mark):
             self.outbox[worker].append(confirm)
 
+    def drop_unqueued(self, message: Message) -> None:
+        """A message restored at start that no queue took: free its body."""
+        self._drop(message)
+
     def _drop(self, message: Message) -> None:
         if message.stored is not None and self.vhost.messages is not None:
             self.vhost.messages.body_dropped(message.stored)
@@ -556,8 +560,8 @@ class Dispatcher:
             if sub.consumer.acquiring:
                 held[entry.id] = entry
                 deliveries.append(self._delivery(entry.id, entry))
-                if store is not None and not entry.redelivered:  # first delivery: on record
-                    store.delivered(sub.queue.name, entry.message)
+                if store is not None and entry.message.stored is not None and not entry.redelivered:
+                    store.delivered(sub.queue.name, entry.message)  # first delivery: on record
             else:
                 pin_id = next(self._pin_ids)
                 entry.message.refs += 1

@@ -138,6 +138,16 @@ class FeaturedQueue(Queue):
         """Append a message; returns the consumers to notify ([] if the queue refused it)."""
         return self.offer(message) or []
 
+    def restore(self, message: Message, *, redelivered: bool, now: float) -> None:
+        """Queue.restore, with the queue's rules applied as at first arrival, at ``now`` (the
+        original enqueue time): its TTL counts from then, a length limit applies again."""
+        self.offer(message, now)
+        entries = self._order.entries
+        if redelivered and entries and entries[-1].message is message:
+            entries[-1].redelivered = True
+            if self.store is not None:
+                self.store.delivered(self.name, message)
+
     def offer(self, message: Message, now: float | None = None) -> list[QueueConsumer] | None:
         """Enqueue, enforcing the length limit, TTL and hold; None when reject-publish refuses.
 
@@ -155,7 +165,7 @@ class FeaturedQueue(Queue):
         entry = QueueEntry(self, self._next_position, message, new_entry_id())
         self._next_position += 1
         message.refs += 1
-        if self.store is not None:
+        if self.store is not None and (message.stored is not None or message.origin is not None):
             self.store.enqueued(self.name, message, now)
         self._count += 1
         self._bytes += message.body_size

@@ -15,7 +15,10 @@ runtime can remove a segment file once nothing needs it.
 Records are tuples, msgpack-encoded by the store:
 
     ("E", queue, id, worker, segment, offset, length, exchange, routing_key, headers,
-          expiration, priority, enqueued_at)    enqueued (``enqueued_at``: Unix time)
+          expiration, priority, reheadered, enqueued_at)
+                                                 enqueued (``enqueued_at``: Unix time;
+                                                 ``reheadered``: delivered with ``headers``
+                                                 re-encoded, as a dead-letter copy is)
     ("D", queue, id)                             delivered for the first time
     ("R", queue, id)                             gone from the queue for good
     ("P", queue, [ids kept])                     purged: every entry but these (acquired) went
@@ -119,7 +122,7 @@ class MessageJournal:
         self._append((
             "E", queue, stored[0], stored[1], stored[2], stored[3], stored[4], message.exchange,
             message.routing_key, message.headers, message.expiration, message.priority,
-            now + self.epoch_offset,
+            message.reheadered, now + self.epoch_offset,
         ))
 
     def delivered(self, queue: str, message: Message) -> None:

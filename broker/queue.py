@@ -210,7 +210,7 @@ class Queue:
         self._next_position += 1
         message.refs += 1
         self._log.append(entry)
-        if self.store is not None:
+        if self.store is not None and (message.stored is not None or message.origin is not None):
             self.store.enqueued(self.name, message, self._host.now)
         # seed: non-acquiring consumers "should always be notified about new messages".
         notify = self.consumers.non_acquiring() if self.consumers.has_non_acquiring else []
@@ -218,6 +218,16 @@ class Queue:
         if consumer is not None:
             notify.append(consumer)
         return notify
+
+    def restore(self, message: Message, *, redelivered: bool, now: float) -> None:
+        """A persistent message comes back at start, in enqueue order (broker.message_store);
+        ``redelivered`` if it had been delivered. Nobody is notified: no consumer exists yet."""
+        self.enqueue(message)
+        entry = self._log[-1]
+        if redelivered and entry is not None:
+            entry.redelivered = True
+            if self.store is not None:
+                self.store.delivered(self.name, message)
 
     def offer(self, message: Message, now: float | None = None) -> list[QueueConsumer] | None:
         """Enqueue unless the queue refuses (x-overflow reject-publish): None when refused.
@@ -575,7 +585,7 @@ class Queue:
         return browse(consumer, max_n, self._log, self._head, self._released, self._acquired)
 
     def _unref(self, message: Message) -> None:
-        if self.store is not None:
+        if self.store is not None and message.stored is not None:
             self.store.removed(self.name, message)
         message.refs -= 1
         if message.refs == 0:

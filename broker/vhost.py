@@ -357,6 +357,19 @@ class VirtualHost(StepHost):
         self._sources.setdefault(name, {})[""] = None
         return queue
 
+    def restore_message(self, name: str, message: Message, redelivered: bool,
+                        enqueued_at: float) -> bool:
+        """A persistent message comes back at start (broker.message_store) onto durable queue
+        ``name``, as enqueued at Unix time ``enqueued_at``; False if there is no such queue."""
+        queue = self._queues.get(name)
+        if queue is None or not queue.durable:
+            return False
+        if message.expiration is not None and queue.plain:
+            upgrade(queue)
+            self._featured_queues += 1
+        queue.restore(message, redelivered=redelivered, now=enqueued_at - self.epoch_offset)
+        return True
+
     def queue(self, name: str, *, owner: Hashable) -> Queue:
         """Look a queue up for consume/get/purge/bind: NotFound (404) or ResourceLocked (405)."""
         queue = self._queues.get(name)

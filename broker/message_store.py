@@ -1,0 +1,230 @@
+"""The supervisor's queue index on disk, and bringing persistent messages back at start.
+
+``DIR/index/<n>.idx`` holds the records of :mod:`broker.message_journal` in ``ipc.logfile``
+frames (msgpack payloads). The supervisor appends each batch's records in one write before the
+batch's replies go out, and syncs off the event loop (:meth:`IndexLog.sync_plan`,
+``ipc.logfile.sync_files`` in a thread, :meth:`IndexLog.synced_to`); a held publisher confirm
+goes out once the sync covers its records. A torn tail is where a file's records end.
+
+At start (:func:`load_index`), the files are read in order into what each durable queue holds:
+its live messages in enqueue order, each with whether it had been delivered. :func:`restore`
+reads every live body back (``ipc.logfile.BodyReader``, the checksum checked), places it in a
+worker's arena -- once, at start: on the hot path the supervisor never copies body bytes -- and
+enqueues it again, redelivered if it had been delivered. The journal, attached meanwhile,
+records the restored state afresh; :meth:`IndexLog.start` writes that as a new file and removes
+the old ones, so the index on disk is as long as what is queued, not as what was ever published.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from broker.body_ref import pack_body_ref
+from broker.message import BlindCopied, FullMessage, Message
+from broker.message_journal import MessageJournal, Stored
+from ipc.logfile import INDEX_MAGIC, BodyReader, frame, iter_frames, sync_files, write_all
+
+log = logging.getLogger("shoal.store")
+
+INDEX_DIR = "index"
+
+
+def _index_files(directory: Path) -> list[Path]:
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted(directory / n for n in names if n.endswith(".idx") and n[:-4].isdigit())
+
+
+@dataclass
+class IndexState:
+    """What the index files say: per durable queue, ``id -> [E record, delivered]`` in
+    enqueue order; the highest store id; files read and records found."""
+
+    queues: dict[str, dict[int, list[Any]]] = field(default_factory=dict)
+    max_id: int = 0
+    files: list[Path] = field(default_factory=list)
+    records: int = 0
+    torn: list[str] = field(default_factory=list)  # files whose tail was cut short or damaged
+
+
+def load_index(data_dir: str | os.PathLike[str]) -> IndexState:
+    state = IndexState()
+    decode = msgspec.msgpack.Decoder().decode
+    queues = state.queues
+    for path in _index_files(Path(data_dir) / INDEX_DIR):
+        state.files.append(path)
+        data = path.read_bytes()
+        if not data.startswith(INDEX_MAGIC):
+            state.torn.append(f"{path}: not an index file")
+            continue
+        end = len(INDEX_MAGIC)
+        for offset, payload in iter_frames(data, len(INDEX_MAGIC)):
+            end = offset + 8 + len(payload)
+            try:
+                rec = decode(payload)
+            except msgspec.DecodeError:
+                state.torn.append(f"{path}: undecodable record at {offset}")
+                break
+            state.records += 1
+            kind = rec[0]
+            if kind == "E":
+                queues.setdefault(rec[1], {})[rec[2]] = [rec, False]
+                state.max_id = max(state.max_id, rec[2])
+            elif kind == "D":
+                entry = queues.get(rec[1], {}).get(rec[2])
+                if entry is not None:
+                    entry[1] = True
+            elif kind == "R":
+                queues.get(rec[1], {}).pop(rec[2], None)
+            elif kind == "P":
+                kept = set(rec[2])
+                held = queues.get(rec[1])
+                if held is not None:
+                    queues[rec[1]] = {k: v for k, v in held.items() if k in kept}
+            elif kind == "X":
+                queues.pop(rec[1], None)
+        if end < len(data):
+            state.torn.append(f"{path}: {len(data) - end} byte(s) after the last whole record")
+    return state
+
+
+class IndexLog:
+    """The index file being appended to, and its sync state (journal marks)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.directory = Path(data_dir) / INDEX_DIR
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._encode = msgspec.msgpack.Encoder().encode
+        self._fd = -1
+        self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.written = 0  # the journal mark the file holds records up to
+        self.synced = 0
+        self.bytes = 0
+
+    def start(self, records: list[tuple[Any, ...]], mark: int, old: list[Path]) -> None:
+        """Begin a new file holding ``records`` (the restored state), sync it, then remove
+        ``old``: from here on the index is this file."""
+        existing = _index_files(self.directory)
+        number = int(existing[-1].name[:-4]) + 1 if existing else 0
+        path = self.directory / f"{number:010d}.idx"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self.bytes = write_all(self._fd, [INDEX_MAGIC])
+        self.append(records, mark)
+        sync_files([self._fd, self._dir_fd])
+        self.synced = mark
+        for p in old:
+            p.unlink(missing_ok=True)
+        sync_files([self._dir_fd])
+
+    def append(self, records: list[tuple[Any, ...]], mark: int) -> None:
+        """Write a batch's records (one write); not on disk until a sync covers ``mark``."""
+        if records:
+            encode = self._encode
+            self.bytes += write_all(self._fd, [b"".join(frame(encode(r)) for r in records)])
+        self.written = mark
+
+    @property
+    def unsynced(self) -> bool:
+        return self.synced < self.written
+
+    def sync_plan(self) -> tuple[int, list[int]]:
+        return self.written, [self._fd]
+
+    def synced_to(self, mark: int) -> None:
+        self.synced = max(self.synced, mark)
+
+    def close(self) -> None:
+        for fd in (self._fd, self._dir_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._dir_fd = -1
+
+
+class ArenasFull(Exception):
+    """The persistent messages to restore do not fit the workers' arenas."""
+
+
+@dataclass
+class Restored:
+    messages: int = 0  # queue entries restored
+    bodies: int = 0  # distinct bodies placed in arenas
+    bytes: int = 0
+    lost: int = 0  # entries whose body was missing or damaged on disk (never confirmed)
+    dropped: list[Message] = field(default_factory=list)  # restored bodies no queue took
+    per_arena: list[int] = field(default_factory=list)  # bytes placed in each arena
+
+
+def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathLike[str],
+            arenas: list[Any], place: Any) -> Restored:
+    """Bring every live entry of ``state`` back into the durable queues ``place`` finds.
+
+    ``arenas[k]`` is worker k's arena (``ipc.arena.Arena``); ``place(queue_name, message,
+    redelivered, enqueued_at)`` enqueues one message on a queue and returns False when the queue
+    does not exist any more. Raises :class:`ArenasFull` when the bodies do not fit."""
+    result = Restored(per_arena=[0] * len(arenas))
+    reader = BodyReader(data_dir)
+    by_id: dict[int, Message | None] = {}
+    next_arena = 0
+    try:
+        for queue_name, entries in state.queues.items():
+            for store_id, (rec, delivered) in entries.items():
+                if store_id in by_id:
+                    message = by_id[store_id]
+                else:
+                    loaded = _load(rec, reader, arenas, next_arena, result)
+                    message = None
+                    if loaded is not None:
+                        message, k = loaded
+                        next_arena = (k + 1) % len(arenas)  # spread the bodies over the arenas
+                        journal.restored_body(rec_stored(rec))
+                    by_id[store_id] = message
+                if message is None:
+                    result.lost += 1
+                    continue
+                if place(queue_name, message, delivered, rec[13]):
+                    result.messages += 1
+    finally:
+        reader.close()
+    result.dropped = [m for m in by_id.values() if m is not None and m.refs == 0]
+    return result
+
+
+def rec_stored(rec: list[Any]) -> Stored:
+    """(store id, worker, segment, offset, length) of an E record."""
+    return (rec[2], rec[3], rec[4], rec[5], rec[6])
+
+
+def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
+          result: Restored) -> tuple[Message, int] | None:
+    (_, _, store_id, worker, segment, offset, length, exchange, routing_key, headers, expiration,
+     priority, reheadered, _enqueued_at) = rec
+    read = reader.read(worker, segment, offset, length)
+    if read is None:
+        return None
+    header, body = read
+    size = len(header) + len(body)
+    for i in range(len(arenas)):
+        k = (first + i) % len(arenas)
+        at = arenas[k].alloc(size)
+        if at is None:
+            continue
+        with arenas[k].view(at, size) as view:
+            view[:len(header)] = header
+            view[len(header):] = body
+        cls = BlindCopied if reheadered else FullMessage
+        message = cls(0, exchange, routing_key, pack_body_ref(k, at, len(header), len(body)),
+                      len(body), headers, expiration=expiration, priority=priority)
+        message.stored = (store_id, worker, segment, offset, length)
+        result.bodies += 1
+        result.bytes += size
+        result.per_arena[k] += size
+        return message, k
+    raise ArenasFull(f"{result.bytes + size} bytes of persistent messages do not fit the arenas")

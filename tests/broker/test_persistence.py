@@ -1,0 +1,217 @@
+"""Persistent messages, the supervisor's half: index records per durable queue, confirms held for
+the index sync, body segments freed, the index file read back and messages restored
+(broker.message_journal, broker.message_store)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.body_ref import unpack_body_ref
+from broker.dispatch import Dispatcher
+from broker.message_journal import ConfirmGate, MessageJournal
+from broker.message_store import ArenasFull, IndexLog, load_index, restore
+from broker.vhost import VirtualHost
+from ipc import records as r
+from ipc.arena import Arena
+from ipc.logfile import BodyLog
+
+W0, W1 = 0, 1
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.d = Dispatcher(2, lambda region, offset: None)
+        self.journal = self.d.vhost.messages = MessageJournal()
+        self._offset = 0
+
+    def events(self, worker: int = W0) -> list[r.Event]:
+        out = list(self.d.outbox[worker])
+        self.d.outbox[worker].clear()
+        return out
+
+    def declare(self, name: str, *, durable: bool) -> None:
+        self.d.handle(W0, r.QueueDeclare(1, 1, name, False, durable, False, False, {}, False))
+        self.events()
+
+    def publish(self, rk: str, *, body_at: tuple[int, int, int] | None = (0, 8, 140), ch: int = 1,
+                confirm: bool = True) -> None:
+        self._offset += 256
+        self.d.handle(W0, r.Publish(1, ch, "", rk, False, confirm, self._offset, 16, 100, None,
+                                    body_at=body_at))
+
+    def kinds(self) -> list[str]:
+        return [rec[0] for rec in self.journal.take()]
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_a_persistent_message_on_a_durable_queue_is_confirmed_only_after_the_index_sync(h: Harness) -> None:
+    h.declare("d", durable=True)
+    h.publish("d")
+    assert h.events() == []  # held
+    (rec,) = h.journal.take()
+    assert rec[:7] == ("E", "d", 1, W0, 0, 8, 140)
+    h.d.index_synced(h.journal.mark)
+    assert h.events() == [r.Confirm(1, 1, True)]
+
+
+def test_transient_queues_and_messages_are_not_recorded_and_confirm_at_once(h: Harness) -> None:
+    h.declare("t", durable=False)
+    h.declare("d", durable=True)
+    h.publish("t")  # persistent, transient queue
+    h.publish("d", body_at=None)  # transient message, durable queue
+    assert h.events() == [r.Confirm(1, 1, True), r.Confirm(1, 1, True)]
+    assert h.journal.take() == []
+
+
+def test_a_confirm_on_the_same_channel_waits_behind_a_held_one_and_other_channels_do_not(h: Harness) -> None:
+    h.declare("d", durable=True)
+    h.declare("t", durable=False)
+    h.publish("d", ch=1)
+    h.publish("t", ch=1)  # needs no sync, but comes after a held one on channel 1
+    h.publish("t", ch=2)
+    assert h.events() == [r.Confirm(1, 2, True)]
+    h.d.index_synced(h.journal.mark)
+    assert h.events() == [r.Confirm(1, 1, True), r.Confirm(1, 1, True)]
+
+
+def test_a_closed_channel_loses_its_held_confirms_before_the_close_barrier(h: Harness) -> None:
+    h.declare("d", durable=True)
+    h.publish("d", ch=3)
+    h.d.handle(W0, r.ChanClose(1, 3))
+    h.d.index_synced(h.journal.mark)
+    assert h.events() == [r.Reply(1, 3, "chclose")]
+
+
+def test_first_delivery_ack_purge_and_delete_are_recorded(h: Harness) -> None:
+    h.declare("d", durable=True)
+    h.publish("d", confirm=False)
+    h.publish("d", confirm=False)
+    h.kinds()
+    h.d.handle(W1, r.Get(5, 1, "d", False))
+    (ok,) = h.events(W1)
+    assert isinstance(ok, r.GetOk)
+    h.d.handle(W1, r.Settle(5, 1, [ok.delivery.entry], r.REQUEUE))
+    h.d.handle(W1, r.Get(5, 1, "d", False))  # the same message again: redelivered, not recorded again
+    (again,) = h.events(W1)
+    assert again.delivery.redelivered
+    h.d.handle(W1, r.Settle(5, 1, [again.delivery.entry], r.ACK))
+    assert h.kinds() == ["D", "R"]
+    h.d.handle(W0, r.QueuePurge(1, 1, "d", False))
+    h.d.handle(W0, r.QueueDelete(1, 1, "d", False, False, False))
+    assert h.kinds() == ["P", "X"]
+
+
+def test_a_body_segment_is_freed_once_nothing_needs_it_and_the_worker_moved_on(h: Harness) -> None:
+    h.declare("d", durable=True)
+    h.publish("d", body_at=(0, 8, 140), confirm=False)
+    h.d.handle(W1, r.Get(5, 1, "d", False))
+    (ok,) = h.events(W1)
+    h.d.handle(W1, r.Settle(5, 1, [ok.delivery.entry], r.ACK))
+    assert h.journal.segments_free == []  # segment 0 is still the worker's newest
+    h.publish("d", body_at=(1, 8, 140), confirm=False)
+    assert h.journal.segments_free == [(W0, 0)]
+    assert h.journal.live_segments() == {(W0, 1)}
+
+
+def test_an_unroutable_persistent_message_does_not_keep_its_segment(h: Harness) -> None:
+    h.publish("nowhere", body_at=(0, 8, 140), confirm=False)
+    h.publish("nowhere", body_at=(1, 8, 140), confirm=False)
+    assert h.journal.live_segments() == set()
+    assert h.journal.segments_free == [(W0, 0)]
+
+
+def test_confirm_gate_releases_in_order_per_key() -> None:
+    gate = ConfirmGate()
+    assert gate.admit("a", "a1", 0)  # nothing held, nothing needed: at once
+    assert not gate.admit("a", "a2", 5)
+    assert not gate.admit("a", "a3", 0)
+    assert not gate.admit("b", "b1", 7)
+    assert gate.release(6) == [("a", "a2"), ("a", "a3")]
+    assert gate.release(7) == [("b", "b1")]
+    assert not gate
+
+
+# --------------------------------------------------------------------------- on disk
+
+
+def write_index(tmp_path: Path, records: list[tuple]) -> None:
+    log = IndexLog(tmp_path)
+    log.start(records, len(records), [])
+    log.close()
+
+
+def e_record(queue: str, store_id: int, segment_at: tuple[int, int, int], rk: str = "k") -> tuple:
+    return ("E", queue, store_id, W0, *segment_at, "", rk, None, None, None, False, 1_700_000_000.0)
+
+
+def test_the_index_is_read_back_with_deliveries_removals_purges_and_deletes(tmp_path: Path) -> None:
+    write_index(tmp_path, [
+        e_record("a", 1, (0, 8, 10)), e_record("a", 2, (0, 18, 10)), e_record("a", 3, (0, 28, 10)),
+        e_record("b", 1, (0, 8, 10)), e_record("c", 4, (0, 38, 10)),
+        ("D", "a", 2), ("R", "a", 1), ("P", "b", []), ("X", "c"), e_record("c", 5, (0, 48, 10)),
+    ])
+    state = load_index(tmp_path)
+    assert {q: [(i, delivered) for i, (_, delivered) in entries.items()] for q, entries in state.queues.items()
+            if entries} == {"a": [(2, True), (3, False)], "c": [(5, False)]}
+    assert state.max_id == 5 and state.records == 10 and state.torn == []
+
+
+def test_a_torn_tail_ends_the_index_where_the_last_whole_record_ends(tmp_path: Path) -> None:
+    write_index(tmp_path, [e_record("a", 1, (0, 8, 10)), e_record("a", 2, (0, 18, 10))])
+    (path,) = (tmp_path / "index").iterdir()
+    data = path.read_bytes()
+    path.write_bytes(data[:-5])  # the second record cut short
+    state = load_index(tmp_path)
+    assert list(state.queues["a"]) == [1]
+    assert len(state.torn) == 1 and "after the last whole record" in state.torn[0]
+
+
+def test_restore_brings_bodies_back_into_the_arenas_in_order_and_redelivered(tmp_path: Path) -> None:
+    bodies = BodyLog(tmp_path, W0)
+    at = [bodies.append(b"H%d" % i, b"body %d" % i) for i in range(4)]
+    bodies.close()
+    write_index(tmp_path, [
+        *(e_record("q", i + 1, at[i], rk=f"k{i}") for i in range(4)),
+        e_record("other", 2, at[1]),  # one message on two queues: one body
+        ("D", "q", 3), ("R", "q", 1),
+        e_record("q", 9, (at[3][0], at[3][1] + 1, at[3][2])),  # a body that is not there
+    ])
+    vhost = VirtualHost("/")
+    vhost.declare_queue("q", owner=None, durable=True)
+    vhost.declare_queue("other", owner=None, durable=True)
+    journal = vhost.messages = MessageJournal()
+    for q in vhost.queues.values():
+        q.store = journal
+    arenas = [Arena(bytearray(1 << 16), init=True), Arena(bytearray(1 << 16), init=True)]
+    result = restore(load_index(tmp_path), journal, tmp_path, arenas, vhost.restore_message)
+    assert (result.messages, result.bodies, result.lost) == (4, 3, 1)
+    queue = vhost.queues["q"]
+    entries = queue.available_entries()
+    assert [e.message.routing_key for e in entries] == ["k1", "k2", "k3"]
+    assert [e.redelivered for e in entries] == [False, True, False]
+    for entry, i in zip(entries, (1, 2, 3), strict=True):
+        region, offset, header_len, body_len = unpack_body_ref(entry.message.body_ref)
+        assert bytes(arenas[region].view(offset, header_len + body_len)) == b"H%dbody %d" % (i, i)
+    assert vhost.queues["other"].available_entries()[0].message is entries[0].message
+    assert {region for e in entries for region in [unpack_body_ref(e.message.body_ref)[0]]} == {0, 1}
+    # The journal recorded the restored state afresh (the new index file's contents).
+    assert [rec[0] for rec in journal.take()] == ["E", "E", "D", "E", "E"]
+    assert journal.live_segments() == {(W0, at[0][0])}
+
+
+def test_restore_says_when_the_bodies_do_not_fit_the_arenas(tmp_path: Path) -> None:
+    bodies = BodyLog(tmp_path, W0)
+    at = [bodies.append(b"H", b"x" * 3000) for _ in range(4)]
+    bodies.close()
+    write_index(tmp_path, [e_record("q", i + 1, at[i]) for i in range(4)])
+    vhost = VirtualHost("/")
+    vhost.declare_queue("q", owner=None, durable=True)
+    with pytest.raises(ArenasFull, match="do not fit"):
+        restore(load_index(tmp_path), MessageJournal(), tmp_path, [Arena(bytearray(8192), init=True)],
+                vhost.restore_message)
