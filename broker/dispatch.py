@@ -36,6 +36,7 @@ from broker.consumer_manager import QueueConsumer
 from broker.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow
 from broker.dispatch_trace import DispatchTrace
 from broker.errors import AMQPError, InternalError
+from broker.listing import Listing, Listings
 from broker.message import (
     FullMessage,
     Message,
@@ -53,23 +54,6 @@ log = logging.getLogger("shoal.dispatch")
 ChannelKey = tuple[int, int, int]  # (worker, conn, ch)
 Owner = tuple[int, int]  # (worker, conn): who owns an exclusive queue
 
-# AMQP (class_id, method_id) of the method each request stands for, so that a
-# domain error can name it in channel.close (AMQP 0-9-1 §1.5.2.8 reply fields).
-_METHOD_IDS: dict[type, tuple[int, int]] = {
-    r.ExchangeDeclare: (40, 10),
-    r.ExchangeDelete: (40, 20),
-    r.ExchangeBind: (40, 30),
-    r.ExchangeUnbind: (40, 40),
-    r.QueueDeclare: (50, 10),
-    r.QueueBind: (50, 20),
-    r.QueuePurge: (50, 30),
-    r.QueueDelete: (50, 40),
-    r.QueueUnbind: (50, 50),
-    r.Consume: (60, 20),
-    r.Cancel: (60, 30),
-    r.Publish: (60, 40),
-    r.Get: (60, 70),
-}
 
 __all__ = ["CREDIT_CHUNK", "FLOW_BACKLOG", "Dispatcher", "Listing"]
 
@@ -99,22 +83,6 @@ class _Subscription:
         self.consumer = consumer
         self.queue = queue
         self.channel = channel
-
-
-class Listing:
-    """A ``shoal list-connections`` in progress: the workers' answers as they come."""
-
-    __slots__ = ("done", "rows", "waiting")
-
-    def __init__(self, workers: Iterable[int], done: Callable[[], object]) -> None:
-        self.rows: list[tuple[int, r.ConnectionInfo]] = []  # (worker, row)
-        self.waiting = set(workers)
-        self.done = done
-
-    def answered(self, worker: int) -> None:
-        self.waiting.discard(worker)
-        if not self.waiting:
-            self.done()
 
 
 class Dispatcher:
@@ -156,7 +124,7 @@ class Dispatcher:
             r.Settle: self._settle,
             r.Sync: self._reply,
             r.ArenaWait: self._arena_wait,
-            r.ConnectionsListed: self._connections_listed,
+            r.ConnectionsListed: lambda worker, rec: self.listings.listed(worker, rec),
         }
         # Tracing (shoal serve --trace): the writer's hooks, else None;
         # every hook below is behind one `is not None` check.
@@ -175,7 +143,7 @@ class Dispatcher:
         self._credit = CreditFlow()  # publish credit due, and whether we are behind
         # Publisher confirms waiting for the index log's sync (shoal serve --data-dir).
         self.confirms = ConfirmGate()
-        self.listings: dict[int, Listing] = {}  # shoal list-connections requests in progress
+        self.listings = Listings()  # shoal list-connections requests in progress
 
     # ------------------------------------------------------------------ entry
 
@@ -268,8 +236,7 @@ class Dispatcher:
         self._credit.forget_worker(worker)
         self.confirms.forget(lambda key: key[0] == worker)
         self._arena_need[worker] = 0
-        for listing in list(self.listings.values()):
-            listing.answered(worker)  # it will not answer: list what the others have
+        self.listings.worker_gone(worker)
 
     def live_offsets(self, region: int) -> set[int]:
         """Arena offsets in ``region`` still referenced by a queue or a channel, or by a
@@ -296,7 +263,7 @@ class Dispatcher:
     def _fail(self, worker: int, rec: r.Request, exc: AMQPError) -> None:
         class_id, method_id = exc.class_id, exc.method_id
         if not class_id:
-            class_id, method_id = _METHOD_IDS.get(type(rec), (0, 0))
+            class_id, method_id = r.METHOD_IDS.get(type(rec), (0, 0))
         conn, ch = getattr(rec, "conn", 0), getattr(rec, "ch", 0)
         self.outbox[worker].append(
             r.Error(conn, ch, exc.reply_code, exc.reply_text, class_id, method_id)
@@ -352,18 +319,7 @@ class Dispatcher:
     def list_connections(self, request: int, workers: Iterable[int],
                          done: Callable[[], object]) -> Listing:
         """Ask ``workers`` for their connections; ``done`` is called once all answered."""
-        listing = self.listings[request] = Listing(workers, done)
-        for worker in listing.waiting:
-            self.outbox[worker].append(r.ListConnections(request))
-        if not listing.waiting:
-            done()
-        return listing
-
-    def _connections_listed(self, worker: int, rec: r.ConnectionsListed) -> None:
-        listing = self.listings.get(rec.request)
-        if listing is not None:
-            listing.rows.extend((worker, row) for row in rec.rows)
-            listing.answered(worker)
+        return self.listings.start(request, workers, done, self.outbox)
 
     def _arena_wait(self, worker: int, rec: r.ArenaWait) -> None:
         self._arena_need[worker] = rec.size

@@ -441,6 +441,25 @@ Event = (
 )
 
 
+# AMQP (class_id, method_id) of the method each request stands for, so that a
+# domain error can name it in channel.close (AMQP 0-9-1 §1.5.2.8 reply fields).
+METHOD_IDS: dict[type, tuple[int, int]] = {
+    ExchangeDeclare: (40, 10),
+    ExchangeDelete: (40, 20),
+    ExchangeBind: (40, 30),
+    ExchangeUnbind: (40, 40),
+    QueueDeclare: (50, 10),
+    QueueBind: (50, 20),
+    QueuePurge: (50, 30),
+    QueueDelete: (50, 40),
+    QueueUnbind: (50, 50),
+    Consume: (60, 20),
+    Cancel: (60, 30),
+    Publish: (60, 40),
+    Get: (60, 70),
+}
+
+
 class Codec:
     """One encoder and decoder per direction, built once per process."""
 
