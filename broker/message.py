@@ -45,9 +45,9 @@ class Message:
     expiration: str | None = None
     priority: int | None = None
     trace: tuple[int, int, int, int] | None = None  # (worker, pid, seq, ns) when tracing
-    # A persistent message with --data-dir: (store id, worker, segment, offset, length), its
-    # identity in the index log and where its body is on disk (broker.message_journal).
-    stored: tuple[int, int, int, int, int] | None = None
+    # A persistent message with --data-dir: (store id, worker, segment, offset, length, index
+    # file), its identity in the index log and where it is on disk (broker.message_journal).
+    stored: tuple[int, int, int, int, int, int] | None = None
 
     # A dead-letter copy overrides both (broker.deadletter.DeadLetter): the copy shares its
     # origin's body, and its content header must be re-encoded from ``headers`` on delivery.

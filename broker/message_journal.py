@@ -9,8 +9,11 @@ runtime takes the records after each batch and appends them to the index log
 (``broker.message_store``); a publisher confirm for a message with records waits until the log
 is synced up to them (``mark``).
 
-The journal also counts, per body segment, the stored messages whose body is still held, so the
-runtime can remove a segment file once nothing needs it.
+The journal also counts what each file on disk still holds, so the runtime can remove files as
+the messages in them go: per body segment, the stored messages whose body is still held; per
+index file, the stored messages whose ``E`` records are in it. Index files go oldest first (a
+later file's ``R`` records only matter while an earlier one's ``E`` records are read), body
+segments in any order.
 
 Records are tuples, msgpack-encoded by the store:
 
@@ -34,15 +37,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from broker.message import Message
 
-# (store id, worker, segment, offset, length): a stored message's identity and body location.
-Stored = tuple[int, int, int, int, int]
+# (store id, worker, segment, offset, length, index file): a stored message's identity, where
+# its body is, and the index file its E records went to.
+Stored = tuple[int, int, int, int, int, int]
 
 
 class MessageJournal:
     """Index records not yet written, the id counter, and which body segments are still needed."""
 
-    __slots__ = ("_last_id", "_segment_idle", "_segment_live", "_segment_max", "epoch_offset", "mark",
-                 "records", "segments_free")
+    __slots__ = ("_file_live", "_last_id", "_segment_idle", "_segment_live", "_segment_max",
+                 "epoch_offset", "index_file", "mark", "records", "segments_free")
 
     def __init__(self, *, last_id: int = 0, epoch_offset: float = 0.0) -> None:
         self.records: list[tuple[Any, ...]] = []
@@ -53,6 +57,8 @@ class MessageJournal:
         self._segment_max: dict[int, int] = {}  # per worker: the newest segment seen
         self._segment_idle: dict[int, set[int]] = {}  # newest-then segments with nothing live
         self.segments_free: list[tuple[int, int]] = []  # (worker, segment) the runtime may remove
+        self.index_file = 0  # the index file records go to now (the runtime moves it on)
+        self._file_live: dict[int, int] = {}  # index file -> stored messages with E records there
 
     def take(self) -> list[tuple[Any, ...]]:
         records, self.records = self.records, []
@@ -72,16 +78,26 @@ class MessageJournal:
         if segment > self._segment_max.get(worker, -1):
             self._segment_max[worker] = segment
             self._free_older(worker)
-        return (self._last_id, worker, segment, offset, length)
+        file = self.index_file
+        self._file_live[file] = self._file_live.get(file, 0) + 1
+        return (self._last_id, worker, segment, offset, length, file)
 
     def restored_body(self, stored: Stored) -> None:
-        """A message came back at start holding this body (the ids continue after it)."""
+        """A message came back at start holding this body (the ids continue after it); its
+        records are written afresh to the current index file."""
         self._last_id = max(self._last_id, stored[0])
         key = (stored[1], stored[2])
         self._segment_live[key] = self._segment_live.get(key, 0) + 1
+        self._file_live[stored[5]] = self._file_live.get(stored[5], 0) + 1
 
     def body_dropped(self, stored: Stored) -> None:
         """No queue holds the message any more: its body is not needed."""
+        file = stored[5]
+        in_file = self._file_live.get(file, 0) - 1
+        if in_file > 0:
+            self._file_live[file] = in_file
+        else:
+            self._file_live.pop(file, None)
         worker, segment = key = (stored[1], stored[2])
         left = self._segment_live.get(key, 0) - 1
         if left > 0:
@@ -106,6 +122,10 @@ class MessageJournal:
         """Segments some message still needs."""
         return set(self._segment_live)
 
+    def index_file_needed(self, file: int) -> bool:
+        """Whether a stored message still alive has its E records in index file ``file``."""
+        return file in self._file_live
+
     # ------------------------------------------------------------------ queues
 
     def enqueued(self, queue: str, message: Message, now: float) -> None:
@@ -115,9 +135,10 @@ class MessageJournal:
             origin = message.origin
             if origin is None or origin.stored is None:
                 return  # not persistent
-            # A dead-letter copy of a persistent message: its own id, its origin's body.
+            # A dead-letter copy of a persistent message: its own id, its origin's body. It is not
+            # counted in its index file: its origin, in an older or the same file, outlives it.
             self._last_id += 1
-            stored = (self._last_id, *origin.stored[1:])
+            stored = (self._last_id, *origin.stored[1:5], self.index_file)
             message.stored = stored  # type: ignore[misc]  # a DeadLetter: FullMessage's slot
         self._append((
             "E", queue, stored[0], stored[1], stored[2], stored[3], stored[4], message.exchange,

@@ -27,7 +27,7 @@ import msgspec
 
 from broker.body_ref import pack_body_ref
 from broker.message import BlindCopied, FullMessage, Message
-from broker.message_journal import MessageJournal, Stored
+from broker.message_journal import MessageJournal
 from ipc.logfile import INDEX_MAGIC, BodyReader, frame, iter_frames, sync_files, write_all
 
 log = logging.getLogger("shoal.store")
@@ -96,29 +96,44 @@ def load_index(data_dir: str | os.PathLike[str]) -> IndexState:
     return state
 
 
-class IndexLog:
-    """The index file being appended to, and its sync state (journal marks)."""
+INDEX_FILE_BYTES = 16 << 20  # an index file is closed at this size and the next one begun
 
-    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+
+class IndexLog:
+    """The index files being appended to (the newest) and retired (older, still needed), and
+    the sync state (journal marks)."""
+
+    def __init__(self, data_dir: str | os.PathLike[str], *, file_bytes: int = INDEX_FILE_BYTES) -> None:
         self.directory = Path(data_dir) / INDEX_DIR
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.file_bytes = file_bytes
         self._encode = msgspec.msgpack.Encoder().encode
+        existing = _index_files(self.directory)
+        self.number = int(existing[-1].name[:-4]) + 1 if existing else 0  # the file written now
         self._fd = -1
+        self._retired: list[int] = []  # older files' descriptors, closed once synced
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.written = 0  # the journal mark the file holds records up to
+        self._dir_dirty = False
+        self.written = 0  # the journal mark the files hold records up to
         self.synced = 0
-        self.bytes = 0
+        self.bytes = 0  # of the newest file
+
+    def _path(self, number: int) -> Path:
+        return self.directory / f"{number:010d}.idx"
+
+    def _open(self) -> None:
+        self._fd = os.open(self._path(self.number), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                           0o600)
+        self.bytes = write_all(self._fd, [INDEX_MAGIC])
+        self._dir_dirty = True
 
     def start(self, records: list[tuple[Any, ...]], mark: int, old: list[Path]) -> None:
-        """Begin a new file holding ``records`` (the restored state), sync it, then remove
+        """Begin file ``number`` holding ``records`` (the restored state), sync it, then remove
         ``old``: from here on the index is this file."""
-        existing = _index_files(self.directory)
-        number = int(existing[-1].name[:-4]) + 1 if existing else 0
-        path = self.directory / f"{number:010d}.idx"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        self.bytes = write_all(self._fd, [INDEX_MAGIC])
+        self._open()
         self.append(records, mark)
         sync_files([self._fd, self._dir_fd])
+        self._dir_dirty = False
         self.synced = mark
         for p in old:
             p.unlink(missing_ok=True)
@@ -131,20 +146,51 @@ class IndexLog:
             self.bytes += write_all(self._fd, [b"".join(frame(encode(r)) for r in records)])
         self.written = mark
 
+    def rotate(self) -> bool:
+        """Begin the next file if the newest is full (between batches); True if it did."""
+        if self.bytes < self.file_bytes:
+            return False
+        self._retired.append(self._fd)
+        self.number += 1
+        self._open()
+        return True
+
+    def remove_unneeded(self, needed: Any) -> int:
+        """Remove the older files, oldest first, while ``needed(number)`` says no message alive
+        has its E records there; returns how many went."""
+        removed = 0
+        for path in _index_files(self.directory):
+            number = int(path.name[:-4])
+            if number >= self.number or needed(number):
+                break
+            path.unlink(missing_ok=True)
+            self._dir_dirty = True
+            removed += 1
+        return removed
+
     @property
     def unsynced(self) -> bool:
-        return self.synced < self.written
+        return self.synced < self.written or bool(self._retired) or self._dir_dirty
 
     def sync_plan(self) -> tuple[int, list[int]]:
-        return self.written, [self._fd]
+        fds = [*self._retired, self._fd]
+        if self._dir_dirty:
+            fds.append(self._dir_fd)
+            self._dir_dirty = False
+        return self.written, fds
 
-    def synced_to(self, mark: int) -> None:
+    def synced_to(self, mark: int, fds: list[int]) -> None:
         self.synced = max(self.synced, mark)
+        for fd in fds:
+            if fd in self._retired:
+                self._retired.remove(fd)
+                os.close(fd)
 
     def close(self) -> None:
-        for fd in (self._fd, self._dir_fd):
+        for fd in [*self._retired, self._fd, self._dir_fd]:
             if fd >= 0:
                 os.close(fd)
+        self._retired = []
         self._fd = self._dir_fd = -1
 
 
@@ -179,12 +225,12 @@ def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathL
                 if store_id in by_id:
                     message = by_id[store_id]
                 else:
-                    loaded = _load(rec, reader, arenas, next_arena, result)
+                    loaded = _load(rec, reader, arenas, next_arena, result, journal)
                     message = None
                     if loaded is not None:
                         message, k = loaded
                         next_arena = (k + 1) % len(arenas)  # spread the bodies over the arenas
-                        journal.restored_body(rec_stored(rec))
+                        journal.restored_body(message.stored)  # type: ignore[arg-type]
                     by_id[store_id] = message
                 if message is None:
                     result.lost += 1
@@ -197,15 +243,11 @@ def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathL
     return result
 
 
-def rec_stored(rec: list[Any]) -> Stored:
-    """(store id, worker, segment, offset, length) of an E record."""
-    return (rec[2], rec[3], rec[4], rec[5], rec[6])
-
-
 def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
-          result: Restored) -> tuple[Message, int] | None:
+          result: Restored, journal: MessageJournal) -> tuple[Message, int] | None:
     (_, _, store_id, worker, segment, offset, length, exchange, routing_key, headers, expiration,
      priority, reheadered, _enqueued_at) = rec
+    index_file = journal.index_file
     read = reader.read(worker, segment, offset, length)
     if read is None:
         return None
@@ -222,7 +264,7 @@ def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
         cls = BlindCopied if reheadered else FullMessage
         message = cls(0, exchange, routing_key, pack_body_ref(k, at, len(header), len(body)),
                       len(body), headers, expiration=expiration, priority=priority)
-        message.stored = (store_id, worker, segment, offset, length)
+        message.stored = (store_id, worker, segment, offset, length, index_file)
         result.bodies += 1
         result.bytes += size
         result.per_arena[k] += size

@@ -220,6 +220,8 @@ class Supervisor:
         for queue in vhost.queues.values():
             if queue.durable:
                 queue.store = journal
+        self.index = IndexLog(self.data.path)
+        journal.index_file = self.index.number  # the restored state is written afresh there
         arenas = [w.region.arena for w in self.workers]
         try:
             restored = restore_messages(state, journal, self.data.path, arenas, vhost.restore_message)
@@ -231,7 +233,6 @@ class Supervisor:
         for message in restored.dropped:  # no queue took it (refused, expired, queue gone)
             self.dispatcher.drop_unqueued(message)
         self.dispatcher.end_batch()  # dead letters made on the way (TTL passed while down)
-        self.index = IndexLog(self.data.path)
         self.index.start(journal.take(), journal.mark, state.files)
         live = journal.live_segments()
         removed = 0
@@ -255,6 +256,10 @@ class Supervisor:
         if journal.records:
             self.index.append(journal.take(), journal.mark)
             self._sync_bell.set()
+        if self.index.rotate():  # the newest file is full: records go to the next one
+            journal.index_file = self.index.number
+        if self.index.remove_unneeded(journal.index_file_needed):
+            self._sync_bell.set()  # the directory changed
         while journal.segments_free:
             worker, segment = journal.segments_free.pop()
             remove_segment(self.data.path, worker, segment)
@@ -269,7 +274,7 @@ class Supervisor:
             while index is not None and index.unsynced:
                 mark, fds = index.sync_plan()
                 await trio.to_thread.run_sync(sync_files, fds)
-                index.synced_to(mark)
+                index.synced_to(mark, fds)
                 self.dispatcher.index_synced(mark)
                 self.flush()
 

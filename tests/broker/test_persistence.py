@@ -215,3 +215,29 @@ def test_restore_says_when_the_bodies_do_not_fit_the_arenas(tmp_path: Path) -> N
     with pytest.raises(ArenasFull, match="do not fit"):
         restore(load_index(tmp_path), MessageJournal(), tmp_path, [Arena(bytearray(8192), init=True)],
                 vhost.restore_message)
+
+
+def test_full_index_files_are_rotated_and_removed_oldest_first_once_their_messages_are_gone(
+        tmp_path: Path) -> None:
+    journal = MessageJournal()
+    log = IndexLog(tmp_path, file_bytes=24)
+    journal.index_file = log.number
+    log.start([], 0, [])
+    old = journal.new_body(W0, 0, 8, 100)  # E records in file 0
+    log.append([e_record("q", old[0], (0, 8, 100))], 1)
+    assert log.rotate() and log.number == 1
+    journal.index_file = log.number
+    newer = journal.new_body(W0, 0, 108, 100)  # file 1
+    log.append([e_record("q", newer[0], (0, 108, 100))], 2)
+    assert log.rotate()
+    journal.index_file = log.number  # file 2 is the newest now
+    files = lambda: sorted(p.name for p in (tmp_path / "index").iterdir())  # noqa: E731
+    journal.body_dropped(newer)  # file 1 holds nothing alive, but file 0 does: nothing goes
+    assert log.remove_unneeded(journal.index_file_needed) == 0
+    journal.body_dropped(old)
+    assert log.remove_unneeded(journal.index_file_needed) == 2
+    assert files() == ["0000000002.idx"]
+    mark, fds = log.sync_plan()
+    log.synced_to(mark, fds)
+    assert not log.unsynced
+    log.close()
