@@ -38,17 +38,13 @@ import msgspec
 import trio
 
 from broker.control import ControlServer, default_control_path
-from broker.data_dir import DataDir, DataDirInUse
-from broker.definition_store import DefinitionStore, DefinitionStoreError, restore
-from broker.definitions import TopologyJournal
+from broker.data_dir import DataDirInUse
+from broker.definition_store import DefinitionStoreError
 from broker.dispatch import Dispatcher
 from broker.dispatch_trace import DispatchTrace
-from broker.message_journal import MessageJournal
-from broker.message_store import ArenasFull, IndexLog, load_index
-from broker.message_store import restore as restore_messages
+from broker.durability import Durability
+from broker.message_store import ArenasFull
 from ipc import records as r
-from ipc.logfile import remove_segment, sync_files
-from ipc.logfile import segments as body_segments
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
@@ -132,10 +128,7 @@ class Supervisor:
         self.control_path = ""
         self._alive_r, self._alive_w = os.pipe()
         self._backlog = trio.Event()
-        self.data: DataDir | None = None
-        self.definitions: DefinitionStore | None = None
-        self.index: IndexLog | None = None
-        self._sync_bell = trio.Event()
+        self.durability: Durability | None = None  # --data-dir
 
     # ------------------------------------------------------------ lifecycle
 
@@ -146,7 +139,8 @@ class Supervisor:
         the control socket."""
         self._listener = self._bind()
         if self.config.data_dir:
-            self._recover(self.config.data_dir)
+            self.durability = Durability(self.config.data_dir, self.dispatcher)
+            self.durability.recover_definitions()
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
@@ -158,8 +152,8 @@ class Supervisor:
                 arena_bytes=c.arena_mb << 20,
             )
             self.workers.append(_WorkerSlot(k, region))
-        if self.data is not None:
-            self._recover_messages()
+        if self.durability is not None:
+            self.durability.recover_messages([w.region.arena for w in self.workers], c.arena_mb)
         high = c.memory_high_watermark or (c.arena_mb << 20) * 4 // 5
         self.dispatcher.high_watermark = high
         self.dispatcher.low_watermark = min(c.memory_low_watermark or high * 9 // 10, high)
@@ -194,101 +188,6 @@ class Supervisor:
         sock.setblocking(False)
         return sock
 
-    def _recover(self, path: str) -> None:
-        started = time.monotonic()
-        self.data = DataDir(path)
-        self.definitions = DefinitionStore(self.data.definitions)
-        defs = self.definitions.load()
-        vhost = self.dispatcher.vhost
-        skipped = restore(vhost, defs)
-        vhost.journal = TopologyJournal()
-        log.info("data directory %s: restored %d exchange(s), %d queue(s), %d binding(s)%s in %.0f ms",
-                 self.data.path, len(defs.exchanges), len(defs.queues), len(defs.bindings),
-                 f" ({len(skipped)} skipped)" if skipped else "", (time.monotonic() - started) * 1e3)
-
-    def _recover_messages(self) -> None:
-        """Persistent messages back onto their durable queues, into the arenas (before any
-        worker runs); the index rewritten as what is queued now; unneeded body segments gone."""
-        assert self.data is not None
-        started = time.monotonic()
-        vhost = self.dispatcher.vhost
-        state = load_index(self.data.path)
-        for line in state.torn:
-            log.warning("index: %s (a torn tail: records after it were never confirmed)", line)
-        journal = MessageJournal(last_id=state.max_id, epoch_offset=vhost.epoch_offset)
-        vhost.messages = journal
-        for queue in vhost.queues.values():
-            if queue.durable:
-                queue.store = journal
-        self.index = IndexLog(self.data.path)
-        journal.index_file = self.index.number  # the restored state is written afresh there
-        arenas = [w.region.arena for w in self.workers]
-        try:
-            restored = restore_messages(state, journal, self.data.path, arenas, vhost.restore_message)
-        except ArenasFull as exc:
-            raise ArenasFull(f"{exc} ({len(arenas)} x {self.config.arena_mb} MiB): start with a "
-                             "larger --arena-mb (or more --workers)") from None
-        for k, held in enumerate(restored.per_arena):
-            self.dispatcher.region_bytes[k] += held
-        for message in restored.dropped:  # no queue took it (refused, expired, queue gone)
-            self.dispatcher.drop_unqueued(message)
-        self.dispatcher.end_batch()  # dead letters made on the way (TTL passed while down)
-        self.index.start(journal.take(), journal.mark, state.files)
-        live = journal.live_segments()
-        removed = 0
-        for worker in range(len(self.workers)):
-            for segment in body_segments(self.data.path, worker):
-                if (worker, segment) not in live:
-                    remove_segment(self.data.path, worker, segment)
-                    removed += 1
-        log.info("data directory %s: restored %d persistent message(s) (%d bodies, %.1f MiB) from "
-                 "%d index record(s)%s; %d unneeded body segment(s) removed, in %.0f ms",
-                 self.data.path, restored.messages, restored.bodies, restored.bytes / (1 << 20),
-                 state.records, f", {restored.lost} lost (never confirmed)" if restored.lost else "",
-                 removed, (time.monotonic() - started) * 1e3)
-
-    def _save_messages(self) -> None:
-        """Append the batch's index records (one write), remove body segments nothing needs,
-        and have the syncer put them on disk: confirms held for them go out after."""
-        journal = self.dispatcher.vhost.messages
-        if journal is None or self.index is None or self.data is None:
-            return
-        if journal.records:
-            self.index.append(journal.take(), journal.mark)
-            self._sync_bell.set()
-        if self.index.rotate():  # the newest file is full: records go to the next one
-            journal.index_file = self.index.number
-        if self.index.remove_unneeded(journal.index_file_needed):
-            self._sync_bell.set()  # the directory changed
-        while journal.segments_free:
-            worker, segment = journal.segments_free.pop()
-            remove_segment(self.data.path, worker, segment)
-
-    async def _index_syncer(self) -> None:
-        """Group commit: sync the index whenever it has unsynced records (all that arrived
-        while the previous sync ran, at once), off the event loop; then release the confirms."""
-        while True:
-            await self._sync_bell.wait()
-            self._sync_bell = trio.Event()
-            index = self.index
-            while index is not None and index.unsynced:
-                mark, fds = index.sync_plan()
-                await trio.to_thread.run_sync(sync_files, fds)
-                index.synced_to(mark, fds)
-                self.dispatcher.index_synced(mark)
-                self.flush()
-
-    def _save_definitions(self) -> None:
-        """Write what the last batch changed in durable topology, before its replies go out."""
-        journal = self.dispatcher.vhost.journal
-        if journal is None or not journal.changes or self.definitions is None:
-            return
-        changes = journal.take()
-        try:
-            self.definitions.apply(changes)
-        except Exception:  # a full or failing disk: the broker goes on, the change is not kept
-            log.exception("data directory: %d definition change(s) not saved", len(changes))
-
     def cleanup(self) -> None:
         if self.dispatcher.trace is not None:
             self.dispatcher.trace.writer.close()
@@ -303,12 +202,8 @@ class Supervisor:
             self._listener.close()
         for fd in (self._alive_r, self._alive_w):
             os.close(fd)
-        if self.index is not None:
-            self.index.close()
-        if self.definitions is not None:
-            self.definitions.close()
-        if self.data is not None:
-            self.data.close()
+        if self.durability is not None:
+            self.durability.close()
         if self.config.ready_file:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.ready_file)
@@ -318,7 +213,8 @@ class Supervisor:
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._retry_backlog)
             nursery.start_soon(self._timer)
-            nursery.start_soon(self._index_syncer)
+            if self.durability is not None:
+                nursery.start_soon(self.durability.sync_index, self.flush)
             assert self._control_sock is not None
             nursery.start_soon(self._control.serve, self._control_sock)
             for w in self.workers:
@@ -347,6 +243,17 @@ class Supervisor:
             if p.returncode is None:
                 p.kill()
                 await p.wait()
+        # What the workers sent last (their clients' final acks) is applied, and the index
+        # synced: after a clean stop no acked message comes back.
+        for w in self.workers:
+            with contextlib.suppress(RingCorrupt):
+                batch = w.region.request_ring.get_all_nowait(BATCH)
+                while batch:
+                    self._apply(w, batch)
+                    batch = w.region.request_ring.get_all_nowait(BATCH)
+        self.flush()
+        if self.durability is not None:
+            await self.durability.sync_now()
 
     # -------------------------------------------------------------- workers
 
@@ -391,7 +298,7 @@ class Supervisor:
             heartbeat=c.heartbeat, frame_max=c.frame_max, channel_max=c.channel_max,
             max_message_size=c.max_message_size, log_level=c.log_level,
             trace_dir=c.trace or "",
-            data_dir=str(self.data.path) if self.data is not None else "",
+            data_dir=str(self.durability.path) if self.durability is not None else "",
         )
         # Passwords reach the worker through a pipe it reads at start: not argv (ps), not its
         # environment (/proc/PID/environ), from which $SHOAL_USERS is left out as well.
@@ -499,8 +406,8 @@ class Supervisor:
         """Move every outbox into its event ring and set notify slots; wake
         each worker that sleeps (and only those). Durable topology the batch changed is on
         disk first."""
-        self._save_definitions()
-        self._save_messages()
+        if self.durability is not None:
+            self.durability.save()
         encode = self.codec.encode
         for w in self.workers:
             out = self.dispatcher.outbox[w.index]

@@ -1,0 +1,150 @@
+"""What the supervisor keeps on disk (``shoal serve --data-dir DIR``), as one object.
+
+:class:`Durability` owns the data directory's lock, the definitions store and the queue index;
+the supervisor calls it at four moments:
+
+* :meth:`recover_definitions` at start, before any region exists: durable topology comes back;
+* :meth:`recover_messages` once the regions exist, before any worker runs: persistent messages
+  come back into the arenas, the index is rewritten as what is queued, unneeded body segments go;
+* :meth:`save` before every flush of events to the workers: the batch's definition changes are
+  committed (fsync) and its index records written, so no reply precedes what it reports;
+* :meth:`sync_index` (a task): group-commit fsync of the index off the event loop, after which
+  the publisher confirms held for it go out.
+
+Layout and what each file holds: ``broker.data_dir``, ``broker.definition_store``,
+``broker.message_store``, ``ipc.logfile``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from broker.data_dir import DataDir
+from broker.definition_store import DefinitionStore, restore
+from broker.definitions import TopologyJournal
+from broker.dispatch import Dispatcher
+from broker.message_journal import MessageJournal
+from broker.message_store import ArenasFull, IndexLog, load_index
+from broker.message_store import restore as restore_messages
+from ipc.logfile import remove_segment, sync_files
+from ipc.logfile import segments as body_segments
+
+log = logging.getLogger("shoal.supervisor")
+
+
+class Durability:
+    """The supervisor's data directory: definitions, the queue index, body segment clean-up."""
+
+    def __init__(self, path: str, dispatcher: Dispatcher) -> None:
+        self.data = DataDir(path)
+        self.path = self.data.path
+        self.dispatcher = dispatcher
+        self.definitions: DefinitionStore | None = None
+        self.index: IndexLog | None = None
+        self._sync_bell = trio.Event()
+
+    def recover_definitions(self) -> None:
+        started = time.monotonic()
+        self.definitions = DefinitionStore(self.data.definitions)
+        defs = self.definitions.load()
+        vhost = self.dispatcher.vhost
+        skipped = restore(vhost, defs)
+        vhost.journal = TopologyJournal()
+        log.info("data directory %s: restored %d exchange(s), %d queue(s), %d binding(s)%s in %.0f ms",
+                 self.path, len(defs.exchanges), len(defs.queues), len(defs.bindings),
+                 f" ({len(skipped)} skipped)" if skipped else "", (time.monotonic() - started) * 1e3)
+
+    def recover_messages(self, arenas: list[Any], arena_mb: int) -> None:
+        """Persistent messages back onto their durable queues, into ``arenas`` (worker k's is
+        ``arenas[k]``); raises ArenasFull when they do not fit."""
+        started = time.monotonic()
+        d = self.dispatcher
+        vhost = d.vhost
+        state = load_index(self.path)
+        for line in state.torn:
+            log.warning("index: %s (a torn tail: records after it were never confirmed)", line)
+        journal = MessageJournal(last_id=state.max_id, epoch_offset=vhost.epoch_offset)
+        vhost.messages = journal
+        for queue in vhost.queues.values():
+            if queue.durable:
+                queue.store = journal
+        self.index = IndexLog(self.path)
+        journal.index_file = self.index.number  # the restored state is written afresh there
+        try:
+            restored = restore_messages(state, journal, self.path, arenas, vhost.restore_message)
+        except ArenasFull as exc:
+            raise ArenasFull(f"{exc} ({len(arenas)} x {arena_mb} MiB): start with a larger "
+                             "--arena-mb (or more --workers)") from None
+        for k, held in enumerate(restored.per_arena):
+            d.region_bytes[k] += held
+        for message in restored.dropped:  # no queue took it (refused, expired, queue gone)
+            d.drop_unqueued(message)
+        d.end_batch()  # dead letters made on the way (TTL passed while down)
+        self.index.start(journal.take(), journal.mark, state.files)
+        live = journal.live_segments()
+        removed = 0
+        for worker in range(len(arenas)):
+            for segment in body_segments(self.path, worker):
+                if (worker, segment) not in live:
+                    remove_segment(self.path, worker, segment)
+                    removed += 1
+        log.info("data directory %s: restored %d persistent message(s) (%d bodies, %.1f MiB) from "
+                 "%d index record(s)%s; %d unneeded body segment(s) removed, in %.0f ms",
+                 self.path, restored.messages, restored.bodies, restored.bytes / (1 << 20),
+                 state.records, f", {restored.lost} lost (never confirmed)" if restored.lost else "",
+                 removed, (time.monotonic() - started) * 1e3)
+
+    def save(self) -> None:
+        """Before a flush: commit the batch's definition changes, write its index records (one
+        write each), remove the files nothing needs; the index sync follows in its task."""
+        vhost = self.dispatcher.vhost
+        topology = vhost.journal
+        if topology is not None and topology.changes and self.definitions is not None:
+            changes = topology.take()
+            try:
+                self.definitions.apply(changes)
+            except Exception:  # a full or failing disk: the broker goes on, the change is not kept
+                log.exception("data directory: %d definition change(s) not saved", len(changes))
+        journal, index = vhost.messages, self.index
+        if journal is None or index is None:
+            return
+        if journal.records:
+            index.append(journal.take(), journal.mark)
+            self._sync_bell.set()
+        if index.rotate():  # the newest file is full: records go to the next one
+            journal.index_file = index.number
+        if index.remove_unneeded(journal.index_file_needed):
+            self._sync_bell.set()  # the directory changed
+        while journal.segments_free:
+            worker, segment = journal.segments_free.pop()
+            remove_segment(self.path, worker, segment)
+
+    async def sync_index(self, flush: Callable[[], object]) -> None:
+        """Group commit: sync the index whenever it has unsynced records (all that arrived while
+        the previous sync ran, at once), off the event loop; then release the held confirms and
+        ``flush`` them out."""
+        while True:
+            await self._sync_bell.wait()
+            self._sync_bell = trio.Event()
+            await self.sync_now()
+            flush()
+
+    async def sync_now(self) -> None:
+        index = self.index
+        while index is not None and index.unsynced:
+            mark, fds = index.sync_plan()
+            await trio.to_thread.run_sync(sync_files, fds)
+            index.synced_to(mark, fds)
+            self.dispatcher.index_synced(mark)
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
+        if self.definitions is not None:
+            self.definitions.close()
+        self.data.close()
