@@ -77,10 +77,11 @@ def ack_frame(channel: int, delivery_tag: int, multiple: bool = True) -> bytes:
 
 
 def publish_template(
-    exchange: str, routing_key: str, body_size: int, publisher: int, frame_max: int, channel: int = 1
+    exchange: str, routing_key: str, body_size: int, publisher: int, frame_max: int, channel: int = 1,
+    *, delivery_mode: int | None = None,
 ) -> tuple[bytes, int]:
     """One message's frames (Basic.Publish, content header, body frames) and the offset in them of
-    the 16 bytes (sequence, timestamp) to patch per message."""
+    the 16 bytes (sequence, timestamp) to patch per message. ``delivery_mode`` 2: persistent."""
     if body_size < PAYLOAD_SIZE:
         raise ValueError(f"bodies must be at least {PAYLOAD_SIZE} bytes")
     body = bytearray(body_size)
@@ -89,7 +90,8 @@ def publish_template(
         body[i] = 0x61 + i % 26
     parts = [
         frame.marshal(commands.Basic.Publish(exchange=exchange, routing_key=routing_key), channel),
-        frame.marshal(header.ContentHeader(0, body_size, commands.Basic.Properties()), channel),
+        frame.marshal(header.ContentHeader(
+            0, body_size, commands.Basic.Properties(delivery_mode=delivery_mode)), channel),
     ]
     patch_at = len(parts[0]) + len(parts[1]) + 7 + 4
     chunk = frame_max - 8
@@ -281,8 +283,9 @@ class Client:
 
     # ---- AMQP conveniences
 
-    def queue_declare(self, name: str, passive: bool = False) -> int:
-        ok = self.call(commands.Queue.Declare(queue=name, passive=passive), commands.Queue.DeclareOk)
+    def queue_declare(self, name: str, passive: bool = False, durable: bool = False) -> int:
+        ok = self.call(commands.Queue.Declare(queue=name, passive=passive, durable=durable),
+                       commands.Queue.DeclareOk)
         return int(ok.message_count)
 
     def queue_delete(self, name: str) -> None:
