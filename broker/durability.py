@@ -131,16 +131,23 @@ class Durability:
         while True:
             await self._sync_bell.wait()
             self._sync_bell = trio.Event()
-            await self.sync_now()
-            flush()
+            while await self.sync_once():
+                flush()  # the confirms it released, before the next sync
+
+    async def sync_once(self) -> bool:
+        """One sync of everything written so far; False if there was nothing to sync."""
+        index = self.index
+        if index is None or not index.unsynced:
+            return False
+        mark, fds = index.sync_plan()
+        await trio.to_thread.run_sync(sync_files, fds)
+        index.synced_to(mark, fds)
+        self.dispatcher.index_synced(mark)
+        return True
 
     async def sync_now(self) -> None:
-        index = self.index
-        while index is not None and index.unsynced:
-            mark, fds = index.sync_plan()
-            await trio.to_thread.run_sync(sync_files, fds)
-            index.synced_to(mark, fds)
-            self.dispatcher.index_synced(mark)
+        while await self.sync_once():
+            pass
 
     def close(self) -> None:
         if self.index is not None:

@@ -117,6 +117,7 @@ class IndexLog:
         self.written = 0  # the journal mark the files hold records up to
         self.synced = 0
         self.bytes = 0  # of the newest file
+        self.files: list[int] = []  # the numbers of this broker's index files, oldest first
 
     def _path(self, number: int) -> Path:
         return self.directory / f"{number:010d}.idx"
@@ -131,6 +132,7 @@ class IndexLog:
         """Begin file ``number`` holding ``records`` (the restored state), sync it, then remove
         ``old``: from here on the index is this file."""
         self._open()
+        self.files = [self.number]
         self.append(records, mark)
         sync_files([self._fd, self._dir_fd])
         self._dir_dirty = False
@@ -153,17 +155,16 @@ class IndexLog:
         self._retired.append(self._fd)
         self.number += 1
         self._open()
+        self.files.append(self.number)
         return True
 
     def remove_unneeded(self, needed: Any) -> int:
         """Remove the older files, oldest first, while ``needed(number)`` says no message alive
         has its E records there; returns how many went."""
         removed = 0
-        for path in _index_files(self.directory):
-            number = int(path.name[:-4])
-            if number >= self.number or needed(number):
-                break
-            path.unlink(missing_ok=True)
+        files = self.files
+        while len(files) > 1 and not needed(files[0]):
+            self._path(files.pop(0)).unlink(missing_ok=True)
             self._dir_dirty = True
             removed += 1
         return removed
