@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from broker.alarms import Alarms
 from broker.body_ref import pack_body_ref, unpack_body_ref
 from broker.constants import REPLY_TO
 from broker.consumer_manager import QueueConsumer
@@ -133,10 +134,8 @@ class Dispatcher:
         self._pub_seq = [0] * workers  # Publish records seen per worker incarnation
         # Memory alarm, per worker arena: bytes of messages held in region k; its publishers
         # are blocked at high_watermark and unblocked below low_watermark (hysteresis).
-        self.region_bytes = [0] * workers
-        self.high_watermark = 0  # 0: never block publishers
-        self.low_watermark = 0
-        self.blocked = [False] * workers
+        self.alarms = Alarms(workers)  # broker.alarms: memory per arena, disk
+        self.region_bytes = self.alarms.region_bytes  # kept here, on the hot path
         # A worker whose arena had no room for a publish: bytes it waits for, bytes freed since.
         self._arena_need = [0] * workers
         self._arena_freed = [0] * workers
@@ -159,8 +158,8 @@ class Dispatcher:
         a replacement learns that its arena is still over the memory watermark."""
         self.worker_pids[worker] = rec.pid
         self._pub_seq[worker] = 0
-        if self.blocked[worker]:
-            self.outbox[worker].append(r.Blocked(True))
+        if self.alarms.told_blocked(worker):
+            self.outbox[worker].append(r.Blocked(True, self.alarms.reason()))
 
     def begin_batch(self, now: float) -> None:
         """Requests of one ring batch happen at ``now`` (TTL, x-expires, x-death time)."""
@@ -179,8 +178,8 @@ class Dispatcher:
         if self._credit.due:
             for worker, grant in self._credit.grants(self._subs, all_credit=all_credit).items():
                 self.outbox[worker].append(grant)
-        if self.high_watermark:
-            self._memory_alarms()
+        if self.alarms.high_watermark:
+            self.alarms.check_memory(self.outbox)
 
     @property
     def behind(self) -> bool:
@@ -188,20 +187,25 @@ class Dispatcher:
         settles and pulls get the supervisor first."""
         return self._credit.behind
 
-    def _memory_alarms(self) -> None:
-        for k, held in enumerate(self.region_bytes):
-            if self.blocked[k] and held < self.low_watermark:
-                self.blocked[k] = False
-                self.outbox[k].append(r.Blocked(False))
-                log.warning("memory alarm cleared on worker %d: its arena holds %s, below the low "
-                            "watermark %s; its publishers are unblocked", k, _mib(held),
-                            _mib(self.low_watermark))
-            elif not self.blocked[k] and held >= self.high_watermark:
-                self.blocked[k] = True
-                self.outbox[k].append(r.Blocked(True))
-                log.warning("memory alarm set on worker %d: its arena holds %s, the high watermark "
-                            "is %s. *** Its publishers are blocked until the arena falls below %s ***",
-                            k, _mib(held), _mib(self.high_watermark), _mib(self.low_watermark))
+    def set_disk_alarm(self, active: bool) -> None:
+        """The disk alarm (RabbitMQ's disk_free_limit): every worker's publishers block."""
+        self.alarms.set_disk(active, self.outbox)
+
+    @property
+    def high_watermark(self) -> int:
+        return self.alarms.high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, value: int) -> None:
+        self.alarms.high_watermark = value
+
+    @property
+    def low_watermark(self) -> int:
+        return self.alarms.low_watermark
+
+    @low_watermark.setter
+    def low_watermark(self, value: int) -> None:
+        self.alarms.low_watermark = value
 
     def tick(self, now: float) -> float | None:
         """The timer: expire messages, delete unused x-expires queues, release held
@@ -623,7 +627,3 @@ class Dispatcher:
                 self._wake(held.queue.discard(held))
             else:
                 raise InternalError(f"unknown settle action {rec.action}")
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"

@@ -18,6 +18,7 @@ Layout and what each file holds: ``broker.data_dir``, ``broker.definition_store`
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,8 @@ from ipc.logfile import remove_segment, sync_files
 from ipc.logfile import segments as body_segments
 
 log = logging.getLogger("shoal.supervisor")
+
+DISK_CHECK_INTERVAL = 1.0  # seconds between free-space checks (one statvfs each)
 
 
 class Durability:
@@ -148,6 +151,23 @@ class Durability:
     async def sync_now(self) -> None:
         while await self.sync_once():
             pass
+
+    async def watch_disk(self, limit: int, flush: Callable[[], object]) -> None:
+        """The disk alarm: publishers block while the data directory's free space is below
+        ``limit`` bytes (RabbitMQ's disk_free_limit), checked every DISK_CHECK_INTERVAL."""
+        while True:
+            free = shutil.disk_usage(self.path).free
+            active = free < limit
+            if active != self.dispatcher.alarms.disk:
+                if active:
+                    log.warning("disk alarm set: free disk space %d bytes, below the limit %d. *** "
+                                "Publishers will be blocked until this alarm clears ***", free, limit)
+                else:
+                    log.warning("disk alarm cleared: free disk space %d bytes, the limit is %d",
+                                free, limit)
+                self.dispatcher.set_disk_alarm(active)
+                flush()
+            await trio.sleep(DISK_CHECK_INTERVAL)
 
     def close(self) -> None:
         if self.index is not None:

@@ -84,6 +84,9 @@ class ServeConfig:
     # Durable topology lives here (broker.data_dir); None: nothing survives a restart.
     # `shoal serve` always passes one (--data-dir, default broker.data_dir.default_data_dir).
     data_dir: str | None = None
+    # The disk alarm: publishers are blocked while the data directory has less free space
+    # (bytes; RabbitMQ's disk_free_limit, 50 MB by default). 0: no disk alarm.
+    disk_free_limit: int = 50_000_000
     log_level: str = "info"
     ready_file: str | None = None
     control_socket: str | None = None  # shoal list-connections asks here; None: the default path
@@ -215,6 +218,9 @@ class Supervisor:
             nursery.start_soon(self._timer)
             if self.durability is not None:
                 nursery.start_soon(self.durability.sync_index, self.flush)
+                if self.config.disk_free_limit:
+                    nursery.start_soon(self.durability.watch_disk, self.config.disk_free_limit,
+                                       self.flush)
             assert self._control_sock is not None
             nursery.start_soon(self._control.serve, self._control_sock)
             for w in self.workers:

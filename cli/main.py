@@ -24,6 +24,20 @@ def _parse_users(ctx: click.Context, param: click.Parameter, values: tuple[str, 
     return users
 
 
+_UNITS = {"": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30}
+
+
+def _parse_bytes(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    """RabbitMQ's information units: 50MB is 50,000,000 bytes, 50MiB 52,428,800."""
+    text = str(value).strip().lower().replace(" ", "")
+    number = text.rstrip("kmgib")
+    unit = text[len(number):]
+    if not number.isdigit() or unit not in _UNITS:
+        raise click.BadParameter("expected bytes, or a number with kB, MB, GB, KiB, MiB or GiB")
+    return int(number) * _UNITS[unit]
+
+
 def _read_users_file(path: str) -> dict[str, str]:
     """NAME:PASSWORD per line; blank lines and # comments skipped. Warns when others may read it."""
     mode = os.stat(path).st_mode
@@ -86,6 +100,11 @@ def main() -> None:
               show_default="$XDG_STATE_HOME/shoal/node-PORT, or ~/.local/state/shoal/node-PORT",
               help="Where durable exchanges, queues and bindings are kept between runs. One "
               "broker per directory: a second one refuses to start.")
+@click.option("--disk-free-limit", default="50MB", show_default=True, callback=_parse_bytes,
+              metavar="BYTES",
+              help="Block publishers (connection.blocked, reason 'low on disk') while the data "
+              "directory's file system has less free space than this: bytes, or with kB, MB, GB "
+              "(powers of 1000) or KiB, MiB, GiB; 0 turns the alarm off (RabbitMQ's disk_free_limit).")
 @click.option("--user", "users", multiple=True, metavar="NAME:PASSWORD", envvar="SHOAL_USERS",
               callback=_parse_users,
               help="A user who may log in (PLAIN or AMQPLAIN), repeatable; when given, these "

@@ -400,11 +400,13 @@ class Cancelled(_Record, frozen=True, tag="cancelled"):
 
 
 class Blocked(_Record, frozen=True, tag="blocked"):
-    """Message bodies held in this worker's arena crossed its memory high watermark
-    (``active``) or fell below its low watermark: connection.blocked / unblocked,
-    publishing paused."""
+    """A resource alarm (RabbitMQ's) started or ended for this worker's publishers:
+    connection.blocked with ``reason`` / connection.unblocked, publishing paused. Memory:
+    message bodies held in this worker's arena crossed its high watermark, or fell below its
+    low one; disk: the data directory's free space fell below --disk-free-limit."""
 
     active: bool
+    reason: str = "low on memory"
 
 
 class Credit(_Record, frozen=True, tag="credit"):

@@ -1,0 +1,73 @@
+"""Resource alarms (RabbitMQ's): when publishers are blocked, and what each worker is told.
+
+* **Memory**, per worker arena: bytes of messages held in worker k's arena (``region_bytes[k]``,
+  kept by the dispatcher as it enqueues and frees) at or above ``high_watermark`` block that
+  worker's publishers; below ``low_watermark`` unblocks them (hysteresis: no flapping).
+* **Disk**, for the whole broker: the data directory's free space below ``--disk-free-limit``
+  blocks every worker's publishers until it is back above (RabbitMQ's ``disk_free_limit``).
+
+A worker is blocked while any alarm concerns it; it is sent ``Blocked`` only when that changes
+(connection.blocked reason ``low on disk`` while the disk alarm is on, else ``low on memory``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ipc import records as r
+
+log = logging.getLogger("shoal.dispatch")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+class Alarms:
+    """The memory alarm per worker, the disk alarm, and what each worker was last told."""
+
+    __slots__ = ("_told", "blocked", "disk", "high_watermark", "low_watermark", "region_bytes")
+
+    def __init__(self, workers: int) -> None:
+        self.region_bytes = [0] * workers  # bytes of messages held in each worker's arena
+        self.high_watermark = 0  # 0: never block publishers for memory
+        self.low_watermark = 0
+        self.blocked = [False] * workers  # the memory alarm, per worker arena
+        self.disk = False  # the data directory's free space is below its limit
+        self._told = [False] * workers
+
+    def reason(self) -> str:
+        return "low on disk" if self.disk else "low on memory"
+
+    def told_blocked(self, worker: int) -> bool:
+        return self._told[worker]
+
+    def check_memory(self, outbox: list[list[r.Event]]) -> None:
+        """Raise or clear each worker's memory alarm (after a batch, on the timer's tick)."""
+        changed = False
+        for k, held in enumerate(self.region_bytes):
+            if self.blocked[k] and held < self.low_watermark:
+                self.blocked[k], changed = False, True
+                log.warning("memory alarm cleared on worker %d: its arena holds %s, below the low "
+                            "watermark %s; its publishers are unblocked", k, _mib(held),
+                            _mib(self.low_watermark))
+            elif not self.blocked[k] and held >= self.high_watermark:
+                self.blocked[k] = changed = True
+                log.warning("memory alarm set on worker %d: its arena holds %s, the high watermark "
+                            "is %s. *** Its publishers are blocked until the arena falls below %s ***",
+                            k, _mib(held), _mib(self.high_watermark), _mib(self.low_watermark))
+        if changed:
+            self.tell(outbox)
+
+    def set_disk(self, active: bool, outbox: list[list[r.Event]]) -> None:
+        self.disk = active
+        self.tell(outbox)
+
+    def tell(self, outbox: list[list[r.Event]]) -> None:
+        """Send ``Blocked`` to each worker whose blocked state changed."""
+        told = self._told
+        for k, memory in enumerate(self.blocked):
+            active = memory or self.disk
+            if active != told[k]:
+                told[k] = active
+                outbox[k].append(r.Blocked(True, self.reason()) if active else r.Blocked(False))
