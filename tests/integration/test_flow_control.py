@@ -31,6 +31,7 @@ from tests.integration.harness import (
     close_quietly,
     finish,
     start_broker,
+    wait_until,
     worker_of,
 )
 from tests.integration.rawclient import Bystanders, RawClient, method_frame, publish_frames, unique_name
@@ -284,6 +285,13 @@ def test_publishes_pipelined_before_connection_close_are_all_taken(broker: Broke
     finally:
         client.close()
     channel = admin.channel()
-    assert channel.queue_declare(queue, passive=True).method.message_count == total
+
+    def count() -> int:
+        return channel.queue_declare(queue, passive=True).method.message_count
+
+    # The admin connection may be on the other worker, whose ring the supervisor reads apart
+    # from the closed connection's: its view catches up within moments (bounded wait).
+    wait_until(lambda: count() >= total, 15, "the queue to hold every pipelined publish")
+    assert count() == total
     channel.queue_delete(queue)
     close_quietly(admin)
