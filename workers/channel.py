@@ -34,6 +34,7 @@ from broker.constants import REPLY_TO
 from ipc import records as r
 from workers import codec, topology
 from workers.channel_owner import ChannelConfig, ChannelOwner, WorkerServices
+from workers.confirm_gate import ConfirmGate
 from workers.consumer_target import ConsumerTarget
 from workers.delivery_tags import DeliveryTags
 from workers.outgoing import (
@@ -76,6 +77,7 @@ class Channel:
         self.published = 0  # publish sequence numbers in confirm mode
         self.confirmed = 0  # confirms received from the supervisor
         self.acked_upto = 0  # confirms sent to the client
+        self.confirm_gate: ConfirmGate | None = None  # confirms waiting for the body log
         self.prefetch = 0  # basic.qos global=false: for consumers created after it
         self.global_prefetch = 0  # basic.qos global=true: shared by the channel
         self.consumer_unacked = 0
@@ -431,9 +433,17 @@ class Channel:
             return
         if self.confirm:
             self.published += 1
+        body_at = None
+        log = self.worker.body_log
+        if log is not None:  # --data-dir: a persistent message's body goes to disk now
+            body_at = self.worker.store_body(offset, header_len, body_len)
+            if body_at is not None and self.confirm:  # its ack waits for the log's sync
+                if self.confirm_gate is None:
+                    self.confirm_gate = ConfirmGate(self, log, self.worker.confirm_waiters)
+                self.confirm_gate.expect(self.published)
         rec = r.Publish(
             self.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
-            offset, header_len, body_len, headers, expiration, priority,
+            offset, header_len, body_len, headers, expiration, priority, body_at,
         )
         if self.tx:  # invisible until tx.commit
             self._tx.hold_publish(rec)
@@ -461,6 +471,11 @@ class Channel:
             self._expect.popleft()[1](None)
 
     def on_confirm(self, ev: r.Confirm) -> None:
+        if self.confirm_gate is None or self.confirm_gate.admit(ev):
+            self.apply_confirm(ev)
+
+    def apply_confirm(self, ev: r.Confirm) -> None:
+        """The next publish's confirm: an ack joins the batch's ack multiple, a nack goes now."""
         self.confirmed += 1
         if not ev.ack:  # a queue refused it: nack this one, after the acks before it
             self.confirmed -= 1
@@ -579,6 +594,8 @@ class Channel:
             target.active = False
             self.worker.drop_target(target)
         self.consumers.clear()
+        if self.confirm_gate is not None:  # held confirms are never sent
+            self.confirm_gate.drop()
         self._expect.clear()
         self._inbox = None
 

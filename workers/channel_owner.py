@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ipc import records as r
+from ipc.logfile import BodyLog
 from tracing import TraceWriter
+from workers.confirm_gate import ConfirmGate
 from workers.consumer_target import ConsumerTarget, CreditPool
 from workers.outgoing import Outgoing
 
@@ -30,12 +32,17 @@ class _Region(Protocol):
 
 class WorkerServices(Protocol[Ch]):
     """What a channel uses of its worker (``workers.worker.Worker``): the request outbox,
-    consumer targets and their slots, message bodies in the arena, and the trace."""
+    consumer targets and their slots, message bodies in the arena, the body log and the
+    confirms waiting for it, and the trace."""
+
+    confirm_waiters: set[ConfirmGate]
 
     @property
     def region(self) -> _Region: ...
     @property
     def trace(self) -> TraceWriter | None: ...
+    @property
+    def body_log(self) -> BodyLog | None: ...
 
     def send(self, rec: Any) -> None: ...
     def new_target(self, tag: str, channel: Ch, queue: str, *, no_ack: bool,
@@ -44,6 +51,8 @@ class WorkerServices(Protocol[Ch]):
     def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]: ...
     def own_body(self, offset: int, header_len: int,
                  body_len: int) -> tuple[memoryview, memoryview]: ...
+    def store_body(self, offset: int, header_len: int,
+                   body_len: int) -> tuple[int, int, int] | None: ...
 
 
 class ChannelOwner(Protocol[Ch]):

@@ -33,6 +33,9 @@ BASIC_NACK = 120
 HEADERS_FLAG = commands.Basic.Properties.flags["headers"]
 _CONTENT_TYPE_FLAG = commands.Basic.Properties.flags["content_type"]
 _CONTENT_ENCODING_FLAG = commands.Basic.Properties.flags["content_encoding"]
+# delivery_mode's flag is a bit of the flag word's first octet (content header offset 12).
+_DELIVERY_MODE_BIT = commands.Basic.Properties.flags["delivery_mode"] >> 8
+PERSISTENT = 2  # delivery_mode of a persistent message
 
 HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
@@ -142,6 +145,27 @@ def headers_from_content_header(payload: Buffer) -> dict[str, Any] | None:
     except (ValueError, IndexError, KeyError) as exc:
         raise DecodeError(f"cannot decode headers: {exc}") from exc
     return table
+
+
+def is_persistent(payload: Buffer) -> bool:
+    """delivery_mode == 2 (a persistent message), reading only what comes before it.
+
+    One test of one flag octet when the publisher set no delivery_mode (the common case);
+    else content-type, content-encoding and headers are skipped by their lengths."""
+    try:
+        if not payload[12] & _DELIVERY_MODE_BIT:
+            return False
+        flags = payload[12] << 8 | payload[13]
+        pos = _properties_start(payload, flags)
+        if flags & _CONTENT_TYPE_FLAG:
+            pos += 1 + payload[pos]
+        if flags & _CONTENT_ENCODING_FLAG:
+            pos += 1 + payload[pos]
+        if flags & HEADERS_FLAG:
+            pos += 4 + _UINT32.unpack_from(payload, pos)[0]
+        return payload[pos] == PERSISTENT
+    except (IndexError, struct.error) as exc:
+        raise DecodeError("cannot decode delivery_mode: content header truncated") from exc
 
 
 _PUBLISH_FLAGS = (

@@ -247,8 +247,11 @@ class ConnectionHandler:
         if ch is None or ch.closing:
             self.worker.region.arena.free(offset)
             return
-        ch.publish(event.exchange, event.routing_key, event.mandatory, offset,
-                   header_len, event.body_size, headers, expiration, priority)
+        try:
+            ch.publish(event.exchange, event.routing_key, event.mandatory, offset,
+                       header_len, event.body_size, headers, expiration, priority)
+        except AMQPError as exc:  # its body could not be stored (Worker.store_body)
+            self.fail(exc, ch)
 
     # ----------------------------------------------------- errors, closing
 

@@ -10,6 +10,8 @@ Tasks of a worker process:
   eventfd only after saying so in shared memory and checking once more;
 * ``_flusher``: the request outbox goes to the ring once per scheduling round
   (a trio instrument, :class:`_RoundFlush`), this task retrying while it is full;
+* ``_body_syncer`` (``--data-dir``): syncs the body log of persistent messages, then lets the
+  publisher confirms that waited for it go (:func:`sync_bodies`);
 * ``_heartbeats``: heartbeat ticks for every connection;
 * ``_watch_supervisor``: EOF on the alive pipe means the supervisor died: exit;
 * ``_signals``: SIGTERM closes every client with 320 CONNECTION_FORCED.
@@ -28,13 +30,14 @@ import socket
 import sys
 import termios
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
 
 import trio
 
 from broker import errors
 from ipc import records as r
+from ipc.logfile import BodyLog, sync_files
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
 from workers import codec
@@ -146,6 +149,7 @@ class Server:
             nursery.start_soon(self._events)
             nursery.start_soon(self._flusher)
             nursery.start_soon(self._lazy_waker)
+            nursery.start_soon(self._body_syncer)
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(self._accept, listener, nursery)
             self.worker.hello()
@@ -250,6 +254,20 @@ class Server:
                     worker.wake_supervisor()
         finally:
             worker.want_lazy_wake = worker.wake_supervisor
+
+    async def _body_syncer(self) -> None:
+        """With a body log: a persistent publish rings, the log is synced (:func:`sync_bodies`)
+        and the worker sends the confirms that waited for it (Worker.body_synced)."""
+        worker = self.worker
+        body_log = worker.body_log
+        if body_log is None:
+            return
+        bell = Doorbell()  # rung from tasks (a reader's publish): no trio token needed
+        worker.want_body_sync = bell.ring
+        try:
+            await sync_bodies(body_log, bell, worker.body_synced)
+        finally:
+            worker.want_body_sync = _nothing
 
     async def _heartbeats(self) -> None:
         whole = False
@@ -465,6 +483,27 @@ def _nothing() -> None:
     pass
 
 
+async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], object]) -> NoReturn:
+    """Sync ``body_log`` whenever it has unsynced appends (``bell`` rings after each), calling
+    ``synced`` after every sync. Group commit: appends made while a sync runs in its thread
+    are covered by the next one, which starts as soon as that one is done; with nothing
+    unsynced it sleeps on the bell. A failed sync ends the worker: the confirms waiting for
+    it are never sent, and the supervisor sees the worker go."""
+    while True:
+        if not body_log.unsynced:
+            await bell.wait()
+            continue
+        appended, fds = body_log.sync_plan()
+        try:
+            await trio.to_thread.run_sync(sync_files, fds)
+        except OSError:
+            log.critical("worker %d: syncing its body log in %s failed", body_log.worker,
+                         body_log.data_dir)
+            raise
+        body_log.synced_to(appended, fds)
+        synced()
+
+
 async def _linger(sock: socket.socket) -> None:
     """After our last frame (close-ok, or our connection.close): send FIN, then read and drop
     what the client still sends until it closes its end, for at most CLOSE_LINGER seconds.
@@ -540,5 +579,4 @@ async def serve(config: r.WorkerConfig) -> None:
     try:
         await server.run()
     finally:
-        if server.worker.trace is not None:
-            server.worker.trace.close()
+        server.worker.close()

@@ -17,11 +17,13 @@ from typing import Any
 
 from broker import errors
 from ipc import records as r
+from ipc.logfile import BodyLog
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
 from tracing import TraceWriter, open_writer
 from workers import codec
 from workers.channel import Channel, Target
+from workers.confirm_gate import ConfirmGate
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTarget
 
@@ -38,9 +40,10 @@ LAZY_SETTLE_DELAY = 0.005
 
 class Worker:
     """One worker process's state, without IO: its region and rings, its connection handlers
-    (client connections) and consumer targets. Requests go out through ``send`` (an outbox
-    written to the request ring once per scheduling round), events come in through
-    ``handle_events``; :class:`workers.server.Server` drives it from trio."""
+    (client connections) and consumer targets, and with ``--data-dir`` its body log (persistent
+    messages). Requests go out through ``send`` (an outbox written to the request ring once per
+    scheduling round), events come in through ``handle_events``; :class:`workers.server.Server`
+    drives it from trio (and syncs the body log)."""
 
     def __init__(self, config: r.WorkerConfig, region: Region) -> None:
         self.config = config
@@ -73,6 +76,13 @@ class Worker:
         self.on_blocked: Callable[[bool], object] = lambda active: None
         self.on_arena_freed: Callable[[], object] = lambda: None
         self.want_flush: Callable[[], object] = self.flush_requests  # the server defers it
+        # shoal serve --data-dir: persistent bodies are appended here as they are published;
+        # the server's sync task syncs them (want_body_sync) and calls body_synced.
+        self.body_log: BodyLog | None = None
+        if config.data_dir:
+            self.body_log = BodyLog(config.data_dir, config.index)
+        self.want_body_sync: Callable[[], object] = lambda: None
+        self.confirm_waiters: set[ConfirmGate] = set()  # channels' confirms held for a sync
 
     # ---------------------------------------------------------- requests
 
@@ -147,6 +157,47 @@ class Worker:
     def own_body(self, offset: int, header_len: int, body_len: int) -> tuple[memoryview, memoryview]:
         view = self.region.arena.view(offset, header_len + body_len)
         return view[:header_len], view[header_len:]
+
+    def store_body(self, offset: int, header_len: int,
+                   body_len: int) -> tuple[int, int, int] | None:
+        """A persistent message's header and body, from our arena, to the body log (the sync
+        task is told); where it went (``Publish.body_at``), or None for a transient message.
+        Refused (its block freed: no record will name it) when the content header is too
+        short to say (501 FRAME_ERROR) or the write fails (541: the disk is full, say)."""
+        body_log = self.body_log
+        if body_log is None:
+            return None
+        header, body = self.own_body(offset, header_len, body_len)
+        try:
+            if not codec.is_persistent(header):
+                return None
+        except codec.DecodeError as exc:
+            self.region.arena.free(offset)
+            raise errors.FrameError(str(exc), codec.BASIC_CLASS, codec.BASIC_PUBLISH) from exc
+        try:
+            where = body_log.append(header, body)
+        except OSError as exc:
+            self.region.arena.free(offset)
+            log.error("worker %d: cannot write a persistent message's body: %s",
+                             self.index, exc)
+            raise errors.InternalError(f"cannot store message: {exc.strerror}",
+                                       codec.BASIC_CLASS, codec.BASIC_PUBLISH) from exc
+        self.want_body_sync()
+        return where
+
+    def body_synced(self) -> None:
+        """The body log was synced (``BodyLog.synced`` moved): the confirms it held go out."""
+        for gate in list(self.confirm_waiters):
+            gate.release()
+        self.after_batch()
+
+    def close(self) -> None:
+        """The worker stops: close its files (the trace, the body log)."""
+        if self.trace is not None:
+            self.trace.close()
+        if self.body_log is not None:
+            self.body_log.close()
+            self.body_log = None
 
     # ------------------------------------------------------------ targets
 

@@ -10,12 +10,15 @@ from typing import Any
 from pamqp import base, body, commands, frame, header
 
 from ipc import records as r
+from ipc.logfile import BodyLog
 from workers import events as ev
 from workers.channel import Channel
+from workers.confirm_gate import ConfirmGate
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTarget
 from workers.frame_buffer import PROTOCOL_HEADER
+from workers.worker import Worker
 
 
 def default_server_properties() -> dict[str, Any]:
@@ -69,7 +72,7 @@ class FakeArena:
 class FakeWorker:
     """What ConnectionHandler and Channel use of ``workers.worker.Worker``; records requests."""
 
-    def __init__(self, arena_size: int = 1 << 20) -> None:
+    def __init__(self, arena_size: int = 1 << 20, body_log: BodyLog | None = None) -> None:
         self.index = 0
         self.requests: list[Any] = []
         self.dirty: set[ConnectionHandler] = set()
@@ -80,6 +83,19 @@ class FakeWorker:
         self.arena_full = False
         self.trace = None
         self._ids = itertools.count(1)
+        self.body_log = body_log  # with --data-dir
+        self.confirm_waiters: set[ConfirmGate] = set()
+        self.body_sync_wanted = 0  # times a persistent publish asked the sync task for a sync
+
+    # The real worker's: what a persistent publish and a body log sync do.
+    store_body = Worker.store_body
+    body_synced = Worker.body_synced
+
+    def want_body_sync(self) -> None:
+        self.body_sync_wanted += 1
+
+    def after_batch(self) -> None:
+        pass  # the harness takes the output itself (Harness.frames)
 
     @property
     def alarmed(self) -> bool:
@@ -114,8 +130,9 @@ class Harness:
     """A ConnectionHandler over an opened AMQPConnection with ``channels`` open, output drained."""
 
     def __init__(self, channels: tuple[int, ...] = (1,), arena_size: int = 1 << 20,
-                 capabilities: dict[str, Any] | None = None) -> None:
-        self.worker = FakeWorker(arena_size)
+                 capabilities: dict[str, Any] | None = None,
+                 body_log: BodyLog | None = None) -> None:
+        self.worker = FakeWorker(arena_size, body_log)
         self.proto = AMQPConnection(server_properties=default_server_properties())
         self.handler = ConnectionHandler(self.worker, CONN, self.proto)  # type: ignore[arg-type]
         self.worker.handlers[CONN] = self.handler
@@ -142,10 +159,11 @@ class Harness:
     def client(self, channel: int, method: base.Frame) -> None:
         self.feed(frame.marshal(method, channel))
 
-    def publish(self, channel: int, data: bytes = b"m", **kwargs: Any) -> None:
+    def publish(self, channel: int, data: bytes = b"m",
+                properties: commands.Basic.Properties | None = None, **kwargs: Any) -> None:
+        props = properties or commands.Basic.Properties()
         self.feed(frame.marshal(commands.Basic.Publish(**kwargs), channel)
-                  + frame.marshal(header.ContentHeader(0, len(data), commands.Basic.Properties()),
-                                  channel)
+                  + frame.marshal(header.ContentHeader(0, len(data), props), channel)
                   + frame.marshal(body.ContentBody(data), channel))
 
     # supervisor → worker

@@ -108,6 +108,55 @@ def test_headers_absent_is_none() -> None:
     assert codec.headers_from_content_header(payload) is None
 
 
+_BEFORE_DELIVERY_MODE: list[dict[str, Any]] = [
+    {},
+    {"content_type": "application/json"},
+    {"content_encoding": "gzip"},
+    {"headers": {"x-match": "all", "n": 7, "nested": {"a": True}, "s": "x" * 300}},
+    {"headers": {}},
+    {"content_type": "t", "content_encoding": "e", "headers": {"k": "\x02\x02", "n": 2}},
+]
+_AFTER_DELIVERY_MODE: dict[str, Any] = {"priority": 2, "message_id": "m", "app_id": "a"}
+
+
+@pytest.mark.parametrize("before", _BEFORE_DELIVERY_MODE)
+@pytest.mark.parametrize("mode", [1, 2, None])
+@pytest.mark.parametrize("after", [{}, _AFTER_DELIVERY_MODE])
+def test_is_persistent_reads_delivery_mode_past_the_properties_before_it(
+    before: dict[str, Any], mode: int | None, after: dict[str, Any]
+) -> None:
+    """delivery_mode 2 is persistent; 1 or absent is not, whatever properties precede or
+    follow it (the persistent case agrees with pamqp's decoding)."""
+    properties = commands.Basic.Properties(**before, delivery_mode=mode, **after)
+    payload = _header_payload(5, properties)
+    assert codec.decode_properties(payload).delivery_mode == mode
+    assert codec.is_persistent(memoryview(payload)) is (mode == 2)
+    assert codec.is_persistent(payload) is (mode == 2)
+
+
+def test_is_persistent_follows_a_continued_flag_word() -> None:
+    """A flag word with the continuation bit is followed by another before the properties."""
+    payload = _header_payload(5, commands.Basic.Properties(content_type="t", delivery_mode=2))
+    flags = int.from_bytes(payload[12:14], "big") | 1
+    continued = payload[:12] + flags.to_bytes(2, "big") + b"\x00\x00" + payload[14:]
+    assert codec.is_persistent(continued)
+
+
+def test_is_persistent_truncated_is_a_decode_error() -> None:
+    """A header whose flags promise more properties than it holds cannot say."""
+    payload = _header_payload(5, commands.Basic.Properties(headers={"k": "v"}, delivery_mode=2))
+    for cut in (0, 12, 14, 20, len(payload) - 1):
+        with pytest.raises(codec.DecodeError):
+            codec.is_persistent(payload[:cut])
+
+
+def test_is_persistent_without_its_flag_reads_only_the_flags() -> None:
+    """No delivery_mode flag: not persistent, without looking past the flag octet (a header
+    cut right after it still answers)."""
+    payload = _header_payload(5, commands.Basic.Properties(content_type="t", priority=2))
+    assert codec.is_persistent(payload[:13]) is False
+
+
 @pytest.mark.parametrize("size", [0, 1, 4088, 4089, 10000, 3 * 4088])
 def test_encode_deliver_matches_pamqp(size: int) -> None:
     """Deliver + verbatim header + body split at frame_max - 8, byte for byte."""

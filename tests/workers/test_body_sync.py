@@ -1,0 +1,196 @@
+"""The worker's body log and its sync task: made from WorkerConfig.data_dir, closed with the
+worker; workers.server.sync_bodies syncs when there is something to sync, and group-commits
+what arrives while a sync runs."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from pamqp import commands, header
+
+from ipc import logfile
+from ipc import records as r
+from ipc.logfile import BodyLog
+from ipc.region import Region
+from ipc.wakeup import EventFd
+from workers import server
+from workers.server import sync_bodies
+from workers.socket_writer import Doorbell
+from workers.worker import Worker
+
+
+@pytest.fixture
+def region() -> Iterator[tuple[Region, EventFd, EventFd]]:
+    name = f"/shoaltest.{os.getpid()}-{secrets.token_hex(4)}.w0"
+    region = Region.create(name, ring_bytes=1 << 16, slots=64, arena_bytes=1 << 16)
+    request, event = EventFd(), EventFd()
+    try:
+        yield region, request, event
+    finally:
+        region.close()
+        region.unlink()
+        request.close()
+        event.close()
+
+
+def _worker(region: tuple[Region, EventFd, EventFd], data_dir: str) -> Worker:
+    shm, request, event = region
+    config = r.WorkerConfig(
+        index=0, instance=f"{os.getpid()}-00", regions=[shm.name], listen_fd=-1,
+        request_fd=request.fileno(), event_fd=event.fileno(), alive_fd=-1, data_dir=data_dir,
+    )
+    return Worker(config, shm)
+
+
+def test_a_data_dir_gives_the_worker_a_body_log_that_close_closes(
+        region: tuple[Region, EventFd, EventFd], tmp_path: Path) -> None:
+    fds_before = len(os.listdir("/proc/self/fd"))
+    worker = _worker(region, str(tmp_path))
+    assert worker.body_log is not None
+    assert logfile.segments(tmp_path, 0) == [0]
+    worker.close()
+    assert worker.body_log is None
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_without_a_data_dir_there_is_no_body_log(
+        region: tuple[Region, EventFd, EventFd]) -> None:
+    worker = _worker(region, "")
+    assert worker.body_log is None
+    assert worker.store_body(0, 0, 0) is None
+    worker.close()
+
+
+@pytest.fixture
+def body_log(tmp_path: Path) -> Iterator[BodyLog]:
+    log = BodyLog(tmp_path, 0)
+    yield log
+    log.close()
+
+
+class Syncs:
+    """Counts the syncs sync_bodies runs; each can be held in its thread until let go."""
+
+    def __init__(self, *, hold: bool = False) -> None:
+        self.files: list[list[int]] = []
+        self.started = threading.Event()
+        self.go = threading.Event()
+        if not hold:
+            self.go.set()
+
+    def __call__(self, fds: list[int]) -> None:
+        self.files.append(fds)
+        self.started.set()
+        self.go.wait(5)
+        logfile.sync_files(fds)
+
+
+async def _until(condition: Callable[[], object], timeout: float = 5.0) -> None:
+    with trio.fail_after(timeout):
+        while not condition():
+            await trio.sleep(0.001)
+
+
+async def test_nothing_unsynced_means_no_sync(body_log: BodyLog,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    syncs = Syncs()
+    monkeypatch.setattr(server, "sync_files", syncs)
+    bell = Doorbell()
+    called: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sync_bodies, body_log, bell, lambda: called.append(body_log.synced))
+        bell.ring()  # a ring without an append
+        await trio.sleep(0.05)
+        assert syncs.files == [] and called == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_append_is_synced_then_announced(body_log: BodyLog,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    syncs = Syncs()
+    monkeypatch.setattr(server, "sync_files", syncs)
+    bell = Doorbell()
+    called: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sync_bodies, body_log, bell, lambda: called.append(body_log.synced))
+        await trio.sleep(0.01)
+        body_log.append(b"h", b"body")
+        bell.ring()
+        await _until(lambda: called)
+        await trio.sleep(0.05)  # and then it sleeps: no further syncs
+        assert called == [1] and len(syncs.files) == 1
+        assert not body_log.unsynced
+        nursery.cancel_scope.cancel()
+
+
+async def test_appends_during_a_sync_are_covered_by_the_next_one(
+        body_log: BodyLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    syncs = Syncs(hold=True)
+    monkeypatch.setattr(server, "sync_files", syncs)
+    bell = Doorbell()
+    called: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sync_bodies, body_log, bell, lambda: called.append(body_log.synced))
+        body_log.append(b"h", b"1")
+        bell.ring()
+        await trio.to_thread.run_sync(syncs.started.wait)  # the first sync is in its thread
+        for n in (2, 3, 4):
+            body_log.append(b"h", bytes([n]))
+            bell.ring()
+        assert called == []  # nothing announced before the sync is done
+        syncs.go.set()
+        await _until(lambda: len(called) == 2)
+        await trio.sleep(0.05)
+        assert called == [1, 4]  # one sync for the first append, one for the three after it
+        assert len(syncs.files) == 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_failed_sync_ends_the_task(body_log: BodyLog,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(fds: list[int]) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(server, "sync_files", failing)
+    body_log.append(b"h", b"never confirmed")
+    called: list[int] = []
+    with pytest.raises(OSError):
+        await sync_bodies(body_log, Doorbell(), lambda: called.append(1))
+    assert called == [] and body_log.synced == 0
+
+
+async def test_the_server_syncs_a_stored_body_and_tells_the_worker(
+        region: tuple[Region, EventFd, EventFd], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Server._body_syncer: Worker.store_body rings it, Worker.body_synced follows the sync."""
+    shm, request, event = region
+    config = r.WorkerConfig(
+        index=0, instance=f"{os.getpid()}-00", regions=[shm.name], listen_fd=-1,
+        request_fd=request.fileno(), event_fd=event.fileno(), alive_fd=-1,
+        data_dir=str(tmp_path),
+    )
+    srv = server.Server(config)
+    worker = srv.worker
+    told: list[int] = []
+    monkeypatch.setattr(worker, "body_synced", lambda: told.append(worker.body_log.synced))
+    head = header.ContentHeader(0, 4, commands.Basic.Properties(delivery_mode=2)).marshal()
+    offset = worker.region.arena.alloc(len(head) + 4)
+    assert offset is not None
+    worker.region.arena.view(offset, len(head) + 4)[:] = head + b"body"
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(srv._body_syncer)
+            await trio.sleep(0.01)
+            assert worker.store_body(offset, len(head), 4) is not None
+            await _until(lambda: told)
+            assert told == [1]
+            nursery.cancel_scope.cancel()
+    finally:
+        worker.close()
+        worker.region.close()
