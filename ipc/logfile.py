@@ -126,7 +126,15 @@ class BodyLog:
         length = FRAME.size + _BODY.size + len(header) + len(body)
         head = FRAME.pack(length - FRAME.size, crc) + prefix
         where = (self.segment, self._offset, length)
-        write_all(self._fd, [head, header, body])
+        try:
+            write_all(self._fd, [head, header, body])
+        except OSError:
+            # Part of the frame may be in the file (ENOSPC half way): nothing more goes after it,
+            # so every later body's offset stays true. The next append starts a new segment.
+            self._retired.append(self._fd)
+            self.segment += 1
+            self._open_segment()
+            raise
         self._offset += length
         self.appended += 1
         if self._offset >= self.segment_bytes:

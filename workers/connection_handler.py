@@ -230,13 +230,14 @@ class ConnectionHandler:
             return None
         return codec.with_reply_to(header, ch.reply_to)
 
-    def set_blocked(self, active: bool) -> None:
-        """connection.blocked / unblocked, to clients that asked for them."""
+    def set_blocked(self, active: bool, reason: str = "low on memory") -> None:
+        """connection.blocked (RabbitMQ's reason: ``low on memory``, ``low on disk``) /
+        unblocked, to clients that asked for them."""
         if (not self.blocked_capable or self.told_blocked == active or not self.opened
                 or not self.publishes):
             return
         self.told_blocked = active
-        method = (spec.Connection.Blocked(reason="low on memory") if active
+        method = (spec.Connection.Blocked(reason=reason) if active
                   else spec.Connection.Unblocked())
         self.send(Method(0, method))
 

@@ -441,7 +441,7 @@ class Server:
         if worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
             with _not_reading(handler):
                 while worker.blocked:
-                    handler.set_blocked(True)
+                    handler.set_blocked(True, worker.block_reason)
                     worker.after_batch()
                     await self._unblocked.wait()
         headers, expiration, priority, reply_to = codec.publish_properties(event.header_payload)

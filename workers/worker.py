@@ -71,7 +71,8 @@ class Worker:
         self.trace: TraceWriter | None = None  # shoal serve --trace
         if config.trace_dir:  # open_writer imports pyarrow
             self.trace = open_writer(config.trace_dir, f"worker{config.index}", worker=config.index)
-        self.blocked = False  # the supervisor says: our arena is past its memory watermark
+        self.blocked = False  # the supervisor says: a resource alarm (memory, disk) is on
+        self.block_reason = "low on memory"  # connection.blocked's reason while it is
         self.arena_full = False  # a publish found no room in our arena and waits for some
         self.on_blocked: Callable[[bool], object] = lambda active: None
         self.on_arena_freed: Callable[[], object] = lambda: None
@@ -261,8 +262,9 @@ class Worker:
                     handler = handlers.get(conn)
                     if handler is not None:
                         handler.add_credit(n)
-            case r.Blocked(active=active):
+            case r.Blocked(active=active, reason=reason):
                 self.blocked = active
+                self.block_reason = reason if active else "low on memory"
                 self._tell_blocked()
                 self.on_blocked(active)
             case r.ArenaFreed():
@@ -296,8 +298,9 @@ class Worker:
 
     def _tell_blocked(self) -> None:
         alarmed = self.alarmed
+        reason = self.block_reason if self.blocked else "low on memory"  # else: arena full
         for handler in self.handlers.values():
-            handler.set_blocked(alarmed)
+            handler.set_blocked(alarmed, reason)
             self.dirty.add(handler)
 
     def _internal_error(self, event: Any) -> None:

@@ -585,6 +585,14 @@ def start_broker(directory: Path, workers: int = WORKERS, extra_args: Sequence[s
     return Broker(directory, workers, extra_args)
 
 
+def kill_whole_broker(broker: Broker) -> None:
+    """SIGKILL the supervisor (as a power cut would end it) and wait for its workers to follow."""
+    workers = broker.worker_processes()
+    broker.signal_supervisor(signal.SIGKILL)
+    broker.popen.wait(10)
+    assert not wait_gone(workers, 10), "workers outlived their SIGKILLed supervisor"
+
+
 def finish(broker: Broker) -> None:
     problems = broker.stop()
     if problems:

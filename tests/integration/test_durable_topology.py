@@ -3,7 +3,6 @@ clean one or a SIGKILL; transient ones do not; one broker per data directory."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from pathlib import Path
 
@@ -16,11 +15,11 @@ from tests.integration.harness import (
     Broker,
     drain_with_get,
     finish,
+    kill_whole_broker,
     queue_exists,
     serve_command,
     shm_segments,
     start_broker,
-    wait_gone,
 )
 
 
@@ -104,10 +103,7 @@ def test_a_declare_ok_survives_a_sigkill_of_the_whole_broker(tmp_path: Path) -> 
     first = start_broker(tmp_path / "first", extra_args=data)
     try:
         declare_topology(first)
-        workers = first.worker_processes()
-        first.signal_supervisor(signal.SIGKILL)
-        first.popen.wait(10)
-        assert not wait_gone(workers, 10), "workers outlived their SIGKILLed supervisor"
+        kill_whole_broker(first)
         second = start_broker(tmp_path / "second", extra_args=data)  # the lock died with the first
         try:
             check_topology(second)
