@@ -123,7 +123,7 @@ class Dispatcher:
             r.Get: self._get,
             r.Publish: self._publish,
             r.Settle: self._settle,
-            r.Sync: self._reply,
+            r.Sync: self._sync,
             r.ArenaWait: self._arena_wait,
             r.ConnectionsListed: lambda worker, rec: self.listings.listed(worker, rec),
         }
@@ -269,13 +269,30 @@ class Dispatcher:
         if not class_id:
             class_id, method_id = r.METHOD_IDS.get(type(rec), (0, 0))
         conn, ch = getattr(rec, "conn", 0), getattr(rec, "ch", 0)
-        self.outbox[worker].append(
-            r.Error(conn, ch, exc.reply_code, exc.reply_text, class_id, method_id)
-        )
+        self._answer(worker, conn, ch,
+                     r.Error(conn, ch, exc.reply_code, exc.reply_text, class_id, method_id))
 
     def _reply(self, worker: int, rec: Any, **fields: Any) -> None:
         if not getattr(rec, "nowait", False):
-            self.outbox[worker].append(r.Reply(rec.conn, rec.ch, rec.__struct_config__.tag, **fields))
+            self._answer(worker, rec.conn, rec.ch,
+                         r.Reply(rec.conn, rec.ch, rec.__struct_config__.tag, **fields))
+
+    def _answer(self, worker: int, conn: int, ch: int, event: r.Event) -> None:
+        """An answer to channel (conn, ch): behind its held confirms if it has any."""
+        if self.confirms and self.confirms.holds((worker, conn, ch)):
+            self.confirms.admit((worker, conn, ch), event, 0)
+        else:
+            self.outbox[worker].append(event)
+
+    def _sync(self, worker: int, rec: r.Sync) -> None:
+        """The barrier a worker waits on (tx.commit, local replies): answered once the index
+        log holds what came before it, so a commit-ok means the commit is on disk."""
+        journal = self.vhost.messages
+        need = journal.mark if journal is not None and journal.mark > self.confirms.synced else 0
+        if need:
+            self.confirms.admit((worker, rec.conn, rec.ch), r.Reply(rec.conn, rec.ch, "sync"), need)
+        else:
+            self._reply(worker, rec)
 
     def _wake(self, consumers: Iterable[QueueConsumer]) -> None:
         trace = self.trace
@@ -535,13 +552,13 @@ class Dispatcher:
         q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
         entry = q.get()
         if entry is None:
-            self.outbox[worker].append(r.GetEmpty(rec.conn, rec.ch))
+            self._answer(worker, rec.conn, rec.ch, r.GetEmpty(rec.conn, rec.ch))
             return
         self._channel((worker, rec.conn, rec.ch)).acquired[entry.id] = entry
         if q.store is not None and not entry.redelivered:  # first delivery: on record
             q.store.delivered(q.name, entry.message)
         delivery = self._delivery(entry.id, entry, basic_get=True)
-        self.outbox[worker].append(r.GetOk(rec.conn, rec.ch, delivery, q.message_count))
+        self._answer(worker, rec.conn, rec.ch, r.GetOk(rec.conn, rec.ch, delivery, q.message_count))
 
     # ----------------------------------------------------------- publishing
 

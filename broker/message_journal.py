@@ -162,11 +162,13 @@ class MessageJournal:
 
 
 class ConfirmGate:
-    """Publisher confirms that wait for the index log to be synced (per channel, in order).
+    """Publisher confirms (and tx.commit's answer) that wait for the index log to be synced,
+    per channel, in order.
 
     A confirm for a publish that wrote index records waits until the log is on disk up to them;
-    a later confirm on the same channel waits behind it, since a client counts confirms in
-    publish order. ``key`` is the runtime's channel key."""
+    so does the answer to the Sync that ends a tx.commit. Whatever the channel is answered after
+    that -- confirms, replies, basic.get's answers, errors -- waits behind it, since a client
+    matches them in order. ``key`` is the runtime's channel key."""
 
     __slots__ = ("_held", "synced")
 
@@ -176,6 +178,10 @@ class ConfirmGate:
 
     def __bool__(self) -> bool:
         return bool(self._held)
+
+    def holds(self, key: Any) -> bool:
+        """Whether events of channel ``key`` are held: its next answers must queue behind."""
+        return key in self._held
 
     def admit(self, key: Any, confirm: Any, need: int) -> bool:
         """True: send ``confirm`` now. False: it is held until the log reaches ``need``."""

@@ -197,6 +197,10 @@ class Channel:
     def _declare_ok(self, rep: r.Reply) -> None:
         self.last_queue = rep.queue
         self._reply(DeclareOk(self.number, rep.queue, rep.message_count, rep.consumer_count))
+        self._resume()
+
+    def _resume(self) -> None:
+        """Run the methods that waited (a server-named declare's name, a commit's sync)."""
         inbox, self._inbox = self._inbox, None
         while inbox and self._inbox is None and not self.closing:
             inbox.popleft()()
@@ -345,8 +349,22 @@ class Channel:
             self._send_publish(rec)
         for entries, action in settles:
             self._settle(entries, action)
-        self._request(r.Sync(self.conn_id, self.number),
-                      lambda rep: self._send(spec.Tx.CommitOk()))
+        if any(rec.body_at is not None for rec in publishes):
+            # Persistent messages: commit-ok once their bodies are on disk (then the Sync, whose
+            # reply the supervisor holds until its index is); later methods wait meanwhile.
+            self._inbox = deque()
+            self.worker.after_body_sync(self._commit_synced)
+            return
+        self._commit()
+
+    def _commit(self) -> None:
+        self._request(r.Sync(self.conn_id, self.number), lambda rep: self._send(spec.Tx.CommitOk()))
+
+    def _commit_synced(self) -> None:
+        if self.closing:
+            return
+        self._commit()
+        self._resume()
 
     def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
         """Drop the held publishes; the held acks' messages are unacked again."""

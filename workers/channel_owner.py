@@ -8,6 +8,7 @@ views are generic over the channel class (``Ch``), so this module does not impor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -51,6 +52,7 @@ class WorkerServices(Protocol[Ch]):
     def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]: ...
     def own_body(self, offset: int, header_len: int,
                  body_len: int) -> tuple[memoryview, memoryview]: ...
+    def after_body_sync(self, call: Callable[[], object]) -> None: ...
     def store_body(self, offset: int, header_len: int,
                    body_len: int) -> tuple[int, int, int] | None: ...
 

@@ -84,6 +84,8 @@ class Worker:
             self.body_log = BodyLog(config.data_dir, config.index)
         self.want_body_sync: Callable[[], object] = lambda: None
         self.confirm_waiters: set[ConfirmGate] = set()  # channels' confirms held for a sync
+        # (BodyLog.appended to reach, then what to call): tx.commits waiting for a sync
+        self._sync_waiters: list[tuple[int, Callable[[], object]]] = []
 
     # ---------------------------------------------------------- requests
 
@@ -190,7 +192,21 @@ class Worker:
         """The body log was synced (``BodyLog.synced`` moved): the confirms it held go out."""
         for gate in list(self.confirm_waiters):
             gate.release()
+        if self._sync_waiters and self.body_log is not None:
+            synced = self.body_log.synced
+            due = [call for mark, call in self._sync_waiters if mark <= synced]
+            self._sync_waiters = [(m, c) for m, c in self._sync_waiters if m > synced]
+            for call in due:
+                call()
         self.after_batch()
+
+    def after_body_sync(self, call: Callable[[], object]) -> None:
+        """Call ``call`` once every body appended so far is on disk (at once if it is)."""
+        log = self.body_log
+        if log is None or not log.unsynced:
+            call()
+            return
+        self._sync_waiters.append((log.appended, call))
 
     def close(self) -> None:
         """The worker stops: close its files (the trace, the body log)."""

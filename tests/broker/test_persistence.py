@@ -241,3 +241,26 @@ def test_full_index_files_are_rotated_and_removed_oldest_first_once_their_messag
     log.synced_to(mark, fds)
     assert not log.unsynced
     log.close()
+
+
+def test_a_commit_barrier_is_answered_once_the_index_holds_the_commit(h: Harness) -> None:
+    """tx.commit ends with a Sync: its reply (commit-ok) waits for the index sync, and the
+    channel's next answers wait behind it, in order."""
+    h.declare("d", durable=True)
+    h.publish("d", confirm=False)
+    h.d.handle(W0, r.Sync(1, 1))
+    h.d.handle(W0, r.QueueDeclare(1, 1, "d", True, True, False, False, {}, False))
+    h.d.handle(W0, r.Get(1, 1, "nowhere", False))  # 404: an error answer, in its turn
+    h.d.handle(W0, r.Sync(1, 2))  # another channel's barrier waits too: records are unsynced
+    assert h.events() == []
+    h.d.index_synced(h.journal.mark)
+    events = h.events()
+    assert [type(e).__name__ for e in events] == ["Reply", "Reply", "Error", "Reply"]
+    assert [(e.ch, getattr(e, "method", None)) for e in events[:2]] == [(1, "sync"), (1, "qdecl")]
+
+
+def test_a_barrier_with_nothing_unsynced_is_answered_at_once(h: Harness) -> None:
+    h.declare("t", durable=False)
+    h.publish("t", confirm=False)
+    h.d.handle(W0, r.Sync(1, 1))
+    assert h.events() == [r.Reply(1, 1, "sync")]

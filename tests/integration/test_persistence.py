@@ -131,3 +131,26 @@ def test_acked_messages_free_their_disk_and_a_deleted_queue_keeps_nothing(tmp_pa
         assert all(p.stat().st_size <= 8 for p in segments), [(p, p.stat().st_size) for p in segments]
     finally:
         finish(second)
+
+
+@pytest.mark.deadline(120)
+def test_a_committed_transaction_survives_a_sigkill(tmp_path: Path) -> None:
+    """tx.commit-ok of persistent publishes means they are on disk (RabbitMQ's promise)."""
+    first = start_broker(tmp_path / "first", extra_args=data_args(tmp_path))
+    try:
+        channel = first.connect().channel()
+        channel.queue_declare("jobs", durable=True)
+        channel.tx_select()
+        for i in range(50):
+            channel.basic_publish("", "jobs", b"c%d" % i, PERSISTENT)
+        channel.tx_commit()
+        channel.basic_publish("", "jobs", b"uncommitted", PERSISTENT)  # never committed
+        kill_whole_broker(first)
+        second = start_broker(tmp_path / "second", extra_args=data_args(tmp_path))
+        try:
+            got = drain_with_get(second.connect().channel(), "jobs", 100_000)
+            assert [body for body, _ in got] == [b"c%d" % i for i in range(50)]
+        finally:
+            finish(second)
+    finally:
+        finish(first)

@@ -86,10 +86,12 @@ class FakeWorker:
         self.body_log = body_log  # with --data-dir
         self.confirm_waiters: set[ConfirmGate] = set()
         self.body_sync_wanted = 0  # times a persistent publish asked the sync task for a sync
+        self._sync_waiters: list[tuple[int, Any]] = []
 
     # The real worker's: what a persistent publish and a body log sync do.
     store_body = Worker.store_body
     body_synced = Worker.body_synced
+    after_body_sync = Worker.after_body_sync
 
     def want_body_sync(self) -> None:
         self.body_sync_wanted += 1

@@ -106,9 +106,35 @@ def test_a_transactional_persistent_publish_is_written_when_published(body_log: 
     h.publish(1, b"committed", PERSISTENT, exchange="", routing_key="q")
     assert body_log.appended == 2
     h.client(1, commands.Tx.Commit())
-    [rec, _sync_rec] = h.take()
+    [rec] = h.take()  # the commit's Sync follows the body sync (next test)
     assert isinstance(rec, r.Publish) and rec.body_at is not None
     assert rec.body_at[1] > logfile.FRAME.size  # after the rolled-back frame
+
+
+def test_commit_ok_waits_for_the_body_sync_and_later_methods_wait_behind_it(body_log: BodyLog) -> None:
+    """tx.commit of persistent publishes: the Sync (whose reply becomes commit-ok) goes once the
+    bodies are on disk; a method the client sent after the commit is not run before it."""
+    h = _harness(body_log)
+    h.client(1, commands.Tx.Select())
+    h.frames()
+    h.publish(1, b"p", PERSISTENT, exchange="", routing_key="q")
+    h.client(1, commands.Tx.Commit())
+    h.client(1, commands.Queue.Declare(queue="after", passive=True))
+    assert [type(rec) for rec in h.take()] == [r.Publish]
+    _sync(h, body_log)
+    sync_rec, declare = h.take()
+    assert isinstance(sync_rec, r.Sync) and isinstance(declare, r.QueueDeclare)
+    h.supervisor(r.Reply(sync_rec.conn, 1, "sync"))
+    assert [type(m) for _, m in methods(h.frames())] == [commands.Tx.CommitOk]
+
+
+def test_a_commit_of_transient_publishes_does_not_wait(body_log: BodyLog) -> None:
+    h = _harness(body_log)
+    h.client(1, commands.Tx.Select())
+    h.frames()
+    h.publish(1, b"t", TRANSIENT, exchange="", routing_key="q")
+    h.client(1, commands.Tx.Commit())
+    assert [type(rec) for rec in h.take()] == [r.Publish, r.Sync]
 
 
 def test_a_content_header_too_short_to_say_is_a_frame_error(body_log: BodyLog) -> None:
