@@ -47,8 +47,10 @@ def _percentile(values: array, q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def publish_confirmed(port: int, seconds: float, window: int, body: int) -> dict[str, Any]:
-    """Publish persistent messages for `seconds`, at most `window` unconfirmed; confirm latencies."""
+def publish_confirmed(port: int, seconds: float, window: int, body: int,
+                      count: int = MAX_MESSAGES) -> dict[str, Any]:
+    """Publish persistent messages for `seconds` (at most `count`), at most `window` unconfirmed;
+    confirm latencies. Waits (bounded) for the last confirms."""
     client = Client(port)
     client.confirm_select()
     template, patch_at = publish_template("", QUEUE, body, 0, client.frame_max, delivery_mode=2)
@@ -61,9 +63,9 @@ def publish_confirmed(port: int, seconds: float, window: int, body: int) -> dict
     started = time.monotonic()
     deadline = started + seconds
     sent = 0
-    while time.monotonic() < deadline and sent < MAX_MESSAGES:
-        room = window - (sent - confirmed - nacked)
-        if room > 0:
+    while time.monotonic() < deadline + (10 if sent >= count else 0) and confirmed + nacked < count:
+        room = min(window - (sent - confirmed - nacked), count - sent)
+        if room > 0 and time.monotonic() < deadline:
             now = time.monotonic()
             sock.sendall(batch.fill(room, sent, time.monotonic_ns()))
             sent_at.extend([now] * room)
@@ -148,7 +150,8 @@ def run_p(broker: Broker, seconds: float, window: int, body: int, consumer: bool
 def run_recovery(workers: int, count: int, body: int) -> dict[str, Any]:
     """R1: `count` persistent messages queued, SIGTERM, start again: seconds to accept a client."""
     data = Path(tempfile.mkdtemp(prefix="shoal-durable-"))
-    args = ["--data-dir", str(data), "--arena-mb", str(max(64, count * (body + 200) * 2 // workers >> 20))]
+    arena_mb = max(64, count * (body + 200) * 2 // workers >> 20)
+    args = ["--log-level", "info", "--data-dir", str(data), "--arena-mb", str(arena_mb)]
     try:
         broker = ShoalBroker(workers, args)
         try:
@@ -162,9 +165,12 @@ def run_recovery(workers: int, count: int, body: int) -> dict[str, Any]:
             client = Client(broker.port)
             queued = client.queue_declare(QUEUE, passive=True)
             client.close()
+            restored = [line for line in broker.log_tail(1 << 20).splitlines()
+                        if "persistent message(s)" in line]
         finally:
             broker.stop()
-        return {"count": count, "accept_s": accepted, "queued": queued}
+        return {"count": count, "accept_s": accepted, "queued": queued,
+                "log": restored[-1].split(": ", 1)[-1] if restored else ""}
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
@@ -175,7 +181,7 @@ def publish_confirmed_count(port: int, count: int, body: int) -> None:
     setup.close()
     done = 0
     while done < count:
-        result = publish_confirmed(port, 5.0, 1024, body)
+        result = publish_confirmed(port, 30.0, 1024, body, count - done)
         done += result["confirmed"]
 
 
@@ -210,7 +216,7 @@ def main() -> None:
     if args.recover:
         r = run_recovery(args.workers, args.recover, args.body)
         print(f"R1 shoal     {r['count']:,} persistent messages: accepting clients {r['accept_s']:.2f} s "
-              f"after start; {r['queued']:,} queued", flush=True)
+              f"after start; {r['queued']:,} queued ({r['log']})", flush=True)
 
 
 if __name__ == "__main__":
