@@ -7,7 +7,7 @@ Scenarios (each broker in turn, same machine, same run):
     P1  persistent messages -> durable queue -> 1 consumer (prefetch 100, acks each message),
         the publisher keeping at most `window` messages unconfirmed
     P2  the same with no consumer: how fast confirmed messages pile up on disk
-    R1  Shoal only: queue N persistent messages, stop the broker (SIGTERM), start it again on the
+    R1  queue N persistent messages, stop the broker (SIGTERM), start it again on the
         same data directory: seconds until it accepts a client, and that every message is there
 
 Figures: **confirmed msg/s** (basic.ack multiple counts every tag up to it), **delivered msg/s**
@@ -175,6 +175,20 @@ def run_recovery(workers: int, count: int, body: int) -> dict[str, Any]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+def run_recovery_rabbitmq(count: int, body: int) -> dict[str, Any]:
+    """R1 against RabbitMQ: `count` persistent messages, restart the node on its Mnesia dir."""
+    broker = RabbitBroker()
+    try:
+        publish_confirmed_count(broker.port, count, body)
+        accepted = broker.restart()
+        client = Client(broker.port)
+        queued = client.queue_declare(QUEUE, passive=True, durable=True)
+        client.close()
+        return {"count": count, "accept_s": accepted, "queued": queued, "log": ""}
+    finally:
+        broker.stop()
+
+
 def publish_confirmed_count(port: int, count: int, body: int) -> None:
     setup = Client(port)
     setup.queue_declare(QUEUE, durable=True)
@@ -214,9 +228,13 @@ def main() -> None:
         finally:
             broker.stop()
     if args.recover:
-        r = run_recovery(args.workers, args.recover, args.body)
-        print(f"R1 shoal     {r['count']:,} persistent messages: accepting clients {r['accept_s']:.2f} s "
-              f"after start; {r['queued']:,} queued ({r['log']})", flush=True)
+        runs = [("shoal", lambda: run_recovery(args.workers, args.recover, args.body))]
+        if any(name == "rabbitmq" for name, _ in brokers):
+            runs.append(("rabbitmq", lambda: run_recovery_rabbitmq(args.recover, args.body)))
+        for name, run in runs:
+            r = run()
+            print(f"R1 {name:9} {r['count']:,} persistent messages: accepting clients "
+                  f"{r['accept_s']:.2f} s after start; {r['queued']:,} queued {r['log']}", flush=True)
 
 
 if __name__ == "__main__":
