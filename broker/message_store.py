@@ -28,7 +28,7 @@ import msgspec
 from broker.body_ref import pack_body_ref
 from broker.message import BlindCopied, FullMessage, Message
 from broker.message_journal import MessageJournal
-from ipc.logfile import INDEX_MAGIC, BodyReader, frame, iter_frames, sync_files, write_all
+from ipc.logfile import INDEX_MAGIC, AppendFiles, BodyReader, frame, iter_frames, sync_files, write_all
 
 log = logging.getLogger("shoal.store")
 
@@ -99,44 +99,36 @@ def load_index(data_dir: str | os.PathLike[str]) -> IndexState:
 INDEX_FILE_BYTES = 16 << 20  # an index file is closed at this size and the next one begun
 
 
-class IndexLog:
-    """The index files being appended to (the newest) and retired (older, still needed), and
-    the sync state (journal marks)."""
+class IndexLog(AppendFiles):
+    """The index files being appended to (the newest) and retired (older, still needed); the
+    sync positions are journal marks."""
 
     def __init__(self, data_dir: str | os.PathLike[str], *, file_bytes: int = INDEX_FILE_BYTES) -> None:
-        self.directory = Path(data_dir) / INDEX_DIR
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        super().__init__(Path(data_dir) / INDEX_DIR)
         self.file_bytes = file_bytes
         self._encode = msgspec.msgpack.Encoder().encode
         existing = _index_files(self.directory)
         self.number = int(existing[-1].name[:-4]) + 1 if existing else 0  # the file written now
-        self._fd = -1
-        self._retired: list[int] = []  # older files' descriptors, closed once synced
-        self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._dir_dirty = False
-        self.written = 0  # the journal mark the files hold records up to
-        self.synced = 0
         self.bytes = 0  # of the newest file
         self.files: list[int] = []  # the numbers of this broker's index files, oldest first
+
+    @property
+    def unsynced(self) -> bool:
+        """Also when only files changed: a retired file to sync, a removal to make durable."""
+        return self.synced < self.written or bool(self._retired) or self._dir_dirty
 
     def _path(self, number: int) -> Path:
         return self.directory / f"{number:010d}.idx"
 
-    def _open(self) -> None:
-        self._fd = os.open(self._path(self.number), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                           0o600)
-        self.bytes = write_all(self._fd, [INDEX_MAGIC])
-        self._dir_dirty = True
-
     def start(self, records: list[tuple[Any, ...]], mark: int, old: list[Path]) -> None:
         """Begin file ``number`` holding ``records`` (the restored state), sync it, then remove
         ``old``: from here on the index is this file."""
-        self._open()
+        self.bytes = self._begin(self._path(self.number), INDEX_MAGIC)
         self.files = [self.number]
         self.append(records, mark)
-        sync_files([self._fd, self._dir_fd])
-        self._dir_dirty = False
-        self.synced = mark
+        _, fds = self.sync_plan()
+        sync_files(fds)
+        self.synced_to(mark, fds)
         for p in old:
             p.unlink(missing_ok=True)
         sync_files([self._dir_fd])
@@ -152,9 +144,8 @@ class IndexLog:
         """Begin the next file if the newest is full (between batches); True if it did."""
         if self.bytes < self.file_bytes:
             return False
-        self._retired.append(self._fd)
         self.number += 1
-        self._open()
+        self.bytes = self._begin(self._path(self.number), INDEX_MAGIC)
         self.files.append(self.number)
         return True
 
@@ -168,31 +159,6 @@ class IndexLog:
             self._dir_dirty = True
             removed += 1
         return removed
-
-    @property
-    def unsynced(self) -> bool:
-        return self.synced < self.written or bool(self._retired) or self._dir_dirty
-
-    def sync_plan(self) -> tuple[int, list[int]]:
-        fds = [*self._retired, self._fd]
-        if self._dir_dirty:
-            fds.append(self._dir_fd)
-            self._dir_dirty = False
-        return self.written, fds
-
-    def synced_to(self, mark: int, fds: list[int]) -> None:
-        self.synced = max(self.synced, mark)
-        for fd in fds:
-            if fd in self._retired:
-                self._retired.remove(fd)
-                os.close(fd)
-
-    def close(self) -> None:
-        for fd in [*self._retired, self._fd, self._dir_fd]:
-            if fd >= 0:
-                os.close(fd)
-        self._retired = []
-        self._fd = self._dir_fd = -1
 
 
 class ArenasFull(Exception):

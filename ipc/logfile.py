@@ -92,32 +92,80 @@ def segments(data_dir: str | os.PathLike[str], worker: int) -> list[int]:
     return sorted(int(n[:-4]) for n in names if n.endswith(".seg") and n[:-4].isdigit())
 
 
-class BodyLog:
+class AppendFiles:
+    """A directory of append-only files, the newest open for writing, and what a sync must cover:
+    files closed for writing since the last sync (then closed), the newest, and the directory
+    when a file was made in it. ``written`` / ``synced``: positions (appends, journal marks)
+    the owner counts; a sync of ``sync_plan``'s files makes ``written`` as of then durable."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory = directory
+        self._dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._fd = -1
+        self._retired: list[int] = []  # closed for writing, not yet synced
+        self._dir_dirty = False  # a file was made (or removed) since the last sync
+        self.written = 0
+        self.synced = 0
+
+    def _begin(self, path: Path, magic: bytes) -> int:
+        """Retire the file being written, if any, and begin ``path``; returns its size so far."""
+        if self._fd >= 0:
+            self._retired.append(self._fd)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self._dir_dirty = True
+        return write_all(self._fd, [magic])
+
+    @property
+    def unsynced(self) -> bool:
+        """Something written is not on disk yet (a new file's name goes with its first sync)."""
+        return self.synced < self.written
+
+    def sync_plan(self) -> tuple[int, list[int]]:
+        """``(position covered, files to sync)`` for :func:`sync_files` in a thread."""
+        fds = [*self._retired, self._fd]
+        if self._dir_dirty:
+            fds.append(self._dir_fd)
+            self._dir_dirty = False
+        return self.written, fds
+
+    def synced_to(self, position: int, fds: list[int]) -> None:
+        """A sync of ``sync_plan``'s files is done: everything up to ``position`` is on disk."""
+        self.synced = max(self.synced, position)
+        for fd in fds:
+            if fd in self._retired:
+                self._retired.remove(fd)
+                os.close(fd)
+
+    def close(self) -> None:
+        for fd in [*self._retired, self._fd, self._dir_fd]:
+            if fd >= 0:
+                os.close(fd)
+        self._retired = []
+        self._fd = self._dir_fd = -1
+
+
+class BodyLog(AppendFiles):
     """One worker's persistent bodies: appends on the event loop, syncs in a thread."""
 
     def __init__(self, data_dir: str | os.PathLike[str], worker: int, *,
                  segment_bytes: int = SEGMENT_BYTES) -> None:
+        super().__init__(body_dir(data_dir, worker))
         self.data_dir = Path(data_dir)
         self.worker = worker
         self.segment_bytes = segment_bytes
-        directory = body_dir(data_dir, worker)
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         existing = segments(data_dir, worker)
         self.segment = existing[-1] + 1 if existing else 0
-        self._fd = -1
-        self._offset = 0
-        self._retired: list[int] = []  # closed for appends, not yet synced
-        self._dir_dirty = False  # a segment was created since the last sync
-        self.appended = 0  # appends so far: the position a sync reaches
-        self.synced = 0
-        self._open_segment()
+        self._offset = self._begin(segment_path(data_dir, worker, self.segment), BODY_MAGIC)
 
-    def _open_segment(self) -> None:
-        path = segment_path(self.data_dir, self.worker, self.segment)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        self._offset = write_all(self._fd, [BODY_MAGIC])
-        self._dir_dirty = True
+    @property
+    def appended(self) -> int:
+        """Appends so far: the position a sync reaches."""
+        return self.written
+
+    def _next_segment(self) -> None:
+        self.segment += 1
+        self._offset = self._begin(segment_path(self.data_dir, self.worker, self.segment), BODY_MAGIC)
 
     def append(self, header: bytes | memoryview, body: bytes | memoryview) -> tuple[int, int, int]:
         """Write one body; returns ``(segment, offset, length)``. Not on disk until synced."""
@@ -131,44 +179,13 @@ class BodyLog:
         except OSError:
             # Part of the frame may be in the file (ENOSPC half way): nothing more goes after it,
             # so every later body's offset stays true. The next append starts a new segment.
-            self._retired.append(self._fd)
-            self.segment += 1
-            self._open_segment()
+            self._next_segment()
             raise
         self._offset += length
-        self.appended += 1
+        self.written += 1
         if self._offset >= self.segment_bytes:
-            self._retired.append(self._fd)
-            self.segment += 1
-            self._open_segment()
+            self._next_segment()
         return where
-
-    @property
-    def unsynced(self) -> bool:
-        return self.synced < self.appended
-
-    def sync_plan(self) -> tuple[int, list[int]]:
-        """``(appends covered, files to sync)`` for :func:`sync_files` in a thread."""
-        fds = [*self._retired, self._fd]
-        if self._dir_dirty:
-            fds.append(self._dir_fd)
-            self._dir_dirty = False
-        return self.appended, fds
-
-    def synced_to(self, appended: int, fds: list[int]) -> None:
-        """A sync of ``sync_plan``'s files is done: bodies up to ``appended`` are on disk."""
-        self.synced = max(self.synced, appended)
-        for fd in fds:
-            if fd in self._retired:
-                self._retired.remove(fd)
-                os.close(fd)
-
-    def close(self) -> None:
-        for fd in [*self._retired, self._fd, self._dir_fd]:
-            if fd >= 0:
-                os.close(fd)
-        self._retired = []
-        self._fd = self._dir_fd = -1
 
 
 class BodyReader:
