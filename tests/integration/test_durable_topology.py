@@ -80,6 +80,16 @@ def check_topology(broker: Broker) -> None:
     assert err.value.reply_code == 406
 
 
+def serve_refused(data: Path, control: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run `shoal serve --data-dir DATA` expecting it not to start: the process and its lines."""
+    done = subprocess.run(
+        [*serve_command(), "serve", "--host", HOST, "--port", "0", "--workers", "1",
+         "--data-dir", str(data), "--control-socket", str(control)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )
+    return done, (done.stdout + done.stderr).strip().splitlines()
+
+
 @pytest.mark.deadline(120)
 def test_durable_topology_survives_a_clean_restart_and_transient_does_not(tmp_path: Path) -> None:
     data = ["--data-dir", str(tmp_path / "data")]
@@ -118,13 +128,8 @@ def test_a_second_broker_on_the_same_data_dir_refuses_in_one_line(tmp_path: Path
     data = tmp_path / "data"
     first = start_broker(tmp_path / "first", extra_args=["--data-dir", str(data)])
     try:
-        done = subprocess.run(
-            [*serve_command(), "serve", "--host", HOST, "--port", "0", "--workers", "1",
-             "--data-dir", str(data), "--control-socket", str(tmp_path / "control.sock")],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
-        )
+        done, output = serve_refused(data, tmp_path / "control.sock")
         assert done.returncode == 1
-        output = (done.stdout + done.stderr).strip().splitlines()
         assert len(output) == 1, output
         assert f"data directory {data} is in use by another broker (pid {first.pid})" in output[0]
         assert not (tmp_path / "control.sock").exists()
@@ -141,13 +146,8 @@ def test_a_damaged_definitions_file_is_one_line_and_exit_code_1(tmp_path: Path) 
     data = tmp_path / "data"
     data.mkdir()
     (data / "definitions.db").write_bytes(b"not a database, " * 512)
-    done = subprocess.run(
-        [*serve_command(), "serve", "--host", HOST, "--port", "0", "--workers", "1",
-         "--data-dir", str(data), "--control-socket", str(tmp_path / "control.sock")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )
+    done, output = serve_refused(data, tmp_path / "control.sock")
     assert done.returncode == 1
-    output = (done.stdout + done.stderr).strip().splitlines()
     assert len(output) == 1, output
     assert f"cannot start: {data / 'definitions.db'}: " in output[0]
     assert "Traceback" not in done.stderr
