@@ -199,3 +199,20 @@ def test_the_cycle_finder_finds_cycles() -> None:
     graph = edges(("a", "b"), ("b", "a"), ("c", "d"), ("d", "e"), ("e", "c"), ("e", "f"), ("f", "g"))
     assert strongly_connected(graph) == [["a", "b"], ["c", "d", "e"]]
     assert "a -> b  (x.py:1)" in describe(["a", "b"], graph)
+
+
+def test_a_channel_reaches_neither_its_connection_handler_nor_its_worker() -> None:
+    """Issue 10 (h2's H2Stream): ``workers.channel`` and everything it imports, transitively,
+    stay clear of the connection handler, the worker and the server: a channel returns what it
+    produces (``ChannelOutput``) instead of calling its owners."""
+    graph = import_graph(SHOAL)
+    reached: set[str] = set()
+    todo = ["workers.channel"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(imp.target for imp in graph[module])
+    owners = {"workers.connection_handler", "workers.worker", "workers.server"}
+    assert "workers.channel_consumers" in reached and "workers.consumer_target" in reached
+    assert not reached & owners, sorted(reached & owners)

@@ -15,17 +15,19 @@ Delivery tags are the channel's (``workers.delivery_tags``). Acks, nacks and
 rejects become ``Settle`` records; an unknown tag is 406 PRECONDITION_FAILED,
 as RabbitMQ replies.
 
-No IO here: output goes through the handler's protocol object and the
-worker's request outbox.
+No IO here, and no reference to the connection handler or the worker
+(``workers.channel_config``): every call returns a ``ChannelOutput`` -- the
+request records and the client's events it produced, in order -- for the
+handler to carry out. Consumer credit lives in ``ChannelCredit``
+(``workers.consumer_target``), shared with the channel's targets.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from pamqp import commands as spec
 
@@ -33,27 +35,33 @@ from broker import errors
 from broker.constants import REPLY_TO
 from ipc import records as r
 from workers import codec, topology
-from workers.channel_owner import ChannelConfig, ChannelOwner, WorkerServices
+from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
+from workers.channel_consumers import ChannelConsumers
 from workers.confirm_gate import ConfirmGate
 from workers.consumer_target import ConsumerTarget
 from workers.delivery_tags import DeliveryTags
-from workers.outgoing import (
-    Ack,
-    DeclareOk,
-    Deliveries,
-    Delivery,
-    GetOk,
-    Method,
-    Nack,
-    Outgoing,
-    Return,
-)
+from workers.outgoing import DeclareOk, Deliveries, Delivery, GetOk, Method, Outgoing, Return
+from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
 
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 
-# A consumer target of one of these channels (ConsumerTarget is generic over its channel).
-Target = ConsumerTarget["Channel"]
+Target = ConsumerTarget
+
+
+class _HeldPublish(NamedTuple):
+    """A publish waiting in the channel's inbox (behind a server-named queue.declare)."""
+
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    offset: int
+    header_len: int
+    body_len: int
+    headers: dict[str, Any] | None
+    expiration: str | None
+    priority: int | None
+    body_at: tuple[int, int, int] | None
 
 
 def _ids(method: Any) -> tuple[int, int]:
@@ -66,22 +74,18 @@ class Channel:
     requests to the supervisor and its events into frames, in order; holds the channel's
     consumers, unacked deliveries, confirms and transaction."""
 
-    def __init__(self, handler: ChannelOwner[Channel], number: int, config: ChannelConfig) -> None:
-        self.handler = handler
+    def __init__(self, number: int, config: ChannelConfig, resources: ChannelResources) -> None:
         self.number = number
         self.conn_id = config.conn_id
         self.config = config
+        self._bodies = resources.bodies
+        self._trace = resources.trace
+        self.consuming = ChannelConsumers(config.conn_id, number, config.output, resources.targets)
+        self.credit = self.consuming.credit
+        self._out = ChannelOutput()
         self.closing = False
-        self.flow_active = True
-        self.confirm = False
-        self.published = 0  # publish sequence numbers in confirm mode
-        self.confirmed = 0  # confirms received from the supervisor
-        self.acked_upto = 0  # confirms sent to the client
-        self.confirm_gate: ConfirmGate | None = None  # confirms waiting for the body log
-        self.prefetch = 0  # basic.qos global=false: for consumers created after it
-        self.global_prefetch = 0  # basic.qos global=true: shared by the channel
-        self.consumer_unacked = 0
-        self.pull_reserved = 0  # credit held by this channel's pulls in flight
+        self.confirms = PublisherConfirms(config.conn_id, number, resources.body_log,
+                                          resources.confirm_waiters)
         self.last_queue = ""  # AMQP 0-9-1 §1.7.2.1: "" means the last declared queue
         self.reply_to = ""  # direct reply-to: this channel's reply queue, once consuming
         self.tx = False
@@ -90,33 +94,45 @@ class Channel:
         self.publishes_unanswered = False
         self._tx: Transaction[Target] = Transaction()
         self.tags: DeliveryTags[Target] = DeliveryTags()
-        self.consumers: dict[str, Target] = {}
+        self.consumers = self.consuming.by_tag  # consumer tag → target
         # Replies owed to the client, in request order: (from_supervisor, fn).
         # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
         self._expect: deque[tuple[bool, Callable[[Any], None]]] = deque()
         # While a server-named queue.declare is unanswered, "" cannot be resolved:
         # later methods and publishes wait here, in order (RabbitMQ runs a channel's
         # methods one at a time).
-        self._inbox: deque[Callable[[], None]] | None = None
+        self._inbox: deque[Any] | None = None
 
     # ----------------------------------------------------------- plumbing
 
+    def take_output(self) -> ChannelOutput:
+        """What the channel produced since the last call returned (after an error, say)."""
+        out, self._out = self._out, ChannelOutput()
+        return out
+
     @property
-    def worker(self) -> WorkerServices[Channel]:
-        return self.handler.worker
+    def published(self) -> int:
+        return self.confirms.published
+
+    @property
+    def confirm_gate(self) -> ConfirmGate | None:
+        return self.confirms.gate
+
+    @property
+    def pull_reserved(self) -> int:
+        return self.credit.pull_reserved
+
+    def owns(self, target: Target) -> bool:
+        """Is ``target`` one of this channel's (not of an earlier channel with its number)?"""
+        return self.consuming.owns(target)
 
     @property
     def unacked(self) -> OrderedDict[int, tuple[int, Target | None]]:
         """Delivery tag → (entry, target) of what the client has not settled yet."""
         return self.tags.held
 
-    @property
-    def backpressured(self) -> bool:
-        """The connection's output is backed up: consumers take nothing (ConsumerTarget.credit)."""
-        return self.handler.backpressured
-
     def _request(self, rec: Any, on_reply: Callable[[Any], None] | None) -> None:
-        self.worker.send(rec)
+        self._out.requests.append(rec)
         if on_reply is not None:
             self.publishes_unanswered = False  # its reply comes after theirs
             self._expect.append((True, on_reply))
@@ -127,9 +143,9 @@ class Channel:
     def _reply(self, event: Outgoing) -> None:
         """A reply to the client (a method, declare-ok, get-ok): after the acks owed for
         earlier publishes."""
-        if self.confirmed > self.acked_upto:
-            self.flush_confirms()
-        self.handler.send(event)
+        if self.confirms.owed:
+            self.confirms.flush(self._out.events)
+        self._out.events.append(event)
 
     def _local_reply(self, method: Any) -> None:
         """Answer locally, but never ahead of a reply the supervisor still owes: a reply to
@@ -146,7 +162,7 @@ class Channel:
 
     def _settle(self, entries: list[int], action: int) -> None:
         if entries:
-            self.worker.send(r.Settle(self.conn_id, self.number, entries, action))
+            self._out.requests.append(r.Settle(self.conn_id, self.number, entries, action))
 
     def _queue_name(self, name: str, method: Any) -> str:
         if name:
@@ -157,11 +173,15 @@ class Channel:
 
     # ------------------------------------------------------ client methods
 
-    def on_method(self, m: Any) -> None:
+    def on_method(self, m: Any) -> ChannelOutput:
+        """A client method on this channel: what it produced. An ``AMQPError`` raised here
+        closes the channel or the connection (the owner takes what came before it with
+        :meth:`take_output`)."""
         if self._inbox is not None:
-            self._inbox.append(lambda: self._dispatch(m))
-            return
-        self._dispatch(m)
+            self._inbox.append(m)
+        else:
+            self._dispatch(m)
+        return self.take_output()
 
     def _dispatch(self, m: Any) -> None:
         run = self._METHODS.get(type(m))
@@ -203,7 +223,11 @@ class Channel:
         """Run the methods that waited (a server-named declare's name, a commit's sync)."""
         inbox, self._inbox = self._inbox, None
         while inbox and self._inbox is None and not self.closing:
-            inbox.popleft()()
+            held = inbox.popleft()
+            if isinstance(held, _HeldPublish):
+                self._publish(*held)
+            else:
+                self._dispatch(held)
         if inbox and self._inbox is not None:  # another server-named declare: keep waiting
             self._inbox.extendleft(reversed(inbox))
 
@@ -212,36 +236,17 @@ class Channel:
             # RabbitMQ refuses a byte-based prefetch the same way.
             raise errors.NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})", *_ids(m))
         if m.global_:  # RabbitMQ: global=true is shared by the channel's consumers
-            self.global_prefetch = m.prefetch_count
+            self.credit.global_prefetch = m.prefetch_count
         else:  # ... and global=false applies to each consumer created after it
-            self.prefetch = m.prefetch_count
-        self.refresh_all()
+            self.consuming.prefetch = m.prefetch_count
+        self._refresh_all()
         self._local_reply(spec.Basic.QosOk())
 
     def _consume(self, m: spec.Basic.Consume) -> None:
-        tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
-        if tag in self.consumers:
-            raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'", *_ids(m))
         queue = self._queue_name(m.queue, m)
-        if queue == REPLY_TO:  # RabbitMQ's texts
-            if not m.no_ack:
-                raise errors.PreconditionFailed("reply consumer cannot acknowledge", *_ids(m))
-            if any(t.queue == REPLY_TO for t in self.consumers.values()):
-                raise errors.PreconditionFailed("reply consumer already set", *_ids(m))
-        args = m.arguments or {}
-        priority = args.get("x-priority", 0)
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise errors.PreconditionFailed("invalid arg 'x-priority' for basic.consume", *_ids(m))
-        target = self.worker.new_target(
-            tag, self, queue, no_ack=m.no_ack, browse=bool(args.get("x-browse", False)),
-            prefetch=self.prefetch,
-        )
-        if target is None:
-            raise errors.ResourceError("too many consumers on this worker", *_ids(m))
-        self.consumers[tag] = target
-        target.interested = target.credit() > 0
+        target, priority = self.consuming.new(m, queue)
         rec = r.Consume(
-            self.conn_id, self.number, target.id, target.slot, queue, tag, m.no_ack,
+            self.conn_id, self.number, target.id, target.slot, queue, target.tag, m.no_ack,
             m.exclusive, priority, target.browse, target.interested, m.nowait,
         )
         if m.nowait:
@@ -257,29 +262,30 @@ class Channel:
         self._activate(target)
 
     def _activate(self, target: Target) -> None:
-        target.active = True
-        self.refresh(target)
+        self.consuming.activate(target, self._out)
 
     def _cancel(self, m: spec.Basic.Cancel) -> None:
         tag = m.consumer_tag or ""
-        target = self.consumers.pop(tag, None)
+        target = self.consuming.cancel(tag)
         if target is None:  # RabbitMQ answers cancel-ok for an unknown tag too
             if not m.nowait:
                 self._local_reply(spec.Basic.CancelOk(tag))
             return
-        target.active = False
         if target.queue == REPLY_TO:  # no reply consumer: reply_to is refused again
             self.reply_to = ""
         rec = r.Cancel(self.conn_id, self.number, target.id, m.nowait)
         if m.nowait:
             self._request(rec, None)
-            self.worker.drop_target(target)
+            self._drop(target)
         else:
             self._request(rec, lambda rep: self._cancel_ok(target))
 
     def _cancel_ok(self, target: Target) -> None:
         self._send(spec.Basic.CancelOk(target.tag))
-        self.worker.drop_target(target)
+        self._drop(target)
+
+    def _drop(self, target: Target) -> None:
+        self.consuming.drop(target)
 
     def _get(self, m: spec.Basic.Get) -> None:
         rec = r.Get(self.conn_id, self.number, self._queue_name(m.queue, m), m.no_ack)
@@ -291,13 +297,13 @@ class Channel:
             return
         d = ev.delivery
         tag = self.tags.tag(d.entry, None, no_ack)
-        header, body = self.worker.body(d)
+        header, body = self._bodies.body(d)
         self._reply(GetOk(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
             header, body,
         ))
-        if self.worker.trace is not None:
-            self.worker.trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
+        if self._trace is not None:
+            self._trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
         if no_ack:
             self._settle([d.entry], r.ACK)
 
@@ -326,12 +332,12 @@ class Channel:
     def _confirm_select(self, m: spec.Confirm.Select) -> None:
         if self.tx:  # RabbitMQ's text
             raise errors.PreconditionFailed("cannot switch from tx to confirm mode", *_ids(m))
-        self.confirm = True
+        self.confirms.active = True
         if not m.nowait:
             self._local_reply(spec.Confirm.SelectOk())
 
     def _tx_select(self, m: spec.Tx.Select) -> None:
-        if self.confirm:
+        if self.confirms.active:
             raise errors.PreconditionFailed("cannot switch from confirm to tx mode", *_ids(m))
         self.tx = True
         self._local_reply(spec.Tx.SelectOk())
@@ -353,18 +359,20 @@ class Channel:
             # Persistent messages: commit-ok once their bodies are on disk (then the Sync, whose
             # reply the supervisor holds until its index is); later methods wait meanwhile.
             self._inbox = deque()
-            self.worker.after_body_sync(self._commit_synced)
+            self._out.wait_body_sync = True
             return
         self._commit()
 
     def _commit(self) -> None:
         self._request(r.Sync(self.conn_id, self.number), lambda rep: self._send(spec.Tx.CommitOk()))
 
-    def _commit_synced(self) -> None:
-        if self.closing:
-            return
-        self._commit()
-        self._resume()
+    def commit_synced(self) -> ChannelOutput:
+        """The body log is synced past this channel's committed publishes (``wait_body_sync``):
+        the commit's barrier goes now, and the methods that waited run."""
+        if not self.closing:
+            self._commit()
+            self._resume()
+        return self.take_output()
 
     def _tx_rollback(self, m: spec.Tx.Rollback) -> None:
         """Drop the held publishes; the held acks' messages are unacked again."""
@@ -374,19 +382,18 @@ class Channel:
         self.tags.give_back(settles)
         for _, _, target, _ in settles:
             if target is not None:
-                target.unacked += 1
-                self.consumer_unacked += 1
-        self.refresh_all()
+                self.credit.held(target)
+        self._refresh_all()
         self._local_reply(spec.Tx.RollbackOk())
 
     def _discard_tx(self) -> None:
         for rec in self._tx.take_publishes():
-            self.worker.region.arena.free(rec.offset)
+            self._bodies.free(rec.offset)
 
     def _flow(self, m: spec.Channel.Flow) -> None:
-        self.flow_active = bool(m.active)
-        self.refresh_all()
-        self._local_reply(spec.Channel.FlowOk(self.flow_active))
+        self.credit.flow_active = bool(m.active)
+        self._refresh_all()
+        self._local_reply(spec.Channel.FlowOk(self.credit.flow_active))
 
     _METHODS: ClassVar[dict[type, Callable[[Channel, Any], None]]] = {
         spec.Exchange.Declare: _exchange_method,
@@ -420,47 +427,39 @@ class Channel:
         taken = self.tags.take(tag, multiple)
         if not taken and not (multiple and tag == 0):
             raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *_ids(m))
-        touched: set[Target] = set()
-        for _, _, target in taken:
-            if target is not None:
-                target.unacked -= 1
-                self.consumer_unacked -= 1
-                touched.add(target)
-        if self.worker.trace is not None:
-            self.worker.trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
-                                         _TRACE_OUTCOME[action])
+        if self._trace is not None:
+            self._trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
+                                   _TRACE_OUTCOME[action])
         if self.tx:  # takes effect at tx.commit; tx.rollback gives them back
             self._tx.hold_settles(taken, action)
         else:
             self._settle([entry for _, entry, _ in taken], action)
-        if self.global_prefetch:
-            self.refresh_all()
-        else:
-            for target in touched:
-                self.refresh(target)
+        self.consuming.settled([target for _, _, target in taken], self._out)
 
     # ------------------------------------------------------- publishing
 
     def publish(self, exchange: str, routing_key: str, mandatory: bool, offset: int,
                 header_len: int, body_len: int, headers: dict[str, Any] | None,
-                expiration: str | None = None, priority: int | None = None) -> None:
+                expiration: str | None = None, priority: int | None = None,
+                body_at: tuple[int, int, int] | None = None) -> ChannelOutput:
+        """A basic.publish whose header and body are in the worker's arena at ``offset``;
+        ``body_at``: where its body went in the body log (a persistent message, --data-dir)."""
+        held = _HeldPublish(exchange, routing_key, mandatory, offset, header_len, body_len,
+                            headers, expiration, priority, body_at)
         if self._inbox is not None:
-            self._inbox.append(lambda: self.publish(
-                exchange, routing_key, mandatory, offset, header_len, body_len, headers,
-                expiration, priority))
-            return
-        if self.confirm:
-            self.published += 1
-        body_at = None
-        log = self.worker.body_log
-        if log is not None:  # --data-dir: a persistent message's body goes to disk now
-            body_at = self.worker.store_body(offset, header_len, body_len)
-            if body_at is not None and self.confirm:  # its ack waits for the log's sync
-                if self.confirm_gate is None:
-                    self.confirm_gate = ConfirmGate(self, log, self.worker.confirm_waiters)
-                self.confirm_gate.expect(self.published)
+            self._inbox.append(held)
+        else:
+            self._publish(*held)
+        return self.take_output()
+
+    def _publish(self, exchange: str, routing_key: str, mandatory: bool, offset: int,
+                 header_len: int, body_len: int, headers: dict[str, Any] | None,
+                 expiration: str | None, priority: int | None,
+                 body_at: tuple[int, int, int] | None) -> None:
+        if self.confirms.active:
+            self.confirms.publish(persistent=body_at is not None)
         rec = r.Publish(
-            self.conn_id, self.number, exchange, routing_key, mandatory, self.confirm,
+            self.conn_id, self.number, exchange, routing_key, mandatory, self.confirms.active,
             offset, header_len, body_len, headers, expiration, priority, body_at,
         )
         if self.tx:  # invisible until tx.commit
@@ -469,70 +468,66 @@ class Channel:
             self._send_publish(rec)
 
     def _send_publish(self, rec: r.Publish) -> None:
-        self.handler.credit -= 1  # given back by the supervisor (Credit) once absorbed
+        out = self._out
+        out.publishes += 1  # the connection's credit, given back by the supervisor (Credit)
         if rec.mandatory or rec.confirm:
             self.publishes_unanswered = True
-        trace = self.worker.trace
+        trace = self._trace
         if trace is not None:
             trace.published(time.monotonic_ns(), rec.conn, rec.ch, rec.exchange, rec.routing_key,
                             rec.body_len)
-        self.worker.send(rec)
+        out.requests.append(rec)
 
     # ------------------------------------------------- supervisor events
 
-    def on_reply(self, ev: Any) -> None:
+    def on_reply(self, ev: Any) -> ChannelOutput:
         """A Reply, GetOk or GetEmpty: the answer to the oldest expectation."""
-        if not self._expect:
-            return
-        self._expect.popleft()[1](ev)
-        while self._expect and not self._expect[0][0]:
-            self._expect.popleft()[1](None)
+        if self._expect:
+            self._expect.popleft()[1](ev)
+            while self._expect and not self._expect[0][0]:
+                self._expect.popleft()[1](None)
+        return self.take_output()
 
-    def on_confirm(self, ev: r.Confirm) -> None:
-        if self.confirm_gate is None or self.confirm_gate.admit(ev):
-            self.apply_confirm(ev)
+    def on_confirm(self, ev: r.Confirm) -> ChannelOutput:
+        if self.confirms.on_confirm(ev, self._out.events):
+            self._out.confirms_due = True
+        return self.take_output()
 
-    def apply_confirm(self, ev: r.Confirm) -> None:
-        """The next publish's confirm: an ack joins the batch's ack multiple, a nack goes now."""
-        self.confirmed += 1
-        if not ev.ack:  # a queue refused it: nack this one, after the acks before it
-            self.confirmed -= 1
-            self.flush_confirms()
-            self.confirmed += 1
-            self.handler.send(Nack(self.number, self.confirmed, False))
-            self.acked_upto = self.confirmed
-            return
-        self.handler.confirms_pending.add(self)
+    def release_confirms(self) -> ChannelOutput:
+        """The body log was synced: the confirms held for it that are now due, and their ack."""
+        self.confirms.release(self._out.events)
+        return self.take_output()
 
-    def flush_confirms(self) -> None:
-        """Coalesce the confirms of one event batch into one basic.ack multiple."""
-        if self.confirmed > self.acked_upto:
-            multiple = self.confirmed - self.acked_upto > 1
-            self.handler.send(Ack(self.number, self.confirmed, multiple))
-            self.acked_upto = self.confirmed
+    def flush_confirms(self) -> ChannelOutput:
+        """The end of an event batch: its confirms as one basic.ack multiple."""
+        self.confirms.flush(self._out.events)
+        return self.take_output()
 
-    def on_return(self, ev: r.Returned) -> None:
-        header, body = self.worker.own_body(ev.offset, ev.header_len, ev.body_len)
+    def on_return(self, ev: r.Returned) -> ChannelOutput:
+        header, body = self._bodies.own_body(ev.offset, ev.header_len, ev.body_len)
         if ev.reheader:  # published with BCC (sender-selected distribution): returned without
             header = memoryview(codec.reheader(header, ev.headers, ev.expiration))
-        self.handler.send(Return(
+        self._out.events.append(Return(
             self.number, ev.code, ev.text, ev.exchange, ev.routing_key, header, body,
         ))
+        return self.take_output()
 
-    def on_pulled(self, target: Target, ev: r.Pulled) -> None:
-        """Deliveries from a pull: the seed's step 12, onto the IO buffer."""
-        self.pull_reserved -= target.pulling
-        target.pulling = 0
+    def on_pulled(self, target: Target, ev: r.Pulled) -> ChannelOutput:
+        """Deliveries from a pull: the seed's step 12, onto the IO buffer. The target's credit
+        is looked at again in :meth:`after_pull`, once the owner has handed the deliveries
+        to the connection (whose back-pressure they may turn on)."""
+        self.credit.pull_answered(target)
         if self.closing:  # ChanClose requeues whatever this pull acquired
-            return
+            return self.take_output()
         if not target.active:  # cancelled (nowait) while the pull was in flight
             self._settle([d.entry for d in ev.deliveries], r.REQUEUE)
-            self.worker.drop_target(target)
-            self._refresh_after_credit(target)
-            return
+            self._drop(target)
+            return self.take_output()
         settled = target.settles_on_delivery
         done: list[int] = []
-        trace = self.worker.trace
+        trace = self._trace
+        body = self._bodies.body
+        held = self.credit.held
         messages: list[Delivery] = []
         next_tag = self.tags.tag
         for d in ev.deliveries:
@@ -540,82 +535,64 @@ class Channel:
             if settled:
                 done.append(d.entry)
             else:  # held until acked: counts against prefetch
-                target.unacked += 1
-                self.consumer_unacked += 1
-            header, body = self.worker.body(d)
-            messages.append((tag, d.redelivered, d.exchange, d.routing_key, header, body))
+                held(target)
+            header, content = body(d)
+            messages.append((tag, d.redelivered, d.exchange, d.routing_key, header, content))
             if trace is not None:
                 trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
                                 d.redelivered)
         if messages:
-            self.handler.send(Deliveries(self.number, target.tag, messages))
+            self._out.events.append(Deliveries(self.number, target.tag, messages))
         self._settle(done, r.ACK)
         target.more = ev.more
         target.notified = ev.more or target.renotified
         target.renotified = False
-        self._refresh_after_credit(target)
+        return self.take_output()
 
-    def _refresh_after_credit(self, target: Target) -> None:
+    def after_pull(self, target: Target) -> ChannelOutput:
         """A pull's reservation came back: with global qos every consumer of the
         channel may now have credit, not just the one that pulled."""
-        if self.global_prefetch:
-            self.refresh_all()
-        else:
-            self.refresh(target)
+        self.consuming.after_pull(target, self._out)
+        return self.take_output()
 
-    def on_cancelled(self, target: Target) -> None:
+    def on_cancelled(self, target: Target) -> ChannelOutput:
         """The queue went away: tell the client if it understands basic.cancel."""
-        self.consumers.pop(target.tag, None)
+        self.consuming.cancel(target.tag)
         target.active = False
         if self.config.cancel_notify:
             self._send(spec.Basic.Cancel(target.tag, nowait=True))
-        self.worker.drop_target(target)
+        self._drop(target)
+        return self.take_output()
 
     # ------------------------------------------------------------- credit
 
-    def notify(self, target: Target) -> None:
+    def notify(self, target: Target) -> ChannelOutput:
         """seed: QueueConsumer#notifyWork reached this target (its slot was set)."""
-        target.notified = True
-        if target.pulling:
-            target.renotified = True
-        self.refresh(target)
+        self.consuming.notify(target, self._out)
+        return self.take_output()
 
-    def refresh(self, target: Target) -> None:
-        """seed: setNotifyWorkDesired follows credit; pull while notified and able."""
-        if not target.active or self.closing:
-            return
-        credit = target.credit()
-        if (credit > 0) != target.interested:
-            target.interested = credit > 0
-            if not target.interested:
-                target.notified = target.renotified = False  # the supervisor hands the work on
-            elif target.more and not self.global_prefetch:
-                # Pull at once (ConsumerTarget.more). Not under global qos: there the
-                # channel's consumers share the credit, and the supervisor's notification
-                # decides which of them takes it.
-                target.notified = True
-            self.worker.send(r.Interest(target.id, target.interested))
-        if credit > 0 and target.notified and not target.pulling:
-            target.pulling = credit
-            self.pull_reserved += credit
-            self.worker.send(r.Pull(target.id, credit))
+    def refresh_all(self) -> ChannelOutput:
+        """Credit may have come back for every consumer (the connection's output drained)."""
+        self._refresh_all()
+        return self.take_output()
 
-    def refresh_all(self) -> None:
-        for target in self.consumers.values():
-            self.refresh(target)
+    def _refresh_all(self) -> None:
+        self.consuming.refresh_all(self._out)
 
     def close(self) -> None:
-        """The channel is gone; the supervisor requeues what it held (ChanClose)."""
+        """The channel is gone; the supervisor requeues what it held (ChanClose). What it
+        still held of its worker's -- consumer slots, publishes waiting in its inbox or its
+        transaction, confirms held for the body log -- is let go here."""
         self.closing = True
         self._discard_tx()
-        for target in self.consumers.values():
-            target.active = False
-            self.worker.drop_target(target)
-        self.consumers.clear()
-        if self.confirm_gate is not None:  # held confirms are never sent
-            self.confirm_gate.drop()
+        self.consuming.close()
+        self.confirms.drop()  # held confirms are never sent
         self._expect.clear()
-        self._inbox = None
+        inbox, self._inbox = self._inbox, None
+        for held in inbox or ():
+            if isinstance(held, _HeldPublish):
+                self._bodies.free(held.offset)
+        self._out = ChannelOutput()
 
 
 def _nothing(_: Any) -> None:

@@ -9,35 +9,28 @@ channel behind a held one: the client counts confirms in publish order (acks and
 
 A channel makes its gate at its first persistent publish in confirm mode. A gate holding
 events is in the worker's ``confirm_waiters``; after each sync the worker's sync task
-(``Worker.body_synced``) has every waiting gate hand its due events back to the channel.
+(``Worker.body_synced``) has every waiting gate's channel take its due events back
+(``Channel.release_confirms``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
 
 from ipc import records as r
 from ipc.logfile import BodyLog
 
 
-class Confirming(Protocol):
-    """What a gate uses of its channel (``workers.channel.Channel``)."""
-
-    @property
-    def confirmed(self) -> int: ...  # Confirm events applied so far
-
-    def apply_confirm(self, ev: r.Confirm) -> None: ...
-    def flush_confirms(self) -> None: ...
-
-
 class ConfirmGate:
-    """One channel's confirms held until the body log is synced, in publish order."""
+    """One channel's confirms held until the body log is synced, in publish order. ``conn`` and
+    ``ch`` name the channel (the worker routes a release to it); the gate holds no reference
+    to it: the channel passes its count of confirms applied."""
 
-    __slots__ = ("_channel", "_log", "_waiters", "_waits", "held")
+    __slots__ = ("_log", "_waiters", "_waits", "ch", "conn", "held")
 
-    def __init__(self, channel: Confirming, log: BodyLog, waiters: set[ConfirmGate]) -> None:
-        self._channel = channel
+    def __init__(self, conn: int, ch: int, log: BodyLog, waiters: set[ConfirmGate]) -> None:
+        self.conn = conn
+        self.ch = ch
         self._log = log
         self._waiters = waiters  # the worker's gates that hold events
         # (publish sequence number, BodyLog.appended after its append) of each persistent
@@ -49,23 +42,25 @@ class ConfirmGate:
         """Publish ``seq`` has just appended its body: its confirm waits for that append's sync."""
         self._waits.append((seq, self._log.appended))
 
-    def admit(self, ev: r.Confirm) -> bool:
-        """True: apply ``ev`` now. False: it is held until a sync lets :meth:`release` apply it."""
-        if not self.held and self._due(self._channel.confirmed + 1):
+    def admit(self, ev: r.Confirm, confirmed: int) -> bool:
+        """True: apply ``ev`` now (``confirmed``: the channel's confirms applied so far).
+        False: it is held until a sync lets :meth:`release` hand it back."""
+        if not self.held and self._due(confirmed + 1):
             return True
         self.held.append(ev)
         self._waiters.add(self)
         return False
 
-    def release(self) -> None:
-        """The log was synced: apply the held events now due, in order, and send their ack."""
-        channel = self._channel
+    def release(self, confirmed: int) -> list[r.Confirm]:
+        """The log was synced: the held events now due, in order, for the channel to apply
+        (``confirmed``: its confirms applied so far; each event applied adds one)."""
         held = self.held
-        while held and self._due(channel.confirmed + 1):
-            channel.apply_confirm(held.popleft())
-        channel.flush_confirms()
+        due: list[r.Confirm] = []
+        while held and self._due(confirmed + len(due) + 1):
+            due.append(held.popleft())
         if not held:
             self._waiters.discard(self)
+        return due
 
     def drop(self) -> None:
         """The channel closed: its held confirms are never sent."""

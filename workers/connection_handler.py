@@ -1,9 +1,12 @@
 """One client connection on a worker: protocol events in, channels, output out.
 
 The sans-IO :class:`~workers.connection.AMQPConnection` parses and frames;
-this class owns the connection's channels and routes protocol events and
-supervisor events to them. It does no IO either: the socket task in
-``workers.server`` feeds it bytes and writes what it produced.
+this class owns the connection's channels, routes protocol events and
+supervisor events to them and carries out what each call on a channel returns
+(``workers.channel_config.ChannelOutput``): request records to the worker's
+outbox, events to the protocol, publish credit spent, confirms to coalesce, a
+commit to resume after the body log's sync. It does no IO either: the socket
+task in ``workers.server`` feeds it bytes and writes what it produced.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from broker.errors import AMQPError
 from ipc import records as r
 from workers import codec
 from workers import events as ev
-from workers.channel import Channel
-from workers.channel_owner import ChannelConfig, WorkerServices
+from workers.channel import Channel, Target
+from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.connection import AMQPConnection, State
+from workers.consumer_target import Backpressure
 from workers.outgoing import Method, Outgoing
 
 log = logging.getLogger("shoal.connection")
@@ -39,10 +43,11 @@ OUTPUT_BOUND = 2 * HIGH_WATER
 PUBLISH_CREDIT = 400
 
 
-class HandlerWorker(WorkerServices[Channel], Protocol):
-    """What a connection handler uses of its worker (``workers.worker.Worker``), besides what
-    its channels use: its index (for the log), the memory alarm, the handlers by connection
-    id, and the set of handlers with output for the writers."""
+class HandlerWorker(Protocol):
+    """What a connection handler uses of its worker (``workers.worker.Worker``): its index
+    (for the log), the request outbox, what it lends channels, the body log's writes and
+    syncs, the memory alarm, the handlers by connection id, and the set of handlers with
+    output for the writers."""
 
     index: int
     dirty: set[ConnectionHandler]
@@ -50,6 +55,13 @@ class HandlerWorker(WorkerServices[Channel], Protocol):
 
     @property
     def alarmed(self) -> bool: ...
+    @property
+    def channel_resources(self) -> ChannelResources: ...
+
+    def send(self, rec: Any) -> None: ...
+    def store_body(self, offset: int, header_len: int,
+                   body_len: int) -> tuple[int, int, int] | None: ...
+    def after_body_sync(self, call: Callable[[], object]) -> None: ...
 
 
 class ConnectionHandler:
@@ -66,7 +78,8 @@ class ConnectionHandler:
         self.opened = False
         self.finished = False
         self.cancel_notify = False
-        self._channel_config = ChannelConfig(conn_id, False)  # set when opened
+        self.output = Backpressure()  # our output is backed up: consumers take nothing
+        self._channel_config = ChannelConfig(conn_id, False, self.output)  # set when opened
         self.blocked_capable = False  # the client understands connection.blocked
         self.told_blocked = False
         self.publishes = False  # RabbitMQ blocks (and tells) only publishing connections
@@ -146,6 +159,44 @@ class ConnectionHandler:
         channel or the connection is closing); the writer is woken after the batch."""
         self.proto.send(event)
         self.worker.dirty.add(self)
+        if not self.output.active and self.backpressured:
+            self.output.active = True
+
+    def apply(self, ch: Channel, out: ChannelOutput) -> None:
+        """Carry out what a call on ``ch`` produced."""
+        if out.events:
+            for event in out.events:
+                self.send(event)
+        if out.requests:
+            send = self.worker.send
+            for rec in out.requests:
+                send(rec)
+            self.credit -= out.publishes
+        if out.confirms_due:
+            self.confirms_pending.add(ch)
+        if out.wait_body_sync:
+            self.worker.after_body_sync(lambda: self._commit_synced(ch))
+
+    def _commit_synced(self, ch: Channel) -> None:
+        if not ch.closing:
+            self._guarded(ch, ch.commit_synced)
+            self.worker.dirty.add(self)
+
+    def _guarded(self, ch: Channel, call: Callable[..., ChannelOutput], *args: Any) -> None:
+        """Call ``ch`` and carry out what it produced; its error closes the channel (or the
+        connection), after what it produced before the error."""
+        try:
+            out = call(*args)
+        except AMQPError as exc:
+            self.apply(ch, ch.take_output())
+            self.fail(exc, ch)
+            return
+        self.apply(ch, out)
+
+    def refresh_all(self) -> None:
+        """Credit may have come back for every consumer of the connection."""
+        for ch in self.channels.values():
+            self.apply(ch, ch.refresh_all())
 
     def take_output(self) -> bytes:
         data = self.proto.data_to_send()
@@ -157,11 +208,10 @@ class ConnectionHandler:
 
     def written(self) -> None:
         """The socket took what ``take_output`` gave: lift back-pressure."""
-        was = self.backpressured
         self.in_flight = 0
-        if was and not self.backpressured:
-            for ch in self.channels.values():
-                ch.refresh_all()
+        if self.output.active and not self.backpressured:
+            self.output.active = False
+            self.refresh_all()
         if self.proto.unsent_bytes <= self.output_bound:
             self.wake_reader()
 
@@ -175,11 +225,11 @@ class ConnectionHandler:
             case ev.MethodReceived(channel=n, method=m):
                 ch = self.channels.get(n)
                 if ch is not None and not ch.closing:
-                    self._guarded(ch, m)
+                    self._guarded(ch, ch.on_method, m)
             case ev.ConnectionOpened():
                 self._opened(event)
             case ev.ChannelOpened(channel=n):
-                self.channels[n] = Channel(self, n, self._channel_config)
+                self.channels[n] = Channel(n, self._channel_config, self.worker.channel_resources)
                 log.debug("connection %s: channel %d opened", self.label, n)
             case ev.ChannelClosed(channel=n):
                 ch = self.channels.pop(n, None)
@@ -190,16 +240,10 @@ class ConnectionHandler:
                 self.finish()
         self.worker.dirty.add(self)
 
-    def _guarded(self, ch: Channel, method: Any) -> None:
-        try:
-            ch.on_method(method)
-        except AMQPError as exc:
-            self.fail(exc, ch)
-
     def _opened(self, event: ev.ConnectionOpened) -> None:
         caps = (event.client_properties or {}).get("capabilities") or {}
         self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
-        self._channel_config = ChannelConfig(self.conn_id, self.cancel_notify)
+        self._channel_config = ChannelConfig(self.conn_id, self.cancel_notify, self.output)
         self.blocked_capable = bool(caps.get("connection.blocked", False))
         self.opened = True
         name = (event.client_properties or {}).get("connection_name")
@@ -246,13 +290,16 @@ class ConnectionHandler:
                 priority: int | None = None) -> None:
         ch = self.channels.get(event.channel)
         if ch is None or ch.closing:
-            self.worker.region.arena.free(offset)
+            self.worker.channel_resources.bodies.free(offset)
             return
-        try:
-            ch.publish(event.exchange, event.routing_key, event.mandatory, offset,
-                       header_len, event.body_size, headers, expiration, priority)
-        except AMQPError as exc:  # its body could not be stored (Worker.store_body)
+        try:  # with --data-dir a persistent message's body goes to the body log now
+            body_at = self.worker.store_body(offset, header_len, event.body_size)
+        except AMQPError as exc:  # it could not be (its block is freed)
             self.fail(exc, ch)
+            return
+        self.apply(ch, ch.publish(event.exchange, event.routing_key, event.mandatory, offset,
+                                  header_len, event.body_size, headers, expiration, priority,
+                                  body_at))
 
     # ----------------------------------------------------- errors, closing
 
@@ -310,19 +357,48 @@ class ConnectionHandler:
             return
         match event:
             case r.Reply() | r.GetOk() | r.GetEmpty():
-                self._answer(ch, event)
+                self._guarded(ch, ch.on_reply, event)
             case r.Confirm():
-                ch.on_confirm(event)
+                self.apply(ch, ch.on_confirm(event))
             case r.Returned():
-                ch.on_return(event)
+                self.apply(ch, ch.on_return(event))
             case r.Error(code=code, text=text, class_id=cid, method_id=mid):
                 self.fail(errors.error_for_code(code, text, cid, mid), ch)
 
-    def _answer(self, ch: Channel, event: Any) -> None:
-        try:
-            ch.on_reply(event)
-        except AMQPError as exc:
-            self.fail(exc, ch)
+    def _channel_of(self, target: Target) -> Channel | None:
+        ch = self.channels.get(target.ch)
+        return ch if ch is not None and ch.owns(target) else None
+
+    def on_pulled(self, target: Target, event: r.Pulled) -> None:
+        """A pull's deliveries: handed to the protocol before the target's credit is looked
+        at again (they may back the output up)."""
+        ch = self._channel_of(target)
+        if ch is not None:
+            self.apply(ch, ch.on_pulled(target, event))
+            self.apply(ch, ch.after_pull(target))
+
+    def on_cancelled(self, target: Target) -> None:
+        ch = self._channel_of(target)
+        if ch is not None:
+            self.apply(ch, ch.on_cancelled(target))
+
+    def notify(self, target: Target) -> None:
+        ch = self._channel_of(target)
+        if ch is not None:
+            self.apply(ch, ch.notify(target))
+
+    def flush_confirms(self) -> None:
+        """The end of an event batch: each channel's confirms as one basic.ack multiple."""
+        for ch in self.confirms_pending:
+            self.apply(ch, ch.flush_confirms())
+        self.confirms_pending.clear()
+
+    def release_confirms(self, number: int) -> None:
+        """The body log was synced: the confirms channel ``number``'s gate held that are due."""
+        ch = self.channels.get(number)
+        if ch is not None and not ch.closing:
+            self.apply(ch, ch.release_confirms())
+            self.worker.dirty.add(self)
 
 
 def _no_queues() -> object:

@@ -1,53 +1,88 @@
-"""A consuming client's subscription, as its worker sees it (the seed's ConsumerTarget).
+"""A consuming client's subscription, as its worker sees it (the seed's ConsumerTarget), and
+the credit it draws on.
 
 The target turns what limits a consumer — prefetch credit, channel.flow, a
 connection whose socket cannot keep up — into the seed's
 ``setNotifyWorkDesired`` (an ``Interest`` record), and a notification
 (its notify slot set by the supervisor) into pulls (``deliverSingleMessage``)
 while it has credit.
+
+Credit has two owners' worth of counters: the target's own (its unacked deliveries, the pull
+it has in flight) and its channel's (flow, basic.qos global=true and what counts against it),
+plus one bit of the connection's (its output is backed up). They change together, so one
+object changes them: the channel's :class:`ChannelCredit`, which its targets hold and read.
+Neither the target nor the credit knows the channel.
+
+:class:`ConsumerTargets` is the worker's registry: ids, the notify slots of its region, and
+the targets by slot (a set slot is a notification for the target that holds it).
 """
 
 from __future__ import annotations
-
-from typing import Generic, Protocol, TypeVar
-
-
-class CreditPool(Protocol):
-    """What a target's credit depends on beyond its own counters: its channel's flow, its
-    connection's back-pressure and the channel's global prefetch (basic.qos global=true)."""
-
-    @property
-    def flow_active(self) -> bool: ...
-    @property
-    def backpressured(self) -> bool: ...
-    @property
-    def global_prefetch(self) -> int: ...
-    @property
-    def consumer_unacked(self) -> int: ...
-    @property
-    def pull_reserved(self) -> int: ...
-
-
-C = TypeVar("C", bound=CreditPool)
 
 # Most messages one Pull may ask for: bounds the burst one consumer can take
 # from the supervisor in one turn when it has unlimited credit.
 PULL_BATCH = 128
 
 
-class ConsumerTarget(Generic[C]):
+class Backpressure:
+    """Whether one connection's output is backed up: set by its connection handler as its
+    unsent output crosses the mark, read by the credit of every consumer on the connection."""
+
+    __slots__ = ("active",)
+
+    def __init__(self) -> None:
+        self.active = False
+
+
+class ChannelCredit:
+    """A channel's part of its consumers' credit: channel.flow, basic.qos global=true and what
+    counts against it (every consumer's unacked deliveries, the pulls in flight), and the
+    connection's back-pressure. The counters shared with a target change here only."""
+
+    __slots__ = ("consumer_unacked", "flow_active", "global_prefetch", "output", "pull_reserved")
+
+    def __init__(self, output: Backpressure) -> None:
+        self.output = output
+        self.flow_active = True
+        self.global_prefetch = 0  # basic.qos global=true: shared by the channel's consumers
+        self.consumer_unacked = 0
+        self.pull_reserved = 0  # credit held by this channel's pulls in flight
+
+    def pull_sent(self, target: ConsumerTarget, n: int) -> None:
+        target.pulling = n
+        self.pull_reserved += n
+
+    def pull_answered(self, target: ConsumerTarget) -> None:
+        self.pull_reserved -= target.pulling
+        target.pulling = 0
+
+    def held(self, target: ConsumerTarget) -> None:
+        """A delivery to ``target`` is held until acked: it counts against prefetch."""
+        target.unacked += 1
+        self.consumer_unacked += 1
+
+    def settled(self, target: ConsumerTarget) -> None:
+        """An unacked delivery of ``target`` was acked, rejected or nacked."""
+        target.unacked -= 1
+        self.consumer_unacked -= 1
+
+
+class ConsumerTarget:
     """One basic.consume as its worker sees it (seed: ConsumerTarget): prefetch credit, whether
-    the supervisor was told it is interested, whether it was notified, and the pull in flight."""
+    the supervisor was told it is interested, whether it was notified, and the pull in flight.
+    ``conn`` and ``ch`` say whose it is; ``pool`` is its channel's credit."""
 
     __slots__ = (
         "active",
         "browse",
-        "channel",
+        "ch",
+        "conn",
         "id",
         "interested",
         "more",
         "no_ack",
         "notified",
+        "pool",
         "prefetch",
         "pulling",
         "queue",
@@ -58,13 +93,15 @@ class ConsumerTarget(Generic[C]):
     )
 
     def __init__(
-        self, id: int, slot: int, tag: str, channel: C, queue: str, *,
-        no_ack: bool, browse: bool, prefetch: int,
+        self, id: int, slot: int, tag: str, pool: ChannelCredit, queue: str, *,
+        conn: int = 0, ch: int = 0, no_ack: bool, browse: bool, prefetch: int,
     ) -> None:
         self.id = id
         self.slot = slot
         self.tag = tag
-        self.channel = channel
+        self.pool = pool
+        self.conn = conn
+        self.ch = ch
         self.queue = queue
         self.no_ack = no_ack
         self.browse = browse
@@ -91,14 +128,60 @@ class ConsumerTarget(Generic[C]):
 
     def credit(self) -> int:
         """How many messages this consumer may take now (0: not interested)."""
-        ch = self.channel
-        if not ch.flow_active or ch.backpressured:
+        pool = self.pool
+        if not pool.flow_active or pool.output.active:
             return 0
         n = PULL_BATCH
         if self.settles_on_delivery:
             return n  # AMQP 0-9-1: prefetch limits apply to acknowledged deliveries only
         if self.prefetch:
             n = min(n, self.prefetch - self.unacked)
-        if ch.global_prefetch:  # other consumers' pulls in flight hold part of it
-            n = min(n, ch.global_prefetch - ch.consumer_unacked - ch.pull_reserved)
+        if pool.global_prefetch:  # other consumers' pulls in flight hold part of it
+            n = min(n, pool.global_prefetch - pool.consumer_unacked - pool.pull_reserved)
         return max(n, 0)
+
+
+class ConsumerTargets:
+    """A worker's consumer targets: ids, notify slots (one per target, from its region) and
+    the targets by id (events name them) and by slot (a set slot names one)."""
+
+    def __init__(self, slots: int) -> None:
+        self.by_id: dict[int, ConsumerTarget] = {}
+        self._by_slot: dict[int, ConsumerTarget] = {}
+        self._free_slots = list(range(slots - 1, -1, -1))
+        self._next_id = 1
+
+    def get(self, target_id: int) -> ConsumerTarget | None:
+        return self.by_id.get(target_id)
+
+    def by_slot(self, slot: int) -> ConsumerTarget | None:
+        return self._by_slot.get(slot)
+
+    def __contains__(self, target_id: int) -> bool:
+        return target_id in self.by_id
+
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    def new(self, tag: str, pool: ChannelCredit, queue: str, *, conn: int, ch: int,
+            no_ack: bool, browse: bool, prefetch: int) -> ConsumerTarget | None:
+        """A target with an id and a free slot; None when every slot is taken."""
+        if not self._free_slots:
+            return None
+        target = ConsumerTarget(self._next_id, self._free_slots.pop(), tag, pool, queue,
+                                conn=conn, ch=ch, no_ack=no_ack, browse=browse,
+                                prefetch=prefetch)
+        self._next_id += 1
+        self.by_id[target.id] = target
+        self._by_slot[target.slot] = target
+        return target
+
+    def drop(self, target: ConsumerTarget, *, closing: bool = False) -> None:
+        """Free the target's slot; a target with a pull in flight stays known by id until
+        the answer comes (its channel requeues what it brings), unless its channel is
+        ``closing`` (the supervisor requeues what the pull took)."""
+        if self._by_slot.get(target.slot) is target:
+            del self._by_slot[target.slot]
+            self._free_slots.append(target.slot)
+        if not target.pulling or closing:
+            self.by_id.pop(target.id, None)

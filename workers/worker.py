@@ -22,10 +22,11 @@ from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
 from tracing import TraceWriter, open_writer
 from workers import codec
-from workers.channel import Channel, Target
+from workers.arenas import Arenas
+from workers.channel_config import ChannelResources
 from workers.confirm_gate import ConfirmGate
 from workers.connection_handler import ConnectionHandler
-from workers.consumer_target import ConsumerTarget
+from workers.consumer_target import ConsumerTargets
 
 log = logging.getLogger("shoal.worker")
 
@@ -51,8 +52,7 @@ class Worker:
         self.region = region
         self.request_efd = EventFd(fd=config.request_fd)
         self.event_efd = EventFd(fd=config.event_fd)
-        self._regions: list[Region | None] = [None] * len(config.regions)
-        self._regions[config.index] = region
+        self.arenas = Arenas(region, config.index, list(config.regions))
         self.codec = r.Codec()
         self._encode = self.codec.encode
         self.outbox: list[bytes] = []
@@ -62,10 +62,7 @@ class Worker:
         self.lazy_pending = False  # acks in the ring that no wake-up announced yet
         self.want_lazy_wake: Callable[[], object] = self.wake_supervisor  # the server defers it
         self.handlers: dict[int, ConnectionHandler] = {}
-        self.targets: dict[int, Target] = {}
-        self._by_slot: dict[int, Target] = {}
-        self._free_slots = list(range(len(region.slots) - 1, -1, -1))
-        self._consumer_ids = itertools.count(1)
+        self.targets = ConsumerTargets(len(region.slots))
         self.conn_ids = itertools.count(1)
         self.dirty: set[ConnectionHandler] = set()
         self.trace: TraceWriter | None = None  # shoal serve --trace
@@ -86,6 +83,9 @@ class Worker:
         self.confirm_waiters: set[ConfirmGate] = set()  # channels' confirms held for a sync
         # (BodyLog.appended to reach, then what to call): tx.commits waiting for a sync
         self._sync_waiters: list[tuple[int, Callable[[], object]]] = []
+        # What every channel of this worker draws on (workers.channel_config).
+        self.channel_resources = ChannelResources(
+            self.arenas, self.targets, self.body_log, self.confirm_waiters, self.trace)
 
     # ---------------------------------------------------------- requests
 
@@ -138,28 +138,9 @@ class Worker:
 
     # ------------------------------------------------------------- bodies
 
-    def _region(self, index: int) -> Region:
-        region = self._regions[index]
-        if region is None:  # another worker's arena: attach on first use
-            region = self._regions[index] = Region.attach(self.config.regions[index])
-        return region
-
     def connection_counts(self) -> list[int]:
         """Every worker's open-connection count, as published in its region (workers.balance)."""
-        return [self._region(k).connections for k in range(len(self._regions))]
-
-    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]:
-        """The content header payload and body of a delivery (zero-copy unless
-        the supervisor asked for new headers)."""
-        view = self._region(d.region).arena.view(d.offset, d.header_len + d.body_len)
-        header = view[: d.header_len]
-        if d.reheader:  # dead-lettered / delivery-counted: new headers, same body
-            return memoryview(codec.reheader(header, d.headers, d.expiration)), view[d.header_len :]
-        return header, view[d.header_len :]
-
-    def own_body(self, offset: int, header_len: int, body_len: int) -> tuple[memoryview, memoryview]:
-        view = self.region.arena.view(offset, header_len + body_len)
-        return view[:header_len], view[header_len:]
+        return [self.arenas.region(k).connections for k in range(len(self.arenas))]
 
     def store_body(self, offset: int, header_len: int,
                    body_len: int) -> tuple[int, int, int] | None:
@@ -170,7 +151,7 @@ class Worker:
         body_log = self.body_log
         if body_log is None:
             return None
-        header, body = self.own_body(offset, header_len, body_len)
+        header, body = self.arenas.own_body(offset, header_len, body_len)
         try:
             if not codec.is_persistent(header):
                 return None
@@ -191,7 +172,11 @@ class Worker:
     def body_synced(self) -> None:
         """The body log was synced (``BodyLog.synced`` moved): the confirms it held go out."""
         for gate in list(self.confirm_waiters):
-            gate.release()
+            handler = self.handlers.get(gate.conn)
+            if handler is None:  # the connection is gone (its channels dropped their gates)
+                self.confirm_waiters.discard(gate)
+            else:
+                handler.release_confirms(gate.ch)
         if self._sync_waiters and self.body_log is not None:
             synced = self.body_log.synced
             due = [call for mark, call in self._sync_waiters if mark <= synced]
@@ -216,29 +201,6 @@ class Worker:
             self.body_log.close()
             self.body_log = None
 
-    # ------------------------------------------------------------ targets
-
-    def new_target(self, tag: str, channel: Channel, queue: str, *, no_ack: bool, browse: bool,
-                   prefetch: int) -> Target | None:
-        if not self._free_slots:
-            return None
-        target = ConsumerTarget(
-            next(self._consumer_ids), self._free_slots.pop(), tag, channel, queue,
-            no_ack=no_ack, browse=browse, prefetch=prefetch,
-        )
-        self.targets[target.id] = target
-        self._by_slot[target.slot] = target
-        return target
-
-    def drop_target(self, target: Target) -> None:
-        """Free the target's slot; a target with a pull in flight stays known by
-        id until the answer comes (its channel requeues what it brings)."""
-        if self._by_slot.get(target.slot) is target:
-            del self._by_slot[target.slot]
-            self._free_slots.append(target.slot)
-        if not target.pulling or target.channel.closing:
-            self.targets.pop(target.id, None)
-
     # ------------------------------------------------------------- events
 
     def handle_events(self) -> int:
@@ -252,26 +214,32 @@ class Worker:
             except Exception:  # noqa: BLE001 -- one connection's bug must not end the worker
                 self._internal_error(event)
         slots = self.region.take_set_slots()
+        by_slot = self.targets.by_slot
+        handlers = self.handlers
         for slot in slots:
-            target = self._by_slot.get(slot)
+            target = by_slot(slot)
             if target is not None:
-                target.channel.notify(target)
+                handler = handlers.get(target.conn)
+                if handler is not None:
+                    handler.notify(target)
+                    self.dirty.add(handler)
         for handler in list(self.dirty):
-            for ch in handler.confirms_pending:
-                ch.flush_confirms()
-            handler.confirms_pending.clear()
+            if handler.confirms_pending:
+                handler.flush_confirms()
         return len(batch) + len(slots)
 
     def _dispatch(self, event: Any) -> None:
         match event:
             case r.Pulled(consumer=cid):
                 target = self.targets.get(cid)
-                if target is not None:
-                    target.channel.on_pulled(target, event)
+                if target is not None and (handler := self.handlers.get(target.conn)) is not None:
+                    handler.on_pulled(target, event)
+                    self.dirty.add(handler)
             case r.Cancelled(consumer=cid):
                 target = self.targets.get(cid)
-                if target is not None:
-                    target.channel.on_cancelled(target)
+                if target is not None and (handler := self.handlers.get(target.conn)) is not None:
+                    handler.on_cancelled(target)
+                    self.dirty.add(handler)
             case r.Credit(conns=conns, counts=counts):
                 handlers = self.handlers
                 for conn, n in zip(conns, counts, strict=True):
@@ -325,7 +293,7 @@ class Worker:
         handler = None
         if isinstance(event, (r.Pulled, r.Cancelled)):
             target = self.targets.get(event.consumer)
-            handler = self.handlers.get(target.channel.conn_id) if target is not None else None
+            handler = self.handlers.get(target.conn) if target is not None else None
         elif hasattr(event, "conn"):
             handler = self.handlers.get(event.conn)
         log.exception("internal error on %s (connection %s)", type(event).__name__,

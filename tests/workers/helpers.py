@@ -3,7 +3,6 @@ that drives a connection handler over an opened AMQPConnection (model: h2's test
 
 from __future__ import annotations
 
-import itertools
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,10 +12,11 @@ from ipc import records as r
 from ipc.logfile import BodyLog
 from workers import events as ev
 from workers.channel import Channel
+from workers.channel_config import ChannelResources
 from workers.confirm_gate import ConfirmGate
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
-from workers.consumer_target import ConsumerTarget
+from workers.consumer_target import ConsumerTarget, ConsumerTargets
 from workers.frame_buffer import PROTOCOL_HEADER
 from workers.worker import Worker
 
@@ -69,24 +69,44 @@ class FakeArena:
         self.freed.append(offset)
 
 
+class FakeArenas:
+    """``workers.arenas.Arenas`` over one FakeArena: every delivery's body is in it."""
+
+    def __init__(self, arena: FakeArena) -> None:
+        self.arena = arena
+
+    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]:
+        return self.own_body(d.offset, d.header_len, d.body_len)
+
+    def own_body(self, offset: int, header_len: int, body_len: int) -> tuple[memoryview, memoryview]:
+        view = self.arena.view(offset, header_len + body_len)
+        return view[:header_len], view[header_len:]
+
+    def free(self, offset: int) -> None:
+        self.arena.free(offset)
+
+
 class FakeWorker:
-    """What ConnectionHandler and Channel use of ``workers.worker.Worker``; records requests."""
+    """What ConnectionHandler uses of ``workers.worker.Worker``, and what it lends channels
+    (real consumer targets, a fake arena); records requests."""
 
     def __init__(self, arena_size: int = 1 << 20, body_log: BodyLog | None = None) -> None:
         self.index = 0
         self.requests: list[Any] = []
         self.dirty: set[ConnectionHandler] = set()
         self.handlers: dict[int, ConnectionHandler] = {}
-        self.targets: dict[int, ConsumerTarget] = {}
+        self.targets = ConsumerTargets(64)
         self.region = SimpleNamespace(arena=FakeArena(arena_size))
+        self.arenas = FakeArenas(self.region.arena)
         self.blocked = False
         self.arena_full = False
         self.trace = None
-        self._ids = itertools.count(1)
         self.body_log = body_log  # with --data-dir
         self.confirm_waiters: set[ConfirmGate] = set()
         self.body_sync_wanted = 0  # times a persistent publish asked the sync task for a sync
         self._sync_waiters: list[tuple[int, Any]] = []
+        self.channel_resources = ChannelResources(
+            self.arenas, self.targets, self.body_log, self.confirm_waiters, self.trace)
 
     # The real worker's: what a persistent publish and a body log sync do.
     store_body = Worker.store_body
@@ -106,26 +126,8 @@ class FakeWorker:
     def send(self, rec: Any) -> None:
         self.requests.append(rec)
 
-    def new_target(self, tag: str, channel: Any, queue: str, *, no_ack: bool, browse: bool,
-                   prefetch: int) -> ConsumerTarget:
-        cid = next(self._ids)
-        target = ConsumerTarget(cid, cid - 1, tag, channel, queue, no_ack=no_ack, browse=browse,
-                                prefetch=prefetch)
-        self.targets[cid] = target
-        return target
-
-    def drop_target(self, target: ConsumerTarget) -> None:
-        # As Worker.drop_target: a target with a pull in flight stays known by id
-        # until the answer comes, unless its channel is closing.
-        if not target.pulling or target.channel.closing:
-            self.targets.pop(target.id, None)
-
-    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]:
-        return self.own_body(d.offset, d.header_len, d.body_len)
-
     def own_body(self, offset: int, header_len: int, body_len: int) -> tuple[memoryview, memoryview]:
-        view = self.region.arena.view(offset, header_len + body_len)
-        return view[:header_len], view[header_len:]
+        return self.arenas.own_body(offset, header_len, body_len)
 
 
 class Harness:
@@ -174,24 +176,27 @@ class Harness:
         for event in events:
             if isinstance(event, (r.Pulled, r.Cancelled)):
                 target = self.worker.targets.get(event.consumer)
-                if target is None:
+                handler = self.worker.handlers.get(target.conn) if target is not None else None
+                if target is None or handler is None:
                     continue
                 if isinstance(event, r.Pulled):
-                    target.channel.on_pulled(target, event)
+                    handler.on_pulled(target, event)
                 else:
-                    target.channel.on_cancelled(target)
+                    handler.on_cancelled(target)
             else:
                 handler = self.worker.handlers.get(event.conn)
                 if handler is not None:
                     handler.on_event(event)
-        for ch in self.handler.confirms_pending:
-            ch.flush_confirms()
-        self.handler.confirms_pending.clear()
+        self.handler.flush_confirms()
 
     def notify(self, target: ConsumerTarget) -> None:
         """seed: notifyWork, i.e. the target's notify slot was found set."""
         if target.id in self.worker.targets:
-            target.channel.notify(target)
+            self.handler.notify(target)
+
+    def refresh(self) -> None:
+        """Credit may have come back for every consumer (as after the output was written)."""
+        self.handler.refresh_all()
 
     def delivery(self, entry: int, data: bytes = b"body", redelivered: bool = False) -> r.Delivery:
         """A message body in the arena and the Delivery record that names it."""

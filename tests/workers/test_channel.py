@@ -98,7 +98,7 @@ def test_notify_leads_to_one_pull_of_the_credit() -> None:
     h.notify(target)
     assert h.take() == [r.Pull(target.id, 5)]
     h.notify(target)
-    h.channel().refresh_all()
+    h.refresh()
     assert h.take() == []
 
 
@@ -120,7 +120,7 @@ def test_pulled_without_more_stops_until_next_notify() -> None:
     h.take()
     deliver(h, target, [1], more=False)
     assert h.take() == []
-    h.channel().refresh_all()
+    h.refresh()
     assert h.take() == []
     h.notify(target)
     assert h.take() == [r.Pull(target.id, 4)]

@@ -36,7 +36,7 @@ def test_backpressure_makes_consumers_uninterested_until_written() -> None:
 
     data = h.handler.take_output()  # handed to the socket, not yet written
     assert len(data) > HIGH_WATER
-    h.channel().refresh_all()
+    h.refresh()
     assert h.take() == []  # still in flight: still back-pressured
     h.handler.written()
     # The pull had said "more": credit back, it pulls at once (ConsumerTarget.more).
@@ -167,7 +167,7 @@ def test_pull_in_flight_when_channel_closes_sends_nothing_more() -> None:
     h.client(1, commands.Channel.Close(200, "bye", 0, 0))
     assert h.take() == [r.ChanClose(CONN, 1)]
     # Even if the answer reached the channel directly, nothing follows it.
-    target.channel.on_pulled(target, r.Pulled(target.id, [h.delivery(1)], more=True))
+    h.handler.on_pulled(target, r.Pulled(target.id, [h.delivery(1)], more=True))
     assert h.take() == []
 
 
