@@ -28,3 +28,16 @@ def unpack_body_ref(ref: int) -> tuple[int, int, int, int]:
     """(region, offset, header_len, body_len) of a packed handle."""
     return (ref & _REGION_MASK, ref >> _OFFSET_SHIFT, (ref >> _HEADER_SHIFT) & _HEADER_MASK,
             (ref >> _BODY_SHIFT) & _BODY_MASK)
+
+
+def paged_body_ref(ref: int) -> int:
+    """The handle of a body paged out of its arena (``broker.paging``): negative, so it can be
+    told apart with one comparison, and keeping the region and the header and body sizes."""
+    region, _, header_len, body_len = unpack_body_ref(ref)
+    return ~pack_body_ref(region, 0, header_len, body_len)
+
+
+def unpack_paged_ref(ref: int) -> tuple[int, int, int]:
+    """(region, header_len, body_len) of a paged handle."""
+    region, _, header_len, body_len = unpack_body_ref(~ref)
+    return region, header_len, body_len

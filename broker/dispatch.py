@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.alarms import Alarms
-from broker.body_ref import pack_body_ref, unpack_body_ref
+from broker.body_ref import pack_body_ref, unpack_body_ref, unpack_paged_ref
 from broker.constants import REPLY_TO
 from broker.consumer_manager import QueueConsumer
 from broker.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow
@@ -46,6 +46,7 @@ from broker.message import (
     drop_reference,
 )
 from broker.message_journal import ConfirmGate
+from broker.paging import Pager
 from broker.queue import Queue, QueueEntry
 from broker.vhost import NO_ROUTE, VirtualHost
 from ipc import records as r
@@ -143,6 +144,8 @@ class Dispatcher:
         # Publisher confirms waiting for the index log's sync (shoal serve --data-dir).
         self.confirms = ConfirmGate()
         self.listings = Listings()  # shoal list-connections requests in progress
+        # Persistent bodies paged out of arenas past their mark (--data-dir; broker.paging).
+        self.pager = Pager(self.region_bytes, self._free)
 
     # ------------------------------------------------------------------ entry
 
@@ -178,6 +181,8 @@ class Dispatcher:
         if self._credit.due:
             for worker, grant in self._credit.grants(self._subs, all_credit=all_credit).items():
                 self.outbox[worker].append(grant)
+        if self.pager.high:
+            self.pager.check()
         if self.alarms.high_watermark:
             self.alarms.check_memory(self.outbox)
 
@@ -246,18 +251,14 @@ class Dispatcher:
         """Arena offsets in ``region`` still referenced by a queue or a channel, or by a
         purged or deleted queue's entry whose body is not freed yet (it will be, once)."""
         live: set[int] = set()
-        for q in self.vhost.queues.values():
-            for entry in q.entries():
-                in_region, offset, _, _ = unpack_body_ref(entry.message.body_ref)
-                if in_region == region:
-                    live.add(offset)
-        for message in self.vhost.buried_messages():
-            in_region, offset, _, _ = unpack_body_ref(message.body_ref)
-            if in_region == region:
-                live.add(offset)
-        for chan in self._channels.values():
-            for held in chan.acquired.values():
-                in_region, offset, _, _ = unpack_body_ref(held.message.body_ref)
+        messages = [entry.message for q in self.vhost.queues.values() for entry in q.entries()]
+        messages.extend(self.vhost.buried_messages())
+        messages.extend(held.message for chan in self._channels.values()
+                        for held in chan.acquired.values())
+        for message in messages:
+            ref = (message.origin or message).body_ref  # a dead-letter copy: its origin's
+            if ref >= 0:  # not paged out
+                in_region, offset, _, _ = unpack_body_ref(ref)
                 if in_region == region:
                     live.add(offset)
         return live
@@ -324,8 +325,12 @@ class Dispatcher:
     def _drop(self, message: Message) -> None:
         if message.stored is not None and self.vhost.messages is not None:
             self.vhost.messages.body_dropped(message.stored)
+        if message.body_ref < 0:  # paged out: nothing left in the arena
+            return
         region, offset, header_len, body_len = unpack_body_ref(message.body_ref)
         self.region_bytes[region] -= header_len + body_len
+        if message.stored is not None:
+            self.pager.dropped(region)
         self._free(region, offset, header_len + body_len)
 
     def _free(self, region: int, offset: int, size: int) -> None:
@@ -349,8 +354,12 @@ class Dispatcher:
     @staticmethod
     def _delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
         message = entry.message
-        region, offset, header_len, body_len = unpack_body_ref(message.body_ref)
+        root = message.origin or message  # a dead-letter copy's body is its origin's
+        ref = root.body_ref
         headers = entry.queue.delivery_headers(entry, basic_get=basic_get)
+        if ref < 0:  # paged out (broker.paging): the worker reads it from the body log
+            return Dispatcher._paged_delivery(entry_id, entry, root, headers)
+        region, offset, header_len, body_len = unpack_body_ref(ref)
         if headers is None:
             return r.Delivery(
                 entry_id, entry.redelivered, message.exchange, message.routing_key,
@@ -362,6 +371,21 @@ class Dispatcher:
             entry_id, entry.redelivered, message.exchange, message.routing_key,
             region, offset, header_len, body_len, True, delivered_headers(headers),
             message.expiration,
+        )
+
+    @staticmethod
+    def _paged_delivery(entry_id: int, entry: QueueEntry, root: Message,
+                        headers: dict[str, Any] | None) -> r.Delivery:
+        message = entry.message
+        region, header_len, body_len = unpack_paged_ref(root.body_ref)
+        stored = root.stored
+        assert stored is not None  # only stored bodies are paged
+        at = (stored[1], stored[2], stored[3], stored[4])
+        return r.Delivery(
+            entry_id, entry.redelivered, message.exchange, message.routing_key,
+            region, 0, header_len, body_len, headers is not None,
+            None if headers is None else delivered_headers(headers),
+            None if headers is None else message.expiration, at,
         )
 
     # ------------------------------------------------- connections, channels
@@ -600,6 +624,8 @@ class Dispatcher:
         routed = outcome.routed
         if routed:
             self.region_bytes[worker] += rec.header_len + rec.body_len
+            if message.stored is not None:
+                self.pager.add(worker, message)
         elif message.stored is not None and journal is not None:
             journal.body_dropped(message.stored)
         if routed == 0:

@@ -63,8 +63,9 @@ class Durability:
                  f" ({len(skipped)} skipped)" if skipped else "", (time.monotonic() - started) * 1e3)
 
     def recover_messages(self, arenas: list[Any], arena_mb: int) -> None:
-        """Persistent messages back onto their durable queues, into ``arenas`` (worker k's is
-        ``arenas[k]``); raises ArenasFull when they do not fit."""
+        """Persistent messages back onto their durable queues, their bodies into ``arenas``
+        (worker k's is ``arenas[k]``) up to the paging mark and paged out beyond it
+        (``broker.paging``); without paging, raises ArenasFull when they do not fit."""
         started = time.monotonic()
         d = self.dispatcher
         vhost = d.vhost
@@ -79,7 +80,8 @@ class Durability:
         self.index = IndexLog(self.path)
         journal.index_file = self.index.number  # the restored state is written afresh there
         try:
-            restored = restore_messages(state, journal, self.path, arenas, vhost.restore_message)
+            restored = restore_messages(state, journal, self.path, arenas, vhost.restore_message,
+                                        limit=d.pager.high, resident=d.pager.add)
         except ArenasFull as exc:
             raise ArenasFull(f"{exc} ({len(arenas)} x {arena_mb} MiB): start with a larger "
                              "--arena-mb (or more --workers)") from None
@@ -96,9 +98,11 @@ class Durability:
                 if (worker, segment) not in live:
                     remove_segment(self.path, worker, segment)
                     removed += 1
-        log.info("data directory %s: restored %d persistent message(s) (%d bodies, %.1f MiB) from "
-                 "%d index record(s)%s; %d unneeded body segment(s) removed, in %.0f ms",
+        log.info("data directory %s: restored %d persistent message(s) (%d bodies, %.1f MiB, in "
+                 "the arenas; %d paged out) from %d index record(s)%s; %d unneeded body "
+                 "segment(s) removed, in %.0f ms",
                  self.path, restored.messages, restored.bodies, restored.bytes / (1 << 20),
+                 restored.paged,
                  state.records, f", {restored.lost} lost (never confirmed)" if restored.lost else "",
                  removed, (time.monotonic() - started) * 1e3)
 

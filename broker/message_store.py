@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from broker.body_ref import pack_body_ref
+from broker.body_ref import pack_body_ref, paged_body_ref
 from broker.message import BlindCopied, FullMessage, Message
 from broker.message_journal import MessageJournal
 from ipc.logfile import INDEX_MAGIC, AppendFiles, BodyReader, frame, iter_frames, sync_files, write_all
@@ -169,6 +169,7 @@ class ArenasFull(Exception):
 class Restored:
     messages: int = 0  # queue entries restored
     bodies: int = 0  # distinct bodies placed in arenas
+    paged: int = 0  # distinct bodies left on disk (paged out: every arena at its paging mark)
     bytes: int = 0
     lost: int = 0  # entries whose body was missing or damaged on disk (never confirmed)
     dropped: list[Message] = field(default_factory=list)  # restored bodies no queue took
@@ -176,12 +177,16 @@ class Restored:
 
 
 def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathLike[str],
-            arenas: list[Any], place: Any) -> Restored:
+            arenas: list[Any], place: Any, *, limit: int = 0,
+            resident: Any = None) -> Restored:
     """Bring every live entry of ``state`` back into the durable queues ``place`` finds.
 
     ``arenas[k]`` is worker k's arena (``ipc.arena.Arena``); ``place(queue_name, message,
     redelivered, enqueued_at)`` enqueues one message on a queue and returns False when the queue
-    does not exist any more. Raises :class:`ArenasFull` when the bodies do not fit."""
+    does not exist any more. Each body is read and checked; it goes into an arena while that
+    arena holds less than ``limit`` bytes of them (``resident(k, message)`` is told), and stays
+    paged out on disk beyond it (``broker.paging``). With no ``limit`` every body goes into an
+    arena, and :class:`ArenasFull` is raised when they do not fit."""
     result = Restored(per_arena=[0] * len(arenas))
     reader = BodyReader(data_dir)
     by_id: dict[int, Message | None] = {}
@@ -192,12 +197,14 @@ def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathL
                 if store_id in by_id:
                     message = by_id[store_id]
                 else:
-                    loaded = _load(rec, reader, arenas, next_arena, result, journal)
+                    loaded = _load(rec, reader, arenas, next_arena, result, journal, limit)
                     message = None
                     if loaded is not None:
                         message, k = loaded
                         next_arena = (k + 1) % len(arenas)  # spread the bodies over the arenas
                         journal.restored_body(message.stored)  # type: ignore[arg-type]
+                        if k >= 0 and resident is not None:
+                            resident(k, message)
                     by_id[store_id] = message
                 if message is None:
                     result.lost += 1
@@ -211,7 +218,9 @@ def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathL
 
 
 def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
-          result: Restored, journal: MessageJournal) -> tuple[Message, int] | None:
+          result: Restored, journal: MessageJournal, limit: int) -> tuple[Message, int] | None:
+    """The message of an ``E`` record and the arena its body went to (-1: paged out), or None
+    when its body is missing or damaged."""
     (_, _, store_id, worker, segment, offset, length, exchange, routing_key, headers, expiration,
      priority, reheadered, _enqueued_at) = rec
     index_file = journal.index_file
@@ -220,15 +229,17 @@ def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
         return None
     header, body = read
     size = len(header) + len(body)
+    cls = BlindCopied if reheadered else FullMessage
     for i in range(len(arenas)):
         k = (first + i) % len(arenas)
+        if limit and result.per_arena[k] + size > limit:
+            continue
         at = arenas[k].alloc(size)
         if at is None:
             continue
         with arenas[k].view(at, size) as view:
             view[:len(header)] = header
             view[len(header):] = body
-        cls = BlindCopied if reheadered else FullMessage
         message = cls(0, exchange, routing_key, pack_body_ref(k, at, len(header), len(body)),
                       len(body), headers, expiration=expiration, priority=priority)
         message.stored = (store_id, worker, segment, offset, length, index_file)
@@ -236,4 +247,11 @@ def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
         result.bytes += size
         result.per_arena[k] += size
         return message, k
+    if limit:  # every arena is at its paging mark: this one stays on disk
+        ref = paged_body_ref(pack_body_ref(0, 0, len(header), len(body)))
+        message = cls(0, exchange, routing_key, ref, len(body), headers, expiration=expiration,
+                      priority=priority)
+        message.stored = (store_id, worker, segment, offset, length, index_file)
+        result.paged += 1
+        return message, -1
     raise ArenasFull(f"{result.bytes + size} bytes of persistent messages do not fit the arenas")

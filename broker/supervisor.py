@@ -80,6 +80,9 @@ class ServeConfig:
     # (0: 90% of the high watermark).
     memory_high_watermark: int = 0
     memory_low_watermark: int = 0
+    # With a data dir, persistent bodies are paged out of an arena holding more than this
+    # fraction of the high watermark (RabbitMQ's vm_memory_high_watermark_paging_ratio).
+    memory_paging_ratio: float = 0.5
     trace: str | None = None  # directory for trace files (shoal report reads them)
     # Durable topology lives here (broker.data_dir); None: nothing survives a restart.
     # `shoal serve` always passes one (--data-dir, default broker.data_dir.default_data_dir).
@@ -155,11 +158,12 @@ class Supervisor:
                 arena_bytes=c.arena_mb << 20,
             )
             self.workers.append(_WorkerSlot(k, region))
-        if self.durability is not None:
-            self.durability.recover_messages([w.region.arena for w in self.workers], c.arena_mb)
         high = c.memory_high_watermark or (c.arena_mb << 20) * 4 // 5
         self.dispatcher.high_watermark = high
         self.dispatcher.low_watermark = min(c.memory_low_watermark or high * 9 // 10, high)
+        if self.durability is not None:  # paging reads bodies back from the data dir
+            self.dispatcher.pager.set_marks(high, c.memory_paging_ratio)
+            self.durability.recover_messages([w.region.arena for w in self.workers], c.arena_mb)
         if c.trace:
             self.dispatcher.trace = DispatchTrace(open_writer(c.trace, "supervisor"))  # pyarrow
         self.port = self._listener.getsockname()[1]

@@ -93,6 +93,11 @@ def main() -> None:
 @click.option("--memory-low-watermark", default=0, show_default="90% of the high watermark",
               type=click.IntRange(0), help="Bytes of messages held in a blocked worker's arena "
               "below which its publishers are unblocked (0: the default).")
+@click.option("--memory-paging-ratio", default=0.5, show_default=True,
+              type=click.FloatRange(0, 1), help="With a data directory: persistent messages' "
+              "bodies are paged out to disk from an arena holding more than this fraction of the "
+              "high watermark, and read back when delivered (RabbitMQ's "
+              "vm_memory_high_watermark_paging_ratio; 0 turns paging off).")
 @click.option("--trace", default=None, type=click.Path(file_okay=False),
               help="Write trace files (Arrow IPC) of every message's stages into this "
               "directory; analyse them with `shoal report DIR`.")

@@ -330,7 +330,9 @@ class Error(_Record, frozen=True, tag="err"):
 class Delivery(msgspec.Struct, frozen=True, array_like=True):
     """One message handed to a consumer. ``reheader``: the content header must
     be re-encoded with ``headers`` and ``expiration`` (a dead-lettered message
-    carries x-death; a redelivery from a delivery-limited queue x-delivery-count)."""
+    carries x-death; a redelivery from a delivery-limited queue x-delivery-count).
+    ``stored``: the body was paged out of the arena (``broker.paging``); it is in the body
+    log at (worker, segment, offset, length), and ``region`` and ``offset`` mean nothing."""
 
     entry: int
     redelivered: bool
@@ -343,6 +345,7 @@ class Delivery(msgspec.Struct, frozen=True, array_like=True):
     reheader: bool = False
     headers: dict[str, Any] | None = None
     expiration: str | None = None
+    stored: tuple[int, int, int, int] | None = None
 
 
 class Pulled(_Record, frozen=True, tag="pulled"):

@@ -296,8 +296,13 @@ class Channel:
             self._send(spec.Basic.GetEmpty())
             return
         d = ev.delivery
+        content = self._bodies.body(d)
+        if content is None:  # paged out and unreadable (workers.arenas): gone for good
+            self._settle([d.entry], r.ACK)
+            self._send(spec.Basic.GetEmpty())
+            return
+        header, body = content
         tag = self.tags.tag(d.entry, None, no_ack)
-        header, body = self._bodies.body(d)
         self._reply(GetOk(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
             header, body,
@@ -531,13 +536,16 @@ class Channel:
         messages: list[Delivery] = []
         next_tag = self.tags.tag
         for d in ev.deliveries:
+            content = body(d)
+            if content is None:  # paged out and unreadable (workers.arenas): gone for good
+                done.append(d.entry)
+                continue
             tag = next_tag(d.entry, target, settled)
             if settled:
                 done.append(d.entry)
             else:  # held until acked: counts against prefetch
                 held(target)
-            header, content = body(d)
-            messages.append((tag, d.redelivered, d.exchange, d.routing_key, header, content))
+            messages.append((tag, d.redelivered, d.exchange, d.routing_key, *content))
             if trace is not None:
                 trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
                                 d.redelivered)

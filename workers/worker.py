@@ -52,7 +52,7 @@ class Worker:
         self.region = region
         self.request_efd = EventFd(fd=config.request_fd)
         self.event_efd = EventFd(fd=config.event_fd)
-        self.arenas = Arenas(region, config.index, list(config.regions))
+        self.arenas = Arenas(region, config.index, list(config.regions), config.data_dir)
         self.codec = r.Codec()
         self._encode = self.codec.encode
         self.outbox: list[bytes] = []
@@ -197,6 +197,7 @@ class Worker:
         """The worker stops: close its files (the trace, the body log)."""
         if self.trace is not None:
             self.trace.close()
+        self.arenas.close_files()
         if self.body_log is not None:
             self.body_log.close()
             self.body_log = None
@@ -226,6 +227,7 @@ class Worker:
         for handler in list(self.dirty):
             if handler.confirms_pending:
                 handler.flush_confirms()
+        self.arenas.close_files()
         return len(batch) + len(slots)
 
     def _dispatch(self, event: Any) -> None:
