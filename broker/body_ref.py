@@ -6,6 +6,8 @@ unpacks it to free the body or to list the offsets still live in a region.
 
 from __future__ import annotations
 
+from ipc.logfile import BODY_OVERHEAD
+
 # A message's body handle (Message.body_ref, opaque to the domain) packs where its header and
 # body sit into one int: ((offset * 2**24 + header_len) * 2**32 + body_len) * 2**16 + region.
 # A tuple of four ints cost 104 bytes per queued message, the int costs 36-40 (S8).
@@ -30,14 +32,39 @@ def unpack_body_ref(ref: int) -> tuple[int, int, int, int]:
             (ref >> _BODY_SHIFT) & _BODY_MASK)
 
 
-def paged_body_ref(ref: int) -> int:
-    """The handle of a body paged out of its arena (``broker.paging``): negative, so it can be
-    told apart with one comparison, and keeping the region and the header and body sizes."""
-    region, _, header_len, body_len = unpack_body_ref(ref)
-    return ~pack_body_ref(region, 0, header_len, body_len)
+
+# A paged-out body's handle (broker.paging) is negative: ~(the fields below, packed), so one
+# comparison tells it apart. It says where the body is in the body log (worker, segment,
+# offset of its frame) besides the region and sizes; the frame's length follows from the sizes.
+_PAGED_FIELDS = ((_REGION_BITS, "region"), (_HEADER_BITS, "header_len"), (_BODY_BITS, "body_len"),
+                 (16, "worker"), (32, "segment"), (32, "offset"))
 
 
-def unpack_paged_ref(ref: int) -> tuple[int, int, int]:
-    """(region, header_len, body_len) of a paged handle."""
-    region, _, header_len, body_len = unpack_body_ref(~ref)
-    return region, header_len, body_len
+def paged_body_ref(region: int, header_len: int, body_len: int, worker: int, segment: int,
+                   offset: int) -> int:
+    """The handle of a body paged out to ``worker``'s body log, segment ``segment``, frame at
+    ``offset`` (``ipc.logfile.BodyLog.append``'s answer)."""
+    packed = 0
+    shift = 0
+    for value, (bits, _) in zip((region, header_len, body_len, worker, segment, offset),
+                                _PAGED_FIELDS, strict=True):
+        packed |= value << shift
+        shift += bits
+    return ~packed
+
+
+def unpack_paged_ref(ref: int) -> tuple[int, int, int, int, int, int]:
+    """(region, header_len, body_len, worker, segment, offset) of a paged handle."""
+    packed = ~ref
+    fields = []
+    for bits, _ in _PAGED_FIELDS:
+        fields.append(packed & ((1 << bits) - 1))
+        packed >>= bits
+    region, header_len, body_len, worker, segment, offset = fields
+    return region, header_len, body_len, worker, segment, offset
+
+
+def body_log_at(ref: int) -> tuple[int, int, int, int]:
+    """(worker, segment, offset, length) of a paged body's frame in the body log."""
+    _, header_len, body_len, worker, segment, offset = unpack_paged_ref(ref)
+    return worker, segment, offset, header_len + body_len + BODY_OVERHEAD

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.alarms import Alarms
-from broker.body_ref import pack_body_ref, unpack_body_ref, unpack_paged_ref
+from broker.body_ref import body_log_at, pack_body_ref, unpack_body_ref, unpack_paged_ref
 from broker.constants import REPLY_TO
 from broker.consumer_manager import QueueConsumer
 from broker.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow
@@ -126,6 +126,7 @@ class Dispatcher:
             r.Settle: self._settle,
             r.Sync: self._sync,
             r.ArenaWait: self._arena_wait,
+            r.PagedOut: lambda worker, rec: self.pager.paged_out(worker, rec.written),
             r.ConnectionsListed: lambda worker, rec: self.listings.listed(worker, rec),
         }
         # Tracing (shoal serve --trace): the writer's hooks, else None;
@@ -145,7 +146,8 @@ class Dispatcher:
         self.confirms = ConfirmGate()
         self.listings = Listings()  # shoal list-connections requests in progress
         # Persistent bodies paged out of arenas past their mark (--data-dir; broker.paging).
-        self.pager = Pager(self.region_bytes, self._free)
+        self.pager = Pager(self.region_bytes, self._free,
+                           lambda message: drop_reference(message, self._drop), self._paged_body)
 
     # ------------------------------------------------------------------ entry
 
@@ -182,7 +184,8 @@ class Dispatcher:
             for worker, grant in self._credit.grants(self._subs, all_credit=all_credit).items():
                 self.outbox[worker].append(grant)
         if self.pager.high:
-            self.pager.check()
+            for region, bodies in self.pager.check().items():
+                self.outbox[region].append(r.PageOut(bodies))
         if self.alarms.high_watermark:
             self.alarms.check_memory(self.outbox)
 
@@ -243,6 +246,7 @@ class Dispatcher:
         self.outbox[worker].clear()
         self.notify[worker].clear()
         self._credit.forget_worker(worker)
+        self.pager.worker_gone(worker)
         self.confirms.forget(lambda key: key[0] == worker)
         self._arena_need[worker] = 0
         self.listings.worker_gone(worker)
@@ -325,13 +329,21 @@ class Dispatcher:
     def _drop(self, message: Message) -> None:
         if message.stored is not None and self.vhost.messages is not None:
             self.vhost.messages.body_dropped(message.stored)
-        if message.body_ref < 0:  # paged out: nothing left in the arena
+        ref = message.body_ref
+        if ref < 0:  # paged out: nothing left in the arena
+            if message.stored is None and self.vhost.messages is not None:  # a transient one
+                worker, segment, _, _ = body_log_at(ref)
+                self.vhost.messages.segment_released(worker, segment)
             return
-        region, offset, header_len, body_len = unpack_body_ref(message.body_ref)
+        region, offset, header_len, body_len = unpack_body_ref(ref)
         self.region_bytes[region] -= header_len + body_len
-        if message.stored is not None:
-            self.pager.dropped(region)
+        self.pager.dropped(region)
         self._free(region, offset, header_len + body_len)
+
+    def _paged_body(self, worker: int, segment: int) -> None:
+        """A transient body was paged out to ``worker``'s body log segment ``segment``."""
+        if self.vhost.messages is not None:
+            self.vhost.messages.segment_used(worker, segment)
 
     def _free(self, region: int, offset: int, size: int) -> None:
         """Hand an arena block back; wake its worker if a publish there waits for room."""
@@ -377,10 +389,8 @@ class Dispatcher:
     def _paged_delivery(entry_id: int, entry: QueueEntry, root: Message,
                         headers: dict[str, Any] | None) -> r.Delivery:
         message = entry.message
-        region, header_len, body_len = unpack_paged_ref(root.body_ref)
-        stored = root.stored
-        assert stored is not None  # only stored bodies are paged
-        at = (stored[1], stored[2], stored[3], stored[4])
+        region, header_len, body_len, _, _, _ = unpack_paged_ref(root.body_ref)
+        at = body_log_at(root.body_ref)
         return r.Delivery(
             entry_id, entry.redelivered, message.exchange, message.routing_key,
             region, 0, header_len, body_len, headers is not None,
@@ -624,8 +634,7 @@ class Dispatcher:
         routed = outcome.routed
         if routed:
             self.region_bytes[worker] += rec.header_len + rec.body_len
-            if message.stored is not None:
-                self.pager.add(worker, message)
+            self.pager.add(worker, message)
         elif message.stored is not None and journal is not None:
             journal.body_dropped(message.stored)
         if routed == 0:

@@ -73,11 +73,7 @@ class MessageJournal:
     def new_body(self, worker: int, segment: int, offset: int, length: int) -> Stored:
         """A persistent message's body was written by ``worker``: its identity from now on."""
         self._last_id += 1
-        key = (worker, segment)
-        self._segment_live[key] = self._segment_live.get(key, 0) + 1
-        if segment > self._segment_max.get(worker, -1):
-            self._segment_max[worker] = segment
-            self._free_older(worker)
+        self.segment_used(worker, segment)
         file = self.index_file
         self._file_live[file] = self._file_live.get(file, 0) + 1
         return (self._last_id, worker, segment, offset, length, file)
@@ -98,7 +94,20 @@ class MessageJournal:
             self._file_live[file] = in_file
         else:
             self._file_live.pop(file, None)
-        worker, segment = key = (stored[1], stored[2])
+        self.segment_released(stored[1], stored[2])
+
+    def segment_used(self, worker: int, segment: int) -> None:
+        """A message's body is in this segment: a persistent one, or a transient one paged out
+        (``broker.paging``; no index records: a restart forgets it). Needed while it lives."""
+        key = (worker, segment)
+        self._segment_live[key] = self._segment_live.get(key, 0) + 1
+        if segment > self._segment_max.get(worker, -1):
+            self._segment_max[worker] = segment
+            self._free_older(worker)
+
+    def segment_released(self, worker: int, segment: int) -> None:
+        """A message whose body is in this segment is gone (persistent, or paged out)."""
+        key = (worker, segment)
         left = self._segment_live.get(key, 0) - 1
         if left > 0:
             self._segment_live[key] = left

@@ -248,7 +248,7 @@ def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
         result.per_arena[k] += size
         return message, k
     if limit:  # every arena is at its paging mark: this one stays on disk
-        ref = paged_body_ref(pack_body_ref(0, 0, len(header), len(body)))
+        ref = paged_body_ref(0, len(header), len(body), worker, segment, offset)
         message = cls(0, exchange, routing_key, ref, len(body), headers, expiration=expiration,
                       priority=priority)
         message.stored = (store_id, worker, segment, offset, length, index_file)

@@ -33,6 +33,7 @@ BODY_MAGIC = b"SHOALB1\n"
 INDEX_MAGIC = b"SHOALI1\n"
 FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
 _BODY = struct.Struct("<II")  # a body frame's payload starts with header_len, body_len
+BODY_OVERHEAD = FRAME.size + _BODY.size  # a body frame's bytes besides header and body
 SEGMENT_BYTES = 64 << 20
 
 

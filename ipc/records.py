@@ -203,6 +203,13 @@ class ArenaWait(_Record, frozen=True, tag="arenawait"):
     size: int
 
 
+class PagedOut(_Record, frozen=True, tag="pagedout"):
+    """The transient bodies a ``PageOut`` asked for, written to this worker's body log:
+    (arena offset, segment, offset of the frame in it); segment -1 where the write failed."""
+
+    written: list[tuple[int, int, int]]
+
+
 class ConnectionInfo(msgspec.Struct, frozen=True, array_like=True):
     """One client connection as ``shoal list-connections`` shows it (rabbitmqctl's columns)."""
 
@@ -293,6 +300,7 @@ Request = (
     | Settle
     | Sync
     | ArenaWait
+    | PagedOut
     | ConnectionsListed
 )
 
@@ -430,6 +438,14 @@ class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
     """Blocks of this worker's arena were freed since its ``ArenaWait``: allocate again."""
 
 
+class PageOut(_Record, frozen=True, tag="pageout"):
+    """Append these transient bodies of this worker's arena -- (offset, header_len, body_len)
+    -- to its body log and say where they went (``PagedOut``); the supervisor keeps each block
+    until then (broker.paging)."""
+
+    bodies: list[tuple[int, int, int]]
+
+
 Event = (
     Reply
     | Error
@@ -442,6 +458,7 @@ Event = (
     | Blocked
     | Credit
     | ArenaFreed
+    | PageOut
     | ListConnections
 )
 

@@ -169,6 +169,25 @@ class Worker:
         self.want_body_sync()
         return where
 
+    def page_out(self, bodies: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        """Transient bodies of our arena, (offset, header_len, body_len), to the body log for
+        the supervisor to page out (broker.paging); where each went: (offset, segment, offset
+        in it), segment -1 where it could not be written. Never synced: they are transient."""
+        written: list[tuple[int, int, int]] = []
+        body_log = self.body_log
+        for offset, header_len, body_len in bodies:
+            if body_log is None:
+                written.append((offset, -1, 0))
+                continue
+            try:
+                segment, at, _ = body_log.append(*self.arenas.own_body(offset, header_len, body_len))
+            except OSError as exc:
+                log.error("worker %d: cannot page a message body out: %s", self.index, exc)
+                written.append((offset, -1, 0))
+                continue
+            written.append((offset, segment, at))
+        return written
+
     def body_synced(self) -> None:
         """The body log was synced (``BodyLog.synced`` moved): the confirms it held go out."""
         for gate in list(self.confirm_waiters):
@@ -255,6 +274,8 @@ class Worker:
                 self.on_blocked(active)
             case r.ArenaFreed():
                 self.on_arena_freed()
+            case r.PageOut(bodies=bodies):
+                self.send(r.PagedOut(self.page_out(bodies)))
             case r.ListConnections(request=request):
                 rows = [handler.info() for handler in self.handlers.values() if handler.opened]
                 self.send(r.ConnectionsListed(request, rows))

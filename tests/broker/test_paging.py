@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.body_ref import pack_body_ref, paged_body_ref, unpack_paged_ref
+from broker.body_ref import body_log_at, pack_body_ref, paged_body_ref, unpack_paged_ref
 from broker.dispatch import Dispatcher
 from broker.message import FullMessage
 from broker.message_journal import MessageJournal
@@ -14,16 +14,16 @@ from broker.paging import Pager
 from broker.vhost import VirtualHost
 from ipc import records as r
 from ipc.arena import Arena
-from ipc.logfile import BodyLog
+from ipc.logfile import BODY_OVERHEAD, BodyLog
 
 W0, W1 = 0, 1
 SIZE = 116  # header 16 + body 100, as Harness.publish sends
 
 
-def test_a_paged_handle_keeps_region_and_sizes_and_is_negative() -> None:
-    ref = pack_body_ref(3, 4096, 20, 1000)
-    paged = paged_body_ref(ref)
-    assert paged < 0 and unpack_paged_ref(paged) == (3, 20, 1000)
+def test_a_paged_handle_keeps_region_sizes_and_where_the_body_is_and_is_negative() -> None:
+    paged = paged_body_ref(3, 20, 1000, 1, 7, 64 << 20)
+    assert paged < 0 and unpack_paged_ref(paged) == (3, 20, 1000, 1, 7, 64 << 20)
+    assert body_log_at(paged) == (1, 7, 64 << 20, 20 + 1000 + BODY_OVERHEAD)
 
 
 def _message(region_bytes: list[int], offset: int, region: int = 0) -> FullMessage:
@@ -45,11 +45,12 @@ def test_the_pager_pages_the_newest_first_down_to_the_low_mark() -> None:
     messages[11].refs = 0  # gone already (its drop was counted then): skipped
     pager.dropped(0)
     region_bytes[0] -= SIZE
-    assert pager.check() == 2
+    assert pager.check() == {}  # persistent: nothing to write
     assert freed == [(0, 10_000, SIZE), (0, 9000, SIZE)]
     assert [m.body_ref < 0 for m in messages[:11]] == [False] * 9 + [True] * 2
     assert region_bytes == [9 * SIZE, 0] and pager.paged == 2
-    assert pager.check() == 0  # under the mark: nothing more
+    assert body_log_at(messages[10].body_ref) == (0, 0, 10_000, SIZE + BODY_OVERHEAD)
+    assert pager.check() == {} and pager.paged == 2  # under the mark: nothing more
 
 
 def test_with_no_marks_nothing_is_registered_or_paged() -> None:
@@ -58,7 +59,7 @@ def test_with_no_marks_nothing_is_registered_or_paged() -> None:
     m = _message(region_bytes, 0)
     pager.add(0, m)
     region_bytes[0] = 1 << 40
-    assert pager.check() == 0 and m.body_ref >= 0
+    assert pager.check() == {} and m.body_ref >= 0
 
 
 def test_messages_that_went_are_compacted_away_so_the_list_stays_bounded() -> None:
@@ -85,7 +86,7 @@ class Harness:
     def publish(self, n: int, *, persistent: bool = True) -> None:
         for i in range(n):
             offset = 256 * (i + 1)
-            body_at = (0, 1000 * i, 140) if persistent else None
+            body_at = (0, 1000 * i, SIZE + BODY_OVERHEAD) if persistent else None
             self.d.handle(W0, r.Publish(1, 1, "", "d", False, False, offset, 16, 100, None,
                                         body_at=body_at))
         self.d.end_batch()
@@ -105,7 +106,8 @@ def test_past_the_mark_persistent_bodies_leave_the_arena_and_are_delivered_from_
     assert h.freed == [(W0, 256 * 12), (W0, 256 * 11), (W0, 256 * 10)]
     deliveries = [h.get() for _ in range(12)]
     assert [d.stored for d in deliveries[:9]] == [None] * 9  # still in the arena
-    assert [d.stored for d in deliveries[9:]] == [(W0, 0, 1000 * i, 140) for i in (9, 10, 11)]
+    assert [d.stored for d in deliveries[9:]] == [(W0, 0, 1000 * i, SIZE + BODY_OVERHEAD)
+                                                  for i in (9, 10, 11)]
     assert [(d.header_len, d.body_len, d.reheader) for d in deliveries[9:]] == [(16, 100, False)] * 3
     h.freed.clear()
     h.d.handle(W1, r.Settle(5, 1, [d.entry for d in deliveries], r.ACK))
@@ -114,11 +116,47 @@ def test_past_the_mark_persistent_bodies_leave_the_arena_and_are_delivered_from_
     assert h.d.region_bytes[W0] == 0
 
 
-def test_transient_messages_are_not_paged() -> None:
+def test_transient_bodies_are_written_out_by_their_worker_first_then_freed() -> None:
     h = Harness()
-    h.publish(30, persistent=False)
-    assert h.freed == [] and h.d.region_bytes[W0] == 30 * SIZE
-    assert h.d.pager.paged == 0
+    h.publish(12, persistent=False)
+    # Nothing freed yet: worker 0 is asked to write the three newest to its body log.
+    (page_out,) = [e for e in h.d.outbox[W0] if isinstance(e, r.PageOut)]
+    assert page_out.bodies == [(256 * i, 16, 100) for i in (12, 11, 10)]
+    assert h.freed == [] and h.d.region_bytes[W0] == 12 * SIZE
+    h.d.outbox[W0].clear()
+    h.d.end_batch()  # the bytes on their way out count as gone: not asked twice
+    assert not any(isinstance(e, r.PageOut) for e in h.d.outbox[W0])
+    # The worker wrote two; the third failed (disk full, say) and stays in the arena.
+    h.d.handle(W0, r.PagedOut([(256 * 12, 3, 8), (256 * 11, 3, 124), (256 * 10, -1, 0)]))
+    assert h.freed == [(W0, 256 * 12), (W0, 256 * 11)] and h.d.region_bytes[W0] == 10 * SIZE
+    assert h.d.vhost.messages is not None and h.d.vhost.messages.live_segments() == {(W0, 3)}
+    deliveries = [h.get() for _ in range(12)]
+    assert [d.stored for d in deliveries[10:]] == [(W0, 3, 124, SIZE + BODY_OVERHEAD),
+                                                   (W0, 3, 8, SIZE + BODY_OVERHEAD)]
+    assert deliveries[9].stored is None  # the one that failed
+    h.d.handle(W1, r.Settle(5, 1, [d.entry for d in deliveries], r.ACK))
+    assert h.d.region_bytes[W0] == 0
+    assert h.d.vhost.messages.live_segments() == set()  # the segment is not needed any more
+
+
+def test_a_transient_message_gone_while_its_body_was_written_out_is_freed_once() -> None:
+    h = Harness()
+    h.publish(12, persistent=False)
+    h.d.handle(W0, r.QueuePurge(1, 1, "d", False))  # every message goes, pinned ones too
+    h.freed.clear()
+    h.d.handle(W0, r.PagedOut([(256 * 12, 3, 8), (256 * 11, 3, 124), (256 * 10, 3, 240)]))
+    h.d.end_batch()
+    assert sorted(h.freed) == [(W0, 256 * i) for i in (10, 11, 12)]
+    assert h.d.region_bytes[W0] == 0
+
+
+def test_a_worker_that_dies_with_page_outs_pending_lets_go_of_them() -> None:
+    h = Harness()
+    h.publish(12, persistent=False)
+    h.d.worker_died(W0)
+    h.d.handle(W0, r.QueuePurge(1, 1, "d", False))
+    h.d.end_batch()
+    assert h.d.region_bytes[W0] == 0 and len(h.freed) == 12
 
 
 def test_a_worker_crash_sweep_keeps_only_bodies_still_in_the_arena() -> None:

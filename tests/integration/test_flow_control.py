@@ -126,7 +126,8 @@ def test_blocked_publisher_keeps_its_connection_and_every_confirmed_message_arri
     (the one it was blocked on included) is confirmed and delivered."""
     watermark = 64 * 1024
     broker = start_broker(tmp_path / "broker", extra_args=[
-        "--memory-high-watermark", str(watermark), "--heartbeat", "5"])
+        "--memory-high-watermark", str(watermark), "--heartbeat", "5",
+        "--memory-paging-ratio", "0"])  # the alarm itself: no paging before it
     driver = AsyncDriver(broker, "select")
     queue = unique_name("blocked")
     try:
@@ -180,7 +181,8 @@ def test_a_publisher_filling_its_own_workers_arena_gets_connection_blocked(tmp_p
     and is told connection.blocked, not stalled silently; draining unblocks it and nothing
     is lost."""
     broker = start_broker(tmp_path / "broker", extra_args=[
-        "--arena-mb", "8", "--max-message-size", str(1 * MiB)])
+        "--arena-mb", "8", "--max-message-size", str(1 * MiB),
+        "--memory-paging-ratio", "0"])  # the alarm itself: no paging before it
     queue = unique_name("fill")
     events: list[str] = []
     try:

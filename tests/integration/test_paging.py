@@ -1,7 +1,8 @@
-"""Queues longer than memory (broker.paging): with --data-dir, persistent messages past a
-worker's paging mark leave its arena and are read back from the body log when delivered, so a
-durable queue three times the size of --arena-mb fills without the memory alarm and drains with
-nothing lost, across a restart too (the restored bodies past the mark stay on disk)."""
+"""Queues longer than memory (broker.paging): with --data-dir, message bodies past a worker's
+paging mark leave its arena for the body log (persistent ones are there already, transient ones
+are written out first) and are read back when delivered, so a queue three times the size of
+--arena-mb fills without the memory alarm and drains with nothing lost; a durable one across a
+restart too (the restored bodies past the mark stay on disk)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from tests.integration.harness import finish, ready_count, start_broker, wait_until
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
+TRANSIENT = pika.BasicProperties(delivery_mode=1)
 COUNT = 12_000
 BODY = 2000  # 12,000 x 2 kB: about three 8 MiB arenas' worth
 
@@ -25,10 +27,11 @@ def args(tmp_path: Path) -> list[str]:
     return ["--data-dir", str(tmp_path / "data"), "--arena-mb", "8"]
 
 
-def fill(channel: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> None:
-    channel.queue_declare(queue, durable=True)
+def fill(channel: pika.adapters.blocking_connection.BlockingChannel, queue: str,
+         properties: pika.BasicProperties = PERSISTENT, durable: bool = True) -> None:
+    channel.queue_declare(queue, durable=durable)
     for i in range(COUNT):
-        channel.basic_publish("", queue, body(i), PERSISTENT)
+        channel.basic_publish("", queue, body(i), properties)
     wait_until(lambda: ready_count(channel, queue) == COUNT, 60, f"{COUNT} messages queued")
 
 
@@ -49,14 +52,17 @@ def drain(channel: pika.adapters.blocking_connection.BlockingChannel, queue: str
 
 
 @pytest.mark.deadline(180)
-def test_a_durable_queue_three_arenas_long_fills_without_the_alarm_and_drains_whole(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize(("properties", "durable"), [(PERSISTENT, True), (TRANSIENT, True),
+                                                     (TRANSIENT, False)],
+                         ids=["persistent", "transient-durable-queue", "transient"])
+def test_a_queue_three_arenas_long_fills_without_the_alarm_and_drains_whole(
+        tmp_path: Path, properties: pika.BasicProperties, durable: bool) -> None:
     broker = start_broker(tmp_path / "broker", workers=1, extra_args=args(tmp_path))
     try:
         channel = broker.connect().channel()
-        fill(channel, "long")
+        fill(channel, "long", properties, durable)
         log = broker.log_tail()
-        assert "persistent message bodies are paged out" in log
+        assert "message bodies are paged out" in log
         assert "memory alarm set" not in log and "arena full" not in log
         got = drain(channel, "long")
         assert len(got) == COUNT and got == [body(i) for i in range(COUNT)]
@@ -81,5 +87,24 @@ def test_a_queue_longer_than_the_arenas_comes_back_after_a_restart(tmp_path: Pat
         assert paged > COUNT // 2  # 8 MiB arena, paging mark 3.2 MiB: most stay on disk
         got = drain(second.connect().channel(), "long")
         assert len(got) == COUNT and got == [body(i) for i in range(COUNT)]
+    finally:
+        finish(second)
+
+
+@pytest.mark.deadline(180)
+def test_transient_messages_paged_out_are_gone_after_a_restart_and_so_are_their_segments(
+        tmp_path: Path) -> None:
+    first = start_broker(tmp_path / "first", workers=1, extra_args=args(tmp_path))
+    try:
+        fill(first.connect().channel(), "long", TRANSIENT)
+        assert "message bodies are paged out" in first.log_tail()
+    finally:
+        finish(first)
+    segments = tmp_path / "data" / "bodies" / "w0"
+    assert sum(p.stat().st_size for p in segments.iterdir()) > 8 << 20  # paged out: on disk
+    second = start_broker(tmp_path / "second", workers=1, extra_args=args(tmp_path))
+    try:
+        assert ready_count(second.connect().channel(), "long") == 0
+        assert sum(p.stat().st_size for p in segments.iterdir()) < 1 << 20
     finally:
         finish(second)
