@@ -58,6 +58,7 @@ from broker.deadletter import DeadLetterReason
 from broker.delivery_limit import DeliveryCounts
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
 from broker.errors import InternalError
+from broker.fifo_entries import FifoEntries
 from broker.held_messages import HeldMessages, due_time
 from broker.length_limit import length_limit, pop_head
 from broker.message import Message
@@ -110,7 +111,7 @@ class FeaturedQueue(Queue):
         for entry in available:  # a plain queue draws ids at delivery; this kind at enqueue
             if not entry.id:
                 entry.id = new_entry_id()
-        self._log, self._head, self._released = [], 0, []
+        self._fifo = FifoEntries()
         self._init_storage(self.settings)
         self._order = ArrivalOrder(available + list(self._acquired.values()))
         for entry in available:
