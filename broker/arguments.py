@@ -42,6 +42,18 @@ REJECT_PUBLISH = "reject-publish"
 REJECT_PUBLISH_DLX = "reject-publish-dlx"
 OVERFLOW_MODES = (DROP_HEAD, REJECT_PUBLISH, REJECT_PUBLISH_DLX)
 
+# RabbitMQ rabbit_amqqueue:declare_args/0 -- the queue arguments compared on redeclare.
+QUEUE_ARG_KEYS = (
+    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+    "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes",
+    "x-max-priority", "x-overflow", "x-queue-mode", "x-single-active-consumer",
+    "x-queue-type", "x-quorum-initial-group-size", "x-max-age",
+    "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
+    "x-delivery-limit",  # compared as quorum queues do; Shoal accepts it on every queue
+)
+# A queue declared without x-queue-type is a classic queue; saying so explicitly is equivalent.
+QUEUE_ARG_DEFAULTS = {"x-queue-type": "classic"}
+
 # Qpid: the header read when a grouped queue names none, and the group of messages without it.
 DEFAULT_GROUP_HEADER = "JMSXGroupID"
 DEFAULT_GROUP = "qpid.no-group"

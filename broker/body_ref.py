@@ -40,6 +40,13 @@ _PAGED_FIELDS = ((_REGION_BITS, "region"), (_HEADER_BITS, "header_len"), (_BODY_
                  (16, "worker"), (32, "segment"), (32, "offset"))
 
 
+def arena_block(ref: int) -> tuple[int, int] | None:
+    """(region, offset) of the arena block a handle names; None for a paged-out body."""
+    if ref < 0:
+        return None
+    return ref & _REGION_MASK, ref >> _OFFSET_SHIFT
+
+
 def paged_body_ref(region: int, header_len: int, body_len: int, worker: int, segment: int,
                    offset: int) -> int:
     """The handle of a body paged out to ``worker``'s body log, segment ``segment``, frame at

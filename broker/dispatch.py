@@ -12,8 +12,8 @@ writes outboxes into event rings, sets notify slots and kicks eventfds.
 A consumer is known to the domain as a :class:`QueueConsumer` keyed by
 ``(worker, consumer id, slot)``: setting notify slot ``slot`` in that
 worker's shared memory is the seed's ``QueueConsumer#notifyWork``. Acquired entries are tracked per channel
-``(worker, conn, ch)`` so that a channel, connection or whole worker going
-away requeues exactly what it held, to its original position.
+``(worker, conn, ch)`` (:mod:`broker.open_channels`) so that a channel, connection or whole
+worker going away requeues exactly what it held, to its original position.
 
 Bodies never pass through here: a message carries its arena handle
 ``(region, offset, header_len, body_len)``; when the last reference to a
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.alarms import Alarms
-from broker.body_ref import body_log_at, pack_body_ref, unpack_body_ref, unpack_paged_ref
+from broker.body_ref import arena_block, body_log_at, pack_body_ref, unpack_body_ref
 from broker.constants import REPLY_TO
 from broker.consumer_manager import QueueConsumer
 from broker.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow
@@ -46,6 +46,7 @@ from broker.message import (
     drop_reference,
 )
 from broker.message_journal import ConfirmGate
+from broker.open_channels import ChannelKey, Held, OpenChannels, Pin, Subscription
 from broker.paging import Pager
 from broker.queue import Queue, QueueEntry
 from broker.vhost import NO_ROUTE, VirtualHost
@@ -53,38 +54,8 @@ from ipc import records as r
 
 log = logging.getLogger("shoal.dispatch")
 
-ChannelKey = tuple[int, int, int]  # (worker, conn, ch)
-Owner = tuple[int, int]  # (worker, conn): who owns an exclusive queue
-
 
 __all__ = ["CREDIT_CHUNK", "FLOW_BACKLOG", "Dispatcher", "Listing"]
-
-
-class _Pin:
-    """A browser's delivery in flight: holds the message's body until the
-    worker has copied it (browsers do not acquire, so nothing else would)."""
-
-    __slots__ = ("message",)
-
-    def __init__(self, message: Message) -> None:
-        self.message = message
-
-
-class _Channel:
-    __slots__ = ("acquired", "consumers")
-
-    def __init__(self) -> None:
-        self.acquired: dict[int, QueueEntry | _Pin] = {}
-        self.consumers: set[int] = set()
-
-
-class _Subscription:
-    __slots__ = ("channel", "consumer", "queue")
-
-    def __init__(self, consumer: QueueConsumer, queue: Queue, channel: ChannelKey) -> None:
-        self.consumer = consumer
-        self.queue = queue
-        self.channel = channel
 
 
 class Dispatcher:
@@ -98,11 +69,9 @@ class Dispatcher:
         self.vhost = VirtualHost("/", on_drop=self._drop, now=now, epoch_offset=epoch_offset)
         self.outbox: list[list[r.Event]] = [[] for _ in range(workers)]
         self.notify: list[list[int]] = [[] for _ in range(workers)]
-        self._subs: dict[tuple[int, int], _Subscription] = {}
-        self._channels: dict[ChannelKey, _Channel] = {}
-        self._conns: dict[Owner, set[int]] = {}
+        self._channels = OpenChannels()  # consumers and unsettled deliveries per channel
+        self._subs = self._channels.subs  # (worker, consumer id) → Subscription, on the hot path
         self._ids = itertools.count(1)
-        self._pin_ids = itertools.count(-1, -1)
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             r.Hello: self._hello,
             r.ConnOpen: self._conn_open,
@@ -145,7 +114,7 @@ class Dispatcher:
         # Publisher confirms waiting for the index log's sync (shoal serve --data-dir).
         self.confirms = ConfirmGate()
         self.listings = Listings()  # shoal list-connections requests in progress
-        # Persistent bodies paged out of arenas past their mark (--data-dir; broker.paging).
+        # Message bodies paged out of arenas past their mark (--data-dir; broker.paging).
         self.pager = Pager(self.region_bytes, self._free,
                            lambda message: drop_reference(message, self._drop), self._paged_body)
 
@@ -236,7 +205,7 @@ class Dispatcher:
         """Forget a dead worker: its consumers leave every queue, its channels'
         unacked messages go back to their original positions, its connections'
         exclusive queues are deleted."""
-        owners = {o for o in self._conns if o[0] == worker}
+        owners = self._channels.connections_on(worker)
         for q in self.vhost.queues.values():
             owner = q.exclusive_owner
             if isinstance(owner, tuple) and owner[0] == worker:
@@ -257,14 +226,11 @@ class Dispatcher:
         live: set[int] = set()
         messages = [entry.message for q in self.vhost.queues.values() for entry in q.entries()]
         messages.extend(self.vhost.buried_messages())
-        messages.extend(held.message for chan in self._channels.values()
-                        for held in chan.acquired.values())
         for message in messages:
-            ref = (message.origin or message).body_ref  # a dead-letter copy: its origin's
-            if ref >= 0:  # not paged out
-                in_region, offset, _, _ = unpack_body_ref(ref)
-                if in_region == region:
-                    live.add(offset)
+            block = arena_block((message.origin or message).body_ref)  # a dead-letter copy: its
+            if block is not None and block[0] == region:  # origin's; None: paged out
+                live.add(block[1])
+        live.update(self._channels.held_offsets(region))
         return live
 
     # ------------------------------------------------------------- plumbing
@@ -309,13 +275,6 @@ class Dispatcher:
             if trace is not None:
                 sub = self._subs.get((worker, cid))
                 trace.notified(sub.queue.name if sub else "", worker, cid)
-
-    def _channel(self, key: ChannelKey) -> _Channel:
-        chan = self._channels.get(key)
-        if chan is None:
-            chan = self._channels[key] = _Channel()
-            self._conns.setdefault(key[:2], set()).add(key[2])
-        return chan
 
     def index_synced(self, mark: int) -> None:
         """The index log is on disk up to journal mark ``mark``: send the confirms it held."""
@@ -363,50 +322,15 @@ class Dispatcher:
         self._arena_need[worker] = rec.size
         self._arena_freed[worker] = 0
 
-    @staticmethod
-    def _delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
-        message = entry.message
-        root = message.origin or message  # a dead-letter copy's body is its origin's
-        ref = root.body_ref
-        headers = entry.queue.delivery_headers(entry, basic_get=basic_get)
-        if ref < 0:  # paged out (broker.paging): the worker reads it from the body log
-            return Dispatcher._paged_delivery(entry_id, entry, root, headers)
-        region, offset, header_len, body_len = unpack_body_ref(ref)
-        if headers is None:
-            return r.Delivery(
-                entry_id, entry.redelivered, message.exchange, message.routing_key,
-                region, offset, header_len, body_len,
-            )
-        # A re-encoded header never carries BCC (sender-selected distribution: a message
-        # published with BCC is a BlindCopied, always re-encoded; so are its dead-letter copies).
-        return r.Delivery(
-            entry_id, entry.redelivered, message.exchange, message.routing_key,
-            region, offset, header_len, body_len, True, delivered_headers(headers),
-            message.expiration,
-        )
-
-    @staticmethod
-    def _paged_delivery(entry_id: int, entry: QueueEntry, root: Message,
-                        headers: dict[str, Any] | None) -> r.Delivery:
-        message = entry.message
-        region, header_len, body_len, _, _, _ = unpack_paged_ref(root.body_ref)
-        at = body_log_at(root.body_ref)
-        return r.Delivery(
-            entry_id, entry.redelivered, message.exchange, message.routing_key,
-            region, 0, header_len, body_len, headers is not None,
-            None if headers is None else delivered_headers(headers),
-            None if headers is None else message.expiration, at,
-        )
-
     # ------------------------------------------------- connections, channels
 
     def _conn_open(self, worker: int, rec: r.ConnOpen) -> None:
-        self._conns.setdefault((worker, rec.conn), set())
+        self._channels.connection_opened((worker, rec.conn))
 
     def _conn_close(self, worker: int, rec: r.ConnClose) -> None:
         owner = (worker, rec.conn)
         self.confirms.forget(lambda key: key[:2] == owner)
-        for ch in sorted(self._conns.pop(owner, ())):
+        for ch in self._channels.close_connection(owner):
             self._release_channel((worker, rec.conn, ch))
         self._cancel_all(self.vhost.delete_owned_queues(owner))
 
@@ -414,46 +338,37 @@ class Dispatcher:
         key = (worker, rec.conn, rec.ch)
         self.confirms.forget(lambda k: k == key)
         self._release_channel(key)
-        chans = self._conns.get(key[:2])
-        if chans is not None:
-            chans.discard(rec.ch)
         # The barrier: whatever the worker receives for (conn, ch) before this
         # belongs to the closed channel, not to a reopened one of the same number.
         self.outbox[worker].append(r.Reply(rec.conn, rec.ch, "chclose"))
 
     def _release_channel(self, key: ChannelKey) -> None:
-        chan = self._channels.pop(key, None)
+        chan = self._channels.close(key)
         if chan is None:
             return
-        for cid in sorted(chan.consumers):
-            sub = self._subs.pop((key[0], cid), None)
-            if sub is not None:
-                self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
+        for sub in self._channels.unsubscribe_all(key[0], chan):
+            self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
         # AMQP 0-9-1 §4.7: unacknowledged messages of a closed channel are requeued.
         for held in chan.acquired.values():
             if self.trace is not None and isinstance(held, QueueEntry):
                 self.trace.requeued(held, key[0])
             self._requeue(held)
 
-    def _requeue(self, held: QueueEntry | _Pin) -> None:
-        if isinstance(held, _Pin):
+    def _requeue(self, held: Held) -> None:
+        if isinstance(held, Pin):
             self._unpin(held)
         else:
             self._wake(held.queue.release(held))
 
-    def _unpin(self, pin: _Pin) -> None:
+    def _unpin(self, pin: Pin) -> None:
         drop_reference(pin.message, self._drop)
 
     def _cancel_all(self, consumers: Iterable[QueueConsumer]) -> None:
         """The broker cancels consumers whose queue went away (consumer_cancel_notify)."""
         for c in consumers:
             worker, cid, _ = c.key
-            sub = self._subs.pop((worker, cid), None)
-            if sub is None:
+            if self._channels.unsubscribe(worker, cid) is None:
                 continue
-            chan = self._channels.get(sub.channel)
-            if chan is not None:
-                chan.consumers.discard(cid)
             self.outbox[worker].append(r.Cancelled(cid))
 
     # ------------------------------------------------------------ exchanges
@@ -527,9 +442,7 @@ class Dispatcher:
             exclusive=rec.exclusive, no_ack=rec.no_ack,
         )
         q.add_consumer(consumer)
-        key = (worker, rec.conn, rec.ch)
-        self._subs[(worker, rec.consumer)] = _Subscription(consumer, q, key)
-        self._channel(key).consumers.add(rec.consumer)
+        self._channels.subscribe(worker, rec.consumer, Subscription(consumer, q, (worker, rec.conn, rec.ch)))
         self._reply(worker, rec, queue=q.name)
         if self.trace is not None:
             self.trace.consumed(q.name, worker, rec.consumer, rec.tag, rec.priority, rec.browse)
@@ -545,11 +458,10 @@ class Dispatcher:
                                         auto_delete=True, reserved=True)
 
     def _cancel(self, worker: int, rec: r.Cancel) -> None:
-        sub = self._subs.pop((worker, rec.consumer), None)
+        sub = self._channels.unsubscribe(worker, rec.consumer)
         if sub is not None:
             if self.trace is not None:
                 self.trace.cancelled(sub.queue.name, worker, rec.consumer)
-            self._channel(sub.channel).consumers.discard(rec.consumer)
             self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
         self._reply(worker, rec)
 
@@ -564,20 +476,16 @@ class Dispatcher:
             self.outbox[worker].append(r.Pulled(rec.consumer, [], False))
             return
         entries, more = sub.queue.pull(sub.consumer, rec.max)
-        held = self._channel(sub.channel).acquired
+        chan = self._channels.channel(sub.channel)
         deliveries = []
         store = sub.queue.store
         for entry in entries:
             if sub.consumer.acquiring:
-                held[entry.id] = entry
-                deliveries.append(self._delivery(entry.id, entry))
+                deliveries.append(self._channels.acquire(chan, entry))
                 if store is not None and entry.message.stored is not None and not entry.redelivered:
                     store.delivered(sub.queue.name, entry.message)  # first delivery: on record
             else:
-                pin_id = next(self._pin_ids)
-                entry.message.refs += 1
-                held[pin_id] = _Pin(entry.message)
-                deliveries.append(self._delivery(pin_id, entry))
+                deliveries.append(self._channels.pin(chan, entry))
         self.outbox[worker].append(r.Pulled(rec.consumer, deliveries, more))
         if self.trace is not None:
             self.trace.pulled(worker, rec.consumer, sub.queue.name, entries)
@@ -588,10 +496,10 @@ class Dispatcher:
         if entry is None:
             self._answer(worker, rec.conn, rec.ch, r.GetEmpty(rec.conn, rec.ch))
             return
-        self._channel((worker, rec.conn, rec.ch)).acquired[entry.id] = entry
+        delivery = self._channels.acquire(self._channels.channel((worker, rec.conn, rec.ch)), entry,
+                                         basic_get=True)
         if q.store is not None and not entry.redelivered:  # first delivery: on record
             q.store.delivered(q.name, entry.message)
-        delivery = self._delivery(entry.id, entry, basic_get=True)
         self._answer(worker, rec.conn, rec.ch, r.GetOk(rec.conn, rec.ch, delivery, q.message_count))
 
     # ----------------------------------------------------------- publishing
@@ -667,9 +575,9 @@ class Dispatcher:
             held = chan.acquired.pop(entry_id, None)
             if held is None:
                 continue  # the worker validates delivery tags; a stale id is harmless
-            if self.trace is not None and not isinstance(held, _Pin):
+            if self.trace is not None and not isinstance(held, Pin):
                 self.trace.settled(worker, held, rec.action)
-            if isinstance(held, _Pin):
+            if isinstance(held, Pin):
                 self._unpin(held)
             elif rec.action == r.ACK:
                 self._wake(held.queue.settle(held))

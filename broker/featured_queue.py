@@ -20,13 +20,11 @@ O(log n) per message) and is chosen at declare time only for queues that need it
 * ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
   seed 001): a :class:`broker.arrival_order.ArrivalOrder`.
 * ``_expiry`` -- expiry times per entry id, a :class:`broker.message_expiry.MessageExpiry`
-  (RabbitMQ's TTL rules are in that module); ``_returns`` -- how many times each entry was
-  returned (quorum queues' ``delivery_count``; ``x-delivery-limit``).
+  (RabbitMQ's TTL rules are in that module).
+* ``_deliveries`` -- how many times each entry was returned, under ``x-delivery-limit``, a
+  :class:`broker.delivery_limit.DeliveryCounts` (quorum queues' rules are in that module).
 * ``_limit`` -- ``x-max-length`` / ``-bytes`` and ``x-overflow``, a
   :class:`broker.length_limit.LengthLimit` (None without one).
-
-A message returned more than ``x-delivery-limit`` times is dead-lettered (reason
-``delivery_limit``) instead of requeued.
 
 A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"``) is RabbitMQ's replacement for the
 ``immediate`` flag: delivered only to a consumer that can take it at once, else expired on
@@ -55,10 +53,12 @@ from typing import Any, ClassVar
 from broker.arguments import REJECT_PUBLISH_DLX, QueueSettings
 from broker.arrival_order import ArrivalOrder
 from broker.browsing import browsers_before
-from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED, QueueConsumer
+from broker.consumer_manager import INTERESTED, NOT_INTERESTED, QueueConsumer
 from broker.deadletter import DeadLetterReason
+from broker.delivery_limit import DeliveryCounts
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
 from broker.errors import InternalError
+from broker.fifo_entries import FifoEntries
 from broker.held_messages import HeldMessages, due_time
 from broker.length_limit import length_limit, pop_head
 from broker.message import Message
@@ -66,7 +66,7 @@ from broker.message_expiry import MessageExpiry
 from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
 from broker.queue import Queue, QueueEntry
 from broker.queue_host import DEAD_LETTER_COST
-from broker.zero_ttl import ZERO_TTL_GRACE, ZeroTtlRound
+from broker.zero_ttl import ZeroTtlRound, can_take_at_once
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
 
@@ -84,7 +84,6 @@ class FeaturedQueue(Queue):
     def _init_storage(self, settings: QueueSettings) -> None:
         self._limit = length_limit(settings)
         self._max_priority = settings.max_priority
-        self._delivery_limit = settings.delivery_limit
         self._hold = settings.hold_on_publish
         self._groups: Ungrouped = message_groups(settings)
         self._ready: list[HeapItem] = []
@@ -92,7 +91,7 @@ class FeaturedQueue(Queue):
         self._expiry = MessageExpiry(
             settings.message_ttl, DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
         )
-        self._returns: dict[int, int] = {}
+        self._deliveries = DeliveryCounts(settings.delivery_limit)
         self._order = ArrivalOrder()
         self._starved = False  # a pull or get met an expired head with no budget left
         # Zero-TTL entries awaiting the pulls their notification causes (module docstring),
@@ -112,7 +111,7 @@ class FeaturedQueue(Queue):
         for entry in available:  # a plain queue draws ids at delivery; this kind at enqueue
             if not entry.id:
                 entry.id = new_entry_id()
-        self._log, self._head, self._released = [], 0, []
+        self._fifo = FifoEntries()
         self._init_storage(self.settings)
         self._order = ArrivalOrder(available + list(self._acquired.values()))
         for entry in available:
@@ -175,7 +174,7 @@ class FeaturedQueue(Queue):
         if due is not None:
             entry.state = HELD
             self._held.hold(due, entry)
-        elif ttl == 0 and not self._can_take_at_once(entry):
+        elif ttl == 0 and not can_take_at_once(entry, self._groups, self.consumers):
             # nobody can take it at once: expired on arrival
             self._drop_available(entry, DeadLetterReason.EXPIRED)
         else:
@@ -253,8 +252,7 @@ class FeaturedQueue(Queue):
             return self._settle_orphan(entry)
         notify = self._unacquire(entry)
         entry.redelivered = True
-        returns = self._returns[entry.id] = self._returns.get(entry.id, 0) + 1
-        if self._delivery_limit is not None and returns > self._delivery_limit:
+        if self._deliveries.returned(entry):
             self._dead_letter(entry.message, DeadLetterReason.DELIVERY_LIMIT)
             self._delete(entry)
             return notify
@@ -284,9 +282,8 @@ class FeaturedQueue(Queue):
             self.store.purged(self.name, [e.message for e in self._acquired.values()])
         self._bury_storage()
         acquired = self._acquired
-        expiry, returns = self._expiry.times, self._returns
+        expiry, returns = self._expiry.times, self._deliveries.keep_only(acquired)
         self._expiry.times = {i: expiry[i] for i in acquired if i in expiry}
-        self._returns = {i: returns[i] for i in acquired if i in returns}
         order = self._order.entries
         self._order = ArrivalOrder(acquired.values())
         host = self._host
@@ -304,7 +301,7 @@ class FeaturedQueue(Queue):
             self.store.deleted(self.name)
         self._bury_storage()
         host = self._host
-        for container in (self._order.entries, self._expiry.times, self._returns):
+        for container in (self._order.entries, self._expiry.times, self._deliveries.returns):
             host.discard(container)
         self._init_storage(self.settings)
         self.deleted = True
@@ -341,20 +338,10 @@ class FeaturedQueue(Queue):
     def _storage_deadline(self) -> float | None:
         """The head's expiry, the first held message's due time or the oldest pending zero-TTL
         entry's ``ZERO_TTL_GRACE``, whichever comes first (a pending head is not expiring)."""
-        deadline = None
-        zero = self._zero.pending
-        expiry = self._expiry.times
-        if expiry and self._ready:
-            head = self._ready[0][1].id
-            if not (zero and head in zero):
-                deadline = expiry.get(head)
-        if zero:
-            grace = expiry[next(iter(zero))] + ZERO_TTL_GRACE
-            if deadline is None or grace < deadline:
-                deadline = grace
-        due = self._held.next_due()
-        if due is not None and (deadline is None or due < deadline):
-            deadline = due
+        deadline = self._expiry.head_deadline(self._ready, self._zero.pending)
+        for other in (self._zero.grace_end(self._expiry.times), self._held.next_due()):
+            if other is not None and (deadline is None or other < deadline):
+                deadline = other
         return deadline
 
     def tick(self, now: float) -> list[QueueConsumer]:
@@ -364,12 +351,9 @@ class FeaturedQueue(Queue):
         """
         now = self._time(now)
         self._zero.cut(self._expiry.times, now)
-        released: list[QueueEntry] = []
-        host = self._host
-        while host.expire_budget > 0 and (entry := self._held.pop_due(now)) is not None:
-            host.expire_budget -= 1
+        released = self._held.release_due(now, self._host)
+        for entry in released:
             self._insert(entry)
-            released.append(entry)
         self._expire_head(now)  # a held message may have outlived its TTL meanwhile
         notify: list[QueueConsumer] = []
         for entry in released:
@@ -381,17 +365,11 @@ class FeaturedQueue(Queue):
 
     def delivery_count(self, entry: QueueEntry) -> int:
         """Returns counted so far (quorum queues' ``delivery_count``)."""
-        return self._returns.get(entry.id, 0)
+        return self._deliveries.count(entry)
 
     def delivery_headers(self, entry: QueueEntry, *, basic_get: bool = False) -> dict[str, Any] | None:
         """Adds ``x-delivery-count`` as quorum queues do: on redeliveries, and always on basic.get."""
-        headers = super().delivery_headers(entry)
-        if self._delivery_limit is None:
-            return headers
-        count = self._returns.get(entry.id, 0)
-        if not count and not basic_get:
-            return headers
-        return {**(entry.message.headers or {}), "x-delivery-count": count}
+        return self._deliveries.headers(entry, super().delivery_headers(entry), basic_get=basic_get)
 
     # -------------------------------------------------------------------- consumers
 
@@ -503,16 +481,13 @@ class FeaturedQueue(Queue):
                 if not zero.take(entry, owner):
                     skipped.append(entry)  # basic.get, or a consumer that came too late
                     continue
-            else:
-                expiry = self._expiry.times
-                expires = expiry.get(entry.id) if expiry else None
-                if expires is not None and now >= expires:
-                    if not self._expiry.spend(self._host):  # the next step drops it (module docstring)
-                        self._insert(entry)
-                        self._starved = True
-                        return None
-                    self._drop_available(entry, DeadLetterReason.EXPIRED)  # never delivered
-                    continue
+            elif self._expiry.expired(entry, now):
+                if not self._expiry.spend(self._host):  # the next step drops it (module docstring)
+                    self._insert(entry)
+                    self._starved = True
+                    return None
+                self._drop_available(entry, DeadLetterReason.EXPIRED)  # never delivered
+                continue
             self._acquire_entry(entry, owner)
             return entry
 
@@ -520,20 +495,6 @@ class FeaturedQueue(Queue):
         """Return pending zero-TTL entries a take stepped over to their heaps, same keys."""
         for entry in skipped:
             self._insert(entry)
-
-    def _can_take_at_once(self, entry: QueueEntry) -> bool:
-        """Whether an acquiring consumer wants work now and may take ``entry`` (zero TTL).
-
-        Interested or Notified means it has credit: a consumer with a full prefetch, a flowed
-        channel or a backed-up socket has said it is not interested. In a grouped queue the
-        group must be free or owned by such a consumer.
-        """
-        owner = self._groups.owner_of(entry.message)
-        if owner is not None:
-            return isinstance(owner, QueueConsumer) and (
-                owner.state is INTERESTED or owner.state is NOTIFIED
-            )
-        return self.consumers.top_active_priority() is not None
 
     def _end_round_if_over(self, now: float) -> None:
         """No acquiring consumer is Notified: the pulls the zero-TTL entries' notification
@@ -592,7 +553,7 @@ class FeaturedQueue(Queue):
         if pending:
             pending.pop(entry.id, None)
         self._expiry.times.pop(entry.id, None)
-        self._returns.pop(entry.id, None)
+        self._deliveries.forget(entry)
         self._order.deleted()
         self._unref(entry.message)
 

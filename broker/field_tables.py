@@ -11,6 +11,8 @@ from collections.abc import Hashable, Iterable, Mapping
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from broker.errors import PreconditionFailed
+
 Arguments = Mapping[str, Any]
 
 
@@ -95,6 +97,14 @@ class Inequivalence(NamedTuple):
     field: str
     received: str
     current: str
+
+    def error(self, subject: str) -> PreconditionFailed:
+        """RabbitMQ's 406 for a redeclare of ``subject`` (an exchange's or a queue's
+        description) that differs here."""
+        return PreconditionFailed(
+            f"inequivalent arg '{self.field}' for {subject}: "
+            f"received {self.received} but current is {self.current}"
+        )
 
 
 def field_inequivalence(field: str, received: Any, current: Any) -> Inequivalence | None:

@@ -10,10 +10,12 @@ Called from: the supervisor process (``broker.featured_queue``).
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 from broker.arguments import NOT_VALID_BEFORE
 from broker.message import Message
 from broker.queue import QueueEntry
+from broker.queue_host import QueueHost
 
 HeldItem = tuple[float, int, QueueEntry]  # (due, position, entry): due first, FIFO among equals
 
@@ -53,6 +55,15 @@ class HeldMessages:
         if heap and heap[0][0] <= now:
             return heapq.heappop(heap)[2]
         return None
+
+    def release_due(self, now: float, host: QueueHost[Any]) -> list[QueueEntry]:
+        """Take the entries due by ``now``, earliest first, one unit of the step's
+        ``expire_budget`` each, as many as it pays for (the rest wait for the next step)."""
+        released: list[QueueEntry] = []
+        while host.expire_budget > 0 and (entry := self.pop_due(now)) is not None:
+            host.expire_budget -= 1
+            released.append(entry)
+        return released
 
     def pop_first(self) -> QueueEntry | None:
         """Take the earliest entry, due or not (x-max-length drop-head reached the holds)."""

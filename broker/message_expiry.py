@@ -48,6 +48,21 @@ class MessageExpiry:
             self.times[entry.id] = now + ttl / 1000.0
         return ttl
 
+    def expired(self, entry: QueueEntry, now: float) -> bool:
+        """Whether ``entry`` has an expiry time and ``now`` has reached it."""
+        times = self.times
+        expires = times.get(entry.id) if times else None
+        return expires is not None and now >= expires
+
+    def head_deadline(self, ready: list[HeapItem], pending: Mapping[int, QueueEntry]) -> float | None:
+        """The ready heap's head's expiry time; None when it has none or is a ``pending``
+        zero-TTL entry (exempt while its round of pulls lasts)."""
+        times = self.times
+        if not times or not ready:
+            return None
+        head = ready[0][1].id
+        return None if pending and head in pending else times.get(head)
+
     def spend(self, host: QueueHost[Any]) -> bool:
         """Take one expired message's cost from the step's budget; False when it is spent."""
         if host.expire_budget <= 0:

@@ -10,25 +10,11 @@ supervisor when a worker's request arrives, and each returns the consumers to wa
   the runtime sets each one's notify slot and kicks its worker
 * ``AbstractQueue#deliverSingleMessage``  → :meth:`Queue.pull` (a batch of them)
 
-Storage. Seed 001 models a subscription as a pointer into the queue that only moves back when a
-message is released. Without selectors every acquiring consumer's pointer is the same -- the
-first available entry -- so the queue keeps one head for all of them:
-
-* ``_log`` holds the never-acquired entries from index ``_head`` on. Acquisition only ever
-  takes the first available entry, so the live part of the log is a run of *consecutive*
-  positions: the entry at position ``p`` is ``_log[_head + p - first]``, O(1).
-* ``_released`` is a heap of released entries, keyed by their original position. A released
-  entry was acquired from below the head, so its position is below every log entry: the next
-  entry for an acquiring consumer is the heap's minimum if there is one, else the log head
-  (seed 001: "the next entry that that subscriber sees is the returned message").
-* browsers keep their own pointer (``QueueConsumer.browse_position``) and never rewind: their
-  next entry is the first available one *after* the pointer.
-* acquired entries are indexed by id so that :meth:`delete` can drop them.
-
-Every per-message operation is O(1) (O(log r) for r released entries). ``purge`` and ``delete``
-are O(1) too: the queue is empty at once, and the lists that held its entries go to the host's
-:class:`Graveyard`, which lets go of their messages a slice at a time between other work
-(Overload: no single operation may hold the supervisor for long).
+Storage. The available entries are a :class:`broker.fifo_entries.FifoEntries` (``_fifo``): one
+head for every acquiring consumer, released entries before it (seed 001), browsers' pointers
+past it. Acquired entries are indexed by id (``_acquired``) so that :meth:`delete` can drop
+them. Every per-message operation is O(1) (O(log r) for r released entries); ``purge`` and
+``delete`` are O(1) too: the queue is empty at once, its entries go to the host's graveyard.
 
 This is the plain queue, the hot path: no TTL, limits, priorities, groups or held messages.
 Queue arguments that need those pick :class:`broker.featured_queue.FeaturedQueue` at declare
@@ -40,12 +26,11 @@ Time and the virtual host: a queue reads no clock; it asks its host
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from broker.arguments import PLAIN, QueueSettings
-from broker.browsing import browse, browsers_before, next_after
+from broker.browsing import browsers_before
 from broker.consumer_manager import (
     INTERESTED,
     NOTIFIED,
@@ -57,13 +42,11 @@ from broker.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
 from broker.deadletter import DeadLetterReason
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
 from broker.errors import AccessRefused, InternalError, NotFound
+from broker.fifo_entries import FifoEntries
 from broker.message import Message, drop_reference
 from broker.message_journal import MessageJournal
 from broker.queue_host import DEAD_LETTER_COST as DEAD_LETTER_COST  # re-exported: it was defined here
 from broker.queue_host import QueueHost, StandaloneHost
-
-# Drop the consumed prefix of the log once it is this long and at least half of the list.
-_COMPACT_AT = 4096
 
 
 class QueueEntry:
@@ -124,11 +107,7 @@ class Queue:
         self.has_ever_had_consumers = False
         self.deleted = False
         self._on_drop = on_drop
-        # Entries from _head on; the consumed slots before it are None (so that a compaction,
-        # a purge or a delete never deallocates a run of entries at once).
-        self._log: list[QueueEntry | None] = []
-        self._head = 0
-        self._released: list[tuple[int, QueueEntry]] = []
+        self._fifo: FifoEntries[QueueEntry] = FifoEntries()  # the available entries
         self._acquired: dict[int, QueueEntry] = {}
         self._next_position = 1
         self._exclusive_consumer: QueueConsumer | None = None
@@ -169,7 +148,7 @@ class Queue:
     @property
     def message_count(self) -> int:
         """Available (ready) entries -- what queue.declare-ok and basic.get-ok report."""
-        return len(self._released) + len(self._log) - self._head
+        return len(self._fifo)
 
     @property
     def acquired_count(self) -> int:
@@ -209,7 +188,7 @@ class Queue:
         entry = QueueEntry(self, self._next_position, message)
         self._next_position += 1
         message.refs += 1
-        self._log.append(entry)
+        self._fifo.append(entry)
         if self.store is not None and (message.stored is not None or message.origin is not None):
             self.store.enqueued(self.name, message, self._host.now)
         # seed: non-acquiring consumers "should always be notified about new messages".
@@ -223,7 +202,7 @@ class Queue:
         """A persistent message comes back at start, in enqueue order (broker.message_store);
         ``redelivered`` if it had been delivered. Nobody is notified: no consumer exists yet."""
         self.enqueue(message)
-        entry = self._log[-1]
+        entry = self._fifo.log[-1]
         if redelivered and entry is not None:
             entry.redelivered = True
             if self.store is not None:
@@ -300,7 +279,7 @@ class Queue:
         del self._acquired[entry.id]
         entry.state = AVAILABLE
         entry.redelivered = True
-        heapq.heappush(self._released, (entry.position, entry))
+        self._fifo.put_back(entry)
         notify = browsers_before(self.consumers, entry.position)
         consumer = self.consumers.notify_one()
         if consumer is not None:
@@ -344,7 +323,7 @@ class Queue:
         count = self.message_count
         if self.store is not None:
             self.store.purged(self.name, [e.message for e in self._acquired.values()])
-        self._bury_available()
+        self._fifo.bury(self._host, self._on_drop)
         return count
 
     def delete(self) -> list[QueueConsumer]:
@@ -361,20 +340,9 @@ class Queue:
         self.deleted = True
         if self.store is not None:
             self.store.deleted(self.name)
-        self._bury_available()
+        self._fifo.bury(self._host, self._on_drop)
         self._exclusive_consumer = None
         return self.consumers.clear()
-
-    def _bury_available(self) -> None:
-        """Hand every available entry to the host's graveyard; the queue has none left. O(1)."""
-        host = self._host
-        if self._released:
-            host.bury(self._released, pick=1, on_drop=self._on_drop)
-            self._released = []
-        if self._log:
-            host.bury(self._log, keep=self._head, on_drop=self._on_drop)
-            self._log = []
-            self._head = 0
 
     def _settle_orphan(self, entry: QueueEntry) -> list[QueueConsumer]:
         """An acquired entry of a deleted queue is given back: let its message go."""
@@ -385,8 +353,7 @@ class Queue:
 
     def available_entries(self) -> list[QueueEntry]:
         """Available entries in position order (introspection; O(n))."""
-        released = [entry for _, entry in sorted(self._released)]
-        return released + self._log[self._head:]  # type: ignore[operator]  # no None from _head on
+        return self._fifo.entries()
 
     def acquired_entries(self) -> list[QueueEntry]:
         """Acquired, unsettled entries in acquisition order (introspection; O(n))."""
@@ -544,14 +511,8 @@ class Queue:
         return [consumer] if consumer is not None else []
 
     def _take_next(self) -> QueueEntry | None:
-        if self._released:
-            entry = heapq.heappop(self._released)[1]
-        elif self._head < len(self._log):
-            entry = self._log[self._head]  # type: ignore[assignment]  # never None from _head on
-            self._log[self._head] = None  # the entry lives on in _acquired while it must
-            self._head += 1
-            self._compact()
-        else:
+        entry = self._fifo.take()
+        if entry is None:
             return None
         entry.state = ACQUIRED
         if not entry.id:
@@ -568,21 +529,12 @@ class Queue:
             taken.append(entry)
         return taken
 
-    def _compact(self) -> None:
-        # Amortised O(1): each consumed slot is dropped once.
-        if self._head == len(self._log):
-            self._log.clear()
-            self._head = 0
-        elif self._head >= _COMPACT_AT and self._head * 2 >= len(self._log):
-            del self._log[: self._head]
-            self._head = 0
-
     def _next_after(self, position: int) -> QueueEntry | None:
         """The first entry still on the queue past ``position`` (broker.browsing)."""
-        return next_after(self._log, self._head, self._released, self._acquired, position)
+        return self._fifo.next_after(self._acquired, position)
 
     def _browse(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:
-        return browse(consumer, max_n, self._log, self._head, self._released, self._acquired)
+        return self._fifo.browse(consumer, max_n, self._acquired)
 
     def _unref(self, message: Message) -> None:
         if self.store is not None and message.stored is not None:

@@ -7,7 +7,8 @@ deleting a missing queue or exchange succeeds, unbinding a missing binding succe
 exclusive queue is never durable, and exclusivity mismatches are 405 RESOURCE_LOCKED.
 
 ``owner`` is an opaque connection key (the runtime uses ``(worker, conn)``); exclusive queues
-belong to one owner and go with it.
+belong to one owner and go with it (:mod:`broker.exclusive_queues`). The bindings *to* each
+queue and exchange are indexed (:mod:`broker.binding_index`) so that deleting one is O(those).
 
 Routing is :class:`broker.routing.Router`'s (RabbitMQ ``rabbit_exchange:route``); the virtual
 host keeps the two fast paths of basic.publish and says what a publish did in a
@@ -26,17 +27,19 @@ from collections.abc import Callable, Hashable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from broker.arguments import check_resource_arg, parse_expiration
+from broker.arguments import QUEUE_ARG_DEFAULTS, QUEUE_ARG_KEYS, check_resource_arg, parse_expiration
+from broker.binding_index import BindingIndex
 from broker.consumer_manager import QueueConsumer
 from broker.definitions import TopologyJournal
-from broker.errors import AccessRefused, NotFound, PreconditionFailed, ResourceLocked
+from broker.errors import AccessRefused, NotFound, PreconditionFailed
 from broker.exchange import (
     Exchange,
     ExchangeDestination,
     check_exchange_type,
     has_routing_headers,
 )
-from broker.field_tables import Inequivalence, args_inequivalence, field_inequivalence
+from broker.exclusive_queues import ExclusiveQueues
+from broker.field_tables import args_inequivalence, field_inequivalence
 from broker.message import Message, drop_reference
 from broker.message_journal import MessageJournal
 from broker.queue import Queue
@@ -53,18 +56,6 @@ STANDARD_EXCHANGES = (
     ("amq.headers", "headers"),
     ("amq.match", "headers"),
 )
-
-# RabbitMQ rabbit_amqqueue:declare_args/0 -- the queue arguments compared on redeclare.
-QUEUE_ARG_KEYS = (
-    "x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
-    "x-max-length", "x-max-length-bytes", "x-max-in-memory-length", "x-max-in-memory-bytes",
-    "x-max-priority", "x-overflow", "x-queue-mode", "x-single-active-consumer",
-    "x-queue-type", "x-quorum-initial-group-size", "x-max-age",
-    "x-stream-max-segment-size-bytes", "x-initial-cluster-size", "x-queue-leader-locator",
-    "x-delivery-limit",  # compared as quorum queues do; Shoal accepts it on every queue
-)
-# A queue declared without x-queue-type is a classic queue; saying so explicitly is equivalent.
-_QUEUE_ARG_DEFAULTS = {"x-queue-type": "classic"}
 
 _DEFAULT_EXCHANGE_REFUSED = "operation not permitted on the default exchange"
 
@@ -102,11 +93,8 @@ class VirtualHost(StepHost):
         self._on_drop = on_drop
         self._exchanges: dict[str, Exchange] = {}
         self._queues: dict[str, Queue] = {}
-        self._owned: dict[Hashable, dict[str, None]] = {}
-        # queue name → exchanges holding a binding to it, so deleting a queue is O(its bindings).
-        self._sources: dict[str, dict[str, None]] = {}
-        # exchange name → exchanges holding a binding to it (exchange.bind).
-        self._exchange_sources: dict[str, dict[str, None]] = {}
+        self._exclusive = ExclusiveQueues()  # exclusive queues by owner
+        self._bindings = BindingIndex()  # destination → the exchanges bound to it
         for exchange_name, type_name in STANDARD_EXCHANGES:
             self._exchanges[exchange_name] = Exchange(exchange_name, type_name, durable=True, vhost=name)
         self._router = Router(self._exchanges, self._queues)
@@ -182,7 +170,7 @@ class VirtualHost(StepHost):
             type, durable=durable, auto_delete=auto_delete, internal=internal, arguments=arguments
         )
         if diff is not None:
-            raise self._inequivalent(diff, exchange.description)
+            raise diff.error(exchange.description)
         return exchange
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
@@ -199,19 +187,13 @@ class VirtualHost(StepHost):
         self._remove_exchange(exchange)
 
     def _remove_exchange(self, exchange: Exchange) -> None:
-        for destination in exchange.destinations():
-            if type(destination) is ExchangeDestination:
-                sources = self._exchange_sources.get(destination.name)
-            else:
-                sources = self._sources.get(str(destination))
-            if sources is not None:
-                sources.pop(exchange.name, None)
+        self._bindings.source_removed(exchange)
         del self._exchanges[exchange.name]
         if self.journal is not None:
             self.journal.removed("exchange", exchange.name, durable=exchange.durable)
         # RabbitMQ remove_for_destination: bindings to it go too, and may auto-delete sources.
         as_destination = ExchangeDestination(exchange.name)
-        for source_name in self._exchange_sources.pop(exchange.name, {}):
+        for source_name in self._bindings.pop_sources(exchange.name, to_exchange=True):
             source = self._exchanges.get(source_name)
             if source is not None:
                 source.unbind_destination(as_destination)
@@ -241,7 +223,7 @@ class VirtualHost(StepHost):
         src = self.exchange(source)
         dst = self.exchange(destination)
         if src.bind(ExchangeDestination(destination), routing_key, arguments):
-            self._exchange_sources.setdefault(destination, {})[source] = None
+            self._bindings.bound(source, destination, to_exchange=True)
             if self.journal is not None:
                 self.journal.bound(source, destination, routing_key, arguments, to_exchange=True,
                                    durable=src.durable and dst.durable)
@@ -269,7 +251,7 @@ class VirtualHost(StepHost):
             self.journal.unbound(source, destination, routing_key, arguments, to_exchange=True,
                                  durable=src.durable and dst is not None and dst.durable)
         if not src.is_bound(as_destination):
-            self._exchange_sources.get(destination, {}).pop(source, None)
+            self._bindings.unbound(source, destination, to_exchange=True)
         self._maybe_auto_delete(src)
 
 
@@ -311,14 +293,14 @@ class VirtualHost(StepHost):
         queue = self._queues.get(name)
         if queue is None:
             return self._create_queue(name, owner, durable, exclusive, auto_delete, arguments)
-        self._check_owner(queue, owner if exclusive else None, strict=True)
+        self._exclusive.check(queue, owner if exclusive else None, strict=True)
         diff = (
             field_inequivalence("durable", durable, queue.durable)
             or field_inequivalence("auto_delete", auto_delete, queue.auto_delete)
-            or args_inequivalence(arguments, queue.arguments, QUEUE_ARG_KEYS, _QUEUE_ARG_DEFAULTS)
+            or args_inequivalence(arguments, queue.arguments, QUEUE_ARG_KEYS, QUEUE_ARG_DEFAULTS)
         )
         if diff is not None:
-            raise self._inequivalent(diff, queue.description)
+            raise diff.error(queue.description)
         queue.touch()
         return queue
 
@@ -351,10 +333,10 @@ class VirtualHost(StepHost):
             self.journal.queue_created(name, durable=durable, auto_delete=auto_delete,
                                        arguments=queue.arguments)
         if exclusive:
-            self._owned.setdefault(owner, {})[name] = None
+            self._exclusive.add(owner, name)
         # AMQP 0-9-1 §3.1.3.1: every queue is bound to the default exchange by its name.
         self._exchanges[""].bind(name, name, None)
-        self._sources.setdefault(name, {})[""] = None
+        self._bindings.bound("", name, to_exchange=False)
         return queue
 
     def restore_message(self, name: str, message: Message, redelivered: bool,
@@ -375,19 +357,8 @@ class VirtualHost(StepHost):
         queue = self._queues.get(name)
         if queue is None:
             raise NotFound(f"no {self._rs('queue', name)}")
-        self._check_owner(queue, owner, strict=False)
+        self._exclusive.check(queue, owner, strict=False)
         return queue
-
-    def _check_owner(self, queue: Queue, owner: Hashable | None, *, strict: bool) -> None:
-        # RabbitMQ check_exclusive_access/3: lax lets anyone use a non-exclusive queue; strict
-        # (a non-passive redeclare) also wants the declared exclusivity to match.
-        if queue.exclusive_owner == owner or (not strict and queue.exclusive_owner is None):
-            return
-        raise ResourceLocked(
-            f"cannot obtain exclusive access to locked {queue.description}. It could be "
-            "originally declared on another connection or the exclusive property value does "
-            "not match that of the original declaration."
-        )
 
     def purge_queue(self, name: str, *, owner: Hashable) -> int:
         """queue.purge: drop the available messages; returns how many.
@@ -408,7 +379,7 @@ class VirtualHost(StepHost):
         queue = self._queues.get(name)
         if queue is None:
             return 0, []  # RabbitMQ 3.x: delete-ok for a queue that is not there
-        self._check_owner(queue, owner, strict=False)
+        self._exclusive.check(queue, owner, strict=False)
         if if_unused and queue.consumer_count:
             raise PreconditionFailed(f"{queue.description} in use")
         if if_empty and queue.message_count:
@@ -419,7 +390,7 @@ class VirtualHost(StepHost):
     def _delete_queue(self, queue: Queue) -> list[QueueConsumer]:
         self._timers.cancel(queue)
         self._featured_queues -= not queue.plain
-        for exchange_name in self._sources.pop(queue.name, {}):
+        for exchange_name in self._bindings.pop_sources(queue.name, to_exchange=False):
             exchange = self._exchanges.get(exchange_name)
             if exchange is not None:
                 exchange.unbind_destination(queue.name)
@@ -428,15 +399,12 @@ class VirtualHost(StepHost):
         if self.journal is not None:
             self.journal.removed("queue", queue.name, durable=queue.durable)
         if queue.exclusive_owner is not None:
-            owned = self._owned.get(queue.exclusive_owner, {})
-            owned.pop(queue.name, None)
-            if not owned:
-                self._owned.pop(queue.exclusive_owner, None)
+            self._exclusive.remove(queue)
         return queue.delete()
 
     def queues_owned_by(self, owner: Hashable) -> list[Queue]:
         """Exclusive queues declared by ``owner``."""
-        return [self._queues[name] for name in self._owned.get(owner, ())]
+        return [self._queues[name] for name in self._exclusive.names(owner)]
 
     def delete_owned_queues(self, owner: Hashable) -> list[QueueConsumer]:
         """Delete ``owner``'s exclusive queues (its connection closed); returns their consumers."""
@@ -475,7 +443,7 @@ class VirtualHost(StepHost):
         """queue.bind; binding twice is a no-op. The default exchange refuses bindings (403)."""
         exchange, queue = self._binding_ends(queue_name, exchange_name, owner)
         if exchange.bind(queue.name, routing_key, arguments):
-            self._sources.setdefault(queue.name, {})[exchange.name] = None
+            self._bindings.bound(exchange.name, queue.name, to_exchange=False)
             if self.journal is not None:
                 self.journal.bound(exchange.name, queue.name, routing_key, arguments, to_exchange=False,
                                    durable=exchange.durable and queue.durable)
@@ -508,7 +476,7 @@ class VirtualHost(StepHost):
             self.journal.unbound(exchange.name, queue.name, routing_key, arguments, to_exchange=False,
                                  durable=exchange.durable and queue.durable)
         if not exchange.is_bound(queue.name):
-            self._sources.get(queue.name, {}).pop(exchange.name, None)
+            self._bindings.unbound(exchange.name, queue.name, to_exchange=False)
         self._maybe_auto_delete(exchange)
 
     def _binding_ends(self, queue_name: str, exchange_name: str, owner: Hashable) -> tuple[Exchange, Queue]:
@@ -590,12 +558,3 @@ class VirtualHost(StepHost):
             message.refs -= 1  # unroutable: the runtime returns or frees it
         notify += self.drain()
         return PublishOutcome(len(queues), notify, tuple(rejected), self.dead_lettered - before)
-
-    # ---------------------------------------------------------------------- errors
-
-    @staticmethod
-    def _inequivalent(diff: Inequivalence, subject: str) -> PreconditionFailed:
-        return PreconditionFailed(
-            f"inequivalent arg '{diff.field}' for {subject}: "
-            f"received {diff.received} but current is {diff.current}"
-        )

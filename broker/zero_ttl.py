@@ -42,11 +42,29 @@ Called from: the supervisor process (``broker.featured_queue``).
 
 from __future__ import annotations
 
-from broker.consumer_manager import QueueConsumer
+from collections.abc import Mapping
+
+from broker.consumer_manager import INTERESTED, NOTIFIED, QueueConsumer, QueueConsumerManager
+from broker.message_groups import Ungrouped
 from broker.queue import QueueEntry
 
 # A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
 ZERO_TTL_GRACE = 1.0
+
+
+def can_take_at_once(entry: QueueEntry, groups: Ungrouped, consumers: QueueConsumerManager) -> bool:
+    """Whether an acquiring consumer wants work now and may take ``entry`` (step 1 above).
+
+    Interested or Notified means it has credit: a consumer with a full prefetch, a flowed
+    channel or a backed-up socket has said it is not interested. In a grouped queue the
+    group must be free or owned by such a consumer.
+    """
+    owner = groups.owner_of(entry.message)
+    if owner is not None:
+        return isinstance(owner, QueueConsumer) and (
+            owner.state is INTERESTED or owner.state is NOTIFIED
+        )
+    return consumers.top_active_priority() is not None
 
 
 class ZeroTtlRound:
@@ -87,6 +105,12 @@ class ZeroTtlRound:
         if not pending:
             self._late.clear()
         return True
+
+    def grace_end(self, expiry: Mapping[int, float]) -> float | None:
+        """When the oldest pending entry stops being exempt (``ZERO_TTL_GRACE`` after its
+        enqueue); None when nothing is pending."""
+        pending = self.pending
+        return expiry[next(iter(pending))] + ZERO_TTL_GRACE if pending else None
 
     def cut(self, expiry: dict[int, float], now: float) -> None:
         """Entries pending for ``ZERO_TTL_GRACE`` already stop being exempt (timer)."""

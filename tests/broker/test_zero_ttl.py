@@ -15,10 +15,11 @@ import pytest
 
 from broker.consumer_manager import INTERESTED, NOTIFIED, REMOVED
 from broker.entry_state import ACQUIRED
-from broker.featured_queue import ZERO_TTL_GRACE, FeaturedQueue
+from broker.featured_queue import FeaturedQueue
 from broker.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
+from broker.zero_ttl import ZERO_TTL_GRACE
 from tests.broker.conftest import ME
 from tests.broker.support import attach, consumer, keys, message
 

@@ -1,0 +1,184 @@
+"""The dispatcher's open channels: each channel's consumers and unsettled deliveries.
+
+A channel is ``(worker, conn, ch)``; a consumer is ``(worker, consumer id)``, subscribed on one
+channel to one queue. What a channel holds is what must go back when it, its connection or its
+whole worker goes away: the entries it acquired (requeued to their original positions) and the
+browsers' pins (a browsed message's body, kept until the worker has copied it). Delivery ids are
+the entry ids for acquired entries and negative numbers for pins, so one map holds both.
+
+The dispatcher holds one :class:`OpenChannels` and does what closing means to the domain
+(removing consumers, requeueing, unpinning); this module only keeps the books.
+
+Called from: the supervisor process (``broker.dispatch``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from broker.body_ref import arena_block, body_log_at, unpack_body_ref, unpack_paged_ref
+from broker.consumer_manager import QueueConsumer
+from broker.message import Message, delivered_headers
+from broker.queue import Queue, QueueEntry
+from ipc import records as r
+
+ChannelKey = tuple[int, int, int]  # (worker, conn, ch)
+Owner = tuple[int, int]  # (worker, conn): who owns an exclusive queue
+
+
+class Pin:
+    """A browser's delivery in flight: holds the message's body until the
+    worker has copied it (browsers do not acquire, so nothing else would)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+
+Held = QueueEntry | Pin  # what a channel holds per delivery id
+
+
+class Subscription:
+    """A consumer on a queue, and the channel it was started on."""
+
+    __slots__ = ("channel", "consumer", "queue")
+
+    def __init__(self, consumer: QueueConsumer, queue: Queue, channel: ChannelKey) -> None:
+        self.consumer = consumer
+        self.queue = queue
+        self.channel = channel
+
+
+class Channel:
+    """One channel's unsettled deliveries (delivery id → what it holds) and consumer ids."""
+
+    __slots__ = ("acquired", "consumers")
+
+    def __init__(self) -> None:
+        self.acquired: dict[int, Held] = {}
+        self.consumers: set[int] = set()
+
+
+class OpenChannels:
+    """Every worker's open channels and their consumers, and each connection's channels."""
+
+    __slots__ = ("_channels", "_conns", "_pin_ids", "subs")
+
+    def __init__(self) -> None:
+        self.subs: dict[tuple[int, int], Subscription] = {}  # (worker, consumer id) →
+        self._channels: dict[ChannelKey, Channel] = {}
+        self._conns: dict[Owner, set[int]] = {}  # the channel numbers each connection used
+        self._pin_ids = itertools.count(-1, -1)
+
+    def channel(self, key: ChannelKey) -> Channel:
+        """Channel ``key``, opened here on its first use."""
+        chan = self._channels.get(key)
+        if chan is None:
+            chan = self._channels[key] = Channel()
+            self._conns.setdefault(key[:2], set()).add(key[2])
+        return chan
+
+    def get(self, key: ChannelKey) -> Channel | None:
+        return self._channels.get(key)
+
+    def connection_opened(self, owner: Owner) -> None:
+        self._conns.setdefault(owner, set())
+
+    def connections_on(self, worker: int) -> set[Owner]:
+        """The connections of ``worker`` known here."""
+        return {o for o in self._conns if o[0] == worker}
+
+    def close_connection(self, owner: Owner) -> list[int]:
+        """Forget connection ``owner``; returns its channel numbers, in order, to close."""
+        return sorted(self._conns.pop(owner, ()))
+
+    def close(self, key: ChannelKey) -> Channel | None:
+        """Forget channel ``key``; returns it (None if it held nothing) for the caller to
+        release its consumers (:meth:`unsubscribe_all`) and what it held."""
+        chans = self._conns.get(key[:2])
+        if chans is not None:
+            chans.discard(key[2])
+        return self._channels.pop(key, None)
+
+    # ------------------------------------------------------------ consumers
+
+    def subscribe(self, worker: int, cid: int, sub: Subscription) -> None:
+        self.subs[(worker, cid)] = sub
+        self.channel(sub.channel).consumers.add(cid)
+
+    def unsubscribe(self, worker: int, cid: int) -> Subscription | None:
+        """Consumer ``cid`` of ``worker`` is gone (cancelled, or its queue went away)."""
+        sub = self.subs.pop((worker, cid), None)
+        if sub is not None:
+            chan = self._channels.get(sub.channel)
+            if chan is not None:
+                chan.consumers.discard(cid)
+        return sub
+
+    def unsubscribe_all(self, worker: int, chan: Channel) -> Iterator[Subscription]:
+        """The subscriptions of a closed channel, each forgotten as it is yielded."""
+        for cid in sorted(chan.consumers):
+            sub = self.subs.pop((worker, cid), None)
+            if sub is not None:
+                yield sub
+
+    # ----------------------------------------------------------- deliveries
+
+    def acquire(self, chan: Channel, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
+        """``chan`` holds ``entry`` until it is settled; the delivery to send."""
+        chan.acquired[entry.id] = entry
+        return delivery(entry.id, entry, basic_get=basic_get)
+
+    def pin(self, chan: Channel, entry: QueueEntry) -> r.Delivery:
+        """A browser's delivery: ``chan`` holds a reference to the message until settled."""
+        pin_id = next(self._pin_ids)
+        entry.message.refs += 1
+        chan.acquired[pin_id] = Pin(entry.message)
+        return delivery(pin_id, entry)
+
+    def held_offsets(self, region: int) -> Iterator[int]:
+        """Arena offsets in ``region`` of the messages the channels hold."""
+        for chan in self._channels.values():
+            for held in chan.acquired.values():
+                message = held.message
+                block = arena_block((message.origin or message).body_ref)  # None: paged out
+                if block is not None and block[0] == region:
+                    yield block[1]
+
+
+def delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
+    """The Delivery record of ``entry`` under delivery id ``entry_id``."""
+    message = entry.message
+    root = message.origin or message  # a dead-letter copy's body is its origin's
+    ref = root.body_ref
+    headers = entry.queue.delivery_headers(entry, basic_get=basic_get)
+    if ref < 0:  # paged out (broker.paging): the worker reads it from the body log
+        return _paged_delivery(entry_id, entry, ref, headers)
+    region, offset, header_len, body_len = unpack_body_ref(ref)
+    if headers is None:
+        return r.Delivery(
+            entry_id, entry.redelivered, message.exchange, message.routing_key,
+            region, offset, header_len, body_len,
+        )
+    # A re-encoded header never carries BCC (sender-selected distribution: a message
+    # published with BCC is a BlindCopied, always re-encoded; so are its dead-letter copies).
+    return r.Delivery(
+        entry_id, entry.redelivered, message.exchange, message.routing_key,
+        region, offset, header_len, body_len, True, delivered_headers(headers),
+        message.expiration,
+    )
+
+
+def _paged_delivery(entry_id: int, entry: QueueEntry, ref: int,
+                    headers: dict[str, Any] | None) -> r.Delivery:
+    message = entry.message
+    region, header_len, body_len, _, _, _ = unpack_paged_ref(ref)
+    return r.Delivery(
+        entry_id, entry.redelivered, message.exchange, message.routing_key,
+        region, 0, header_len, body_len, headers is not None,
+        None if headers is None else delivered_headers(headers),
+        None if headers is None else message.expiration, body_log_at(ref),
+    )
