@@ -37,6 +37,7 @@ from ipc import records as r
 from workers import codec, topology
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.channel_consumers import ChannelConsumers
+from workers.channel_frames import method_ids
 from workers.confirm_gate import ConfirmGate
 from workers.consumer_target import ConsumerTarget
 from workers.delivery_tags import DeliveryTags
@@ -45,9 +46,6 @@ from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
 
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
-
-Target = ConsumerTarget
-
 
 class _HeldPublish(NamedTuple):
     """A publish waiting in the channel's inbox (behind a server-named queue.declare)."""
@@ -62,11 +60,6 @@ class _HeldPublish(NamedTuple):
     expiration: str | None
     priority: int | None
     body_at: tuple[int, int, int] | None
-
-
-def _ids(method: Any) -> tuple[int, int]:
-    index = getattr(method, "index", 0)
-    return index >> 16, index & 0xFFFF
 
 
 class Channel:
@@ -92,8 +85,8 @@ class Channel:
         # A publish sent since the last request that may still produce a basic.return (mandatory)
         # or a confirm: a local reply then waits for a Sync (_local_reply).
         self.publishes_unanswered = False
-        self._tx: Transaction[Target] = Transaction()
-        self.tags: DeliveryTags[Target] = DeliveryTags()
+        self._tx: Transaction[ConsumerTarget] = Transaction()
+        self.tags: DeliveryTags[ConsumerTarget] = DeliveryTags()
         self.consumers = self.consuming.by_tag  # consumer tag → target
         # Replies owed to the client, in request order: (from_supervisor, fn).
         # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
@@ -122,12 +115,12 @@ class Channel:
     def pull_reserved(self) -> int:
         return self.credit.pull_reserved
 
-    def owns(self, target: Target) -> bool:
+    def owns(self, target: ConsumerTarget) -> bool:
         """Is ``target`` one of this channel's (not of an earlier channel with its number)?"""
         return self.consuming.owns(target)
 
     @property
-    def unacked(self) -> OrderedDict[int, tuple[int, Target | None]]:
+    def unacked(self) -> OrderedDict[int, tuple[int, ConsumerTarget | None]]:
         """Delivery tag → (entry, target) of what the client has not settled yet."""
         return self.tags.held
 
@@ -168,7 +161,7 @@ class Channel:
         if name:
             return name
         if not self.last_queue:
-            raise errors.NotFound("no previously declared queue", *_ids(method))
+            raise errors.NotFound("no previously declared queue", *method_ids(method))
         return self.last_queue
 
     # ------------------------------------------------------ client methods
@@ -186,7 +179,7 @@ class Channel:
     def _dispatch(self, m: Any) -> None:
         run = self._METHODS.get(type(m))
         if run is None:
-            raise errors.NotImplemented_(f"{m.name} is not implemented", *_ids(m))
+            raise errors.NotImplemented_(f"{m.name} is not implemented", *method_ids(m))
         run(self, m)
 
     def _exchange_method(self, m: Any) -> None:
@@ -234,7 +227,7 @@ class Channel:
     def _qos(self, m: spec.Basic.Qos) -> None:
         if m.prefetch_size:
             # RabbitMQ refuses a byte-based prefetch the same way.
-            raise errors.NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})", *_ids(m))
+            raise errors.NotImplemented_(f"prefetch_size!=0 ({m.prefetch_size})", *method_ids(m))
         if m.global_:  # RabbitMQ: global=true is shared by the channel's consumers
             self.credit.global_prefetch = m.prefetch_count
         else:  # ... and global=false applies to each consumer created after it
@@ -255,13 +248,13 @@ class Channel:
         else:
             self._request(rec, lambda rep: self._consume_ok(target, rep.queue))
 
-    def _consume_ok(self, target: Target, queue: str = "") -> None:
+    def _consume_ok(self, target: ConsumerTarget, queue: str = "") -> None:
         if target.queue == REPLY_TO:
             self.reply_to = queue
         self._send(spec.Basic.ConsumeOk(target.tag))
         self._activate(target)
 
-    def _activate(self, target: Target) -> None:
+    def _activate(self, target: ConsumerTarget) -> None:
         self.consuming.activate(target, self._out)
 
     def _cancel(self, m: spec.Basic.Cancel) -> None:
@@ -280,11 +273,11 @@ class Channel:
         else:
             self._request(rec, lambda rep: self._cancel_ok(target))
 
-    def _cancel_ok(self, target: Target) -> None:
+    def _cancel_ok(self, target: ConsumerTarget) -> None:
         self._send(spec.Basic.CancelOk(target.tag))
         self._drop(target)
 
-    def _drop(self, target: Target) -> None:
+    def _drop(self, target: ConsumerTarget) -> None:
         self.consuming.drop(target)
 
     def _get(self, m: spec.Basic.Get) -> None:
@@ -331,25 +324,25 @@ class Channel:
         the channel holds unacked; requeue=false (redeliver to the same consumer) is not
         implemented there, and is 540 here too."""
         if not m.requeue:
-            raise errors.NotImplemented_("requeue=false", *_ids(m))
+            raise errors.NotImplemented_("requeue=false", *method_ids(m))
         self._settle_tags(0, True, r.REQUEUE, m)
 
     def _confirm_select(self, m: spec.Confirm.Select) -> None:
         if self.tx:  # RabbitMQ's text
-            raise errors.PreconditionFailed("cannot switch from tx to confirm mode", *_ids(m))
+            raise errors.PreconditionFailed("cannot switch from tx to confirm mode", *method_ids(m))
         self.confirms.active = True
         if not m.nowait:
             self._local_reply(spec.Confirm.SelectOk())
 
     def _tx_select(self, m: spec.Tx.Select) -> None:
         if self.confirms.active:
-            raise errors.PreconditionFailed("cannot switch from confirm to tx mode", *_ids(m))
+            raise errors.PreconditionFailed("cannot switch from confirm to tx mode", *method_ids(m))
         self.tx = True
         self._local_reply(spec.Tx.SelectOk())
 
     def _check_tx(self, m: Any) -> None:
         if not self.tx:
-            raise errors.PreconditionFailed("channel is not transactional", *_ids(m))
+            raise errors.PreconditionFailed("channel is not transactional", *method_ids(m))
 
     def _tx_commit(self, m: spec.Tx.Commit) -> None:
         """Publish what the transaction held and settle its acks, in order; commit-ok
@@ -431,7 +424,7 @@ class Channel:
     def _settle_tags(self, tag: int, multiple: bool, action: int, m: Any) -> None:
         taken = self.tags.take(tag, multiple)
         if not taken and not (multiple and tag == 0):
-            raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *_ids(m))
+            raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *method_ids(m))
         if self._trace is not None:
             self._trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
                                    _TRACE_OUTCOME[action])
@@ -517,7 +510,7 @@ class Channel:
         ))
         return self.take_output()
 
-    def on_pulled(self, target: Target, ev: r.Pulled) -> ChannelOutput:
+    def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> ChannelOutput:
         """Deliveries from a pull: the seed's step 12, onto the IO buffer. The target's credit
         is looked at again in :meth:`after_pull`, once the owner has handed the deliveries
         to the connection (whose back-pressure they may turn on)."""
@@ -557,13 +550,13 @@ class Channel:
         target.renotified = False
         return self.take_output()
 
-    def after_pull(self, target: Target) -> ChannelOutput:
+    def after_pull(self, target: ConsumerTarget) -> ChannelOutput:
         """A pull's reservation came back: with global qos every consumer of the
         channel may now have credit, not just the one that pulled."""
         self.consuming.after_pull(target, self._out)
         return self.take_output()
 
-    def on_cancelled(self, target: Target) -> ChannelOutput:
+    def on_cancelled(self, target: ConsumerTarget) -> ChannelOutput:
         """The queue went away: tell the client if it understands basic.cancel."""
         self.consuming.cancel(target.tag)
         target.active = False
@@ -574,7 +567,7 @@ class Channel:
 
     # ------------------------------------------------------------- credit
 
-    def notify(self, target: Target) -> ChannelOutput:
+    def notify(self, target: ConsumerTarget) -> ChannelOutput:
         """seed: QueueConsumer#notifyWork reached this target (its slot was set)."""
         self.consuming.notify(target, self._out)
         return self.take_output()

@@ -23,10 +23,10 @@ from broker.errors import AMQPError
 from ipc import records as r
 from workers import codec
 from workers import events as ev
-from workers.channel import Channel, Target
+from workers.channel import Channel
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.connection import AMQPConnection, State
-from workers.consumer_target import Backpressure
+from workers.consumer_target import Backpressure, ConsumerTarget
 from workers.outgoing import Method, Outgoing
 
 log = logging.getLogger("shoal.connection")
@@ -365,11 +365,11 @@ class ConnectionHandler:
             case r.Error(code=code, text=text, class_id=cid, method_id=mid):
                 self.fail(errors.error_for_code(code, text, cid, mid), ch)
 
-    def _channel_of(self, target: Target) -> Channel | None:
+    def _channel_of(self, target: ConsumerTarget) -> Channel | None:
         ch = self.channels.get(target.ch)
         return ch if ch is not None and ch.owns(target) else None
 
-    def on_pulled(self, target: Target, event: r.Pulled) -> None:
+    def on_pulled(self, target: ConsumerTarget, event: r.Pulled) -> None:
         """A pull's deliveries: handed to the protocol before the target's credit is looked
         at again (they may back the output up)."""
         ch = self._channel_of(target)
@@ -377,12 +377,12 @@ class ConnectionHandler:
             self.apply(ch, ch.on_pulled(target, event))
             self.apply(ch, ch.after_pull(target))
 
-    def on_cancelled(self, target: Target) -> None:
+    def on_cancelled(self, target: ConsumerTarget) -> None:
         ch = self._channel_of(target)
         if ch is not None:
             self.apply(ch, ch.on_cancelled(target))
 
-    def notify(self, target: Target) -> None:
+    def notify(self, target: ConsumerTarget) -> None:
         ch = self._channel_of(target)
         if ch is not None:
             self.apply(ch, ch.notify(target))
