@@ -6,7 +6,7 @@ the process dies, even by SIGKILL, so a crash never leaves a stale lock), and wr
 there so that a second broker can say who holds it. Layout::
 
     DIR/lock             the lock, and the PID of the broker holding it
-    DIR/definitions.db   durable exchanges, queues and bindings (broker.definition_store)
+    DIR/definitions.db   durable exchanges, queues and bindings, and users (broker.definition_store)
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Durable topology on disk: ``DIR/definitions.db``, an SQLite database the supervisor owns.
+"""Durable topology and users on disk: ``DIR/definitions.db``, an SQLite database the supervisor owns.
 
 Definitions change rarely and in small numbers, so SQLite (stdlib, crash-safe, one file) is
 worth more here than a log of our own. Every batch of changes (:mod:`broker.definitions`) is
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ CREATE TABLE IF NOT EXISTS queues (
     vhost TEXT NOT NULL, name TEXT NOT NULL,
     auto_delete INTEGER NOT NULL, arguments BLOB NOT NULL,
     UNIQUE (vhost, name)
+);
+CREATE TABLE IF NOT EXISTS users (
+    name TEXT PRIMARY KEY, password_hash TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS bindings (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -148,6 +152,34 @@ class DefinitionStore:
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
+            raise
+
+    def users(self) -> dict[str, str]:
+        """Name -> stored password (``broker.passwords``) of every user, in name order."""
+        try:
+            return dict(self._db.execute("SELECT name, password_hash FROM users ORDER BY name"))
+        except sqlite3.DatabaseError as exc:
+            raise DefinitionStoreError(f"{self.path}: {exc}") from exc
+
+    def put_users(self, users: dict[str, str]) -> None:
+        """Add these users, or give them these stored passwords; on disk when this returns."""
+        with self._transaction():
+            self._db.executemany("INSERT OR REPLACE INTO users (name, password_hash) VALUES (?, ?)",
+                                 users.items())
+
+    def delete_user(self, name: str) -> bool:
+        """Remove a user; False when there is none of that name."""
+        with self._transaction():
+            return self._db.execute("DELETE FROM users WHERE name=?", (name,)).rowcount > 0
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
             raise
 
     def _binding_row(self, b: BindingDef) -> tuple[Any, ...]:

@@ -32,6 +32,7 @@ from broker.dispatch import Dispatcher
 from broker.message_journal import MessageJournal
 from broker.message_store import ArenasFull, IndexLog, load_index
 from broker.message_store import restore as restore_messages
+from broker.passwords import users_at_start
 from ipc.logfile import remove_segment, sync_files
 from ipc.logfile import segments as body_segments
 
@@ -61,6 +62,20 @@ class Durability:
         log.info("data directory %s: restored %d exchange(s), %d queue(s), %d binding(s)%s in %.0f ms",
                  self.path, len(defs.exchanges), len(defs.queues), len(defs.bindings),
                  f" ({len(skipped)} skipped)" if skipped else "", (time.monotonic() - started) * 1e3)
+
+    def recover_users(self, given: dict[str, str]) -> dict[str, str]:
+        """Who may log in (``broker.passwords.users_at_start``): the stored users, with those
+        ``given`` at this start added or given their new password (written before any worker
+        starts). Name -> stored password."""
+        assert self.definitions is not None
+        stored = self.definitions.users()
+        users, changes = users_at_start(stored, given)
+        if changes:
+            self.definitions.put_users(changes)
+        for name in changes:
+            log.info("data directory %s: user '%s' %s", self.path, name,
+                     "has a new password" if name in stored else "added")
+        return users
 
     def recover_messages(self, arenas: list[Any], arena_mb: int) -> None:
         """Persistent messages back onto their durable queues, their bodies into ``arenas``

@@ -44,6 +44,7 @@ from broker.dispatch import Dispatcher
 from broker.dispatch_trace import DispatchTrace
 from broker.durability import Durability
 from broker.message_store import ArenasFull
+from broker.passwords import DEFAULT_USER, hashed
 from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
@@ -135,6 +136,7 @@ class Supervisor:
         self._alive_r, self._alive_w = os.pipe()
         self._backlog = trio.Event()
         self.durability: Durability | None = None  # --data-dir
+        self.users: dict[str, str] = {}  # who may log in: name -> stored password (setup)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -147,6 +149,9 @@ class Supervisor:
         if self.config.data_dir:
             self.durability = Durability(self.config.data_dir, self.dispatcher)
             self.durability.recover_definitions()
+            self.users = self.durability.recover_users(self.config.users)
+        else:  # no data directory (tests): the users given, or guest, this run only
+            self.users = hashed(self.config.users or dict([DEFAULT_USER]))
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
@@ -314,9 +319,9 @@ class Supervisor:
         # environment (/proc/PID/environ), from which $SHOAL_USERS is left out as well.
         users_r, users_w = os.pipe()
         try:
-            payload = msgspec.json.encode(c.users)
+            payload = msgspec.json.encode(self.users)  # stored passwords, never the passwords
             if len(payload) > USERS_PIPE_MAX:
-                raise ValueError(f"{len(c.users)} users: {len(payload)} bytes, over {USERS_PIPE_MAX}")
+                raise ValueError(f"{len(self.users)} users: {len(payload)} bytes, over {USERS_PIPE_MAX}")
             os.write(users_w, payload)
             os.close(users_w)
             users_w = -1

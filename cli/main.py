@@ -12,6 +12,7 @@ from broker.data_dir import default_data_dir
 from broker.supervisor import ServeConfig, run
 from cli.control import list_connections
 from cli.report import report
+from cli.users import delete_user, list_users
 
 
 def _parse_users(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
@@ -112,7 +113,8 @@ def main() -> None:
               "(powers of 1000) or KiB, MiB, GiB; 0 turns the alarm off (RabbitMQ's disk_free_limit).")
 @click.option("--user", "users", multiple=True, metavar="NAME:PASSWORD", envvar="SHOAL_USERS",
               callback=_parse_users,
-              help="A user who may log in (PLAIN or AMQPLAIN), repeatable; when given, these "
+              help="A user who may log in (PLAIN or AMQPLAIN), repeatable: kept in the data "
+              "directory, added or given this password. On a new data directory, given users "
               "replace the default guest/guest, as RabbitMQ's default_user does. Also read from "
               "$SHOAL_USERS (space-separated), which keeps passwords out of `ps`.")
 @click.option("--users-file", default=None, type=click.Path(exists=True, dir_okay=False),
@@ -149,6 +151,8 @@ def serve(**options: object) -> None:
 
 main.add_command(report)
 main.add_command(list_connections)
+main.add_command(list_users)
+main.add_command(delete_user)
 
 
 if __name__ == "__main__":

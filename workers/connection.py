@@ -70,6 +70,7 @@ from pamqp import base, commands
 
 from broker import errors
 from broker.errors import AMQPError
+from broker.passwords import DEFAULT_USER, hashed
 from workers import codec, sasl
 from workers.channel_frames import ChannelFrames, decode_method, method_ids
 from workers.events import (
@@ -93,6 +94,10 @@ from workers.outgoing import Deliveries, Method, Outgoing, encode, encode_delive
 
 
 # -- the connection state machine ---------------------------------------------
+
+
+# Without users given (tests): RabbitMQ's default user, stored as the supervisor stores it.
+_DEFAULT_USERS = hashed(dict([DEFAULT_USER]))
 
 
 class State(enum.Enum):
@@ -172,7 +177,7 @@ class AMQPConnection:
         frame_max: int = 131072,
         channel_max: int = 2047,
         heartbeat: int = 60,
-        users: Mapping[str, str] | None = None,
+        users: Mapping[str, str] | None = None,  # name -> stored password (broker.passwords)
         max_body_size: int = 128 << 20,
         handshake_timeout: float = 10.0,
         peer_is_loopback: bool = True,
@@ -183,7 +188,7 @@ class AMQPConnection:
         self._server_channel_max = channel_max
         self._server_heartbeat = heartbeat
         self._authenticator = sasl.Authenticator(
-            {"guest": "guest"} if users is None else users,
+            _DEFAULT_USERS if users is None else users,
             # RabbitMQ's loopback_users: these may log in only from a loopback address.
             peer_is_loopback=peer_is_loopback, loopback_users=loopback_users,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from broker import errors
+from broker.passwords import check_password
 from workers import codec
 
 _DECODERS = {"PLAIN": codec.decode_plain_response, "AMQPLAIN": codec.decode_amqplain_response}
@@ -26,7 +27,8 @@ class LoginRefused(errors.LoginRefused):
 
 
 class Authenticator:
-    """The users one connection may log in as, and from where."""
+    """The users one connection may log in as (name -> stored password, ``broker.passwords``),
+    and from where."""
 
     __slots__ = ("_loopback_users", "_peer_is_loopback", "_users")
 
@@ -47,7 +49,7 @@ class Authenticator:
             user, password = decoder(raw)
         except codec.DecodeError as exc:
             raise errors.SyntaxError_(str(exc), 10, 11) from exc
-        if user not in self._users or self._users[user] != password:
+        if user not in self._users or not check_password(self._users[user], password):
             raise LoginRefused(
                 f"Login was refused using authentication mechanism {mechanism}. "
                 "For details see the broker logfile.",

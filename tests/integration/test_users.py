@@ -3,6 +3,8 @@ broker."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pika.exceptions
 import psutil
 import pytest
 
-from tests.integration.harness import Broker, finish, start_broker
+from tests.integration.harness import REPO_ROOT, Broker, finish, start_broker
 
 
 def _login(broker: Broker, user: str, password: str) -> pika.BlockingConnection:
@@ -84,3 +86,69 @@ def test_users_from_a_file(tmp_path: Path) -> None:
         assert "warning" not in broker.log_tail()
     finally:
         finish(broker)
+
+
+def _refused(broker: Broker, user: str, password: str) -> bool:
+    try:
+        _login(broker, user, password).close()
+    except pika.exceptions.ProbableAuthenticationError:
+        return True
+    return False
+
+
+def _shoal(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=REPO_ROOT)
+
+
+def test_users_are_kept_in_the_data_directory_across_restarts(tmp_path: Path) -> None:
+    """RabbitMQ keeps users in its database: a user given once still logs in after a restart
+    without --user; --user again with another password changes it; guest, never created on a
+    data directory that started with a user, stays refused. The data directory holds no
+    password, only RabbitMQ's salted SHA-256; `shoal list-users` / `delete-user` work on it
+    while the broker is stopped, and refuse while it runs."""
+    data = ["--data-dir", str(tmp_path / "data")]
+    first = start_broker(tmp_path / "first", extra_args=[*data, "--user", "alice:one-pw"])
+    try:
+        assert _refused(first, "guest", "guest")
+        refused = _shoal("delete-user", "alice", *data)
+        assert refused.returncode == 1 and "in use by another broker" in refused.stderr
+    finally:
+        finish(first)
+    assert b"one-pw" not in (tmp_path / "data" / "definitions.db").read_bytes()
+    second = start_broker(tmp_path / "second", extra_args=data)  # no --user this time
+    try:
+        _login(second, "alice", "one-pw").close()
+        assert _refused(second, "guest", "guest")
+    finally:
+        finish(second)
+    third = start_broker(tmp_path / "third", extra_args=[*data, "--user", "alice:two-pw",
+                                                        "--user", "bob:b-pw"])
+    try:
+        assert _refused(third, "alice", "one-pw")
+        _login(third, "alice", "two-pw").close()
+        _login(third, "bob", "b-pw").close()
+        assert "user 'alice' has a new password" in third.log_tail()
+    finally:
+        finish(third)
+    assert _shoal("list-users", *data).stdout.split() == ["alice", "bob"]
+    assert _shoal("delete-user", "bob", *data).returncode == 0
+    assert _shoal("list-users", *data).stdout.split() == ["alice"]
+    gone = _shoal("delete-user", "bob", *data)
+    assert gone.returncode == 1 and "no such user: bob" in gone.stderr
+    fourth = start_broker(tmp_path / "fourth", extra_args=data)
+    try:
+        assert _refused(fourth, "bob", "b-pw")
+        _login(fourth, "alice", "two-pw").close()
+    finally:
+        finish(fourth)
+
+
+def test_a_new_data_directory_without_users_given_creates_guest(tmp_path: Path) -> None:
+    data = ["--data-dir", str(tmp_path / "data")]
+    broker = start_broker(tmp_path / "broker", extra_args=data)
+    try:
+        _login(broker, "guest", "guest").close()
+    finally:
+        finish(broker)
+    assert _shoal("list-users", *data).stdout.split() == ["guest"]

@@ -6,6 +6,7 @@ import pytest
 from pamqp import base, body, commands, encode, frame, header, heartbeat
 
 from broker import errors
+from broker.passwords import hashed
 from tests.workers.helpers import decode, default_server_properties
 from workers.connection import (
     AMQPConnection,
@@ -145,7 +146,7 @@ def test_handshake_with_plain() -> None:
 
 def test_handshake_with_amqplain() -> None:
     """AMQPLAIN's response is a LOGIN/PASSWORD field table without its length prefix."""
-    conn = new_connection(users={"alice": "s3cret"})
+    conn = new_connection(users=hashed({"alice": "s3cret"}))
     conn.receive_data(PROTOCOL_HEADER)
     conn.data_to_send()
     response = encode.field_table({"LOGIN": "alice", "PASSWORD": "s3cret"})[4:].decode()
@@ -202,7 +203,8 @@ def test_guest_may_log_in_only_from_a_loopback_address() -> None:
 
 
 def test_other_users_may_log_in_from_anywhere() -> None:
-    conn = new_connection(peer_is_loopback=False, users={"alice": "secret", "guest": "guest"})
+    conn = new_connection(peer_is_loopback=False,
+                          users=hashed({"alice": "secret", "guest": "guest"}))
     conn.receive_data(PROTOCOL_HEADER)
     conn.receive_data(start_ok(response="\0alice\0secret"))
     assert [type(m) for _, m in sent(conn)][-1] is commands.Connection.Tune

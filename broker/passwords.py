@@ -1,0 +1,64 @@
+"""Users and their stored passwords: RabbitMQ's scheme, and who may log in after a start.
+
+Passwords are kept as RabbitMQ keeps them (``rabbit_password_hashing_sha256``, its default):
+``base64(salt + sha256(salt + password))`` with a 4-byte random salt -- the ``password_hash``
+of its definitions export. Neither the data directory nor a worker ever holds a password.
+
+Who may log in (RabbitMQ's rules, with ``--user`` in the place of ``default_user``): the users
+in the data directory, plus those given at this start (``--user``, ``--users-file``,
+``$SHOAL_USERS``), which are added or get their new password. On the first start of an empty
+data directory with none given, ``guest``/``guest`` is created, as RabbitMQ creates its default
+user on first boot; a user given there instead means no guest.
+
+A pure module: the workers import it too (they check passwords against these hashes).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping
+
+DEFAULT_USER = ("guest", "guest")
+_SALT = 4
+
+
+def hash_password(password: str, salt: bytes | None = None) -> str:
+    """The stored form of ``password`` (a fresh random salt unless one is given)."""
+    salt = os.urandom(_SALT) if salt is None else salt
+    return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
+
+
+def check_password(stored: str, password: str) -> bool:
+    """Whether ``password`` is the one ``stored`` was made from (constant-time compare)."""
+    try:
+        raw = base64.b64decode(stored, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    if len(raw) != _SALT + hashlib.sha256().digest_size:
+        return False
+    salt, digest = raw[:_SALT], raw[_SALT:]
+    return hmac.compare_digest(digest, hashlib.sha256(salt + password.encode()).digest())
+
+
+def hashed(users: Mapping[str, str]) -> dict[str, str]:
+    """Name -> password, as name -> stored password."""
+    return {name: hash_password(password) for name, password in users.items()}
+
+
+def users_at_start(stored: Mapping[str, str], given: Mapping[str, str]) -> tuple[dict[str, str],
+                                                                              dict[str, str]]:
+    """Who may log in after a start, name -> stored password, and what to write to the data
+    directory for it (new users, new passwords; unchanged ones are not rewritten)."""
+    changes: dict[str, str] = {}
+    for name, password in given.items():
+        old = stored.get(name)
+        if old is None or not check_password(old, password):
+            changes[name] = hash_password(password)
+    if not stored and not given:  # first start, nobody named: RabbitMQ's default user
+        name, password = DEFAULT_USER
+        changes[name] = hash_password(password)
+    return {**stored, **changes}, changes
