@@ -11,9 +11,8 @@ confirm.select, recover) wait behind outstanding replies so the client sees
 replies in the order it asked (AMQP 0-9-1 §2.2.2: a channel is serial).
 The exchange and queue methods' records and -oks are ``workers.topology``'s.
 
-Delivery tags are the channel's (``workers.delivery_tags``). Acks, nacks and
-rejects become ``Settle`` records; an unknown tag is 406 PRECONDITION_FAILED,
-as RabbitMQ replies.
+Delivery tags are the channel's (``workers.delivery_tags``). Acks, nacks and rejects
+become ``Settle`` records; an unknown tag is 406 PRECONDITION_FAILED, as in RabbitMQ.
 
 No IO here, and no reference to the connection handler or the worker
 (``workers.channel_config``): every call returns a ``ChannelOutput`` -- the
@@ -29,6 +28,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
+from pamqp import base
 from pamqp import commands as spec
 
 from broker import errors
@@ -90,11 +90,11 @@ class Channel:
         self.consumers = self.consuming.by_tag  # consumer tag → target
         # Replies owed to the client, in request order: (from_supervisor, fn).
         # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
-        self._expect: deque[tuple[bool, Callable[[Any], None]]] = deque()
+        self._expect: deque[tuple[bool, Callable[[Any], None]]] = deque()  # Any: each its Answer
         # While a server-named queue.declare is unanswered, "" cannot be resolved:
         # later methods and publishes wait here, in order (RabbitMQ runs a channel's
         # methods one at a time).
-        self._inbox: deque[Any] | None = None
+        self._inbox: deque[base.Frame | _HeldPublish] | None = None
 
     # ----------------------------------------------------------- plumbing
 
@@ -124,13 +124,13 @@ class Channel:
         """Delivery tag → (entry, target) of what the client has not settled yet."""
         return self.tags.held
 
-    def _request(self, rec: Any, on_reply: Callable[[Any], None] | None) -> None:
+    def _request(self, rec: r.Request, on_reply: Callable[[Any], None] | None) -> None:
         self._out.requests.append(rec)
         if on_reply is not None:
             self.publishes_unanswered = False  # its reply comes after theirs
             self._expect.append((True, on_reply))
 
-    def _send(self, method: Any) -> None:
+    def _send(self, method: base.Frame) -> None:
         self._reply(Method(self.number, method))
 
     def _reply(self, event: Outgoing) -> None:
@@ -140,7 +140,7 @@ class Channel:
             self.confirms.flush(self._out.events)
         self._out.events.append(event)
 
-    def _local_reply(self, method: Any) -> None:
+    def _local_reply(self, method: base.Frame) -> None:
         """Answer locally, but never ahead of a reply the supervisor still owes: a reply to
         an earlier request, or the basic.return / ack / nack of an earlier publish. For the
         latter a Sync goes through the supervisor first (it answers in ring order, after
@@ -157,7 +157,7 @@ class Channel:
         if entries:
             self._out.requests.append(r.Settle(self.conn_id, self.number, entries, action))
 
-    def _queue_name(self, name: str, method: Any) -> str:
+    def _queue_name(self, name: str, method: base.Frame) -> str:
         if name:
             return name
         if not self.last_queue:
@@ -166,7 +166,7 @@ class Channel:
 
     # ------------------------------------------------------ client methods
 
-    def on_method(self, m: Any) -> ChannelOutput:
+    def on_method(self, m: base.Frame) -> ChannelOutput:
         """A client method on this channel: what it produced. An ``AMQPError`` raised here
         closes the channel or the connection (the owner takes what came before it with
         :meth:`take_output`)."""
@@ -176,13 +176,13 @@ class Channel:
             self._dispatch(m)
         return self.take_output()
 
-    def _dispatch(self, m: Any) -> None:
+    def _dispatch(self, m: base.Frame) -> None:
         run = self._METHODS.get(type(m))
         if run is None:
             raise errors.NotImplemented_(f"{m.name} is not implemented", *method_ids(m))
         run(self, m)
 
-    def _exchange_method(self, m: Any) -> None:
+    def _exchange_method(self, m: topology.ExchangeMethod) -> None:
         """exchange.declare, delete, bind, unbind (``workers.topology``)."""
         rec = topology.request(self.conn_id, self.number, m, "")
         self._request(rec, None if m.nowait else self._topology_ok)
@@ -198,7 +198,7 @@ class Channel:
         if not m.queue and not m.nowait:
             self._inbox = deque()  # "" is unknown until declare-ok names the queue
 
-    def _queue_method(self, m: Any) -> None:
+    def _queue_method(self, m: topology.QueueMethod) -> None:
         """queue.bind, unbind (no nowait), purge, delete, on the queue named or the last
         declared one (``workers.topology``)."""
         rec = topology.request(self.conn_id, self.number, m, self._queue_name(m.queue, m))
@@ -340,7 +340,7 @@ class Channel:
         self.tx = True
         self._local_reply(spec.Tx.SelectOk())
 
-    def _check_tx(self, m: Any) -> None:
+    def _check_tx(self, m: base.Frame) -> None:
         if not self.tx:
             raise errors.PreconditionFailed("channel is not transactional", *method_ids(m))
 
@@ -421,7 +421,7 @@ class Channel:
 
     # ------------------------------------------------------ acknowledgements
 
-    def _settle_tags(self, tag: int, multiple: bool, action: int, m: Any) -> None:
+    def _settle_tags(self, tag: int, multiple: bool, action: int, m: base.Frame) -> None:
         taken = self.tags.take(tag, multiple)
         if not taken and not (multiple and tag == 0):
             raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *method_ids(m))
@@ -478,7 +478,7 @@ class Channel:
 
     # ------------------------------------------------- supervisor events
 
-    def on_reply(self, ev: Any) -> ChannelOutput:
+    def on_reply(self, ev: r.Reply | r.GetOk | r.GetEmpty) -> ChannelOutput:
         """A Reply, GetOk or GetEmpty: the answer to the oldest expectation."""
         if self._expect:
             self._expect.popleft()[1](ev)
@@ -596,5 +596,5 @@ class Channel:
         self._out = ChannelOutput()
 
 
-def _nothing(_: Any) -> None:
+def _nothing(_: object) -> None:
     pass

@@ -11,14 +11,19 @@ queue.declare is the channel's own: its declare-ok names the queue and releases 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
+from pamqp import base
 from pamqp import commands as spec
 
 from ipc import records as r
 
+ExchangeMethod = spec.Exchange.Declare | spec.Exchange.Delete | spec.Exchange.Bind | spec.Exchange.Unbind
+QueueMethod = spec.Queue.Bind | spec.Queue.Unbind | spec.Queue.Purge | spec.Queue.Delete
+TopologyRequest = (r.ExchangeDeclare | r.ExchangeDelete | r.ExchangeBind | r.ExchangeUnbind
+                   | r.QueueBind | r.QueueUnbind | r.QueuePurge | r.QueueDelete)
+
 # The -ok of each reply, by the request's record tag (Reply.method).
-_OK: dict[str, Callable[[r.Reply], Any]] = {
+_OK: dict[str, Callable[[r.Reply], base.Frame]] = {
     "xdecl": lambda _: spec.Exchange.DeclareOk(),
     "xdel": lambda _: spec.Exchange.DeleteOk(),
     "xbind": lambda _: spec.Exchange.BindOk(),
@@ -30,7 +35,7 @@ _OK: dict[str, Callable[[r.Reply], Any]] = {
 }
 
 
-def request(conn: int, ch: int, m: Any, queue: str) -> Any:
+def request(conn: int, ch: int, m: ExchangeMethod | QueueMethod, queue: str) -> TopologyRequest:
     """The request record of one of these methods on channel ``ch``; ``queue``: the queue a
     queue method names, resolved."""
     match m:
@@ -60,6 +65,6 @@ def request(conn: int, ch: int, m: Any, queue: str) -> Any:
     raise TypeError(f"not an exchange or queue request: {m!r}")
 
 
-def ok(rep: r.Reply) -> Any:
+def ok(rep: r.Reply) -> base.Frame:
     """The -ok method the client gets for the supervisor's reply to one of these requests."""
     return _OK[rep.method](rep)
