@@ -96,12 +96,10 @@ class Durability:
         journal.index_file = self.index.number  # the restored state is written afresh there
         try:
             restored = restore_messages(state, journal, self.path, arenas, vhost.restore_message,
-                                        limit=d.pager.high, resident=d.pager.add)
+                                        limit=d.pager.high, resident=d.restored_in_arena)
         except ArenasFull as exc:
             raise ArenasFull(f"{exc} ({len(arenas)} x {arena_mb} MiB): start with a larger "
                              "--arena-mb (or more --workers)") from None
-        for k, held in enumerate(restored.per_arena):
-            d.region_bytes[k] += held
         for message in restored.dropped:  # no queue took it (refused, expired, queue gone)
             d.drop_unqueued(message)
         d.end_batch()  # dead letters made on the way (TTL passed while down)

@@ -46,8 +46,8 @@ class Pager:
     """Per worker arena: the queued messages whose bodies are still in it, newest last, the
     transient ones being written out, and the marks between which bodies are paged out."""
 
-    __slots__ = ("_account", "_free", "_in_flight", "_leaving", "_live", "_pageable", "_unpin",
-                 "high", "low", "paged", "paging", "region_bytes")
+    __slots__ = ("_account", "_compact_at", "_free", "_in_flight", "_leaving", "_pageable",
+                 "_unpin", "high", "low", "paged", "paging", "region_bytes")
 
     def __init__(self, region_bytes: list[int], free: Callable[[int, int, int], None],
                  unpin: Callable[[Message], None] = lambda m: None,
@@ -56,9 +56,10 @@ class Pager:
         self._free = free  # (region, offset, size): hand an arena block back
         self._unpin = unpin  # drop the reference a transient page-out held
         self._account = account  # (worker, segment): a message now lives in that segment
-        # Messages registered per arena (some since gone: compacted when they are the most).
+        # Messages registered per arena, oldest first (some since gone or paged: dropped when
+        # the list doubles since it was last compacted).
         self._pageable: list[deque[Message]] = [deque() for _ in region_bytes]
-        self._live = [0] * len(region_bytes)  # of those, still held with their body in the arena
+        self._compact_at = [_COMPACT_MIN] * len(region_bytes)
         # Transient messages a worker is writing out: (region, offset) -> message (pinned).
         self._in_flight: dict[tuple[int, int], Message] = {}
         self._leaving = [0] * len(region_bytes)  # bytes of those, per arena
@@ -73,19 +74,16 @@ class Pager:
         self.low = int(self.high * PAGING_LOW)
 
     def add(self, region: int, message: Message) -> None:
-        """A message was queued with its body in ``region``'s arena."""
-        if self.high:
-            self._pageable[region].append(message)
-            self._live[region] += 1
-
-    def dropped(self, region: int) -> None:
-        """A registered message went (its last reference) with its body still in the arena."""
-        if not self.high:
-            return
-        live = self._live[region] = self._live[region] - 1
-        pageable = self._pageable[region]
-        if len(pageable) > _COMPACT_MIN and len(pageable) > 2 * live:
-            self._pageable[region] = deque(m for m in pageable if m.refs > 0 and m.body_ref >= 0)
+        """A message was queued with its body in ``region``'s arena. Only registered once the
+        arena holds half the low mark: what came before is at most that many bytes, nearest the
+        queues' heads, and a broker whose consumers keep up pays one comparison a message."""
+        if self.high and self.region_bytes[region] >= self.low >> 1:
+            pageable = self._pageable[region]
+            pageable.append(message)
+            if len(pageable) >= self._compact_at[region]:
+                pageable = self._pageable[region] = deque(
+                    m for m in pageable if m.refs > 0 and m.body_ref >= 0)
+                self._compact_at[region] = 2 * len(pageable) + _COMPACT_MIN
 
     def check(self) -> dict[int, list[tuple[int, int, int]]]:
         """Page out every arena over the mark, down to the low mark. Persistent bodies go at
@@ -136,7 +134,6 @@ class Pager:
         """``message``'s body is at (worker, segment, at) in the body log: free its block."""
         _, offset, header_len, body_len = unpack_body_ref(message.body_ref)
         message.body_ref = paged_body_ref(region, header_len, body_len, worker, segment, at)
-        self._live[region] -= 1
         self.region_bytes[region] -= header_len + body_len
         self._free(region, offset, header_len + body_len)
         self.paged += 1

@@ -42,8 +42,7 @@ def test_the_pager_pages_the_newest_first_down_to_the_low_mark() -> None:
     messages = [_message(region_bytes, 1000 * i) for i in range(12)]
     for m in messages:
         pager.add(0, m)
-    messages[11].refs = 0  # gone already (its drop was counted then): skipped
-    pager.dropped(0)
+    messages[11].refs = 0  # gone already: skipped
     region_bytes[0] -= SIZE
     assert pager.check() == {}  # persistent: nothing to write
     assert freed == [(0, 10_000, SIZE), (0, 9000, SIZE)]
@@ -65,13 +64,24 @@ def test_with_no_marks_nothing_is_registered_or_paged() -> None:
 def test_messages_that_went_are_compacted_away_so_the_list_stays_bounded() -> None:
     region_bytes = [0]
     pager = Pager(region_bytes, lambda region, offset, size: None)
-    pager.set_marks(1 << 40)
+    pager.set_marks(2)  # every message registered
     for i in range(10_000):
         m = _message(region_bytes, i)
         pager.add(0, m)
         m.refs = 0
-        pager.dropped(0)
     assert len(pager._pageable[0]) <= 2048
+
+
+def test_below_half_the_low_mark_nothing_is_registered() -> None:
+    """A broker whose consumers keep up pays one comparison a message."""
+    region_bytes = [0]
+    pager = Pager(region_bytes, lambda region, offset, size: None)
+    pager.set_marks(high_watermark=20 * SIZE, ratio=0.5)  # low mark 9 messages
+    for i in range(4):
+        pager.add(0, _message(region_bytes, i))
+    assert len(pager._pageable[0]) == 0
+    pager.add(0, _message(region_bytes, 4))  # 5 messages held: past half the low mark
+    assert len(pager._pageable[0]) == 1
 
 
 class Harness:
