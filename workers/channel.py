@@ -442,12 +442,12 @@ class Channel:
                 body_at: tuple[int, int, int] | None = None) -> ChannelOutput:
         """A basic.publish whose header and body are in the worker's arena at ``offset``;
         ``body_at``: where its body went in the body log (a persistent message, --data-dir)."""
-        held = _HeldPublish(exchange, routing_key, mandatory, offset, header_len, body_len,
-                            headers, expiration, priority, body_at)
         if self._inbox is not None:
-            self._inbox.append(held)
+            self._inbox.append(_HeldPublish(exchange, routing_key, mandatory, offset, header_len,
+                                            body_len, headers, expiration, priority, body_at))
         else:
-            self._publish(*held)
+            self._publish(exchange, routing_key, mandatory, offset, header_len, body_len, headers,
+                          expiration, priority, body_at)
         return self.take_output()
 
     def _publish(self, exchange: str, routing_key: str, mandatory: bool, offset: int,

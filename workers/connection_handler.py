@@ -21,6 +21,7 @@ from broker import errors
 from broker.constants import REPLY_TO
 from broker.errors import AMQPError
 from ipc import records as r
+from ipc.logfile import BodyLog
 from workers import codec
 from workers import events as ev
 from workers.channel import Channel
@@ -57,6 +58,8 @@ class HandlerWorker(Protocol):
     def alarmed(self) -> bool: ...
     @property
     def channel_resources(self) -> ChannelResources: ...
+    @property
+    def body_log(self) -> BodyLog | None: ...
 
     def send(self, rec: Any) -> None: ...
     def store_body(self, offset: int, header_len: int,
@@ -292,11 +295,13 @@ class ConnectionHandler:
         if ch is None or ch.closing:
             self.worker.channel_resources.bodies.free(offset)
             return
-        try:  # with --data-dir a persistent message's body goes to the body log now
-            body_at = self.worker.store_body(offset, header_len, event.body_size)
-        except AMQPError as exc:  # it could not be (its block is freed)
-            self.fail(exc, ch)
-            return
+        body_at = None
+        if self.worker.body_log is not None:  # --data-dir: a persistent body goes there now
+            try:
+                body_at = self.worker.store_body(offset, header_len, event.body_size)
+            except AMQPError as exc:  # it could not be (its block is freed)
+                self.fail(exc, ch)
+                return
         self.apply(ch, ch.publish(event.exchange, event.routing_key, event.mandatory, offset,
                                   header_len, event.body_size, headers, expiration, priority,
                                   body_at))
