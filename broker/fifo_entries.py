@@ -68,12 +68,15 @@ class FifoEntries(Generic[_Entry]):
         if self.released:
             return heapq.heappop(self.released)[1]
         head = self.head
-        if head >= len(self.log):
+        log = self.log
+        if head >= len(log):
             return None
-        entry = self.log[head]
-        self.log[head] = None  # the entry lives on in the queue's acquired map while it must
-        self.head = head + 1
-        self._compact()
+        entry = log[head]
+        log[head] = None  # the entry lives on in the queue's acquired map while it must
+        head += 1
+        self.head = head
+        if head == len(log) or head >= _COMPACT_AT:  # the hot path skips the call
+            self._compact()
         return entry
 
     def _compact(self) -> None:

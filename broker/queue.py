@@ -148,7 +148,8 @@ class Queue:
     @property
     def message_count(self) -> int:
         """Available (ready) entries -- what queue.declare-ok and basic.get-ok report."""
-        return len(self._fifo)
+        fifo = self._fifo  # FifoEntries.__len__ written out: this is read several times a message
+        return len(fifo.released) + len(fifo.log) - fifo.head
 
     @property
     def acquired_count(self) -> int:
