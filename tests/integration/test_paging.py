@@ -6,6 +6,8 @@ restart too (the restored bodies past the mark stay on disk)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pika
@@ -108,3 +110,30 @@ def test_transient_messages_paged_out_are_gone_after_a_restart_and_so_are_their_
         assert sum(p.stat().st_size for p in segments.iterdir()) < 1 << 20
     finally:
         finish(second)
+
+
+@pytest.mark.deadline(180)
+@pytest.mark.parametrize("properties", [PERSISTENT, TRANSIENT], ids=["persistent", "transient"])
+def test_a_publishing_worker_killed_after_paging_loses_nothing(
+        tmp_path: Path, properties: pika.BasicProperties) -> None:
+    """The worker whose arena was paged out is SIGKILLed and replaced: its arena (shared
+    memory) and its body log segments outlive it, the page-outs it was asked for and never
+    answered are let go of, and a consumer on the other worker gets every confirmed message
+    whole and in order -- from the arena or read back from the dead worker's segments."""
+    broker = start_broker(tmp_path / "broker", workers=2, extra_args=args(tmp_path))
+    try:
+        connections = broker.connections_on_workers([0, 1])
+        publisher, consumer = connections[0], connections[1]
+        channel = publisher.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("long", durable=True)
+        for i in range(COUNT):
+            channel.basic_publish("", "long", body(i), properties)  # confirmed, one by one
+        assert "message bodies are paged out" in broker.log_tail()
+        old_pid = broker.worker_pids[0]
+        os.kill(old_pid, signal.SIGKILL)
+        assert broker.wait_for_worker_replaced(0, old_pid) != old_pid
+        got = drain(consumer.channel(), "long")
+        assert len(got) == COUNT and got == [body(i) for i in range(COUNT)]
+    finally:
+        finish(broker)
