@@ -70,7 +70,6 @@ from pamqp import base, commands
 
 from broker import errors
 from broker.errors import AMQPError
-from broker.passwords import DEFAULT_USER, hashed
 from workers import codec, sasl
 from workers.channel_frames import ChannelFrames, decode_method, method_ids
 from workers.events import (
@@ -90,14 +89,7 @@ from workers.frame_buffer import (
 from workers.liveness import Liveness
 from workers.outgoing import Deliveries, Method, Outgoing, encode, encode_deliveries
 
-# -- errors -----------------------------------------------------------------
-
-
 # -- the connection state machine ---------------------------------------------
-
-
-# Without users given (tests): RabbitMQ's default user, stored as the supervisor stores it.
-_DEFAULT_USERS = hashed(dict([DEFAULT_USER]))
 
 
 class State(enum.Enum):
@@ -188,7 +180,7 @@ class AMQPConnection:
         self._server_channel_max = channel_max
         self._server_heartbeat = heartbeat
         self._authenticator = sasl.Authenticator(
-            _DEFAULT_USERS if users is None else users,
+            sasl.DEFAULT_USERS if users is None else users,
             # RabbitMQ's loopback_users: these may log in only from a loopback address.
             peer_is_loopback=peer_is_loopback, loopback_users=loopback_users,
         )

@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from broker import errors
-from broker.passwords import check_password
+from broker.passwords import DEFAULT_USER, check_password, hashed
 from workers import codec
 
 _DECODERS = {"PLAIN": codec.decode_plain_response, "AMQPLAIN": codec.decode_amqplain_response}
 MECHANISMS = tuple(_DECODERS)
+# Without users given (tests): RabbitMQ's default user, stored as the supervisor stores it.
+DEFAULT_USERS = hashed(dict([DEFAULT_USER]))
 
 
 class LoginRefused(errors.LoginRefused):
