@@ -27,8 +27,10 @@ CHUNK = 1000
 
 @pytest.mark.deadline(300)
 def test_purging_and_deleting_a_large_queue_answer_at_once_and_free_every_body(tmp_path: Path) -> None:
+    # No paging: the refills must find the freed arena space, not space paging made.
     broker = start_broker(tmp_path / "broker", extra_args=[
-        "--arena-mb", str(ARENA_MB), "--max-message-size", str(1 << 20)])
+        "--arena-mb", str(ARENA_MB), "--max-message-size", str(1 << 20),
+        "--memory-paging-ratio", "0"])
     queue, other = unique_name("big"), unique_name("other")
     try:
         publisher = RawClient.opened(broker.port)
