@@ -298,12 +298,6 @@ class Dispatcher:
         self.region_bytes[region] -= header_len + body_len
         self._free(region, offset, header_len + body_len)
 
-    def restored_in_arena(self, region: int, message: Message) -> None:
-        """A message restored at start with its body placed in ``region``'s arena."""
-        _, _, header_len, body_len = unpack_body_ref(message.body_ref)
-        self.region_bytes[region] += header_len + body_len
-        self.pager.add(region, message)
-
     def _paged_body(self, worker: int, segment: int) -> None:
         """A transient body was paged out to ``worker``'s body log segment ``segment``."""
         if self.vhost.messages is not None:

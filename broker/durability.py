@@ -78,9 +78,9 @@ class Durability:
         return users
 
     def recover_messages(self, arenas: list[Any], arena_mb: int) -> None:
-        """Persistent messages back onto their durable queues, their bodies into ``arenas``
-        (worker k's is ``arenas[k]``) up to the paging mark and paged out beyond it
-        (``broker.paging``); without paging, raises ArenasFull when they do not fit."""
+        """Persistent messages back onto their durable queues. With paging (``broker.paging``)
+        their bodies stay on disk until delivered; without, they go into ``arenas`` (worker k's
+        is ``arenas[k]``), and ArenasFull is raised when they do not fit."""
         started = time.monotonic()
         d = self.dispatcher
         vhost = d.vhost
@@ -96,10 +96,12 @@ class Durability:
         journal.index_file = self.index.number  # the restored state is written afresh there
         try:
             restored = restore_messages(state, journal, self.path, arenas, vhost.restore_message,
-                                        limit=d.pager.high, resident=d.restored_in_arena)
+                                        lazy=bool(d.pager.high))
         except ArenasFull as exc:
             raise ArenasFull(f"{exc} ({len(arenas)} x {arena_mb} MiB): start with a larger "
                              "--arena-mb (or more --workers)") from None
+        for k, held in enumerate(restored.per_arena):
+            d.region_bytes[k] += held
         for message in restored.dropped:  # no queue took it (refused, expired, queue gone)
             d.drop_unqueued(message)
         d.end_batch()  # dead letters made on the way (TTL passed while down)

@@ -28,7 +28,16 @@ import msgspec
 from broker.body_ref import pack_body_ref, paged_body_ref
 from broker.message import BlindCopied, FullMessage, Message
 from broker.message_journal import MessageJournal
-from ipc.logfile import INDEX_MAGIC, AppendFiles, BodyReader, frame, iter_frames, sync_files, write_all
+from ipc.logfile import (
+    INDEX_MAGIC,
+    AppendFiles,
+    BodyReader,
+    FrameSizes,
+    frame,
+    iter_frames,
+    sync_files,
+    write_all,
+)
 
 log = logging.getLogger("shoal.store")
 
@@ -177,18 +186,18 @@ class Restored:
 
 
 def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathLike[str],
-            arenas: list[Any], place: Any, *, limit: int = 0,
-            resident: Any = None) -> Restored:
+            arenas: list[Any], place: Any, *, lazy: bool = False) -> Restored:
     """Bring every live entry of ``state`` back into the durable queues ``place`` finds.
 
     ``arenas[k]`` is worker k's arena (``ipc.arena.Arena``); ``place(queue_name, message,
     redelivered, enqueued_at)`` enqueues one message on a queue and returns False when the queue
-    does not exist any more. Each body is read and checked; it goes into an arena while that
-    arena holds less than ``limit`` bytes of them (``resident(k, message)`` is told), and stays
-    paged out on disk beyond it (``broker.paging``). With no ``limit`` every body goes into an
+    does not exist any more. ``lazy`` (paging on, ``broker.paging``): every body stays on disk,
+    paged out, and only its frame is checked for being whole (a torn tail is lost); its CRC is
+    checked when it is read, on delivery. Otherwise each body is read, checked and placed in an
     arena, and :class:`ArenasFull` is raised when they do not fit."""
     result = Restored(per_arena=[0] * len(arenas))
     reader = BodyReader(data_dir)
+    frames = FrameSizes(data_dir)
     by_id: dict[int, Message | None] = {}
     next_arena = 0
     try:
@@ -197,14 +206,16 @@ def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathL
                 if store_id in by_id:
                     message = by_id[store_id]
                 else:
-                    loaded = _load(rec, reader, arenas, next_arena, result, journal, limit)
-                    message = None
-                    if loaded is not None:
-                        message, k = loaded
-                        next_arena = (k + 1) % len(arenas)  # spread the bodies over the arenas
+                    if lazy:
+                        message = _paged(rec, frames, result, journal)
+                    else:
+                        loaded = _load(rec, reader, arenas, next_arena, result, journal)
+                        message = None
+                        if loaded is not None:
+                            message, k = loaded
+                            next_arena = (k + 1) % len(arenas)  # spread the bodies over them
+                    if message is not None:
                         journal.restored_body(message.stored)  # type: ignore[arg-type]
-                        if k >= 0 and resident is not None:
-                            resident(k, message)
                     by_id[store_id] = message
                 if message is None:
                     result.lost += 1
@@ -213,45 +224,56 @@ def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathL
                     result.messages += 1
     finally:
         reader.close()
+        frames.close()
     result.dropped = [m for m in by_id.values() if m is not None and m.refs == 0]
     return result
 
 
-def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
-          result: Restored, journal: MessageJournal, limit: int) -> tuple[Message, int] | None:
-    """The message of an ``E`` record and the arena its body went to (-1: paged out), or None
-    when its body is missing or damaged."""
+def _message(rec: list[Any], body_ref: int, body_len: int, index_file: int) -> Message:
     (_, _, store_id, worker, segment, offset, length, exchange, routing_key, headers, expiration,
      priority, reheadered, _enqueued_at) = rec
-    index_file = journal.index_file
-    read = reader.read(worker, segment, offset, length)
+    cls = BlindCopied if reheadered else FullMessage
+    message = cls(0, exchange, routing_key, body_ref, body_len, headers, expiration=expiration,
+                  priority=priority)
+    message.stored = (store_id, worker, segment, offset, length, index_file)
+    return message
+
+
+def _paged(rec: list[Any], frames: FrameSizes, result: Restored,
+           journal: MessageJournal) -> Message | None:
+    """The message of an ``E`` record with its body left on disk, or None when its frame is
+    missing or cut short."""
+    worker, segment, offset, length = rec[3], rec[4], rec[5], rec[6]
+    sizes = frames.sizes(worker, segment, offset, length)
+    if sizes is None:
+        return None
+    header_len, body_len = sizes
+    result.paged += 1
+    return _message(rec, paged_body_ref(0, header_len, body_len, worker, segment, offset),
+                    body_len, journal.index_file)
+
+
+def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
+          result: Restored, journal: MessageJournal) -> tuple[Message, int] | None:
+    """The message of an ``E`` record and the arena its body went to, or None when its body
+    is missing or damaged."""
+    read = reader.read(rec[3], rec[4], rec[5], rec[6])
     if read is None:
         return None
     header, body = read
     size = len(header) + len(body)
-    cls = BlindCopied if reheadered else FullMessage
     for i in range(len(arenas)):
         k = (first + i) % len(arenas)
-        if limit and result.per_arena[k] + size > limit:
-            continue
         at = arenas[k].alloc(size)
         if at is None:
             continue
         with arenas[k].view(at, size) as view:
             view[:len(header)] = header
             view[len(header):] = body
-        message = cls(0, exchange, routing_key, pack_body_ref(k, at, len(header), len(body)),
-                      len(body), headers, expiration=expiration, priority=priority)
-        message.stored = (store_id, worker, segment, offset, length, index_file)
+        message = _message(rec, pack_body_ref(k, at, len(header), len(body)), len(body),
+                           journal.index_file)
         result.bodies += 1
         result.bytes += size
         result.per_arena[k] += size
         return message, k
-    if limit:  # every arena is at its paging mark: this one stays on disk
-        ref = paged_body_ref(0, len(header), len(body), worker, segment, offset)
-        message = cls(0, exchange, routing_key, ref, len(body), headers, expiration=expiration,
-                      priority=priority)
-        message.stored = (store_id, worker, segment, offset, length, index_file)
-        result.paged += 1
-        return message, -1
     raise ArenasFull(f"{result.bytes + size} bytes of persistent messages do not fit the arenas")

@@ -23,6 +23,7 @@ Syncing happens off the event loop: :meth:`BodyLog.sync_plan` (event loop) says 
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zlib
@@ -222,6 +223,44 @@ class BodyReader:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+class FrameSizes:
+    """Checks that body frames are whole without reading them (a restart that leaves bodies on
+    disk, ``broker.paging``): each segment is mapped once, and a frame's length fields are read
+    from the mapping. The CRC is checked when the body is read, on delivery."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self.data_dir = Path(data_dir)
+        self._maps: dict[tuple[int, int], mmap.mmap | None] = {}
+
+    def sizes(self, worker: int, segment: int, offset: int, length: int) -> tuple[int, int] | None:
+        """``(header_len, body_len)`` of the frame there, or None if it is missing or cut short."""
+        key = (worker, segment)
+        if key not in self._maps:
+            self._maps[key] = _map(segment_path(self.data_dir, worker, segment))
+        data = self._maps[key]
+        if data is None or offset + length > len(data) or length < BODY_OVERHEAD:
+            return None
+        size, _ = FRAME.unpack_from(data, offset)
+        header_len, body_len = _BODY.unpack_from(data, offset + FRAME.size)
+        if size != length - FRAME.size or header_len + body_len + BODY_OVERHEAD != length:
+            return None
+        return header_len, body_len
+
+    def close(self) -> None:
+        for data in self._maps.values():
+            if data is not None:
+                data.close()
+        self._maps.clear()
+
+
+def _map(path: Path) -> mmap.mmap | None:
+    try:
+        with open(path, "rb") as f:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (FileNotFoundError, ValueError):  # missing, or empty (ValueError)
+        return None
 
 
 def remove_segment(data_dir: str | os.PathLike[str], worker: int, segment: int) -> None:
