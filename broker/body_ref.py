@@ -36,8 +36,14 @@ def unpack_body_ref(ref: int) -> tuple[int, int, int, int]:
 # A paged-out body's handle (broker.paging) is negative: ~(the fields below, packed), so one
 # comparison tells it apart. It says where the body is in the body log (worker, segment,
 # offset of its frame) besides the region and sizes; the frame's length follows from the sizes.
-_PAGED_FIELDS = ((_REGION_BITS, "region"), (_HEADER_BITS, "header_len"), (_BODY_BITS, "body_len"),
-                 (16, "worker"), (32, "segment"), (32, "offset"))
+# Bits, low to high: region 16, header_len 24, body_len 32, worker 16, segment 32, offset 32.
+_P_HEADER = _REGION_BITS
+_P_BODY = _P_HEADER + _HEADER_BITS
+_P_WORKER = _P_BODY + _BODY_BITS
+_P_SEGMENT = _P_WORKER + 16
+_P_OFFSET = _P_SEGMENT + 32
+_MASK16 = (1 << 16) - 1
+_MASK32 = (1 << 32) - 1
 
 
 def arena_block(ref: int) -> tuple[int, int] | None:
@@ -51,24 +57,15 @@ def paged_body_ref(region: int, header_len: int, body_len: int, worker: int, seg
                    offset: int) -> int:
     """The handle of a body paged out to ``worker``'s body log, segment ``segment``, frame at
     ``offset`` (``ipc.logfile.BodyLog.append``'s answer)."""
-    packed = 0
-    shift = 0
-    for value, (bits, _) in zip((region, header_len, body_len, worker, segment, offset),
-                                _PAGED_FIELDS, strict=True):
-        packed |= value << shift
-        shift += bits
-    return ~packed
+    return ~(region | header_len << _P_HEADER | body_len << _P_BODY | worker << _P_WORKER
+             | segment << _P_SEGMENT | offset << _P_OFFSET)
 
 
 def unpack_paged_ref(ref: int) -> tuple[int, int, int, int, int, int]:
     """(region, header_len, body_len, worker, segment, offset) of a paged handle."""
-    packed = ~ref
-    fields = []
-    for bits, _ in _PAGED_FIELDS:
-        fields.append(packed & ((1 << bits) - 1))
-        packed >>= bits
-    region, header_len, body_len, worker, segment, offset = fields
-    return region, header_len, body_len, worker, segment, offset
+    p = ~ref
+    return (p & _REGION_MASK, (p >> _P_HEADER) & _HEADER_MASK, (p >> _P_BODY) & _BODY_MASK,
+            (p >> _P_WORKER) & _MASK16, (p >> _P_SEGMENT) & _MASK32, p >> _P_OFFSET)
 
 
 def body_log_at(ref: int) -> tuple[int, int, int, int]:
