@@ -178,7 +178,7 @@ class ArenasFull(Exception):
 class Restored:
     messages: int = 0  # queue entries restored
     bodies: int = 0  # distinct bodies placed in arenas
-    paged: int = 0  # distinct bodies left on disk (paged out: every arena at its paging mark)
+    paged: int = 0  # distinct bodies left on disk, paged out (a lazy restore)
     bytes: int = 0
     lost: int = 0  # entries whose body was missing or damaged on disk (never confirmed)
     dropped: list[Message] = field(default_factory=list)  # restored bodies no queue took

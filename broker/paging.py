@@ -16,7 +16,7 @@ the same per worker arena, with the data directory's body logs as the place bodi
 A paged message's handle says where its body is (``broker.body_ref.paged_body_ref``); a
 delivery names that place (``Delivery.stored``) and the consumer's worker reads the body back
 (``workers.arenas.Arenas``). The body log keeps a segment while a message paged into it lives
-(``MessageJournal.paged_body``).
+(``MessageJournal.segment_used`` / ``segment_released``).
 
 Which go first: the newest messages of the arena, the farthest from any queue's head and so the
 last to be delivered. An arena holding more than ``high`` bytes of queued messages is paged down
@@ -116,7 +116,7 @@ class Pager:
                and len(writes) < PAGE_OUT_BATCH):
             message = pageable.pop()
             ref = message.body_ref
-            if message.refs <= 0 or ref < 0:  # gone already (counted then), or paged
+            if message.refs <= 0 or ref < 0:  # gone already, or paged
                 continue
             _, offset, header_len, body_len = unpack_body_ref(ref)
             stored = message.stored
