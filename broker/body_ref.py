@@ -46,6 +46,14 @@ _MASK16 = (1 << 16) - 1
 _MASK32 = (1 << 32) - 1
 
 
+def body_len(ref: int) -> int:
+    """The body size a handle records, in the arena or paged out (a plain queue keeps a waiting
+    message as its handle alone and reads its size back: broker.fifo_entries)."""
+    if ref < 0:
+        return (~ref >> _P_BODY) & _BODY_MASK
+    return (ref >> _BODY_SHIFT) & _BODY_MASK
+
+
 def arena_block(ref: int) -> tuple[int, int] | None:
     """(region, offset) of the arena block a handle names; None for a paged-out body."""
     if ref < 0:

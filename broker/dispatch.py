@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.alarms import Alarms
-from broker.body_ref import arena_block, body_log_at, pack_body_ref, unpack_body_ref
+from broker.body_ref import arena_block, body_len, body_log_at, pack_body_ref, unpack_body_ref
 from broker.constants import REPLY_TO
 from broker.consumer_manager import QueueConsumer
 from broker.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow
@@ -41,6 +41,7 @@ from broker.listing import Listing, Listings
 from broker.message import (
     FullMessage,
     Message,
+    PageableMessage,
     PlainMessage,
     delivered_headers,
     drop_reference,
@@ -67,6 +68,7 @@ class Dispatcher:
         # Time comes in from the runtime (monotonic seconds); epoch_offset turns it
         # into wall-clock time for x-death and held-message headers.
         self.vhost = VirtualHost("/", on_drop=self._drop, now=now, epoch_offset=epoch_offset)
+        self.vhost.body_size = body_len  # plain queues may keep waiting messages as handles
         self.outbox: list[list[r.Event]] = [[] for _ in range(workers)]
         self.notify: list[list[int]] = [[] for _ in range(workers)]
         self._channels = OpenChannels()  # consumers and unsettled deliveries per channel
@@ -224,11 +226,11 @@ class Dispatcher:
         """Arena offsets in ``region`` still referenced by a queue or a channel, or by a
         purged or deleted queue's entry whose body is not freed yet (it will be, once)."""
         live: set[int] = set()
-        messages = [entry.message for q in self.vhost.queues.values() for entry in q.entries()]
-        messages.extend(self.vhost.buried_messages())
-        for message in messages:
-            block = arena_block((message.origin or message).body_ref)  # a dead-letter copy: its
-            if block is not None and block[0] == region:  # origin's; None: paged out
+        refs = [ref for q in self.vhost.queues.values() for ref in q.body_refs()]
+        refs.extend(self.vhost.buried_body_refs())
+        for ref in refs:
+            block = arena_block(ref)
+            if block is not None and block[0] == region:  # None: paged out
                 live.add(block[1])
         live.update(self._channels.held_offsets(region))
         return live
@@ -516,9 +518,11 @@ class Dispatcher:
         message: Message
         journal = self.vhost.messages
         mark = journal.mark if journal is not None else 0
+        pageable = self.pager.high and self.pager.registers(worker, rec.header_len + rec.body_len)
         if (rec.headers is None and rec.expiration is None and rec.priority is None
                 and self.trace is None and rec.body_at is None):
-            message = PlainMessage(exchange, routing_key, body_ref, rec.body_len)
+            message = (PageableMessage if pageable else PlainMessage)(
+                exchange, routing_key, body_ref, rec.body_len)
         else:  # the message id only matters to trace rows: the shared 0 unless tracing
             message = FullMessage(
                 next(self._ids) if self.trace is not None else 0, exchange, routing_key,
@@ -541,7 +545,8 @@ class Dispatcher:
         routed = outcome.routed
         if routed:
             self.region_bytes[worker] += rec.header_len + rec.body_len
-            self.pager.add(worker, message)
+            if pageable:
+                self.pager.register(worker, message)
         elif message.stored is not None and journal is not None:
             journal.body_dropped(message.stored)
         if routed == 0:

@@ -111,7 +111,7 @@ class FeaturedQueue(Queue):
         for entry in available:  # a plain queue draws ids at delivery; this kind at enqueue
             if not entry.id:
                 entry.id = new_entry_id()
-        self._fifo = FifoEntries()
+        self._fifo = FifoEntries(self, QueueEntry)
         self._init_storage(self.settings)
         self._order = ArrivalOrder(available + list(self._acquired.values()))
         for entry in available:
@@ -332,6 +332,12 @@ class FeaturedQueue(Queue):
         """Every entry still holding its message: available and held, then acquired."""
         yield from [e for e in self._order.entries if e.state is AVAILABLE or e.state is HELD]
         yield from list(self._acquired.values())
+
+    def body_refs(self) -> Iterator[Any]:
+        """The body handle of every message the queue holds (a dead-letter copy's: its
+        origin's), an arena sweep's view of :meth:`entries`."""
+        for entry in self.entries():
+            yield (entry.message.origin or entry.message).body_ref
 
     # ----------------------------------------------------------------------- timers
 

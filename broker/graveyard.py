@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from broker.entry_state import DELETED
-from broker.message import Message, drop_reference
+from broker.message import Message, PlainMessage, drop_reference
 
 # Letting go of a container's slot (a None, an object whose last reference it was, a dict item)
 # costs about this many times less than dropping an entry.
@@ -29,9 +29,12 @@ class Graveyard:
     queue's index of entries, its per-entry dicts) are handed over too (:meth:`discard`):
     freeing a million objects at once costs about as much as dropping them.
 
-    Nothing else sees a buried entry: the queue no longer holds it, and delivered entries are
-    never buried (they stay with their channel until settled). Until it is reaped a buried
-    entry still holds its body, so an arena sweep must count it live (:meth:`messages`).
+    What a plain queue buries is its log (``broker.fifo_entries``): besides entries, waiting
+    messages, and body handles that stand for a plain message only that queue held (its
+    ``on_drop`` gets a message made for the handle). Nothing else sees a buried entry: the
+    queue no longer holds it, and delivered entries are never buried (they stay with their
+    channel until settled). Until it is reaped a buried entry still holds its body, so an
+    arena sweep must count it live (:meth:`body_refs`).
     """
 
     def __init__(self) -> None:
@@ -85,9 +88,15 @@ class Graveyard:
                 for index in range(start, stop):
                     item = items[index]
                     items[index] = None
-                    entry = item if pick is None else item[pick]
-                    entry.state = DELETED
-                    drop_reference(entry.message, on_drop)
+                    if pick is not None:
+                        item = item[pick]
+                    if type(item) is int:  # a plain queue's handle: only that queue held it
+                        on_drop(PlainMessage("", "", item, 0))
+                    elif isinstance(item, Message):  # a plain queue's waiting message
+                        drop_reference(item, on_drop)
+                    else:
+                        item.state = DELETED
+                        drop_reference(item.message, on_drop)
                 self.pending -= n
                 grave[2] = stop
                 if stop == len(items):  # what is left is Nones (and consumed slots): dismantle
@@ -95,13 +104,20 @@ class Graveyard:
                 done += n
         return done
 
-    def messages(self) -> Iterator[Message]:
-        """The messages of buried entries not reaped yet (O(buried): an arena sweep)."""
+    def body_refs(self) -> Iterator[Any]:
+        """The body handles of buried entries not reaped yet (a dead-letter copy's: its
+        origin's; O(buried): an arena sweep)."""
         for items, pick, start, on_drop in self._graves:
             if on_drop is None:
                 continue
             for item in itertools.islice(items, start, None):
-                yield (item if pick is None else item[pick]).message
+                if pick is not None:
+                    item = item[pick]
+                if type(item) is int:
+                    yield item
+                    continue
+                message = item if isinstance(item, Message) else item.message
+                yield (message.origin or message).body_ref
 
 
 def _no_drop(message: Message) -> None:

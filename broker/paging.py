@@ -73,17 +73,29 @@ class Pager:
         self.high = int(high_watermark * ratio)
         self.low = int(self.high * PAGING_LOW)
 
+    def registers(self, region: int, size: int = 0) -> bool:
+        """Whether a message queued now with its body in ``region``'s arena is registered
+        (``size``: its header and body, when the arena's count does not hold them yet): only
+        once the arena holds half the low mark. What came before is at most that many
+        bytes, nearest the queues' heads, and a broker whose consumers keep up pays one
+        comparison a message. The dispatcher asks before it makes the message: a plain one
+        that will be registered is a ``PageableMessage`` (``broker.fifo_entries``)."""
+        return bool(self.high) and self.region_bytes[region] + size >= self.low >> 1
+
     def add(self, region: int, message: Message) -> None:
-        """A message was queued with its body in ``region``'s arena. Only registered once the
-        arena holds half the low mark: what came before is at most that many bytes, nearest the
-        queues' heads, and a broker whose consumers keep up pays one comparison a message."""
-        if self.high and self.region_bytes[region] >= self.low >> 1:
-            pageable = self._pageable[region]
-            pageable.append(message)
-            if len(pageable) >= self._compact_at[region]:
-                pageable = self._pageable[region] = deque(
-                    m for m in pageable if m.refs > 0 and m.body_ref >= 0)
-                self._compact_at[region] = 2 * len(pageable) + _COMPACT_MIN
+        """A message was queued with its body in ``region``'s arena: registered if
+        :meth:`registers` says so."""
+        if self.registers(region):
+            self.register(region, message)
+
+    def register(self, region: int, message: Message) -> None:
+        """Register a message queued with its body in ``region``'s arena (newest last)."""
+        pageable = self._pageable[region]
+        pageable.append(message)
+        if len(pageable) >= self._compact_at[region]:
+            pageable = self._pageable[region] = deque(
+                m for m in pageable if m.refs > 0 and m.body_ref >= 0)
+            self._compact_at[region] = 2 * len(pageable) + _COMPACT_MIN
 
     def check(self) -> dict[int, list[tuple[int, int, int]]]:
         """Page out every arena over the mark, down to the low mark. Persistent bodies go at

@@ -12,7 +12,8 @@ supervisor when a worker's request arrives, and each returns the consumers to wa
 
 Storage. The available entries are a :class:`broker.fifo_entries.FifoEntries` (``_fifo``): one
 head for every acquiring consumer, released entries before it (seed 001), browsers' pointers
-past it. Acquired entries are indexed by id (``_acquired``) so that :meth:`delete` can drop
+past it; a waiting entry is its message, or only its body handle, until it is handed out.
+Acquired entries are indexed by id (``_acquired``) so that :meth:`delete` can drop
 them. Every per-message operation is O(1) (O(log r) for r released entries); ``purge`` and
 ``delete`` are O(1) too: the queue is empty at once, its entries go to the host's graveyard.
 
@@ -52,10 +53,12 @@ from broker.queue_host import QueueHost, StandaloneHost
 class QueueEntry:
     """One message on one queue (seed: QueueEntry).
 
-    ``id`` is the runtime's handle for the entry, unique in the process (:func:`new_entry_id`).
-    A plain queue draws it when the entry is first handed out (acquired or browsed) and leaves
-    it 0 before: a million queued entries then share the int 0 instead of holding a million
-    ints (S8). Queues with arguments, whose bookkeeping is keyed by id, draw it at enqueue.
+    ``id`` is the runtime's handle for the entry, unique in the process
+    (:func:`new_entry_id`). A plain queue makes the entry only when it is
+    first handed out (acquired or browsed) or needs a state (released, restored redelivered):
+    until then its log holds the message alone, or just its body handle
+    (:mod:`broker.fifo_entries`), and draws the id at that moment. Queues with arguments,
+    whose bookkeeping is keyed by id, make the entry and draw its id at enqueue.
     """
 
     __slots__ = ("id", "message", "position", "queue", "redelivered", "state")
@@ -107,12 +110,12 @@ class Queue:
         self.has_ever_had_consumers = False
         self.deleted = False
         self._on_drop = on_drop
-        self._fifo: FifoEntries[QueueEntry] = FifoEntries()  # the available entries
+        self._host: QueueHost[Queue] = host if host is not None else StandaloneHost()
+        self._fifo: FifoEntries[QueueEntry] = FifoEntries(self, QueueEntry, self._host.body_size)
         self._acquired: dict[int, QueueEntry] = {}
         self._next_position = 1
         self._exclusive_consumer: QueueConsumer | None = None
         self.settings = settings
-        self._host: QueueHost[Queue] = host if host is not None else StandaloneHost()
         # Consumer modes (broker.consumer_modes), held whatever the storage: None when off.
         self.single_active: SingleActiveConsumer | None = (
             SingleActiveConsumer() if settings.single_active_consumer else None
@@ -186,10 +189,9 @@ class Queue:
         """
         if self.deleted:
             raise InternalError(f"enqueue on deleted {self.description}")
-        entry = QueueEntry(self, self._next_position, message)
-        self._next_position += 1
         message.refs += 1
-        self._fifo.append(entry)
+        self._fifo.append(message, self._next_position)  # its entry is made when taken
+        self._next_position += 1
         if self.store is not None and (message.stored is not None or message.origin is not None):
             self.store.enqueued(self.name, message, self._host.now)
         # seed: non-acquiring consumers "should always be notified about new messages".
@@ -203,9 +205,8 @@ class Queue:
         """A persistent message comes back at start, in enqueue order (broker.message_store);
         ``redelivered`` if it had been delivered. Nobody is notified: no consumer exists yet."""
         self.enqueue(message)
-        entry = self._fifo.log[-1]
-        if redelivered and entry is not None:
-            entry.redelivered = True
+        if redelivered:
+            self._fifo.last().redelivered = True
             if self.store is not None:
                 self.store.delivered(self.name, message)
 
@@ -364,6 +365,13 @@ class Queue:
         """Every entry still holding its message: available ones, then acquired ones."""
         yield from self.available_entries()
         yield from list(self._acquired.values())
+
+    def body_refs(self) -> Iterator[Any]:
+        """The body handle of every message the queue holds (a dead-letter copy's: its
+        origin's), available or acquired, without making entries (an arena sweep)."""
+        yield from self._fifo.body_refs()
+        for entry in list(self._acquired.values()):
+            yield (entry.message.origin or entry.message).body_ref
 
     # ----------------------------------------------------------------------- timers
 

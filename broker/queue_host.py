@@ -36,6 +36,9 @@ class QueueHost(Protocol[_Queue_contra]):
     now: float  # the latest monotonic time the runtime passed in
     epoch_offset: float  # Unix time minus monotonic time
     expire_budget: int  # messages this step may still expire or release from hold
+    # The runtime's: the body size a message's body handle records, which lets a plain queue
+    # keep a waiting message as its handle alone (broker.fifo_entries); None: it never does.
+    body_size: Callable[[Any], int] | None
 
     def advance(self, now: float) -> None: ...
 
@@ -56,9 +59,11 @@ class StandaloneHost:
     entries are dropped at once.
     """
 
-    def __init__(self, now: float = 0.0, epoch_offset: float = 0.0) -> None:
+    def __init__(self, now: float = 0.0, epoch_offset: float = 0.0,
+                 body_size: Callable[[Any], int] | None = None) -> None:
         self.now = now
         self.epoch_offset = epoch_offset
+        self.body_size = body_size
         self.deadlines: dict[Hashable, float] = {}
         self.expire_budget = EXPIRE_SLICE
         self._graveyard = Graveyard()

@@ -75,6 +75,9 @@ class StepHost:
         self.expire_budget = EXPIRE_SLICE
         self._reap_budget = REAP_SLICE
         self._graveyard = Graveyard()
+        # The runtime's (broker.dispatch): a body handle's size; lets plain queues keep a
+        # waiting message as its handle alone (broker.fifo_entries). None: they never do.
+        self.body_size: Callable[[Any], int] | None = None
 
     def _delete_queue(self, queue: Queue) -> list[QueueConsumer]:
         """Delete ``queue`` from the virtual host; returns its consumers (broker.vhost)."""
@@ -111,9 +114,10 @@ class StepHost:
         """Entries of purged and deleted queues whose messages are not dropped yet."""
         return self._graveyard.pending
 
-    def buried_messages(self) -> Iterator[Message]:
-        """Their messages: bodies still in use for an arena sweep (O(buried))."""
-        return self._graveyard.messages()
+    def buried_body_refs(self) -> Iterator[Any]:
+        """Their messages' body handles (a dead-letter copy's: its origin's): bodies still in
+        use for an arena sweep (O(buried))."""
+        return self._graveyard.body_refs()
 
     def dead_letter(self, queue: Queue, message: Message, reason: DeadLetterReason) -> None:
         """Called by a queue: copy ``message`` for its dead-letter exchange (routed by drain)."""
