@@ -46,7 +46,7 @@ class MessageJournal:
     """Index records not yet written, the id counter, and which body segments are still needed."""
 
     __slots__ = ("_file_live", "_last_id", "_segment_idle", "_segment_live", "_segment_max",
-                 "epoch_offset", "index_file", "mark", "records", "segments_free")
+                 "epoch_offset", "index_file", "mark", "records", "replaying", "segments_free")
 
     def __init__(self, *, last_id: int = 0, epoch_offset: float = 0.0) -> None:
         self.records: list[tuple[Any, ...]] = []
@@ -59,6 +59,9 @@ class MessageJournal:
         self.segments_free: list[tuple[int, int]] = []  # (worker, segment) the runtime may remove
         self.index_file = 0  # the index file records go to now (the runtime moves it on)
         self._file_live: dict[int, int] = {}  # index file -> stored messages with E records there
+        # At start (broker.message_store.restore): restored messages' E and D records are in
+        # the index files already, and are not written again; everything else is.
+        self.replaying = False
 
     def take(self) -> list[tuple[Any, ...]]:
         records, self.records = self.records, []
@@ -78,13 +81,16 @@ class MessageJournal:
         self._file_live[file] = self._file_live.get(file, 0) + 1
         return (self._last_id, worker, segment, offset, length, file)
 
-    def restored_body(self, stored: Stored) -> None:
-        """A message came back at start holding this body (the ids continue after it); its
-        records are written afresh to the current index file."""
-        self._last_id = max(self._last_id, stored[0])
-        key = (stored[1], stored[2])
-        self._segment_live[key] = self._segment_live.get(key, 0) + 1
-        self._file_live[stored[5]] = self._file_live.get(stored[5], 0) + 1
+    def restored_bodies(self, last_id: int, segments: dict[tuple[int, int], int],
+                        files: dict[int, int]) -> None:
+        """Messages came back at start (the ids continue after ``last_id``): how many hold a
+        body in each (worker, segment), and how many have their E record in each index file
+        (each counts there, as a new message counts in the file its E record goes to)."""
+        self._last_id = max(self._last_id, last_id)
+        for key, n in segments.items():
+            self._segment_live[key] = self._segment_live.get(key, 0) + n
+        for file, n in files.items():
+            self._file_live[file] = self._file_live.get(file, 0) + n
 
     def body_dropped(self, stored: Stored) -> None:
         """No queue holds the message any more: its body is not needed."""
@@ -140,6 +146,8 @@ class MessageJournal:
     def enqueued(self, queue: str, message: Message, now: float) -> None:
         """``message`` joined durable ``queue`` at monotonic ``now``, if it is persistent."""
         stored = message.stored
+        if stored is not None and self.replaying:
+            return  # restored: its E record is on disk already
         if stored is None:
             origin = message.origin
             if origin is None or origin.stored is None:
@@ -156,12 +164,16 @@ class MessageJournal:
         ))
 
     def delivered(self, queue: str, message: Message) -> None:
-        if message.stored is not None:
+        if message.stored is not None and not self.replaying:
             self._append(("D", queue, message.stored[0]))
 
     def removed(self, queue: str, message: Message) -> None:
         if message.stored is not None:
             self._append(("R", queue, message.stored[0]))
+
+    def lost(self, queue: str, store_id: int) -> None:
+        """At start: entry ``store_id`` of ``queue`` has no body left on disk (never confirmed)."""
+        self._append(("R", queue, store_id))
 
     def purged(self, queue: str, kept: list[Message]) -> None:
         self._append(("P", queue, [m.stored[0] for m in kept if m.stored is not None]))

@@ -10,9 +10,14 @@ At start (:func:`load_index`), the files are read in order into what each durabl
 its live messages in enqueue order, each with whether it had been delivered. :func:`restore`
 reads every live body back (``ipc.logfile.BodyReader``, the checksum checked), places it in a
 worker's arena -- once, at start: on the hot path the supervisor never copies body bytes -- and
-enqueues it again, redelivered if it had been delivered. The journal, attached meanwhile,
-records the restored state afresh; :meth:`IndexLog.start` writes that as a new file and removes
-the old ones, so the index on disk is as long as what is queued, not as what was ever published.
+enqueues it again, redelivered if it had been delivered. The index files stay as they are:
+the journal, attached meanwhile, is *replaying* (``MessageJournal.replaying``) and records only
+what changes -- messages expired or dropped at start, copies dead-lettered, entries whose body
+is lost, queues gone -- in the new file :meth:`IndexLog.start` begins. Each restored message
+counts in the file its E record is in, so an old file goes as soon as no live message has its
+E record there (:meth:`IndexLog.remove_unneeded`): the index on disk follows what is queued,
+not what was ever published. (Rewriting the restored state instead cost a fifth of a restore:
+perf/README.md, R1.)
 """
 
 from __future__ import annotations
@@ -54,8 +59,9 @@ def _index_files(directory: Path) -> list[Path]:
 
 @dataclass
 class IndexState:
-    """What the index files say: per durable queue, ``id -> [E record, delivered]`` in
-    enqueue order; the highest store id; files read and records found."""
+    """What the index files say: per durable queue, ``id -> [E record, delivered, file]`` in
+    enqueue order (``file``: the number of the index file holding the E record); the highest
+    store id; files read and records found."""
 
     queues: dict[str, dict[int, list[Any]]] = field(default_factory=dict)
     max_id: int = 0
@@ -70,6 +76,7 @@ def load_index(data_dir: str | os.PathLike[str]) -> IndexState:
     queues = state.queues
     for path in _index_files(Path(data_dir) / INDEX_DIR):
         state.files.append(path)
+        number = int(path.name[:-4])
         data = path.read_bytes()
         if not data.startswith(INDEX_MAGIC):
             state.torn.append(f"{path}: not an index file")
@@ -85,7 +92,7 @@ def load_index(data_dir: str | os.PathLike[str]) -> IndexState:
             state.records += 1
             kind = rec[0]
             if kind == "E":
-                queues.setdefault(rec[1], {})[rec[2]] = [rec, False]
+                queues.setdefault(rec[1], {})[rec[2]] = [rec, False, number]
                 state.max_id = max(state.max_id, rec[2])
             elif kind == "D":
                 entry = queues.get(rec[1], {}).get(rec[2])
@@ -130,16 +137,15 @@ class IndexLog(AppendFiles):
         return self.directory / f"{number:010d}.idx"
 
     def start(self, records: list[tuple[Any, ...]], mark: int, old: list[Path]) -> None:
-        """Begin file ``number`` holding ``records`` (the restored state), sync it, then remove
-        ``old``: from here on the index is this file."""
+        """Begin file ``number`` holding ``records`` (what changed while restoring) and sync it.
+        The ``old`` files stay, read again at the next start, until no live message has its E
+        records there (:meth:`remove_unneeded`, oldest first)."""
         self.bytes = self._begin(self._path(self.number), INDEX_MAGIC)
-        self.files = [self.number]
+        self.files = [int(p.name[:-4]) for p in old] + [self.number]
         self.append(records, mark)
         _, fds = self.sync_plan()
         sync_files(fds)
         self.synced_to(mark, fds)
-        for p in old:
-            p.unlink(missing_ok=True)
         sync_files([self._dir_fd])
 
     def append(self, records: list[tuple[Any, ...]], mark: int) -> None:
@@ -182,6 +188,7 @@ class Restored:
     bytes: int = 0
     lost: int = 0  # entries whose body was missing or damaged on disk (never confirmed)
     dropped: list[Message] = field(default_factory=list)  # restored bodies no queue took
+    gone: set[str] = field(default_factory=set)  # queues in the index that no longer exist
     per_arena: list[int] = field(default_factory=list)  # bytes placed in each arena
 
 
@@ -200,29 +207,40 @@ def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathL
     frames = FrameSizes(data_dir)
     by_id: dict[int, Message | None] = {}
     next_arena = 0
+    segments: dict[tuple[int, int], int] = {}  # restored bodies per (worker, segment)
+    files: dict[int, int] = {}  # restored messages per index file of their E record
+    journal.replaying = True
     try:
         for queue_name, entries in state.queues.items():
-            for store_id, (rec, delivered) in entries.items():
+            for store_id, (rec, delivered, file) in entries.items():
                 if store_id in by_id:
                     message = by_id[store_id]
                 else:
                     if lazy:
-                        message = _paged(rec, frames, result, journal)
+                        message = _paged(rec, frames, result, file)
                     else:
-                        loaded = _load(rec, reader, arenas, next_arena, result, journal)
+                        loaded = _load(rec, reader, arenas, next_arena, result, file)
                         message = None
                         if loaded is not None:
                             message, k = loaded
                             next_arena = (k + 1) % len(arenas)  # spread the bodies over them
-                    if message is not None:
-                        journal.restored_body(message.stored)  # type: ignore[arg-type]
+                    if message is not None:  # counted for the journal (restored_bodies)
+                        segment = (rec[3], rec[4])
+                        segments[segment] = segments.get(segment, 0) + 1
+                        files[file] = files.get(file, 0) + 1
                     by_id[store_id] = message
-                if message is None:
+                if message is None:  # on record as gone, so that no later start looks again
+                    journal.lost(queue_name, store_id)
                     result.lost += 1
                     continue
                 if place(queue_name, message, delivered, rec[13]):
                     result.messages += 1
+                elif queue_name not in result.gone:  # on record: no later queue of that name
+                    journal.deleted(queue_name)  # gets these messages
+                    result.gone.add(queue_name)
     finally:
+        journal.restored_bodies(max(by_id, default=0), segments, files)
+        journal.replaying = False
         reader.close()
         frames.close()
     result.dropped = [m for m in by_id.values() if m is not None and m.refs == 0]
@@ -239,8 +257,7 @@ def _message(rec: list[Any], body_ref: int, body_len: int, index_file: int) -> M
     return message
 
 
-def _paged(rec: list[Any], frames: FrameSizes, result: Restored,
-           journal: MessageJournal) -> Message | None:
+def _paged(rec: list[Any], frames: FrameSizes, result: Restored, file: int) -> Message | None:
     """The message of an ``E`` record with its body left on disk, or None when its frame is
     missing or cut short."""
     worker, segment, offset, length = rec[3], rec[4], rec[5], rec[6]
@@ -250,11 +267,11 @@ def _paged(rec: list[Any], frames: FrameSizes, result: Restored,
     header_len, body_len = sizes
     result.paged += 1
     return _message(rec, paged_body_ref(0, header_len, body_len, worker, segment, offset),
-                    body_len, journal.index_file)
+                    body_len, file)
 
 
 def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
-          result: Restored, journal: MessageJournal) -> tuple[Message, int] | None:
+          result: Restored, file: int) -> tuple[Message, int] | None:
     """The message of an ``E`` record and the arena its body went to, or None when its body
     is missing or damaged."""
     read = reader.read(rec[3], rec[4], rec[5], rec[6])
@@ -270,8 +287,7 @@ def _load(rec: list[Any], reader: BodyReader, arenas: list[Any], first: int,
         with arenas[k].view(at, size) as view:
             view[:len(header)] = header
             view[len(header):] = body
-        message = _message(rec, pack_body_ref(k, at, len(header), len(body)), len(body),
-                           journal.index_file)
+        message = _message(rec, pack_body_ref(k, at, len(header), len(body)), len(body), file)
         result.bodies += 1
         result.bytes += size
         result.per_arena[k] += size

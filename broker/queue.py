@@ -204,7 +204,13 @@ class Queue:
     def restore(self, message: Message, *, redelivered: bool, now: float) -> None:
         """A persistent message comes back at start, in enqueue order (broker.message_store);
         ``redelivered`` if it had been delivered. Nobody is notified: no consumer exists yet."""
-        self.enqueue(message)
+        if self.deleted:
+            raise InternalError(f"restore on deleted {self.description}")
+        message.refs += 1
+        self._fifo.append(message, self._next_position)
+        self._next_position += 1
+        if self.store is not None:  # replaying: its records are on disk already
+            self.store.enqueued(self.name, message, now)
         if redelivered:
             self._fifo.last().redelivered = True
             if self.store is not None:

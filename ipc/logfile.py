@@ -35,6 +35,7 @@ INDEX_MAGIC = b"SHOALI1\n"
 FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
 _BODY = struct.Struct("<II")  # a body frame's payload starts with header_len, body_len
 BODY_OVERHEAD = FRAME.size + _BODY.size  # a body frame's bytes besides header and body
+_BODY_FRAME = struct.Struct("<IIII")  # FRAME then _BODY: what FrameSizes reads of a body frame
 SEGMENT_BYTES = 64 << 20
 
 
@@ -237,13 +238,13 @@ class FrameSizes:
     def sizes(self, worker: int, segment: int, offset: int, length: int) -> tuple[int, int] | None:
         """``(header_len, body_len)`` of the frame there, or None if it is missing or cut short."""
         key = (worker, segment)
-        if key not in self._maps:
-            self._maps[key] = _map(segment_path(self.data_dir, worker, segment))
-        data = self._maps[key]
+        maps = self._maps
+        data = maps.get(key)
+        if data is None and key not in maps:
+            data = maps[key] = _map(segment_path(self.data_dir, worker, segment))
         if data is None or offset + length > len(data) or length < BODY_OVERHEAD:
             return None
-        size, _ = FRAME.unpack_from(data, offset)
-        header_len, body_len = _BODY.unpack_from(data, offset + FRAME.size)
+        size, _, header_len, body_len = _BODY_FRAME.unpack_from(data, offset)
         if size != length - FRAME.size or header_len + body_len + BODY_OVERHEAD != length:
             return None
         return header_len, body_len

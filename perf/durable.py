@@ -1,6 +1,7 @@
 """Persistent messages with publisher confirms, Shoal and RabbitMQ side by side (issue "Durability").
 
     python -m perf.durable [--seconds 10] [--workers 2] [--window 256] [--body 128] [--no-rabbitmq]
+                           [--recover N] [--recover-only]
 
 Scenarios (each broker in turn, same machine, same run):
 
@@ -207,6 +208,7 @@ def main() -> None:
     parser.add_argument("--body", type=int, default=128)
     parser.add_argument("--recover", type=int, default=200_000, help="R1's message count (0: skip)")
     parser.add_argument("--no-rabbitmq", action="store_true")
+    parser.add_argument("--recover-only", action="store_true", help="R1 only (skip P1 and P2)")
     args = parser.parse_args()
     brokers: list[tuple[str, Any]] = [("shoal", lambda: ShoalBroker(args.workers))]
     if not args.no_rabbitmq:
@@ -216,7 +218,7 @@ def main() -> None:
         else:
             brokers.append(("rabbitmq", RabbitBroker))
     rows = []
-    for name, start in brokers:
+    for name, start in [] if args.recover_only else brokers:
         broker = start()
         try:
             for key, consumer in (("P1", True), ("P2", False)):

@@ -10,6 +10,7 @@ import pytest
 
 from broker.body_ref import unpack_body_ref
 from broker.dispatch import Dispatcher
+from broker.message import Message
 from broker.message_journal import ConfirmGate, MessageJournal
 from broker.message_store import ArenasFull, IndexLog, load_index, restore
 from broker.vhost import VirtualHost
@@ -157,7 +158,7 @@ def test_the_index_is_read_back_with_deliveries_removals_purges_and_deletes(tmp_
         ("D", "a", 2), ("R", "a", 1), ("P", "b", []), ("X", "c"), e_record("c", 5, (0, 48, 10)),
     ])
     state = load_index(tmp_path)
-    assert {q: [(i, delivered) for i, (_, delivered) in entries.items()] for q, entries in state.queues.items()
+    assert {q: [(i, delivered) for i, (_, delivered, _) in entries.items()] for q, entries in state.queues.items()
             if entries} == {"a": [(2, True), (3, False)], "c": [(5, False)]}
     assert state.max_id == 5 and state.records == 10 and state.torn == []
 
@@ -200,9 +201,85 @@ def test_restore_brings_bodies_back_into_the_arenas_in_order_and_redelivered(tmp
         assert bytes(arenas[region].view(offset, header_len + body_len)) == b"H%dbody %d" % (i, i)
     assert vhost.queues["other"].available_entries()[0].message is entries[0].message
     assert {region for e in entries for region in [unpack_body_ref(e.message.body_ref)[0]]} == {0, 1}
-    # The journal recorded the restored state afresh (the new index file's contents).
-    assert [rec[0] for rec in journal.take()] == ["E", "E", "D", "E", "E"]
+    # The index file stays: the journal records only what changed -- the entry whose body is
+    # lost, so that no later start looks for it again.
+    assert journal.take() == [("R", "q", 9)]
     assert journal.live_segments() == {(W0, at[0][0])}
+
+
+def _restart(tmp_path: Path, *queues: str) -> tuple[VirtualHost, MessageJournal, IndexLog]:
+    """A start: the index read back, its messages restored onto durable ``queues``, the new
+    index file begun (as broker.durability.Durability.recover_messages does)."""
+    state = load_index(tmp_path)
+    journal = MessageJournal(last_id=state.max_id)
+
+    def dropped(message: Message) -> None:  # the runtime's on_drop, for the journal's part
+        if message.stored is not None:
+            journal.body_dropped(message.stored)
+
+    vhost = VirtualHost("/", on_drop=dropped)
+    for name in queues:
+        vhost.declare_queue(name, owner=None, durable=True)
+    vhost.messages = journal
+    for q in vhost.queues.values():
+        q.store = journal
+    log = IndexLog(tmp_path)
+    journal.index_file = log.number
+    arenas = [Arena(bytearray(1 << 16), init=True)]
+    restore(state, journal, tmp_path, arenas, vhost.restore_message)
+    log.start(journal.take(), journal.mark, state.files)
+    return vhost, journal, log
+
+
+def _index_files(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "index").iterdir())
+
+
+def test_a_restart_keeps_the_index_files_and_the_next_start_sees_what_happened_since(
+        tmp_path: Path) -> None:
+    """The restored state is not written again: the old file stays while its messages live,
+    acks after the start go to the new file, and a second start reads both."""
+    bodies = BodyLog(tmp_path, W0)
+    at = [bodies.append(b"H%d" % i, b"body %d" % i) for i in range(3)]
+    bodies.close()
+    write_index(tmp_path, [*(e_record("q", i + 1, at[i], rk=f"k{i}") for i in range(3)), ("D", "q", 2)])
+    vhost, journal, log = _restart(tmp_path, "q")
+    assert _index_files(tmp_path) == ["0000000000.idx", "0000000001.idx"]
+    queue = vhost.queues["q"]
+    first = queue.get()
+    assert first is not None and first.message.routing_key == "k0" and not first.redelivered
+    journal.delivered("q", first.message)
+    queue.settle(first)
+    log.append(journal.take(), journal.mark)
+    assert log.remove_unneeded(journal.index_file_needed) == 0  # k1, k2 still live in file 0
+    log.close()
+    vhost, journal, log = _restart(tmp_path, "q")
+    entries = vhost.queues["q"].available_entries()
+    assert [(e.message.routing_key, e.redelivered) for e in entries] == [("k1", True), ("k2", False)]
+    for entry in entries:  # all acked: file 0 (and file 1, older than the newest) can go
+        taken = vhost.queues["q"].get()
+        assert taken is entry
+        vhost.queues["q"].settle(taken)
+    log.append(journal.take(), journal.mark)
+    assert log.remove_unneeded(journal.index_file_needed) == 2
+    assert _index_files(tmp_path) == ["0000000002.idx"]
+    log.close()
+    vhost, _, log = _restart(tmp_path, "q")
+    assert vhost.queues["q"].message_count == 0
+    log.close()
+
+
+def test_messages_of_a_queue_gone_at_start_never_come_back_to_a_later_queue_of_that_name(
+        tmp_path: Path) -> None:
+    bodies = BodyLog(tmp_path, W0)
+    at = bodies.append(b"H", b"body")
+    bodies.close()
+    write_index(tmp_path, [e_record("gone", 1, at)])
+    _, _, log = _restart(tmp_path)  # no queue "gone" any more
+    log.close()
+    vhost, _, log = _restart(tmp_path, "gone")  # declared again, durable
+    assert vhost.queues["gone"].message_count == 0
+    log.close()
 
 
 def test_restore_says_when_the_bodies_do_not_fit_the_arenas(tmp_path: Path) -> None:

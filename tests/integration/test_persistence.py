@@ -157,3 +157,41 @@ def test_a_committed_transaction_survives_a_sigkill(tmp_path: Path) -> None:
             finish(second)
     finally:
         finish(first)
+
+
+@pytest.mark.deadline(180)
+def test_acks_and_deliveries_after_a_restart_hold_across_the_next_crash(tmp_path: Path) -> None:
+    """A restart keeps the index files it read (broker.message_store): what happens after it is
+    recorded in a new file, and a start after a SIGKILL reads both -- acked messages stay gone,
+    delivered ones come back redelivered, the rest in order."""
+    brokers: list[Broker] = []
+    try:
+        first = start_broker(tmp_path / "first", extra_args=data_args(tmp_path))
+        brokers.append(first)
+        channel = first.connect().channel()
+        channel.confirm_delivery()
+        channel.queue_declare("jobs", durable=True)
+        for i in range(300):
+            channel.basic_publish("", "jobs", b"%d" % i, PERSISTENT)
+        kill_whole_broker(first)
+        second = start_broker(tmp_path / "second", extra_args=data_args(tmp_path))
+        brokers.append(second)
+        channel = second.connect().channel()
+        channel.confirm_delivery()
+        for _ in range(100):
+            method, _props, _body = channel.basic_get("jobs")
+            channel.basic_ack(method.delivery_tag)
+        delivered = [channel.basic_get("jobs") for _ in range(10)]
+        assert [body for _, _, body in delivered] == [b"%d" % i for i in range(100, 110)]
+        # A confirmed publish after them: its confirm waits for the index sync, which covers
+        # the acks and deliveries recorded before it.
+        channel.basic_publish("", "jobs", b"last", PERSISTENT)
+        kill_whole_broker(second)
+        third = start_broker(tmp_path / "third", extra_args=data_args(tmp_path))
+        brokers.append(third)
+        got = drain_with_get(third.connect().channel(), "jobs", 100_000)
+        assert [body for body, _ in got] == [b"%d" % i for i in range(100, 300)] + [b"last"]
+        assert [redelivered for _, redelivered in got] == [True] * 10 + [False] * 191
+    finally:
+        for broker in reversed(brokers):
+            finish(broker)
