@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sample-interval", type=float, default=0.5, help="psutil sampling interval, s (0.5)")
     parser.add_argument("--s8-messages", type=int, default=1_000_000, help="S8 queued messages (1,000,000)")
     parser.add_argument("--s8-connections", type=int, default=1_000, help="S8 idle connections (1,000)")
+    parser.add_argument("--s8-drain", action="store_true",
+                        help="S8: then consume every queued message, with the peak memory on the way")
     parser.add_argument("--quiet", action="store_true", help="no per-second progress lines")
     parser.add_argument(
         "--generator", choices=cgen.GENERATOR_CHOICES, default="auto",
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = Options(
         seconds=args.seconds, quick=args.quick, window=args.window, confirm=args.confirm,
         sample_interval=args.sample_interval, s8_messages=args.s8_messages,
-        s8_connections=args.s8_connections, progress=not args.quiet,
+        s8_connections=args.s8_connections, s8_drain=args.s8_drain, progress=not args.quiet,
     )  # fmt: skip
     overload_opts = OverloadOptions(
         seconds=args.seconds, python_publishers=args.python_publishers, steady_rate=args.steady_rate,

@@ -89,6 +89,8 @@ def memory_table(shoal: dict[str, Any] | None, rabbit: dict[str, Any] | None) ->
         ("queued messages: broker PSS growth per message, bytes", ("queued", "bytes_per_message_pss"), 0),
         ("RabbitMQ's own count of what it uses (Erlang allocated), MB", ("queued", "own_allocated_mb"), 0),
         ("time to queue them, s", ("queued", "fill_seconds"), 1),
+        ("--s8-drain: peak RSS while one consumer takes them all, MB", ("drained", "peak_rss_mb"), 0),
+        ("--s8-drain: delivered msg/s (prefetch 1,000, an ack per 100)", ("drained", "rate"), 0),
         (f"{num(conns)} idle connections: RSS growth per connection, KB", ("idle", "per_connection_kb_rss"), 1),
         (f"{num(conns)} idle connections: PSS growth per connection, KB", ("idle", "per_connection_kb_pss"), 1),
         ("baseline (idle broker) RSS, MB", ("idle", "baseline", "rss_mb"), 0),

@@ -92,6 +92,7 @@ class Options:
     s8_messages: int = 1_000_000
     s8_connections: int = 1_000
     s8_seconds: float = 180.0
+    s8_drain: bool = False  # then consume every queued message, watching memory (issue 11)
     progress: bool = True
 
 
@@ -565,6 +566,9 @@ def run_memory(broker: Broker, scenario: Scenario, opts: Options) -> dict[str, A
             result["errors"].append(f"publisher {r.get('id')}: {r['error']}")
     if queued != sent:
         result["errors"].append(f"published {sent:,} but the queue holds {queued:,}")
+    if opts.s8_drain and queued:
+        result["drained"] = _drain(broker, queue, share, queued, opts)
+        result["errors"].extend(result["drained"].pop("errors"))
     problem = _teardown(broker, replace(scenario, queues=1), exchange, queues)
     if problem:
         result["errors"].append(problem)
@@ -581,6 +585,51 @@ def run_memory(broker: Broker, scenario: Scenario, opts: Options) -> dict[str, A
         "rss_mb_per_million": round(full["rss_mb"] * 1_000_000 / queued, 1) if queued else None,
     }
     return result
+
+
+def _drain(broker: Broker, queue: str, share: list[int], queued: int, opts: Options) -> dict[str, Any]:
+    """S8 --s8-drain: the consumers come back. One consumer (prefetch 1,000, an ack per 100
+    deliveries) takes every queued message while the broker's memory is sampled: every message
+    delivered once, in order per publisher, and the peak RSS/PSS on the way."""
+    clients = _Clients()
+    received = clients.ctx.RawValue("q", 0)
+    peak = memory_snapshot(broker.processes())
+    errors: list[str] = []
+    started = time.monotonic()
+    try:
+        job = {
+            "port": broker.port, "name": "drain", "queue": queue, "prefetch": 1000, "ack_every": 100,
+            "hard_seconds": opts.s8_seconds + 600, "capacities": share,
+        }  # fmt: skip
+        clients.spawn(loadgen.consumer_main, job, {"received": received}, "drain consumer")
+        clients.wait_ready(SPAWN_WAIT)
+        started = time.monotonic()
+        clients.go.set()
+        limit = started + opts.s8_seconds + 600
+        next_line = started + 1
+        while received.value < queued and time.monotonic() < limit and not clients.dead():
+            time.sleep(0.5)
+            snapshot = memory_snapshot(broker.processes())
+            if snapshot["rss_bytes"] > peak["rss_bytes"]:
+                peak = snapshot
+            if time.monotonic() >= next_line:
+                next_line += 5
+                _progress(f"  [{broker.label} S8 drain {time.monotonic() - started:5.1f}s] received "
+                          f"{received.value:>10,} of {queued:,}  RSS {snapshot['rss_mb']:,.0f} MB", opts.progress)
+        seconds = time.monotonic() - started
+    finally:
+        (consumer,) = clients.finish()
+    if consumer.get("error"):
+        errors.append(f"drain consumer: {consumer['error']}")
+    got = int(consumer.get("received", 0))
+    if got != queued or consumer.get("duplicates") or consumer.get("reordered"):
+        errors.append(f"drained {got:,} of {queued:,} (duplicates {consumer.get('duplicates')}, "
+                      f"reordered {consumer.get('reordered')})")
+    return {
+        "received": got, "seconds": round(seconds, 1), "rate": round(got / seconds) if seconds else None,
+        "duplicates": consumer.get("duplicates"), "reordered": consumer.get("reordered"),
+        "peak_rss_mb": peak["rss_mb"], "peak_pss_mb": peak["pss_mb"], "errors": errors,
+    }  # fmt: skip
 
 
 def run(broker: Broker, scenario: Scenario, opts: Options) -> dict[str, Any]:
