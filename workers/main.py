@@ -10,6 +10,7 @@ import sys
 import msgspec
 import trio
 
+from ipc.profiling import run_profiled
 from ipc.records import WorkerConfig
 from workers.server import serve
 
@@ -29,7 +30,7 @@ def main(argv: list[str]) -> int:
     # trio spawns from a cached thread that retires when idle. The alive pipe
     # (server._watch_supervisor) is how a worker learns the supervisor died.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    trio.run(serve, config)
+    run_profiled(f"worker{config.index}", trio.run, serve, config)
     return 0
 
 
