@@ -31,7 +31,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.alarms import Alarms
-from broker.body_ref import arena_block, body_len, body_log_at, pack_body_ref, unpack_body_ref
+from broker.body_ref import (
+    ARENA_BODY_CODEC,
+    arena_block,
+    body_log_at,
+    pack_body_ref,
+    unpack_body_ref,
+)
 from broker.constants import REPLY_TO
 from broker.consumer_manager import QueueConsumer
 from broker.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow
@@ -68,7 +74,7 @@ class Dispatcher:
         # Time comes in from the runtime (monotonic seconds); epoch_offset turns it
         # into wall-clock time for x-death and held-message headers.
         self.vhost = VirtualHost("/", on_drop=self._drop, now=now, epoch_offset=epoch_offset)
-        self.vhost.body_size = body_len  # plain queues may keep waiting messages as handles
+        self.vhost.body_codec = ARENA_BODY_CODEC  # plain queues may keep waiting messages as handles
         self.outbox: list[list[r.Event]] = [[] for _ in range(workers)]
         self.notify: list[list[int]] = [[] for _ in range(workers)]
         self._channels = OpenChannels()  # consumers and unsettled deliveries per channel

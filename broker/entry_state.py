@@ -27,3 +27,17 @@ DELETED = EntryState.DELETED
 # Entry ids are unique across every queue of the process: the runtime uses them as handles.
 _entry_ids = itertools.count(1)
 new_entry_id = _entry_ids.__next__
+
+
+class Packed:
+    """The type of :data:`PACKED` (one value)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PACKED"
+
+
+# A plain queue's log slot whose message is kept as its body handle's two words, in arrays
+# beside the log (broker.fifo_entries; the graveyard reads them back when the log is buried).
+PACKED = Packed()

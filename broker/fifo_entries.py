@@ -22,20 +22,23 @@ waits needs no object of its own, so a slot holds the least that says what it is
   :class:`~broker.queue.QueueEntry` -- id, position, state -- is made when the entry is
   handed out (:meth:`FifoEntries.take`, browsing) or needs a state while it waits (browsed,
   restored redelivered); then the slot holds the entry;
-* only the message's body handle (an int), for a message that nothing but this queue holds
-  and whose every other field the queue can tell: a :class:`~broker.message.PlainMessage`
+* only the message's body handle, for a message that nothing but this queue holds and whose
+  every other field the queue can tell: a :class:`~broker.message.PlainMessage`
   (or a :class:`~broker.message.PageableMessage` whose body is paged out already: nothing
   changes its handle any more) with one reference and the queue's usual exchange and routing
   key (``exchange``, ``routing_key``: the first such message's). :meth:`FifoEntries._sweep`
   turns the slots of a long log into handles, ``_SWEEP_LAG`` slots behind its tail (the
   newest entries are the next to be paged, and with consumers that keep up, to be taken);
-  :meth:`FifoEntries.take` makes the message again, its size read from the handle by the
-  runtime's ``body_size`` (the domain does not know the handle's layout; without one, as in
-  a queue made outside a runtime, nothing is swept).
+  :meth:`FifoEntries.take` makes the message again, its size read from the handle. The
+  handle is kept as two unsigned 64-bit words in the arrays ``lo`` and ``hi`` beside the log,
+  the slot holding :data:`~broker.entry_state.PACKED`, or as the int itself where it does not
+  fit two words. The runtime's ``body_codec`` (``broker.queue_host.BodyCodec``) reads sizes and
+  words: the domain does not know the handle's layout; without one, as in a queue made outside
+  a runtime, nothing is swept.
 
 Memory per queued 128-byte message, the supervisor's part (tracemalloc,
 ``perf/bench_queue_memory.py``): 232 B with an entry per message, 120 B with the message alone,
-49 B as a handle -- most of it the handle's int.
+53 B (61 B paged out) as an int handle, 25 B as two words and the slot.
 
 Every operation is O(1) (O(log r) for r released entries; sweeping is amortised O(1) per
 append), :meth:`FifoEntries.bury` included: the lists go to the host's
@@ -48,14 +51,15 @@ Called from: the supervisor process (``broker.queue``).
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
 from broker.browsing import first_acquired_after
 from broker.consumer_manager import QueueConsumer
-from broker.entry_state import new_entry_id
+from broker.entry_state import PACKED, Packed, new_entry_id
 from broker.message import Message, PageableMessage, PlainMessage
-from broker.queue_host import QueueHost
+from broker.queue_host import BodyCodec, QueueHost
 
 # Drop the consumed prefix of the log once it is this long and at least half of the list.
 _COMPACT_AT = 4096
@@ -83,22 +87,25 @@ class FifoEntries(Generic[_Entry]):
     ``new_entry(queue, position, message)`` makes an entry (``broker.queue.QueueEntry``, which
     this module does not import: the queue module imports this one)."""
 
-    __slots__ = ("base", "body_size", "exchange", "head", "log", "new_entry", "queue",
+    __slots__ = ("base", "codec", "exchange", "head", "hi", "lo", "log", "new_entry", "queue",
                  "released", "routing_key", "swept")
 
     def __init__(self, queue: Any, new_entry: Callable[[Any, int, Message], _Entry],
-                 body_size: Callable[[Any], int] | None = None) -> None:
+                 codec: BodyCodec | None = None) -> None:
         # Slots from head on -- an entry, a message or a body handle -- and the consumed ones
         # before it, None (so that a compaction, a purge or a delete never deallocates a run
         # of entries at once).
-        self.log: list[_Entry | Message | int | None] = []
+        self.log: list[_Entry | Message | int | Packed | None] = []
         self.head = 0
         self.base = 1  # the position of log[0]
         self.released: list[tuple[int, _Entry]] = []
         self.queue = queue
         self.new_entry = new_entry
-        self.body_size = body_size  # the runtime's: a body handle's size (None: never swept)
+        self.codec = codec  # the runtime's reading of body handles (None: never swept)
         self.swept = 0  # slots before this index were swept
+        # The two words of each PACKED slot's handle, by log index (up to ``swept``).
+        self.lo = array("Q")
+        self.hi = array("Q")
         self.exchange: str | None = None  # what a handle's message was published to
         self.routing_key: str | None = None
 
@@ -129,6 +136,8 @@ class FifoEntries(Generic[_Entry]):
         slot = log[head]
         log[head] = None  # the entry lives on in the queue's acquired map while it must
         position = self.base + head
+        if slot is PACKED:  # read before a compaction moves the arrays
+            slot = self._handle(head)
         head += 1
         self.head = head
         if head == len(log) or head >= _COMPACT_AT:  # the hot path skips the call
@@ -145,7 +154,9 @@ class FifoEntries(Generic[_Entry]):
 
     def _entry_at(self, index: int) -> _Entry:
         slot = self.log[index]
-        if type(slot) is int:
+        if slot is PACKED:
+            entry = self.new_entry(self.queue, self.base + index, self._message(self._handle(index)))
+        elif type(slot) is int:
             entry = self.new_entry(self.queue, self.base + index, self._message(slot))
         elif isinstance(slot, Message):
             entry = self.new_entry(self.queue, self.base + index, slot)
@@ -154,10 +165,15 @@ class FifoEntries(Generic[_Entry]):
         self.log[index] = entry
         return entry
 
-    def _message(self, ref: int) -> PlainMessage:
+    def _handle(self, index: int) -> Any:
+        """The handle a PACKED slot's words make."""
+        assert self.codec is not None
+        return self.codec.handle(self.lo[index], self.hi[index])
+
+    def _message(self, ref: Any) -> PlainMessage:
         """The message a handle stands for (only this queue held it)."""
-        assert self.body_size is not None and self.exchange is not None and self.routing_key is not None
-        message = PlainMessage(self.exchange, self.routing_key, ref, self.body_size(ref))
+        assert self.codec is not None and self.exchange is not None and self.routing_key is not None
+        message = PlainMessage(self.exchange, self.routing_key, ref, self.codec.size(ref))
         message.refs = 1
         return message
 
@@ -167,8 +183,14 @@ class FifoEntries(Generic[_Entry]):
         if head == len(self.log):
             self.log.clear()
             self.head = self.swept = 0
+            if self.lo:
+                self.lo = array("Q")
+                self.hi = array("Q")
         elif head >= _COMPACT_AT and head * 2 >= len(self.log):
             del self.log[:head]
+            if self.lo:
+                del self.lo[:head]
+                del self.hi[:head]
             self.base += head
             self.head = 0
             self.swept = max(0, self.swept - head)
@@ -180,8 +202,14 @@ class FifoEntries(Generic[_Entry]):
         stop = len(log) - _SWEEP_LAG
         start = max(self.swept, self.head)
         self.swept = stop
-        if self.body_size is None:
+        codec = self.codec
+        if codec is None:
             return
+        lo, hi = self.lo, self.hi
+        if len(lo) < stop:  # the arrays cover every index up to ``swept``
+            lo.frombytes(bytes(8 * (stop - len(lo))))
+            hi.frombytes(bytes(8 * (stop - len(hi))))
+        words = codec.words
         exchange, routing_key = self.exchange, self.routing_key
         for index in range(start, stop):
             message = log[index]
@@ -195,7 +223,13 @@ class FifoEntries(Generic[_Entry]):
                     continue  # another destination than the usual: it keeps its message
                 exchange = self.exchange = message.exchange  # type: ignore[union-attr]
                 routing_key = self.routing_key = message.routing_key  # type: ignore[union-attr]
-            log[index] = message.body_ref  # type: ignore[union-attr]
+            ref = message.body_ref  # type: ignore[union-attr]
+            packed = words(ref)
+            if packed is None:
+                log[index] = ref
+            else:
+                lo[index], hi[index] = packed
+                log[index] = PACKED
 
     def bury(self, host: QueueHost[Any], on_drop: Callable[[Message], None] | None) -> None:
         """Hand every entry to the host's graveyard; none are left. O(1)."""
@@ -203,9 +237,13 @@ class FifoEntries(Generic[_Entry]):
             host.bury(self.released, pick=1, on_drop=on_drop)
             self.released = []
         if self.log:
-            host.bury(self.log, keep=self.head, on_drop=on_drop)
+            codec = self.codec
+            host.bury(self.log, keep=self.head, on_drop=on_drop,
+                      words=None if codec is None else (self.lo, self.hi, codec.handle))
             self.log = []
             self.head = self.swept = 0
+            self.lo = array("Q")
+            self.hi = array("Q")
 
     def entries(self) -> list[_Entry]:
         """The entries in position order, each made in its slot (introspection; O(n))."""
@@ -220,7 +258,9 @@ class FifoEntries(Generic[_Entry]):
         log = self.log
         for index in range(self.head, len(log)):
             slot = log[index]
-            if type(slot) is int:
+            if slot is PACKED:
+                yield self._handle(index)
+            elif type(slot) is int:
                 yield slot
             else:
                 message = slot if isinstance(slot, Message) else slot.message  # type: ignore[union-attr]

@@ -5,13 +5,16 @@ Called from: the supervisor process (the virtual host, as a queue's host).
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from broker.entry_state import DELETED
+from broker.entry_state import DELETED, PACKED
 from broker.message import Message, PlainMessage, drop_reference
+
+# A plain queue's arrays beside its log, and the runtime's function making a handle of two of
+# their words (broker.fifo_entries, broker.queue_host.BodyCodec.handle).
+Words = tuple[Any, Any, Callable[[int, int], Any]]
 
 # Letting go of a container's slot (a None, an object whose last reference it was, a dict item)
 # costs about this many times less than dropping an entry.
@@ -30,17 +33,18 @@ class Graveyard:
     freeing a million objects at once costs about as much as dropping them.
 
     What a plain queue buries is its log (``broker.fifo_entries``): besides entries, waiting
-    messages, and body handles that stand for a plain message only that queue held (its
-    ``on_drop`` gets a message made for the handle). Nothing else sees a buried entry: the
+    messages, and body handles that stand for a plain message only that queue held -- as ints,
+    or ``PACKED`` with the handle's two words in arrays beside the log (``words``); its
+    ``on_drop`` gets a message made for the handle. Nothing else sees a buried entry: the
     queue no longer holds it, and delivered entries are never buried (they stay with their
     channel until settled). Until it is reaped a buried entry still holds its body, so an
     arena sweep must count it live (:meth:`body_refs`).
     """
 
     def __init__(self) -> None:
-        # [items, pick, start, on_drop]: items[start:] are entries still to drop (item[pick] when
-        # the list holds heap tuples); a dropped one's slot is set to None. on_drop None: only
-        # dismantle ``items`` (a list from its end, a dict by popitem).
+        # [items, pick, start, on_drop, words]: items[start:] are entries still to drop
+        # (item[pick] when the list holds heap tuples); a dropped one's slot is set to None.
+        # on_drop None: only dismantle ``items`` (a list from its end, a dict by popitem).
         self._graves: deque[list[Any]] = deque()
         self.pending = 0  # buried entries whose message reference is not dropped yet
 
@@ -48,20 +52,21 @@ class Graveyard:
         return bool(self._graves)
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
-             on_drop: Callable[[Message], None] | None) -> None:
+             on_drop: Callable[[Message], None] | None, words: Words | None = None) -> None:
         """Take ``items[keep:]`` (entries, or heap tuples whose ``[pick]`` is the entry) to drop.
 
-        The caller lets go of ``items``; ``items[:keep]`` holds nothing to drop.
+        The caller lets go of ``items``; ``items[:keep]`` holds nothing to drop. ``words``: a
+        plain queue's arrays beside its log, for the slots that are ``PACKED``.
         """
         if not items:
             return
         self.pending += len(items) - keep
-        self._graves.append([items, pick, keep, on_drop or _no_drop])
+        self._graves.append([items, pick, keep, on_drop or _no_drop, words])
 
     def discard(self, container: list[Any] | dict[Any, Any]) -> None:
         """Take a container the caller let go of, to be dismantled a slice at a time."""
         if container:
-            self._graves.append([container, None, 0, None])
+            self._graves.append([container, None, 0, None, None])
 
     def reap(self, limit: int) -> int:
         """Drop at most ``limit`` entries (dismantling counts ``1/DISMANTLE_PER_DROP`` each),
@@ -70,7 +75,7 @@ class Graveyard:
         graves = self._graves
         while graves and done < limit:
             grave = graves[0]
-            items, pick, start, on_drop = grave
+            items, pick, start, on_drop, words = grave
             if on_drop is None:  # dismantle only
                 n = min((limit - done) * DISMANTLE_PER_DROP, len(items))
                 if isinstance(items, dict):
@@ -90,7 +95,10 @@ class Graveyard:
                     items[index] = None
                     if pick is not None:
                         item = item[pick]
-                    if type(item) is int:  # a plain queue's handle: only that queue held it
+                    if item is PACKED:  # a plain queue's handle as words: only it held it
+                        lo, hi, handle = words
+                        on_drop(PlainMessage("", "", handle(lo[index], hi[index]), 0))
+                    elif type(item) is int:  # a plain queue's handle: only that queue held it
                         on_drop(PlainMessage("", "", item, 0))
                     elif isinstance(item, Message):  # a plain queue's waiting message
                         drop_reference(item, on_drop)
@@ -107,12 +115,17 @@ class Graveyard:
     def body_refs(self) -> Iterator[Any]:
         """The body handles of buried entries not reaped yet (a dead-letter copy's: its
         origin's; O(buried): an arena sweep)."""
-        for items, pick, start, on_drop in self._graves:
+        for items, pick, start, on_drop, words in self._graves:
             if on_drop is None:
                 continue
-            for item in itertools.islice(items, start, None):
+            for index in range(start, len(items)):
+                item = items[index]
                 if pick is not None:
                     item = item[pick]
+                if item is PACKED:
+                    lo, hi, handle = words
+                    yield handle(lo[index], hi[index])
+                    continue
                 if type(item) is int:
                     yield item
                     continue

@@ -111,7 +111,7 @@ class Queue:
         self.deleted = False
         self._on_drop = on_drop
         self._host: QueueHost[Queue] = host if host is not None else StandaloneHost()
-        self._fifo: FifoEntries[QueueEntry] = FifoEntries(self, QueueEntry, self._host.body_size)
+        self._fifo: FifoEntries[QueueEntry] = FifoEntries(self, QueueEntry, self._host.body_codec)
         self._acquired: dict[int, QueueEntry] = {}
         self._next_position = 1
         self._exclusive_consumer: QueueConsumer | None = None

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
 from broker.deadletter import DeadLetterReason
-from broker.graveyard import Graveyard
+from broker.graveyard import Graveyard, Words
 from broker.message import Message
 
 # Work per step (a batch of requests, a timer tick; see broker.step_host), each about 2 ms on the
@@ -30,15 +30,26 @@ DEAD_LETTER_COST = 4
 _Queue_contra = TypeVar("_Queue_contra", contravariant=True)
 
 
+class BodyCodec(Protocol):
+    """The runtime's body handles as a plain queue may read them (broker.body_ref): a handle's
+    body size, and the handle as two unsigned 64-bit words (None: it does not fit) and back."""
+
+    def size(self, ref: Any) -> int: ...
+
+    def words(self, ref: Any) -> tuple[int, int] | None: ...
+
+    def handle(self, lo: int, hi: int) -> Any: ...
+
+
 class QueueHost(Protocol[_Queue_contra]):
     """What a queue needs from its virtual host (broker.vhost.VirtualHost implements it: StepHost)."""
 
     now: float  # the latest monotonic time the runtime passed in
     epoch_offset: float  # Unix time minus monotonic time
     expire_budget: int  # messages this step may still expire or release from hold
-    # The runtime's: the body size a message's body handle records, which lets a plain queue
-    # keep a waiting message as its handle alone (broker.fifo_entries); None: it never does.
-    body_size: Callable[[Any], int] | None
+    # The runtime's reading of body handles, which lets a plain queue keep a waiting message as
+    # its handle alone (broker.fifo_entries); None: it never does.
+    body_codec: BodyCodec | None
 
     def advance(self, now: float) -> None: ...
 
@@ -47,7 +58,7 @@ class QueueHost(Protocol[_Queue_contra]):
     def dead_letter(self, queue: _Queue_contra, message: Message, reason: DeadLetterReason) -> None: ...
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
-             on_drop: Callable[[Message], None] | None) -> None: ...
+             on_drop: Callable[[Message], None] | None, words: Words | None = None) -> None: ...
 
     def discard(self, container: list[Any] | dict[Any, Any]) -> None: ...
 
@@ -60,10 +71,10 @@ class StandaloneHost:
     """
 
     def __init__(self, now: float = 0.0, epoch_offset: float = 0.0,
-                 body_size: Callable[[Any], int] | None = None) -> None:
+                 body_codec: BodyCodec | None = None) -> None:
         self.now = now
         self.epoch_offset = epoch_offset
-        self.body_size = body_size
+        self.body_codec = body_codec
         self.deadlines: dict[Hashable, float] = {}
         self.expire_budget = EXPIRE_SLICE
         self._graveyard = Graveyard()
@@ -80,8 +91,8 @@ class StandaloneHost:
         return None
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
-             on_drop: Callable[[Message], None] | None) -> None:
-        self._graveyard.bury(items, pick=pick, keep=keep, on_drop=on_drop)
+             on_drop: Callable[[Message], None] | None, words: Words | None = None) -> None:
+        self._graveyard.bury(items, pick=pick, keep=keep, on_drop=on_drop, words=words)
         while self._graveyard.reap(1 << 30):
             pass
 

@@ -35,10 +35,10 @@ from typing import Any, NamedTuple
 
 from broker.consumer_manager import QueueConsumer
 from broker.deadletter import DeadLetterReason
-from broker.graveyard import Graveyard
+from broker.graveyard import Graveyard, Words
 from broker.message import Message
 from broker.queue import Queue
-from broker.queue_host import EXPIRE_SLICE, REAP_SLICE
+from broker.queue_host import EXPIRE_SLICE, REAP_SLICE, BodyCodec
 from broker.routing import DeadLetterRouter
 from broker.timers import Timers
 
@@ -75,9 +75,9 @@ class StepHost:
         self.expire_budget = EXPIRE_SLICE
         self._reap_budget = REAP_SLICE
         self._graveyard = Graveyard()
-        # The runtime's (broker.dispatch): a body handle's size; lets plain queues keep a
-        # waiting message as its handle alone (broker.fifo_entries). None: they never do.
-        self.body_size: Callable[[Any], int] | None = None
+        # The runtime's (broker.dispatch): lets plain queues keep a waiting message as its
+        # body handle alone (broker.fifo_entries). None: they never do.
+        self.body_codec: BodyCodec | None = None
 
     def _delete_queue(self, queue: Queue) -> list[QueueConsumer]:
         """Delete ``queue`` from the virtual host; returns its consumers (broker.vhost)."""
@@ -94,10 +94,10 @@ class StepHost:
     # Graveyard (broker.queue_host.QueueHost): what purged and deleted queues let go of.
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
-             on_drop: Callable[[Message], None] | None) -> None:
+             on_drop: Callable[[Message], None] | None, words: Words | None = None) -> None:
         """Called by a queue: drop the entries ``items[keep:]``, as many as this step's budget
         allows now (a small queue's at once), the rest over the next steps."""
-        self._graveyard.bury(items, pick=pick, keep=keep, on_drop=on_drop)
+        self._graveyard.bury(items, pick=pick, keep=keep, on_drop=on_drop, words=words)
         self._reap()
 
     def discard(self, container: list[Any] | dict[Any, Any]) -> None:

@@ -4,8 +4,14 @@ everything a consumer, a browser, a purge or an arena sweep sees is what it was.
 
 from __future__ import annotations
 
-from broker.body_ref import body_len, pack_body_ref, paged_body_ref
-from broker.entry_state import ACQUIRED
+from broker.body_ref import (
+    ARENA_BODY_CODEC,
+    handle_words,
+    pack_body_ref,
+    paged_body_ref,
+    words_handle,
+)
+from broker.entry_state import ACQUIRED, PACKED
 from broker.fifo_entries import _SWEEP_EVERY, _SWEEP_LAG
 from broker.message import FullMessage, Message, PageableMessage, PlainMessage
 from broker.queue import Queue, QueueEntry
@@ -22,11 +28,12 @@ def _plain(i: int, routing_key: str = "q", exchange: str = "") -> PlainMessage:
 
 def _queue(dropped: list[Message] | None = None) -> Queue:
     on_drop = dropped.append if dropped is not None else None
-    return Queue("q", host=StandaloneHost(body_size=body_len), on_drop=on_drop)
+    return Queue("q", host=StandaloneHost(body_codec=ARENA_BODY_CODEC), on_drop=on_drop)
 
 
 def _handles(q: Queue) -> int:
-    return sum(type(slot) is int for slot in q._fifo.log)
+    """Slots holding a handle alone: as two words (PACKED) or an int."""
+    return sum(slot is PACKED or type(slot) is int for slot in q._fifo.log)
 
 
 def _fields(m: Message) -> tuple[object, ...]:
@@ -85,7 +92,7 @@ def test_a_paged_out_pageable_message_only_this_queue_holds_becomes_a_handle() -
         if i == 10:
             m = PageableMessage("", "q", paged, 128)
         q.enqueue(m)
-    assert type(q._fifo.log[10]) is int
+    assert q._fifo.log[10] is PACKED
     entries = [q.get() for _ in range(11)]
     last = entries[-1]
     assert last is not None and last.message.body_ref == paged and last.message.body_size == 128
@@ -152,3 +159,27 @@ def test_without_the_runtime_s_body_size_nothing_becomes_a_handle() -> None:
     for i in range(LONG):
         q.enqueue(_plain(i))
     assert _handles(q) == 0
+
+
+def test_a_handle_is_kept_as_two_words_when_it_fits_and_as_itself_when_not() -> None:
+    fits = [pack_body_ref(0, 0, 0, 0), pack_body_ref(255, (1 << 36) - 16, (1 << 24) - 1, (1 << 32) - 1),
+            paged_body_ref(0, 0, 0, 0, 0, 0), paged_body_ref(255, 1 << 20, 1 << 29, 255, (1 << 23) - 1, (1 << 32) - 1)]
+    for ref in fits:
+        words = handle_words(ref)
+        assert words is not None and all(0 <= w < 1 << 64 for w in words)
+        assert words_handle(*words) == ref
+    too_big = [paged_body_ref(256, 20, 128, 0, 3, 4096), paged_body_ref(0, 20, 128, 256, 3, 4096),
+               paged_body_ref(0, 20, 128, 1, 1 << 23, 4096)]
+    assert [handle_words(ref) for ref in too_big] == [None, None, None]
+
+
+def test_a_handle_that_does_not_fit_two_words_stays_an_int_and_comes_back_whole() -> None:
+    q = _queue()
+    odd = paged_body_ref(300, 20, 128, 1, 3, 4096)  # region 300: not two words
+    for i in range(LONG):
+        ref = odd if i == 7 else paged_body_ref(1, 20, 128, 1, 3, 4096 * i)
+        q.enqueue(PageableMessage("", "q", ref, 128))
+    assert q._fifo.log[7] == odd and q._fifo.log[8] is PACKED
+    entries = [q.get() for _ in range(9)]
+    assert [e.message.body_ref for e in entries if e] == [
+        odd if i == 7 else paged_body_ref(1, 20, 128, 1, 3, 4096 * i) for i in range(9)]
