@@ -286,6 +286,8 @@ class Dispatcher:
 
     def index_synced(self, mark: int) -> None:
         """The index log is on disk up to journal mark ``mark``: send the confirms it held."""
+        if self.vhost.messages is not None:  # old index files wait for it (broker.index_moves)
+            self.vhost.messages.synced = max(self.vhost.messages.synced, mark)
         for (worker, _, _), confirm in self.confirms.release(mark):
             self.outbox[worker].append(confirm)
 

@@ -31,6 +31,7 @@ from broker.data_dir import DataDir
 from broker.definition_store import DefinitionStore, restore
 from broker.definitions import TopologyJournal
 from broker.dispatch import Dispatcher
+from broker.index_moves import move_oldest
 from broker.message_journal import MessageJournal
 from broker.message_store import ArenasFull, IndexLog, load_index
 from broker.message_store import restore as restore_messages
@@ -155,6 +156,12 @@ class Durability:
             self._sync_bell.set()
         if index.rotate():  # the newest file is full: records go to the next one
             journal.index_file = index.number
+            moved = move_oldest(vhost, journal, index.files, vhost.now)
+            if moved:
+                log.info("index: %d live message record(s) moved out of the oldest index file, "
+                         "which goes once they are on disk", moved)
+                index.append(journal.take(), journal.mark)
+                self._sync_bell.set()
         if index.remove_unneeded(journal.index_file_needed):
             self._sync_bell.set()  # the directory changed
         while journal.segments_free:

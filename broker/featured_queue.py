@@ -333,6 +333,29 @@ class FeaturedQueue(Queue):
         yield from [e for e in self._order.entries if e.state is AVAILABLE or e.state is HELD]
         yield from list(self._acquired.values())
 
+    def stored_in(self, file: int, limit: int) -> list[tuple[Message, bool]] | None:
+        """Queue.stored_in, in arrival order. None also when a message of ``file`` has a TTL:
+        its E record says when it was enqueued, which the queue does not keep."""
+        found: list[tuple[Message, bool]] = []
+        looked = 0
+        for entry in self._order.entries:
+            if entry.state is DELETED:
+                continue
+            stored = entry.message.stored
+            if stored is None or stored[5] < file:
+                continue
+            if stored[5] > file:
+                if entry.state is not ACQUIRED:
+                    return found
+                continue
+            if self.settings.message_ttl is not None or entry.message.expiration is not None:
+                return None
+            found.append((entry.message, entry.state is ACQUIRED or entry.redelivered))
+            looked += 1
+            if looked > limit:
+                return None
+        return found
+
     def body_refs(self) -> Iterator[Any]:
         """The body handle of every message the queue holds (a dead-letter copy's: its
         origin's), an arena sweep's view of :meth:`entries`."""

@@ -45,8 +45,9 @@ Stored = tuple[int, int, int, int, int, int]
 class MessageJournal:
     """Index records not yet written, the id counter, and which body segments are still needed."""
 
-    __slots__ = ("_file_live", "_last_id", "_segment_idle", "_segment_live", "_segment_max",
-                 "epoch_offset", "index_file", "mark", "records", "replaying", "segments_free")
+    __slots__ = ("_file_live", "_last_id", "_moved", "_segment_idle", "_segment_live",
+                 "_segment_max", "epoch_offset", "index_file", "mark", "records", "replaying",
+                 "segments_free", "synced")
 
     def __init__(self, *, last_id: int = 0, epoch_offset: float = 0.0) -> None:
         self.records: list[tuple[Any, ...]] = []
@@ -62,6 +63,10 @@ class MessageJournal:
         # At start (broker.message_store.restore): restored messages' E and D records are in
         # the index files already, and are not written again; everything else is.
         self.replaying = False
+        # Index files whose live messages were recorded again in a newer one (broker.index_moves):
+        # file -> the mark those records end at; the file goes once the log is synced past it.
+        self._moved: dict[int, int] = {}
+        self.synced = 0  # the mark the index log is on disk up to (the runtime sets it)
 
     def take(self) -> list[tuple[Any, ...]]:
         records, self.records = self.records, []
@@ -138,8 +143,48 @@ class MessageJournal:
         return set(self._segment_live)
 
     def index_file_needed(self, file: int) -> bool:
-        """Whether a stored message still alive has its E records in index file ``file``."""
-        return file in self._file_live
+        """Whether a stored message still alive has its E records in index file ``file``, or
+        they were recorded again elsewhere and those records are not on disk yet."""
+        if file in self._file_live:
+            return True
+        mark = self._moved.get(file)
+        if mark is None:
+            return False
+        if self.synced < mark:
+            return True
+        del self._moved[file]
+        return False
+
+    def live_in(self, file: int) -> int:
+        """Stored messages alive with their E records in index file ``file``."""
+        return self._file_live.get(file, 0)
+
+    def recorded_again(self, queue: str, message: Message, delivered: bool, now: float) -> None:
+        """``message``, on durable ``queue``, is recorded again in the current index file (its
+        E record, and D if it was delivered), to let its old file go (broker.index_moves). The
+        message counts in the new file from now on; call once per queue holding it."""
+        stored = message.stored
+        assert stored is not None
+        file = self.index_file
+        if stored[5] != file:
+            if message.origin is None:  # a dead-letter copy is not counted (enqueued)
+                old = stored[5]
+                left = self._file_live.get(old, 0) - 1
+                if left > 0:
+                    self._file_live[old] = left
+                else:
+                    self._file_live.pop(old, None)
+                self._file_live[file] = self._file_live.get(file, 0) + 1
+            stored = (*stored[:5], file)
+            message.stored = stored  # type: ignore[misc]  # FullMessage's slot
+        self._append(self._e_record(queue, message, stored, now))
+        if delivered:
+            self._append(("D", queue, stored[0]))
+
+    def file_moved(self, file: int) -> None:
+        """Every live message of index file ``file`` was recorded again: it goes once the log
+        is synced past those records."""
+        self._moved[file] = self.mark
 
     # ------------------------------------------------------------------ queues
 
@@ -157,11 +202,14 @@ class MessageJournal:
             self._last_id += 1
             stored = (self._last_id, *origin.stored[1:5], self.index_file)
             message.stored = stored  # type: ignore[misc]  # a DeadLetter: FullMessage's slot
-        self._append((
+        self._append(self._e_record(queue, message, stored, now))
+
+    def _e_record(self, queue: str, message: Message, stored: Stored, now: float) -> tuple[Any, ...]:
+        return (
             "E", queue, stored[0], stored[1], stored[2], stored[3], stored[4], message.exchange,
             message.routing_key, message.headers, message.expiration, message.priority,
             message.reheadered, now + self.epoch_offset,
-        ))
+        )
 
     def delivered(self, queue: str, message: Message) -> None:
         if message.stored is not None and not self.replaying:

@@ -379,6 +379,37 @@ class Queue:
         for entry in list(self._acquired.values()):
             yield (entry.message.origin or entry.message).body_ref
 
+    def stored_in(self, file: int, limit: int) -> list[tuple[Message, bool]] | None:
+        """The messages held here whose E record is in index file ``file``, each with whether
+        it was delivered (broker.index_moves); None when that cannot be told by looking at
+        ``limit`` entries past the delivered ones. The queue holds them in enqueue order, so
+        the look stops at the first message recorded in a later file."""
+        found: list[tuple[Message, bool]] = []
+        for entry in self._acquired.values():
+            if entry.message.stored is not None and entry.message.stored[5] == file:
+                found.append((entry.message, True))
+        for _, entry in self._fifo.released:
+            if entry.message.stored is not None and entry.message.stored[5] == file:
+                found.append((entry.message, True))
+        fifo = self._fifo
+        stop = min(len(fifo.log), fifo.head + limit)
+        for index in range(fifo.head, stop):
+            slot = fifo.log[index]
+            if isinstance(slot, QueueEntry):
+                message, delivered = slot.message, slot.redelivered
+            elif isinstance(slot, Message):
+                message, delivered = slot, False
+            else:
+                continue  # a handle: a transient message
+            stored = message.stored
+            if stored is None:
+                continue
+            if stored[5] > file:
+                return found
+            if stored[5] == file:
+                found.append((message, delivered))
+        return found if stop == len(fifo.log) else None
+
     # ----------------------------------------------------------------------- timers
 
     def next_deadline(self) -> float | None:
