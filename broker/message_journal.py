@@ -99,13 +99,16 @@ class MessageJournal:
 
     def body_dropped(self, stored: Stored) -> None:
         """No queue holds the message any more: its body is not needed."""
-        file = stored[5]
-        in_file = self._file_live.get(file, 0) - 1
-        if in_file > 0:
-            self._file_live[file] = in_file
+        self._file_released(stored[5])
+        self.segment_released(stored[1], stored[2])
+
+    def _file_released(self, file: int) -> None:
+        """One stored message fewer has its E record in index file ``file``."""
+        left = self._file_live.get(file, 0) - 1
+        if left > 0:
+            self._file_live[file] = left
         else:
             self._file_live.pop(file, None)
-        self.segment_released(stored[1], stored[2])
 
     def segment_used(self, worker: int, segment: int) -> None:
         """A message's body is in this segment: a persistent one, or a transient one paged out
@@ -168,12 +171,7 @@ class MessageJournal:
         file = self.index_file
         if stored[5] != file:
             if message.origin is None:  # a dead-letter copy is not counted (enqueued)
-                old = stored[5]
-                left = self._file_live.get(old, 0) - 1
-                if left > 0:
-                    self._file_live[old] = left
-                else:
-                    self._file_live.pop(old, None)
+                self._file_released(stored[5])
                 self._file_live[file] = self._file_live.get(file, 0) + 1
             stored = (*stored[:5], file)
             message.stored = stored  # type: ignore[misc]  # FullMessage's slot
