@@ -110,7 +110,6 @@ class _WorkerSlot:
         self.process: trio.Process | None = None
         self.ready = False
         self.pending: list[bytes] = []  # encoded events that did not fit the ring
-        self.frees: list[int] = []  # arena blocks to free, sent before the next events
 
 
 class Supervisor:
@@ -354,7 +353,6 @@ class Supervisor:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
         w.pending.clear()
-        w.frees.clear()  # the sweep below frees every block nothing refers to
         w.region.request_ring.reset()
         w.region.event_ring.reset()
         w.region.clear_slots()
@@ -375,16 +373,7 @@ class Supervisor:
         await trio.sleep(RESTART_BACKOFF / 10)  # _supervise resets the rings
 
     def _free_body(self, region: int, offset: int) -> None:
-        """A block of worker ``region``'s arena is free. A running worker frees it itself
-        (``Freed``, ahead of the events that follow, an ``ArenaFreed`` among them): the
-        supervisor never touches the arena's pages, which would count them in its memory too
-        (S8). Before a worker runs -- a restore at start -- the supervisor frees it (the arena
-        lets any process free)."""
-        w = self.workers[region]
-        if w.ready:
-            w.frees.append(offset)
-        else:
-            w.region.arena.free(offset)
+        self.workers[region].region.arena.free(offset)
 
     # ------------------------------------------------------------ the rings
 
@@ -439,11 +428,8 @@ class Supervisor:
         for w in self.workers:
             out = self.dispatcher.outbox[w.index]
             slots = self.dispatcher.notify[w.index]
-            if not (out or slots or w.pending or w.frees):
+            if not (out or slots or w.pending):
                 continue
-            if w.frees:
-                w.pending.append(encode(r.Freed(w.frees)))
-                w.frees = []
             if out:
                 w.pending.extend(encode(e) for e in out)
                 out.clear()

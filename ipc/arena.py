@@ -17,10 +17,7 @@ replacement worker attaches to it as it is.
 
 Only the owning worker allocates. *Any* process frees, by storing FREE into
 the block's state byte -- nothing else -- so freeing needs no message to the
-owner. (The supervisor still sends a running worker its frees, ``Freed``: a
-process that writes a header maps that page, and the supervisor's memory
-would count most of every arena. It frees directly only before a worker runs,
-and sweeps a dead worker's arena.) That is safe while the owner allocates concurrently because the two
+owner. That is safe while the owner allocates concurrently because the two
 never write the same byte: a free() only touches a USED block, and the
 allocator only rewrites headers of FREE blocks (which nobody else writes,
 since a FREE block becomes USED only through the allocator). The worst a

@@ -434,14 +434,6 @@ class ListConnections(_Record, frozen=True, tag="lsconns"):
     request: int
 
 
-class Freed(_Record, frozen=True, tag="freed"):
-    """Free these blocks of this worker's arena: their messages are gone. The supervisor
-    hands a running worker its frees instead of writing into the arena itself, so that the
-    arena's pages are mapped in one process (the supervisor's memory stays its own)."""
-
-    offsets: list[int]
-
-
 class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
     """Blocks of this worker's arena were freed since its ``ArenaWait``: allocate again."""
 
@@ -465,7 +457,6 @@ Event = (
     | Cancelled
     | Blocked
     | Credit
-    | Freed
     | ArenaFreed
     | PageOut
     | ListConnections

@@ -272,10 +272,6 @@ class Worker:
                 self.block_reason = reason if active else "low on memory"
                 self._tell_blocked()
                 self.on_blocked(active)
-            case r.Freed(offsets=offsets):
-                free = self.region.arena.free
-                for offset in offsets:
-                    free(offset)
             case r.ArenaFreed():
                 self.on_arena_freed()
             case r.PageOut(bodies=bodies):

@@ -13,7 +13,6 @@ import pytest
 from broker import errors
 from broker.errors import AMQPError
 from ipc import records as r
-from ipc.arena import BlockState
 from ipc.region import Region
 from ipc.wakeup import EventFd
 from workers.worker import Worker
@@ -152,19 +151,3 @@ def test_a_requeue_or_any_other_request_wakes_the_supervisor_and_carries_the_ack
     assert not worker.lazy_pending
     assert [worker.codec.decode_request(raw) for raw in worker.region.request_ring.get_all_nowait()
             ] == [r.Settle(1, 2, [9], r.ACK), urgent]
-
-
-def test_freed_blocks_are_freed_by_the_worker_that_owns_the_arena(worker: Worker) -> None:
-    """The supervisor hands a running worker its frees (Freed) instead of writing into the
-    arena itself."""
-    arena = worker.region.arena
-    blocks = [arena.alloc(100), arena.alloc(100), arena.alloc(100)]
-    assert None not in blocks
-
-    def used() -> list[int]:
-        return [b.payload for b in arena.blocks() if b.state is BlockState.USED]
-
-    assert used() == blocks
-    _send(worker, r.Freed([blocks[0], blocks[2]]))
-    assert worker.handle_events() == 1
-    assert used() == [blocks[1]]
