@@ -334,10 +334,10 @@ class FeaturedQueue(Queue):
         yield from list(self._acquired.values())
 
     def stored_in(self, file: int, limit: int) -> list[tuple[Message, bool]] | None:
-        """Queue.stored_in, in arrival order. None also when a message of ``file`` has a TTL:
-        its E record says when it was enqueued, which the queue does not keep."""
+        """Queue.stored_in, in arrival order (every entry is in it, acquired ones too). None
+        when more than ``limit`` are found, or one of them has a TTL: its E record says when it
+        was enqueued, which the queue does not keep."""
         found: list[tuple[Message, bool]] = []
-        looked = 0
         for entry in self._order.entries:
             if entry.state is DELETED:
                 continue
@@ -351,8 +351,7 @@ class FeaturedQueue(Queue):
             if self.settings.message_ttl is not None or entry.message.expiration is not None:
                 return None
             found.append((entry.message, entry.state is ACQUIRED or entry.redelivered))
-            looked += 1
-            if looked > limit:
+            if len(found) > limit:
                 return None
         return found
 
