@@ -79,6 +79,10 @@ class Dispatcher:
         self.notify: list[list[int]] = [[] for _ in range(workers)]
         self._channels = OpenChannels()  # consumers and unsettled deliveries per channel
         self._subs = self._channels.subs  # (worker, consumer id) → Subscription, on the hot path
+        # Standing pulls (r.Pull.standing): (worker, consumer id) → how many deliveries are
+        # still asked for; those of them woken meanwhile are run before the flush.
+        self._standing: dict[tuple[int, int], int] = {}
+        self._to_serve: dict[tuple[int, int], None] = {}
         self._ids = itertools.count(1)
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             r.Hello: self._hello,
@@ -222,6 +226,8 @@ class Dispatcher:
             self._conn_close(worker, r.ConnClose(conn=owner[1]))
         self.outbox[worker].clear()
         self.notify[worker].clear()
+        for key in [k for k in self._standing if k[0] == worker]:
+            del self._standing[key]
         self._credit.forget_worker(worker)
         self.pager.worker_gone(worker)
         self.confirms.forget(lambda key: key[0] == worker)
@@ -274,12 +280,19 @@ class Dispatcher:
             self._reply(worker, rec)
 
     def _wake(self, consumers: Iterable[QueueConsumer]) -> None:
+        """seed: QueueConsumer#notifyWork: the consumer's notify slot is set, or, when it has
+        a standing pull, that pull runs (before the flush: ``serve_standing``)."""
         trace = self.trace
         woken = self._credit.woken
+        standing = self._standing
         for c in consumers:
             worker, cid, slot = c.key
-            self.notify[worker].append(slot)
-            woken.add((worker, cid))
+            key = (worker, cid)
+            if key in standing:
+                self._to_serve[key] = None
+            else:
+                self.notify[worker].append(slot)
+            woken.add(key)
             if trace is not None:
                 sub = self._subs.get((worker, cid))
                 trace.notified(sub.queue.name if sub else "", worker, cid)
@@ -356,6 +369,7 @@ class Dispatcher:
         if chan is None:
             return
         for sub in self._channels.unsubscribe_all(key[0], chan):
+            self._end_standing(key[0], sub.consumer.key[1], answer=False)
             self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
         # AMQP 0-9-1 §4.7: unacknowledged messages of a closed channel are requeued.
         for held in chan.acquired.values():
@@ -378,6 +392,7 @@ class Dispatcher:
             worker, cid, _ = c.key
             if self._channels.unsubscribe(worker, cid) is None:
                 continue
+            self._end_standing(worker, cid, answer=True)
             self.outbox[worker].append(r.Cancelled(cid))
 
     # ------------------------------------------------------------ exchanges
@@ -467,6 +482,7 @@ class Dispatcher:
                                         auto_delete=True, reserved=True)
 
     def _cancel(self, worker: int, rec: r.Cancel) -> None:
+        self._end_standing(worker, rec.consumer, answer=True)
         sub = self._channels.unsubscribe(worker, rec.consumer)
         if sub is not None:
             if self.trace is not None:
@@ -475,16 +491,45 @@ class Dispatcher:
         self._reply(worker, rec)
 
     def _interest(self, worker: int, rec: r.Interest) -> None:
+        if not rec.desired:
+            self._end_standing(worker, rec.consumer, answer=True)
         sub = self._subs.get((worker, rec.consumer))
         if sub is not None:
             self._wake(sub.queue.set_notify_work_desired(sub.consumer, rec.desired))
 
     def _pull(self, worker: int, rec: r.Pull) -> None:
-        sub = self._subs.get((worker, rec.consumer))
+        self._run_pull(worker, rec.consumer, rec.max, standing=rec.standing)
+
+    def serve_standing(self) -> None:
+        """Run the standing pulls of the consumers woken since the last flush (the runtime
+        calls this before it flushes), and route the dead letters they make."""
+        to_serve = self._to_serve
+        while to_serve:
+            for key in list(to_serve):
+                del to_serve[key]
+                budget = self._standing.pop(key, None)
+                if budget is not None:
+                    self._run_pull(key[0], key[1], budget, standing=True)
+            self._wake(self.vhost.drain())
+
+    def _end_standing(self, worker: int, cid: int, *, answer: bool) -> None:
+        """A standing pull ends without deliveries: the consumer is no longer interested, is
+        cancelled or its queue went away (``answer``: the worker waits for the empty
+        ``Pulled`` that says so), or its channel closed (the worker forgot it)."""
+        if self._standing.pop((worker, cid), None) is not None and answer:
+            self.outbox[worker].append(r.Pulled(cid, [], False))
+
+    def _run_pull(self, worker: int, cid: int, max_n: int, *, standing: bool) -> None:
+        sub = self._subs.get((worker, cid))
         if sub is None:  # cancelled while the pull was in flight
-            self.outbox[worker].append(r.Pulled(rec.consumer, [], False))
+            self.outbox[worker].append(r.Pulled(cid, [], False))
             return
-        entries, more = sub.queue.pull(sub.consumer, rec.max)
+        entries, more = sub.queue.pull(sub.consumer, max_n)
+        still_open = max_n - len(entries) if standing and not more else 0
+        if still_open:
+            self._standing[(worker, cid)] = still_open
+            if not entries:
+                return  # nothing to say: the pull stays open as it was
         chan = self._channels.channel(sub.channel)
         deliveries = []
         store = sub.queue.store
@@ -495,9 +540,9 @@ class Dispatcher:
                     store.delivered(sub.queue.name, entry.message)  # first delivery: on record
             else:
                 deliveries.append(self._channels.pin(chan, entry))
-        self.outbox[worker].append(r.Pulled(rec.consumer, deliveries, more))
+        self.outbox[worker].append(r.Pulled(cid, deliveries, more, still_open))
         if self.trace is not None:
-            self.trace.pulled(worker, rec.consumer, sub.queue.name, entries)
+            self.trace.pulled(worker, cid, sub.queue.name, entries)
 
     def _get(self, worker: int, rec: r.Get) -> None:
         q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))

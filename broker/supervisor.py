@@ -421,7 +421,8 @@ class Supervisor:
     def flush(self) -> None:
         """Move every outbox into its event ring and set notify slots; wake
         each worker that sleeps (and only those). Durable topology the batch changed is on
-        disk first."""
+        disk first. Standing pulls that were woken run first (their deliveries go too)."""
+        self.dispatcher.serve_standing()
         if self.durability is not None:
             self.durability.save()
         encode = self.codec.encode

@@ -14,6 +14,7 @@ What it prints, per broker and round:
   spend less per message (fewer cs/msg, higher latency): compare rounds run side by side
   (`--base`, `--rounds`) and with similar cs/msg;
 - **us/msg**: the same CPU time divided by the deliveries within the window;
+- **sys**: the kernel's share of that CPU time (system / (user + system));
 - **cs/msg**: voluntary + involuntary context switches of the broker per delivered message
   (how many times a broker process went to sleep and was woken, roughly; psutil counts a
   process's main thread only, so RabbitMQ's beam.smp shows 0);
@@ -58,19 +59,20 @@ SPAWN_WAIT = 60.0
 DRAIN = 5.0  # after the publisher stops, how long the consumer may take to catch up
 
 
-def _cpu(processes: dict[str, psutil.Process]) -> dict[str, tuple[float, int]]:
-    """CPU-seconds (user + system) and context switches of each process now."""
+def _cpu(processes: dict[str, psutil.Process]) -> dict[str, tuple[float, int, float]]:
+    """CPU-seconds (user + system), context switches and system CPU-seconds of each process now."""
     out = {}
     for label, process in processes.items():
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
             switches = process.num_ctx_switches()
-            out[label] = (times.user + times.system, switches.voluntary + switches.involuntary)
+            out[label] = (times.user + times.system, switches.voluntary + switches.involuntary, times.system)
     return out
 
 
-def _delta(a: dict[str, tuple[float, int]], b: dict[str, tuple[float, int]]) -> dict[str, tuple[float, int]]:
-    return {k: (b[k][0] - a[k][0], b[k][1] - a[k][1]) for k in b if k in a}
+def _delta(a: dict[str, tuple[float, int, float]],
+           b: dict[str, tuple[float, int, float]]) -> dict[str, tuple[float, int, float]]:
+    return {k: (b[k][0] - a[k][0], b[k][1] - a[k][1], b[k][2] - a[k][2]) for k in b if k in a}
 
 
 def run_once(broker: Broker, seconds: float, rate: float, warmup: float, idle: float) -> dict[str, Any]:
@@ -135,15 +137,16 @@ def run_once(broker: Broker, seconds: float, rate: float, warmup: float, idle: f
     cpu, wall, delivered = _delta(c0, c1), t1 - t0, n1 - n0
     cpu = {f"{k}({'+'.join(sorted(roles[k]))})" if k in roles else k: v for k, v in cpu.items()}
     idle_cpu = _delta(i0, i1)
-    total_cpu = sum(c for c, _ in cpu.values())
+    total_cpu = sum(c for c, _, _ in cpu.values())
     result.update(
         wall_s=round(wall, 3),
         delivered=delivered,
-        cores={k: round(c / wall, 3) for k, (c, _) in cpu.items()},
+        cores={k: round(c / wall, 3) for k, (c, _, _) in cpu.items()},
+        system_share=round(sum(s for _, _, s in cpu.values()) / total_cpu, 3) if total_cpu else None,
         cores_total=round(total_cpu / wall, 3),
         us_per_msg=round(total_cpu / delivered * 1e6, 1) if delivered else None,
-        cs_per_msg=round(sum(s for _, s in cpu.values()) / delivered, 2) if delivered else None,
-        idle_cores=round(sum(c for c, _ in idle_cpu.values()) / (t_i1 - t_i0), 4),
+        cs_per_msg=round(sum(s for _, s, _ in cpu.values()) / delivered, 2) if delivered else None,
+        idle_cores=round(sum(c for c, _, _ in idle_cpu.values()) / (t_i1 - t_i0), 4),
         latency=latency_summary(r.get("latencies_us", b"") for r in results if r.get("role") == "consumer"),
         clients_cores={r.get("role"): round(r["cpu_s"] / r["wall_s"], 3) for r in results if r.get("wall_s")},
     )
@@ -156,7 +159,7 @@ def _line(result: dict[str, Any]) -> str:
     flag = "  ! " + "; ".join(result["errors"]) if result["errors"] else ""
     return (
         f"{result['label']:<14} cores {result['cores_total']:.3f} ({per})  {result['us_per_msg']} us/msg  "
-        f"{result['cs_per_msg']} cs/msg  idle {result['idle_cores']:.3f}  "
+        f"{result['cs_per_msg']} cs/msg  sys {result['system_share']:.0%}  idle {result['idle_cores']:.3f}  "
         f"p50 {lat.get('p50_ms')} ms  p99 {lat.get('p99_ms')} ms{flag}"
     )
 

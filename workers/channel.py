@@ -514,7 +514,7 @@ class Channel:
         """Deliveries from a pull: the seed's step 12, onto the IO buffer. The target's credit
         is looked at again in :meth:`after_pull`, once the owner has handed the deliveries
         to the connection (whose back-pressure they may turn on)."""
-        self.credit.pull_answered(target)
+        self.credit.pull_answered(target, ev.open)
         if self.closing:  # ChanClose requeues whatever this pull acquired
             return self.take_output()
         if not target.active:  # cancelled (nowait) while the pull was in flight
@@ -546,7 +546,9 @@ class Channel:
             self._out.events.append(Deliveries(self.number, target.tag, messages))
         self._settle(done, r.ACK)
         target.more = ev.more
-        target.notified = ev.more or target.renotified
+        # A standing pull that stays open covers every later notification: the supervisor
+        # runs it instead of setting our slot, and one set before it ran is answered here.
+        target.notified = ev.more or (target.renotified and not ev.open)
         target.renotified = False
         return self.take_output()
 

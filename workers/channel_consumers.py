@@ -122,7 +122,9 @@ class ChannelConsumers:
             requests.append(r.Interest(target.id, target.interested))
         if credit > 0 and target.notified and not target.pulling:
             self.credit.pull_sent(target, credit)
-            requests.append(r.Pull(target.id, credit))
+            # Standing (r.Pull.standing) unless the channel's consumers share a global prefetch:
+            # there the credit a standing pull kept would be missing to the others.
+            requests.append(r.Pull(target.id, credit, not self.credit.global_prefetch))
 
     def refresh_all(self, out: ChannelOutput) -> None:
         for target in self.by_tag.values():

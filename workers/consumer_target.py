@@ -49,12 +49,17 @@ class ChannelCredit:
         self.pull_reserved = 0  # credit held by this channel's pulls in flight
 
     def pull_sent(self, target: ConsumerTarget, n: int) -> None:
-        target.pulling = n
+        target.pulling = target.reserved = n
         self.pull_reserved += n
 
-    def pull_answered(self, target: ConsumerTarget) -> None:
-        self.pull_reserved -= target.pulling
-        target.pulling = 0
+    def pull_answered(self, target: ConsumerTarget, still_open: int = 0) -> None:
+        """The pull's answer came: what it reserved is back. ``still_open``: the part of a
+        standing pull the supervisor keeps open; it reserves nothing of the channel's, as
+        standing pulls are asked for only without basic.qos global=true (a global prefetch set
+        later may be passed by at most that much, once)."""
+        self.pull_reserved -= target.reserved
+        target.reserved = 0
+        target.pulling = still_open
 
     def held(self, target: ConsumerTarget) -> None:
         """A delivery to ``target`` is held until acked: it counts against prefetch."""
@@ -87,6 +92,7 @@ class ConsumerTarget:
         "pulling",
         "queue",
         "renotified",
+        "reserved",
         "slot",
         "tag",
         "unacked",
@@ -109,7 +115,8 @@ class ConsumerTarget:
         self.unacked = 0
         self.active = False  # consume-ok sent: deliveries may flow
         self.notified = False  # the supervisor set our slot and we have not given it up
-        self.pulling = 0  # size of the Pull in flight (one at a time), reserved credit
+        self.pulling = 0  # size of the Pull in flight (one at a time), or its standing rest
+        self.reserved = 0  # of it, what the channel's credit holds for it (ChannelCredit)
         self.interested = False  # what the supervisor last heard from us
         # Our slot was set while a pull was in flight. The supervisor keeps a consumer
         # Notified until it answers the pull, so such a notification is newer than that

@@ -24,8 +24,9 @@ from tests.workers.helpers import (
 from workers.consumer_target import PULL_BATCH, ConsumerTarget
 
 
-def deliver(h: Harness, target: ConsumerTarget, entries: list[int], more: bool = False) -> None:
-    h.supervisor(r.Pulled(target.id, [h.delivery(e) for e in entries], more))
+def deliver(h: Harness, target: ConsumerTarget, entries: list[int], more: bool = False,
+            still_open: int = 0) -> None:
+    h.supervisor(r.Pulled(target.id, [h.delivery(e) for e in entries], more, still_open))
 
 
 def delivery_tags(frames: list[tuple[int, Any]]) -> list[tuple[int, int | None]]:
@@ -64,7 +65,7 @@ def test_prefetch_exhausted_makes_consumer_uninterested_and_ack_restores() -> No
     h = Harness()
     target = with_prefetch(h, 2)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 2)]
+    assert h.take() == [r.Pull(target.id, 2, True)]
     deliver(h, target, [11], more=True)
     assert interests(h.take()) == []  # one unacked, one credit left
     h.notify(target)
@@ -76,7 +77,7 @@ def test_prefetch_exhausted_makes_consumer_uninterested_and_ack_restores() -> No
     # The last pull said the queue has more: the credit is pulled with the Interest, not
     # after a notification's round trip (ConsumerTarget.more).
     assert h.take() == [r.Settle(CONN, 1, [11], r.ACK), r.Interest(target.id, True),
-                        r.Pull(target.id, 1)]
+                        r.Pull(target.id, 1, True)]
 
 
 def test_an_ack_after_a_pull_that_emptied_the_queue_only_restores_interest() -> None:
@@ -84,7 +85,7 @@ def test_an_ack_after_a_pull_that_emptied_the_queue_only_restores_interest() -> 
     h = Harness()
     target = with_prefetch(h, 1)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 1)]
+    assert h.take() == [r.Pull(target.id, 1, True)]
     deliver(h, target, [11], more=False)
     assert h.take() == [r.Interest(target.id, False)]
     h.client(1, commands.Basic.Ack(delivery_tag=1))
@@ -96,7 +97,7 @@ def test_notify_leads_to_one_pull_of_the_credit() -> None:
     h = Harness()
     target = with_prefetch(h, 5)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 5)]
+    assert h.take() == [r.Pull(target.id, 5, True)]
     h.notify(target)
     h.refresh()
     assert h.take() == []
@@ -109,7 +110,7 @@ def test_pulled_with_more_pulls_again_with_remaining_credit() -> None:
     h.notify(target)
     h.take()
     deliver(h, target, [1, 2], more=True)
-    assert pulls(h.take()) == [r.Pull(target.id, 3)]
+    assert pulls(h.take()) == [r.Pull(target.id, 3, True)]
 
 
 def test_pulled_without_more_stops_until_next_notify() -> None:
@@ -123,7 +124,7 @@ def test_pulled_without_more_stops_until_next_notify() -> None:
     h.refresh()
     assert h.take() == []
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 4)]
+    assert h.take() == [r.Pull(target.id, 4, True)]
 
 
 def test_notify_seen_before_the_answer_of_the_pull_in_flight_is_not_lost() -> None:
@@ -134,11 +135,11 @@ def test_notify_seen_before_the_answer_of_the_pull_in_flight_is_not_lost() -> No
     h = Harness()
     target = with_prefetch(h, 5)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 5)]
+    assert h.take() == [r.Pull(target.id, 5, True)]
     h.notify(target)  # the slot, read before the Pulled event below
     assert h.take() == []
     deliver(h, target, [1], more=False)
-    assert pulls(h.take()) == [r.Pull(target.id, 4)]
+    assert pulls(h.take()) == [r.Pull(target.id, 4, True)]
     deliver(h, target, [], more=False)  # that round is over: nothing more until notified
     assert h.take() == []
 
@@ -148,7 +149,65 @@ def test_unlimited_consumer_pulls_a_batch() -> None:
     h = Harness()
     target = consumer(h)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, PULL_BATCH)]
+    assert h.take() == [r.Pull(target.id, PULL_BATCH, True)]
+
+
+# -- standing pulls (r.Pull.standing) -------------------------------------------------
+
+
+def test_a_standing_pull_left_open_asks_for_nothing_more() -> None:
+    """The supervisor keeps the rest of the pull open (``open``): deliveries come without
+    another Pull, and a notification set before the answer was covered by it."""
+    h = Harness()
+    target = with_prefetch(h, 10)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 10, True)]
+    h.notify(target)  # the slot was set again while the pull was in flight
+    deliver(h, target, [11], still_open=9)
+    assert pulls(h.take()) == []
+    assert (target.pulling, target.notified) == (9, False)
+    deliver(h, target, [12], still_open=8)
+    assert pulls(h.take()) == []
+    assert delivery_tags(h.frames()) == [(1, 1), (1, 2)]
+
+
+def test_a_standing_pull_that_ends_leaves_the_consumer_waiting_for_a_notification() -> None:
+    h = Harness()
+    target = with_prefetch(h, 2)
+    h.notify(target)
+    h.take()
+    deliver(h, target, [11], still_open=1)
+    deliver(h, target, [12])
+    assert target.pulling == 0
+    assert h.take() == [r.Interest(target.id, False)]  # both credits are out
+    h.client(1, commands.Basic.Ack(delivery_tag=2, multiple=True))
+    assert h.take() == [r.Settle(CONN, 1, [11, 12], r.ACK), r.Interest(target.id, True)]
+
+
+def test_a_cancelled_consumer_is_kept_until_its_standing_pull_is_ended() -> None:
+    """basic.cancel with a pull left open: the target stays known until the supervisor's
+    empty answer, and what a pull brought meanwhile goes back to the queue."""
+    h = Harness()
+    target = with_prefetch(h, 5)
+    h.notify(target)
+    h.take()
+    deliver(h, target, [], still_open=5)
+    h.client(1, commands.Basic.Cancel(consumer_tag="c1", nowait=True))
+    assert isinstance(h.take()[0], r.Cancel)
+    deliver(h, target, [31], still_open=4)  # run before the supervisor saw the cancel
+    assert h.take() == [r.Settle(CONN, 1, [31], r.REQUEUE)]
+    assert h.handler.worker.targets.get(target.id) is target
+    deliver(h, target, [])  # the cancel's answer
+    assert h.handler.worker.targets.get(target.id) is None
+
+
+def test_global_qos_pulls_are_not_standing() -> None:
+    """Under basic.qos global=true the channel's consumers share the credit: a pull left
+    open would keep it from the others."""
+    h = Harness()
+    target = with_prefetch(h, 3, global_=True)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 3, False)]
 
 
 def test_global_qos_is_shared_by_the_channels_consumers() -> None:
@@ -217,9 +276,9 @@ def test_no_ack_consumer_ignores_prefetch_and_settles_on_delivery() -> None:
     h.client(1, commands.Basic.Qos(prefetch_count=1))
     target = consumer(h, no_ack=True)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, PULL_BATCH)]
+    assert h.take() == [r.Pull(target.id, PULL_BATCH, True)]
     deliver(h, target, [21, 22], more=True)
-    assert h.take() == [r.Settle(CONN, 1, [21, 22], r.ACK), r.Pull(target.id, PULL_BATCH)]
+    assert h.take() == [r.Settle(CONN, 1, [21, 22], r.ACK), r.Pull(target.id, PULL_BATCH, True)]
     assert delivery_tags(h.frames()) == [(1, 1), (1, 2)]
     assert not h.channel().unacked and target.unacked == 0
 
@@ -235,7 +294,7 @@ def test_consume_before_consume_ok_does_not_pull() -> None:
     h.supervisor(r.Reply(CONN, 1, "consume"))
     [(n, ok)] = methods(h.frames())
     assert n == 1 and isinstance(ok, commands.Basic.ConsumeOk) and ok.consumer_tag == "c1"
-    assert h.take() == [r.Pull(target.id, PULL_BATCH)]
+    assert h.take() == [r.Pull(target.id, PULL_BATCH, True)]
 
 
 def test_channel_flow_switches_interest() -> None:

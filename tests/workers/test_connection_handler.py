@@ -28,7 +28,7 @@ def test_backpressure_makes_consumers_uninterested_until_written() -> None:
     h = Harness(arena_size=HIGH_WATER + (1 << 20))
     target = consumer(h)
     h.notify(target)
-    assert pulls(h.take()) == [r.Pull(target.id, target.credit())]
+    assert pulls(h.take()) == [r.Pull(target.id, target.credit(), True)]
 
     h.supervisor(r.Pulled(target.id, [h.delivery(1, b"x" * HIGH_WATER)], more=True))
     assert h.handler.backpressured
@@ -40,7 +40,7 @@ def test_backpressure_makes_consumers_uninterested_until_written() -> None:
     assert h.take() == []  # still in flight: still back-pressured
     h.handler.written()
     # The pull had said "more": credit back, it pulls at once (ConsumerTarget.more).
-    assert h.take() == [r.Interest(target.id, True), r.Pull(target.id, target.credit())]
+    assert h.take() == [r.Interest(target.id, True), r.Pull(target.id, target.credit(), True)]
 
 
 def test_backpressure_holds_every_channel_of_the_connection() -> None:
