@@ -301,8 +301,11 @@ class Dispatcher:
         """The index log is on disk up to journal mark ``mark``: send the confirms it held."""
         if self.vhost.messages is not None:  # old index files wait for it (broker.index_moves)
             self.vhost.messages.synced = max(self.vhost.messages.synced, mark)
-        for (worker, _, _), confirm in self.confirms.release(mark):
-            self.outbox[worker].append(confirm)
+        for (worker, _, _), event in self.confirms.release(mark):
+            if type(event) is r.Confirm:
+                _send_confirm(self.outbox[worker], event)
+            else:
+                self.outbox[worker].append(event)
 
     def drop_unqueued(self, message: Message) -> None:
         """A message restored at start that no queue took: free its body."""
@@ -621,7 +624,7 @@ class Dispatcher:
             need = journal.mark if journal is not None and journal.mark > mark else 0
             if (not need and not self.confirms) or self.confirms.admit(
                     (worker, rec.conn, rec.ch), confirm, need):
-                self.outbox[worker].append(confirm)
+                _send_confirm(self.outbox[worker], confirm)
         self._wake(outcome.notify)
 
     def _settle(self, worker: int, rec: r.Settle) -> None:
@@ -644,3 +647,15 @@ class Dispatcher:
                 self._wake(held.queue.discard(held))
             else:
                 raise InternalError(f"unknown settle action {rec.action}")
+
+
+def _send_confirm(outbox: list[r.Event], confirm: r.Confirm) -> None:
+    """``confirm`` joins the outbox's last event when that is the same channel's confirm of the
+    same kind (ack or nack): one record for a run of them."""
+    if outbox:
+        last = outbox[-1]
+        if (type(last) is r.Confirm and last.ch == confirm.ch and last.conn == confirm.conn
+                and last.ack == confirm.ack):
+            outbox[-1] = r.Confirm(last.conn, last.ch, last.ack, last.count + confirm.count)
+            return
+    outbox.append(confirm)

@@ -3,9 +3,10 @@
 With ``shoal serve --data-dir`` a persistent message's header and body go to the worker's body
 log (``ipc.logfile.BodyLog``) as it is published, and its basic.ack must not reach the client
 before that log is synced up to it, whatever the supervisor says. The supervisor's ``Confirm``
-events come in publish order, one per publish in confirm mode; the gate lets one through only
-once the body of its publish (if it wrote one) is synced, and holds every later one of the
-channel behind a held one: the client counts confirms in publish order (acks and nacks alike).
+events come in publish order, each for the next ``count`` publishes in confirm mode; the gate
+lets a publish's confirm through only once the body of that publish (if it wrote one) is
+synced, and holds every later one of the channel behind a held one: the client counts confirms
+in publish order (acks and nacks alike). An event may be let through in part.
 
 A channel makes its gate at its first persistent publish in confirm mode. A gate holding
 events is in the worker's ``confirm_waiters``; after each sync the worker's sync task
@@ -16,6 +17,7 @@ events is in the worker's ``confirm_waiters``; after each sync the worker's sync
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 from ipc import records as r
 from ipc.logfile import BodyLog
@@ -36,28 +38,42 @@ class ConfirmGate:
         # (publish sequence number, BodyLog.appended after its append) of each persistent
         # publish whose Confirm has not come yet, ascending.
         self._waits: deque[tuple[int, int]] = deque()
-        self.held: deque[r.Confirm] = deque()  # Confirm events not applied yet, in order
+        self.held: deque[list[Any]] = deque()  # [ack, count] not applied yet, in order
 
     def expect(self, seq: int) -> None:
         """Publish ``seq`` has just appended its body: its confirm waits for that append's sync."""
         self._waits.append((seq, self._log.appended))
 
-    def admit(self, ev: r.Confirm, confirmed: int) -> bool:
-        """True: apply ``ev`` now (``confirmed``: the channel's confirms applied so far).
-        False: it is held until a sync lets :meth:`release` hand it back."""
-        if not self.held and self._due(confirmed + 1):
-            return True
-        self.held.append(ev)
-        self._waiters.add(self)
-        return False
+    def admit(self, ev: r.Confirm, confirmed: int) -> int:
+        """How many of ``ev``'s confirms to apply now (``confirmed``: the channel's confirms
+        applied so far); the rest are held until a sync lets :meth:`release` hand them back."""
+        n = 0
+        if not self.held:
+            while n < ev.count and self._due(confirmed + n + 1):
+                n += 1
+        if n < ev.count:
+            self.held.append([ev.ack, ev.count - n])
+            self._waiters.add(self)
+        return n
 
-    def release(self, confirmed: int) -> list[r.Confirm]:
-        """The log was synced: the held events now due, in order, for the channel to apply
-        (``confirmed``: its confirms applied so far; each event applied adds one)."""
+    def release(self, confirmed: int) -> list[tuple[bool, int]]:
+        """The log was synced: ``(ack, count)`` of the held confirms now due, in order, for the
+        channel to apply (``confirmed``: its confirms applied so far)."""
         held = self.held
-        due: list[r.Confirm] = []
-        while held and self._due(confirmed + len(due) + 1):
-            due.append(held.popleft())
+        due: list[tuple[bool, int]] = []
+        applied = confirmed
+        while held:
+            ack, count = held[0]
+            n = 0
+            while n < count and self._due(applied + n + 1):
+                n += 1
+            if n:
+                due.append((ack, n))
+                applied += n
+            if n < count:
+                held[0][1] = count - n
+                break
+            held.popleft()
         if not held:
             self._waiters.discard(self)
         return due

@@ -51,29 +51,30 @@ class PublisherConfirms:
             self.gate.expect(self.published)
 
     def on_confirm(self, ev: r.Confirm, events: list[Outgoing]) -> bool:
-        """The supervisor's confirm of the next publish; True when an ack is left to flush."""
+        """The supervisor's confirms of the next ``ev.count`` publishes; True when an ack is
+        left to flush."""
         gate = self.gate
-        if gate is None or gate.admit(ev, self.confirmed):
-            return self._apply(ev, events)
-        return False
+        n = ev.count if gate is None else gate.admit(ev, self.confirmed)
+        return self._apply(ev.ack, n, events) if n else False
 
     def release(self, events: list[Outgoing]) -> None:
         """The body log was synced: the confirms the gate held that are now due, and their ack."""
         if self.gate is not None:
-            for ev in self.gate.release(self.confirmed):
-                self._apply(ev, events)
+            for ack, n in self.gate.release(self.confirmed):
+                self._apply(ack, n, events)
             self.flush(events)
 
-    def _apply(self, ev: r.Confirm, events: list[Outgoing]) -> bool:
-        """An ack joins the batch's ack multiple (True: flush it later); a nack goes now."""
-        self.confirmed += 1
-        if ev.ack:
+    def _apply(self, ack: bool, n: int, events: list[Outgoing]) -> bool:
+        """Acks join the batch's ack multiple (True: flush it later); nacks go now, each on its
+        own, after the acks before them (a queue refused those publishes)."""
+        if ack:
+            self.confirmed += n
             return True
-        self.confirmed -= 1  # a queue refused it: nack this one, after the acks before it
-        self.flush(events)
-        self.confirmed += 1
-        events.append(Nack(self._ch, self.confirmed, False))
-        self.acked_upto = self.confirmed
+        for _ in range(n):
+            self.flush(events)
+            self.confirmed += 1
+            events.append(Nack(self._ch, self.confirmed, False))
+            self.acked_upto = self.confirmed
         return False
 
     def flush(self, events: list[Outgoing]) -> None:

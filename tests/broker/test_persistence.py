@@ -32,8 +32,9 @@ class Harness:
         self.d.outbox[worker].clear()
         return out
 
-    def declare(self, name: str, *, durable: bool) -> None:
-        self.d.handle(W0, r.QueueDeclare(1, 1, name, False, durable, False, False, {}, False))
+    def declare(self, name: str, *, durable: bool, arguments: dict[str, object] | None = None) -> None:
+        self.d.handle(W0, r.QueueDeclare(1, 1, name, False, durable, False, False, arguments or {},
+                                         False))
         self.events()
 
     def publish(self, rk: str, *, body_at: tuple[int, int, int] | None = (0, 8, 140), ch: int = 1,
@@ -66,7 +67,7 @@ def test_transient_queues_and_messages_are_not_recorded_and_confirm_at_once(h: H
     h.declare("d", durable=True)
     h.publish("t")  # persistent, transient queue
     h.publish("d", body_at=None)  # transient message, durable queue
-    assert h.events() == [r.Confirm(1, 1, True), r.Confirm(1, 1, True)]
+    assert h.events() == [r.Confirm(1, 1, True, 2)]  # one record for the channel's run
     assert h.journal.take() == []
 
 
@@ -78,7 +79,19 @@ def test_a_confirm_on_the_same_channel_waits_behind_a_held_one_and_other_channel
     h.publish("t", ch=2)
     assert h.events() == [r.Confirm(1, 2, True)]
     h.d.index_synced(h.journal.mark)
-    assert h.events() == [r.Confirm(1, 1, True), r.Confirm(1, 1, True)]
+    assert h.events() == [r.Confirm(1, 1, True, 2)]
+
+
+def test_a_run_of_confirms_is_one_record_per_channel_and_kind(h: Harness) -> None:
+    """Confirms fold into the outbox's last record while it is the same channel's, of the same
+    kind: another channel's record, or a nack, starts a new one."""
+    h.declare("t", durable=False)
+    h.declare("capped", durable=False, arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+    for ch, queue in [(1, "t"), (1, "t"), (1, "t"), (2, "t"), (1, "t"), (1, "capped"), (1, "capped"),
+                      (1, "t")]:
+        h.publish(queue, ch=ch)
+    assert h.events() == [r.Confirm(1, 1, True, 3), r.Confirm(1, 2, True), r.Confirm(1, 1, True),
+                          r.Confirm(1, 1, False, 2), r.Confirm(1, 1, True)]
 
 
 def test_a_closed_channel_loses_its_held_confirms_before_the_close_barrier(h: Harness) -> None:

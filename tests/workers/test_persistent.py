@@ -216,6 +216,28 @@ def test_a_nack_behind_a_held_ack_keeps_its_order(body_log: BodyLog) -> None:
     assert _acks(h) == [("Ack", 1, False), ("Nack", 2, False)]
 
 
+def test_one_record_for_several_publishes_is_let_through_in_part(body_log: BodyLog) -> None:
+    """Confirm(count=3) for transient, persistent, transient: the first is acked at once, the
+    other two wait for the sync of the persistent body (the third behind the second)."""
+    h = _harness(body_log, confirm=True)
+    _publish(h, TRANSIENT)
+    _publish(h, PERSISTENT)
+    _publish(h, TRANSIENT)
+    h.supervisor(r.Confirm(CONN, 1, True, 3))
+    assert _acks(h) == [("Ack", 1, False)]
+    _sync(h, body_log)
+    assert _acks(h) == [("Ack", 3, True)]
+    assert not h.worker.confirm_waiters
+
+
+def test_a_run_of_nacks_is_a_nack_each_after_the_acks_before_it(body_log: BodyLog) -> None:
+    h = _harness(body_log, confirm=True)
+    for _ in range(4):
+        _publish(h, TRANSIENT)
+    h.supervisor(r.Confirm(CONN, 1, True, 2), r.Confirm(CONN, 1, False, 2))
+    assert _acks(h) == [("Ack", 2, True), ("Nack", 3, False), ("Nack", 4, False)]
+
+
 def test_a_sync_releases_only_the_publishes_it_covers(body_log: BodyLog) -> None:
     h = _harness(body_log, confirm=True)
     _publish(h, PERSISTENT)
