@@ -574,6 +574,11 @@ class Channel:
         self.consuming.notify(target, self._out)
         return self.take_output()
 
+    def pull_due(self, target: ConsumerTarget) -> ChannelOutput:
+        """The worker's timer: a consumer that waited for credit pulls with what it has."""
+        self.consuming.pull_due(target, self._out)
+        return self.take_output()
+
     def refresh_all(self) -> ChannelOutput:
         """Credit may have come back for every consumer (the connection's output drained)."""
         self._refresh_all()

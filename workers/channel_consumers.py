@@ -109,8 +109,13 @@ class ChannelConsumers:
         if not target.active or self.closing:
             return
         credit = target.credit()
+        # A backlog waits (the last pull came back full) and only a little credit is back:
+        # no Interest, no pull until half the prefetch is back or PULL_DEFER has passed.
+        wait = (0 < credit < target.top_up and target.more and not target.due
+                and not target.pulling and not self.credit.global_prefetch
+                and self._targets.defer(target))
         requests = out.requests
-        if (credit > 0) != target.interested:
+        if (credit > 0) != target.interested and not wait:
             target.interested = credit > 0
             if not target.interested:
                 target.notified = target.renotified = False  # the supervisor hands the work on
@@ -120,11 +125,18 @@ class ChannelConsumers:
                 # decides which of them takes it.
                 target.notified = True
             requests.append(r.Interest(target.id, target.interested))
-        if credit > 0 and target.notified and not target.pulling:
+        if credit > 0 and target.notified and not target.pulling and not wait:
             self.credit.pull_sent(target, credit)
             # Standing (r.Pull.standing) unless the channel's consumers share a global prefetch:
             # there the credit a standing pull kept would be missing to the others.
             requests.append(r.Pull(target.id, credit, not self.credit.global_prefetch))
+
+    def pull_due(self, target: ConsumerTarget, out: ChannelOutput) -> None:
+        """PULL_DEFER has passed for ``target``: it pulls with the credit it has."""
+        if self.owns(target):
+            target.due = True
+            self.refresh(target, out)
+            target.due = False
 
     def refresh_all(self, out: ChannelOutput) -> None:
         for target in self.by_tag.values():

@@ -387,6 +387,11 @@ class ConnectionHandler:
         if ch is not None:
             self.apply(ch, ch.on_cancelled(target))
 
+    def pull_due(self, target: ConsumerTarget) -> None:
+        ch = self._channel_of(target)
+        if ch is not None:
+            self.apply(ch, ch.pull_due(target))
+
     def notify(self, target: ConsumerTarget) -> None:
         ch = self._channel_of(target)
         if ch is not None:

@@ -19,9 +19,14 @@ the targets by slot (a set slot is a notification for the target that holds it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 # Most messages one Pull may ask for: bounds the burst one consumer can take
 # from the supervisor in one turn when it has unlimited credit.
 PULL_BATCH = 128
+# Longest a consumer with a backlog waits for half its prefetch to come back before it pulls
+# what it has (ConsumerTarget.top_up; the worker's timer, ConsumerTargets.defer).
+PULL_DEFER = 0.001
 
 
 class Backpressure:
@@ -82,6 +87,7 @@ class ConsumerTarget:
         "browse",
         "ch",
         "conn",
+        "due",
         "id",
         "interested",
         "more",
@@ -95,6 +101,7 @@ class ConsumerTarget:
         "reserved",
         "slot",
         "tag",
+        "top_up",
         "unacked",
     )
 
@@ -127,6 +134,12 @@ class ConsumerTarget:
         # returns (an ack), we pull with our Interest instead of waiting to be notified: a
         # consumer acking each message from a backlog saves a round trip per message.
         self.more = False
+        # Credit to wait for before pulling from a backlog: half the prefetch. A consumer acking
+        # each message would otherwise pull one message per ack (Interest, Pull, deliveries,
+        # Interest again: four records a message); it waits at most PULL_DEFER for it (``due``
+        # once that has passed).
+        self.top_up = max(1, min(prefetch, PULL_BATCH) // 2) if prefetch else 1
+        self.due = False
 
     @property
     def settles_on_delivery(self) -> bool:
@@ -153,6 +166,11 @@ class ConsumerTargets:
     the targets by id (events name them) and by slot (a set slot names one)."""
 
     def __init__(self, slots: int) -> None:
+        # Targets waiting for credit to come back (ConsumerTarget.top_up) and the worker's timer
+        # that pulls for them after PULL_DEFER; without one (``arm_defer`` unset) nothing waits.
+        self.deferred: set[ConsumerTarget] = set()
+        self.arm_defer: Callable[[], object] | None = None
+        self._defer_armed = False
         self.by_id: dict[int, ConsumerTarget] = {}
         self._by_slot: dict[int, ConsumerTarget] = {}
         self._free_slots = list(range(slots - 1, -1, -1))
@@ -160,6 +178,24 @@ class ConsumerTargets:
 
     def get(self, target_id: int) -> ConsumerTarget | None:
         return self.by_id.get(target_id)
+
+    def defer(self, target: ConsumerTarget) -> bool:
+        """``target`` waits for more credit before pulling: True when a timer will pull for it
+        (``take_deferred`` after PULL_DEFER), False when the worker has none (pull now)."""
+        arm = self.arm_defer
+        if arm is None:
+            return False
+        self.deferred.add(target)
+        if not self._defer_armed:
+            self._defer_armed = True
+            arm()
+        return True
+
+    def take_deferred(self) -> set[ConsumerTarget]:
+        """The timer fired: the targets that waited (it is armed again by the next one)."""
+        deferred, self.deferred = self.deferred, set()
+        self._defer_armed = False
+        return deferred
 
     def by_slot(self, slot: int) -> ConsumerTarget | None:
         return self._by_slot.get(slot)

@@ -45,6 +45,7 @@ from workers import events as ev
 from workers.balance import AcceptBalance
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
+from workers.consumer_target import PULL_DEFER
 from workers.socket_writer import Doorbell, SocketWriter
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
@@ -149,6 +150,7 @@ class Server:
             nursery.start_soon(self._events)
             nursery.start_soon(self._flusher)
             nursery.start_soon(self._lazy_waker)
+            nursery.start_soon(self._pull_deferrer)
             nursery.start_soon(self._body_syncer)
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(self._accept, listener, nursery)
@@ -254,6 +256,27 @@ class Server:
                     worker.wake_supervisor()
         finally:
             worker.want_lazy_wake = worker.wake_supervisor
+
+    async def _pull_deferrer(self) -> None:
+        """Consumers waiting for half their prefetch before pulling from a backlog
+        (ConsumerTarget.top_up) pull what they have after PULL_DEFER. Armed from the task that
+        handled the ack (``ConsumerTargets.defer``): no trio token needed."""
+        worker = self.worker
+        targets = worker.targets
+        bell = Doorbell()
+        targets.arm_defer = bell.ring
+        try:
+            while True:
+                await bell.wait()
+                await trio.sleep(PULL_DEFER)
+                for target in targets.take_deferred():
+                    handler = worker.handlers.get(target.conn)
+                    if handler is not None:
+                        handler.pull_due(target)
+                        worker.dirty.add(handler)
+                worker.after_batch()
+        finally:
+            targets.arm_defer = None
 
     async def _body_syncer(self) -> None:
         """With a body log: a persistent publish rings, the log is synced (:func:`sync_bodies`)
