@@ -155,42 +155,42 @@ def test_unlimited_consumer_pulls_a_batch() -> None:
 # -- waiting for credit from a backlog (ConsumerTarget.top_up) ---------------------------
 
 
-def _with_timer(h: Harness) -> list[bool]:
-    """The worker's PULL_DEFER timer, as the server installs it: what arming it recorded."""
+def _all_taken(h: Harness, *, more: bool) -> tuple[ConsumerTarget, list[bool]]:
+    """A consumer with prefetch 10 that was handed 10 messages (``more``: the queue has a
+    backlog), on a worker with the PULL_DEFER timer the server installs (what arming it
+    recorded)."""
     armed: list[bool] = []
     h.handler.worker.targets.arm_defer = lambda: armed.append(True)
-    return armed
+    target = with_prefetch(h, 10)
+    h.notify(target)
+    h.take()
+    deliver(h, target, list(range(11, 21)), more=more)
+    assert h.take() == [r.Interest(target.id, False)]
+    return target, armed
+
+
+def _not_settles(h: Harness) -> list[object]:
+    return [rec for rec in h.take() if not isinstance(rec, r.Settle)]
 
 
 def test_a_consumer_acking_each_message_of_a_backlog_pulls_half_its_prefetch_at_a_time() -> None:
     """Four records a message (Interest, Pull, deliveries, Interest) become four per five."""
     h = Harness()
-    armed = _with_timer(h)
-    target = with_prefetch(h, 10)
-    h.notify(target)
-    h.take()
-    deliver(h, target, list(range(11, 21)), more=True)
-    assert h.take() == [r.Interest(target.id, False)]
+    target, armed = _all_taken(h, more=True)
     for tag in range(1, 5):
         h.client(1, commands.Basic.Ack(delivery_tag=tag))
-    assert [rec for rec in h.take() if not isinstance(rec, r.Settle)] == []
+    assert _not_settles(h) == []
     assert armed == [True]  # one timer for the wait
     h.client(1, commands.Basic.Ack(delivery_tag=5))
-    assert [rec for rec in h.take() if not isinstance(rec, r.Settle)] == [
-        r.Interest(target.id, True), r.Pull(target.id, 5, True)]
+    assert _not_settles(h) == [r.Interest(target.id, True), r.Pull(target.id, 5, True)]
 
 
 def test_the_timer_pulls_what_came_back_meanwhile() -> None:
     """A client that acks one message and then waits for the next one still gets it."""
     h = Harness()
-    armed = _with_timer(h)
-    target = with_prefetch(h, 10)
-    h.notify(target)
-    h.take()
-    deliver(h, target, list(range(11, 21)), more=True)
-    h.take()
+    target, armed = _all_taken(h, more=True)
     h.client(1, commands.Basic.Ack(delivery_tag=1))
-    assert [rec for rec in h.take() if not isinstance(rec, r.Settle)] == []
+    assert _not_settles(h) == []
     assert h.handler.worker.targets.take_deferred() == {target} and armed == [True]
     h.handler.pull_due(target)  # PULL_DEFER later
     assert h.take() == [r.Interest(target.id, True), r.Pull(target.id, 1, True)]
@@ -199,14 +199,9 @@ def test_the_timer_pulls_what_came_back_meanwhile() -> None:
 def test_without_a_backlog_credit_is_used_at_once() -> None:
     """The wait is for a queue that said it has more: a notification pulls whatever credit."""
     h = Harness()
-    armed = _with_timer(h)
-    target = with_prefetch(h, 10)
-    h.notify(target)
-    h.take()
-    deliver(h, target, list(range(11, 21)), more=False)
-    h.take()
+    target, armed = _all_taken(h, more=False)
     h.client(1, commands.Basic.Ack(delivery_tag=1))
-    assert [rec for rec in h.take() if not isinstance(rec, r.Settle)] == [r.Interest(target.id, True)]
+    assert _not_settles(h) == [r.Interest(target.id, True)]
     h.notify(target)
     assert h.take() == [r.Pull(target.id, 1, True)]
     assert armed == []
