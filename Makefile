@@ -5,6 +5,9 @@
 #   make run     start a broker on $(HOST):$(PORT) in the foreground
 #   make lint    install the lint extra (.venv/.stamp-lint), run ruff and mypy as pyproject.toml says
 #   make test    install the test and report extras (.venv/.stamp-test), run the whole suite
+#                twice: with the hot path compiled, then as pure Python (SHOAL_PURE_PYTHON=1)
+#   make compiled  build the hot path's modules with mypyc (best effort; `make run` and
+#                `make test` do it); `make pure` removes what it built
 #   make perf    a first throughput figure (perf/quick.py)
 #   make clean   remove caches and build output (keeps .venv; `make distclean` removes it too)
 
@@ -23,7 +26,15 @@ LOG_LEVEL ?= info
 PYTEST_ARGS ?=
 PERF_ARGS ?=
 
-.PHONY: venv run lint test perf clean distclean
+# The hot path compiled with mypyc (ipc/compiled.py): C extensions beside these sources, which
+# Python imports in their place. Best effort: when the build fails, everything runs as Python.
+COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler.py \
+	workers/consumer_target.py workers/channel_consumers.py workers/outgoing.py \
+	workers/connection.py ipc/ring.py ipc/arena.py
+COMPILE_STAMP := build/.stamp-compiled
+COMPILE_LOG := build/mypyc.log
+
+.PHONY: venv run lint test perf clean distclean compiled pure
 
 venv: $(STAMP)
 
@@ -41,7 +52,25 @@ $(LINT_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -e '.[lint]'
 	touch $(LINT_STAMP)
 
-run: venv
+$(COMPILE_STAMP): $(STAMP) $(COMPILED)
+	$(BIN)/python -m pip install -q -e '.[compile]'
+	rm -f workers/*.so ipc/*.so *__mypyc.*.so
+	mkdir -p build
+	if $(BIN)/mypyc $(COMPILED) > $(COMPILE_LOG) 2>&1; then \
+		touch workers/*.so ipc/*.so *__mypyc.*.so; \
+		echo "hot path compiled with mypyc: $(words $(COMPILED)) modules"; \
+	else \
+		echo "note: mypyc could not build the hot path ($(COMPILE_LOG)); it runs as pure Python"; \
+		rm -f workers/*.so ipc/*.so *__mypyc.*.so; \
+	fi
+	touch $@
+
+compiled: $(COMPILE_STAMP)
+
+pure:
+	rm -f workers/*.so ipc/*.so *__mypyc.*.so $(COMPILE_STAMP)
+
+run: venv compiled
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS)) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
 # ruff over the whole tree; mypy over the packages [tool.mypy] names (broker ipc workers cli tracing).
@@ -51,13 +80,15 @@ lint: $(LINT_STAMP)
 
 # No per-test timeout plugin on purpose: the integration fixtures bound every wait
 # (see tests/integration/harness.py).
-test: $(TEST_STAMP)
+test: $(TEST_STAMP) compiled
 	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	@echo "== the same suite as pure Python (SHOAL_PURE_PYTHON=1: the compiled modules are not imported)"
+	SHOAL_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
-perf: $(TEST_STAMP)
+perf: $(TEST_STAMP) compiled
 	$(BIN)/python -m perf.quick $(PERF_ARGS)
 
-clean:
+clean: pure
 	rm -rf build dist .pytest_cache .mypy_cache .ruff_cache perf/results
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 

@@ -10,6 +10,7 @@ import sys
 import msgspec
 import trio
 
+from ipc.compiled import compiled_modules
 from ipc.profiling import run_profiled
 from ipc.records import WorkerConfig
 from workers.server import serve
@@ -30,6 +31,11 @@ def main(argv: list[str]) -> int:
     # trio spawns from a cached thread that retires when idle. The alive pipe
     # (server._watch_supervisor) is how a worker learns the supervisor died.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if config.index == 0:  # every worker runs the same modules: one line says it
+        compiled = compiled_modules()
+        logging.getLogger("shoal.worker").info(
+            "hot path: %s", f"{len(compiled)} module(s) compiled with mypyc" if compiled
+            else "pure Python (`make compiled` builds the compiled modules)")
     run_profiled(f"worker{config.index}", trio.run, serve, config)
     return 0
 
