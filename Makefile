@@ -28,9 +28,13 @@ PERF_ARGS ?=
 
 # The hot path compiled with mypyc (ipc/compiled.py): C extensions beside these sources, which
 # Python imports in their place. Best effort: when the build fails, everything runs as Python.
+# Not compiled: classes that interpreted code subclasses (ipc/logfile.py's AppendFiles) or that
+# tests patch per instance (workers/worker.py), and frame_buffer.py (a NamedTuple of memoryviews).
 COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler.py \
 	workers/consumer_target.py workers/channel_consumers.py workers/outgoing.py \
-	workers/connection.py ipc/ring.py ipc/arena.py
+	workers/connection.py workers/channel.py workers/connection_handler.py \
+	workers/publisher_confirms.py workers/confirm_gate.py workers/delivery_tags.py \
+	workers/arenas.py workers/channel_config.py ipc/ring.py ipc/arena.py
 COMPILE_STAMP := build/.stamp-compiled
 COMPILE_LOG := build/mypyc.log
 

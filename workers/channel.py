@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 from pamqp import base
 from pamqp import commands as spec
@@ -177,7 +177,7 @@ class Channel:
         return self.take_output()
 
     def _dispatch(self, m: base.Frame) -> None:
-        run = self._METHODS.get(type(m))
+        run = _METHODS.get(type(m))
         if run is None:
             raise errors.NotImplemented_(f"{m.name} is not implemented", *method_ids(m))
         run(self, m)
@@ -393,31 +393,6 @@ class Channel:
         self._refresh_all()
         self._local_reply(spec.Channel.FlowOk(self.credit.flow_active))
 
-    _METHODS: ClassVar[dict[type, Callable[[Channel, Any], None]]] = {
-        spec.Exchange.Declare: _exchange_method,
-        spec.Exchange.Delete: _exchange_method,
-        spec.Exchange.Bind: _exchange_method,
-        spec.Exchange.Unbind: _exchange_method,
-        spec.Queue.Declare: _queue_declare,
-        spec.Queue.Bind: _queue_method,
-        spec.Queue.Unbind: _queue_method,
-        spec.Queue.Purge: _queue_method,
-        spec.Queue.Delete: _queue_method,
-        spec.Basic.Qos: _qos,
-        spec.Basic.Consume: _consume,
-        spec.Basic.Cancel: _cancel,
-        spec.Basic.Get: _get,
-        spec.Basic.Ack: _ack,
-        spec.Basic.Nack: _nack,
-        spec.Basic.Reject: _reject,
-        spec.Basic.Recover: _recover,
-        spec.Basic.RecoverAsync: _recover_async,
-        spec.Confirm.Select: _confirm_select,
-        spec.Channel.Flow: _flow,
-        spec.Tx.Select: _tx_select,
-        spec.Tx.Commit: _tx_commit,
-        spec.Tx.Rollback: _tx_rollback,
-    }
 
     # ------------------------------------------------------ acknowledgements
 
@@ -605,3 +580,32 @@ class Channel:
 
 def _nothing(_: object) -> None:
     pass
+
+
+# Channel._dispatch's table, by the method's class. A module global rather than a class attribute:
+# a class body compiled with mypyc cannot name its own methods.
+_METHODS: dict[type, Callable[[Channel, Any], None]] = {
+    spec.Exchange.Declare: Channel._exchange_method,
+    spec.Exchange.Delete: Channel._exchange_method,
+    spec.Exchange.Bind: Channel._exchange_method,
+    spec.Exchange.Unbind: Channel._exchange_method,
+    spec.Queue.Declare: Channel._queue_declare,
+    spec.Queue.Bind: Channel._queue_method,
+    spec.Queue.Unbind: Channel._queue_method,
+    spec.Queue.Purge: Channel._queue_method,
+    spec.Queue.Delete: Channel._queue_method,
+    spec.Basic.Qos: Channel._qos,
+    spec.Basic.Consume: Channel._consume,
+    spec.Basic.Cancel: Channel._cancel,
+    spec.Basic.Get: Channel._get,
+    spec.Basic.Ack: Channel._ack,
+    spec.Basic.Nack: Channel._nack,
+    spec.Basic.Reject: Channel._reject,
+    spec.Basic.Recover: Channel._recover,
+    spec.Basic.RecoverAsync: Channel._recover_async,
+    spec.Confirm.Select: Channel._confirm_select,
+    spec.Channel.Flow: Channel._flow,
+    spec.Tx.Select: Channel._tx_select,
+    spec.Tx.Commit: Channel._tx_commit,
+    spec.Tx.Rollback: Channel._tx_rollback,
+}
