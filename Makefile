@@ -60,7 +60,7 @@ $(COMPILE_STAMP): $(STAMP) $(COMPILED)
 	$(BIN)/python -m pip install -q -e '.[compile]'
 	rm -f workers/*.so ipc/*.so *__mypyc.*.so
 	mkdir -p build
-	if $(BIN)/mypyc $(COMPILED) > $(COMPILE_LOG) 2>&1; then \
+	@if $(BIN)/mypyc $(COMPILED) > $(COMPILE_LOG) 2>&1; then \
 		touch workers/*.so ipc/*.so *__mypyc.*.so; \
 		echo "hot path compiled with mypyc: $(words $(COMPILED)) modules"; \
 	else \

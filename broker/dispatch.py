@@ -294,7 +294,7 @@ class Dispatcher:
                 self.notify[worker].append(slot)
             woken.add(key)
             if trace is not None:
-                sub = self._subs.get((worker, cid))
+                sub = self._subs.get(key)
                 trace.notified(sub.queue.name if sub else "", worker, cid)
 
     def index_synced(self, mark: int) -> None:

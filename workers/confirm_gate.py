@@ -47,10 +47,7 @@ class ConfirmGate:
     def admit(self, ev: r.Confirm, confirmed: int) -> int:
         """How many of ``ev``'s confirms to apply now (``confirmed``: the channel's confirms
         applied so far); the rest are held until a sync lets :meth:`release` hand them back."""
-        n = 0
-        if not self.held:
-            while n < ev.count and self._due(confirmed + n + 1):
-                n += 1
+        n = 0 if self.held else self._due_run(confirmed, ev.count)
         if n < ev.count:
             self.held.append([ev.ack, ev.count - n])
             self._waiters.add(self)
@@ -64,9 +61,7 @@ class ConfirmGate:
         applied = confirmed
         while held:
             ack, count = held[0]
-            n = 0
-            while n < count and self._due(applied + n + 1):
-                n += 1
+            n = self._due_run(applied, count)
             if n:
                 due.append((ack, n))
                 applied += n
@@ -83,6 +78,13 @@ class ConfirmGate:
         self._waits.clear()
         self.held.clear()
         self._waiters.discard(self)
+
+    def _due_run(self, confirmed: int, count: int) -> int:
+        """How many of the ``count`` publishes after ``confirmed`` may be confirmed now, in order."""
+        n = 0
+        while n < count and self._due(confirmed + n + 1):
+            n += 1
+        return n
 
     def _due(self, seq: int) -> bool:
         """May the confirm of publish ``seq`` be applied? (Its wait is used up when it may.)"""
