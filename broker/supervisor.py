@@ -46,7 +46,7 @@ from broker.durability import Durability
 from broker.message_store import ArenasFull
 from broker.passwords import DEFAULT_USER, hashed
 from ipc import records as r
-from ipc.profiling import run_profiled
+from ipc.profiling import run_profiled, trio_instruments
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
@@ -522,7 +522,7 @@ def run(config: ServeConfig) -> int:
     log.info("Shoal %s listening on %s:%d with %d worker(s)",
              sup.instance, config.host, sup.port, config.workers)
     try:
-        run_profiled("supervisor", trio.run, sup.run)
+        run_profiled("supervisor", trio.run, sup.run, instruments=trio_instruments("supervisor"))
     finally:
         sup.cleanup()
     return 0

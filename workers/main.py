@@ -11,7 +11,7 @@ import msgspec
 import trio
 
 from ipc.compiled import compiled_modules
-from ipc.profiling import run_profiled
+from ipc.profiling import run_profiled, trio_instruments
 from ipc.records import WorkerConfig
 from workers.server import serve
 
@@ -36,7 +36,8 @@ def main(argv: list[str]) -> int:
         logging.getLogger("shoal.worker").info(
             "hot path: %s", f"{len(compiled)} module(s) compiled with mypyc" if compiled
             else "pure Python (`make compiled` builds the compiled modules)")
-    run_profiled(f"worker{config.index}", trio.run, serve, config)
+    run_profiled(f"worker{config.index}", trio.run, serve, config,
+                 instruments=trio_instruments(f"worker{config.index}"))
     return 0
 
 
