@@ -34,7 +34,7 @@ COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler
 	workers/consumer_target.py workers/channel_consumers.py workers/outgoing.py \
 	workers/connection.py workers/channel.py workers/connection_handler.py \
 	workers/publisher_confirms.py workers/confirm_gate.py workers/delivery_tags.py \
-	workers/arenas.py workers/channel_config.py ipc/ring.py ipc/arena.py
+	workers/arenas.py workers/channel_config.py workers/frame_buffer.py ipc/ring.py ipc/arena.py
 COMPILE_STAMP := build/.stamp-compiled
 COMPILE_LOG := build/mypyc.log
 

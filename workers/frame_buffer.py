@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import NamedTuple
 
 from broker.errors import (
     FrameError,  # malformed frames: connection.close 501 FRAME_ERROR
@@ -53,16 +52,19 @@ _HEADER_MIN = 14  # class, weight, body size, property flags
 _BIG_FRAME = 8192
 
 
-class Frame(NamedTuple):
-    """One complete frame; ``payload`` excludes the header and frame-end octets."""
+class Frame:
+    """One complete frame; ``payload`` excludes the header and frame-end octets. A plain class
+    (compiled, its attributes are C fields)."""
 
-    type: int
-    channel: int
-    payload: memoryview
+    __slots__ = ("channel", "payload", "type")
 
+    def __init__(self, type: int, channel: int, payload: memoryview) -> None:
+        self.type = type
+        self.channel = channel
+        self.payload = payload
 
-# tuple.__new__ skips NamedTuple's Python-level __new__: this is the hot path.
-_new_frame = tuple.__new__
+    def __repr__(self) -> str:
+        return f"Frame(type={self.type}, channel={self.channel}, payload={bytes(self.payload)!r})"
 
 
 class FrameBuffer:
@@ -74,6 +76,8 @@ class FrameBuffer:
 
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
         self.frame_max = frame_max
+        # False: next_publish always declines (every frame read on its own; tests compare both).
+        self.whole_publishes = True
         # Bytes being parsed (immutable, so payload views of it stay valid).
         self._data: bytes | bytearray | memoryview = b""
         self._view = memoryview(self._data)
@@ -154,7 +158,7 @@ class FrameBuffer:
         if self._data[end] != FRAME_END:
             raise FrameError(f"type {frame_type}, invalid frame end marker {self._data[end]}")
         self._pos = end + 1
-        return _new_frame(Frame, (frame_type, channel, self._view[pos + FRAME_HEADER_SIZE : end]))
+        return Frame(frame_type, channel, self._view[pos + FRAME_HEADER_SIZE : end])
 
     def next_publish(self) -> tuple[int, memoryview, memoryview, memoryview, int] | None:
         """A whole small publish at the read position, or None.
@@ -167,6 +171,8 @@ class FrameBuffer:
         incomplete, malformed, split bodies — is None, and is then read frame
         by frame with every check and error of ``next_frame``.
         """
+        if not self.whole_publishes:
+            return None
         data, pos = self._data, self._pos
         if len(data) - pos < 2 * FRAME_OVERHEAD + _PUBLISH_MIN:
             if self._to_rest():

@@ -40,7 +40,6 @@ from ipc import records as r
 from ipc.logfile import BodyLog, sync_files
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
-from workers import codec
 from workers import events as ev
 from workers.balance import AcceptBalance
 from workers.connection import AMQPConnection
@@ -404,6 +403,7 @@ class Server:
     async def _reader(self, handler: ConnectionHandler, sock: socket.socket) -> None:
         proto = handler.proto
         worker = self.worker
+        arena = worker.region.arena
         recv = sock.recv
         while not proto.closed:
             if handler.reading_stop is not None:
@@ -423,7 +423,8 @@ class Server:
             try:
                 for n, event in enumerate(proto.receive_data(data), 1):
                     if isinstance(event, ev.PublishReceived):
-                        await self._publish(handler, event)
+                        if worker.blocked or handler.publish_at_once(event, arena):
+                            await self._publish(handler, event)
                     else:
                         handler.handle(event)
                     if not n % EVENTS_PER_TURN:
@@ -457,34 +458,22 @@ class Server:
                 handler.wake_reader = _nothing
 
     async def _publish(self, handler: ConnectionHandler, event: ev.PublishReceived) -> None:
-        """Copy a publish into this worker's arena; wait for room when it is full
-        (the client is back-pressured by our not reading its socket)."""
-        handler.publishes = True
+        """A publish that waits: while a memory alarm is on, and for room in this worker's
+        arena (the client is back-pressured by our not reading its socket). The rest take
+        ``ConnectionHandler.publish_at_once`` without a coroutine."""
         worker = self.worker
         if worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
+            handler.publishes = True
             with _not_reading(handler):
                 while worker.blocked:
                     handler.set_blocked(True, worker.block_reason)
                     worker.after_batch()
                     await self._unblocked.wait()
-        headers, expiration, priority, reply_to = codec.publish_properties(event.header_payload)
-        header = handler.publish_header(event, reply_to)
-        if header is None:
-            return
-        size = len(header) + event.body_size
         arena = worker.region.arena
-        offset = arena.alloc(size)
-        if offset is None:
-            offset = await self._wait_for_room(handler, size)
-        view = arena.view(offset, size)
-        view[: len(header)] = header
-        pos = len(header)
-        for chunk in event.body:
-            view[pos : pos + len(chunk)] = chunk
-            pos += len(chunk)
-        handler.publish(event, offset, len(header), headers, expiration, priority)
+        while needed := handler.publish_at_once(event, arena):
+            await self._wait_for_room(handler, needed)
 
-    async def _wait_for_room(self, handler: ConnectionHandler, size: int) -> int:
+    async def _wait_for_room(self, handler: ConnectionHandler, size: int) -> None:
         """The arena has no block of ``size``: tell our publishers connection.blocked and
         wait until the supervisor has freed that much here (ArenaFreed), not polling."""
         worker = self.worker
@@ -497,9 +486,10 @@ class Server:
                 with trio.move_on_after(ARENA_RECHECK):
                     await self._arena_freed.wait()
                 offset = arena.alloc(size)
-                if offset is not None:
+                if offset is not None:  # room: the caller allocates it again, with nothing between
+                    arena.free(offset)
                     worker.set_arena_full(False)
-                    return offset
+                    return
 
 
 def _nothing() -> None:
