@@ -251,7 +251,12 @@ class Server:
             while True:
                 await bell.wait()
                 await trio.sleep(LAZY_SETTLE_DELAY)
-                if worker.lazy_pending:
+                if not worker.lazy_pending:
+                    continue
+                if worker.region.request_ring.is_empty():
+                    # The supervisor woke for something else meanwhile and read them: no wake-up.
+                    worker.lazy_pending = False
+                else:
                     worker.wake_supervisor()
         finally:
             worker.want_lazy_wake = worker.wake_supervisor
