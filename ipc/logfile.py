@@ -11,9 +11,10 @@ since a confirm waits for the sync that covers its frames. Nothing here raises o
 
 Bodies (:class:`BodyLog`, :class:`BodyReader`): each worker appends the header and body of every
 persistent message it receives to ``DIR/bodies/w<k>/<segment>.seg``, from its arena, before the
-``Publish`` record goes to the supervisor; a body's location is ``(worker, segment, offset,
-length)`` of its frame. A segment is closed at ``segment_bytes`` and the next one begun; a
-replacement worker begins a new one, never appending after a possibly torn tail. The supervisor
+``Publish`` record goes to the supervisor (queued as it is published, written in one batch per
+scheduling round); a body's location is ``(worker, segment, offset, length)`` of its frame. A
+segment is closed at ``segment_bytes`` and the next one begun; a failed write begins a new one
+too, and a replacement worker begins a new one, never appending after a possibly torn tail. The supervisor
 removes a segment once no queued message needs it, and reads bodies back only at start.
 
 Syncing happens off the event loop: :meth:`BodyLog.sync_plan` (event loop) says which files to
@@ -23,6 +24,7 @@ Syncing happens off the event loop: :meth:`BodyLog.sync_plan` (event loop) says 
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -37,6 +39,7 @@ _BODY = struct.Struct("<II")  # a body frame's payload starts with header_len, b
 BODY_OVERHEAD = FRAME.size + _BODY.size  # a body frame's bytes besides header and body
 _BODY_FRAME = struct.Struct("<IIII")  # FRAME then _BODY: what FrameSizes reads of a body frame
 SEGMENT_BYTES = 64 << 20
+IOV_MAX = 1024  # the most buffers one writev takes (Linux)
 
 
 def frame(payload: bytes) -> bytes:
@@ -112,12 +115,14 @@ class AppendFiles:
         self.synced = 0
 
     def _begin(self, path: Path, magic: bytes) -> int:
-        """Retire the file being written, if any, and begin ``path``; returns its size so far."""
+        """Begin ``path`` and retire the file being written, if any; returns its size so far.
+        (Opened first: a failed open leaves the file being written as it was.)"""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self._dir_dirty = True
         if self._fd >= 0:
             self._retired.append(self._fd)
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        self._dir_dirty = True
-        return write_all(self._fd, [magic])
+        self._fd = fd
+        return write_all(fd, [magic])
 
     @property
     def unsynced(self) -> bool:
@@ -149,7 +154,16 @@ class AppendFiles:
 
 
 class BodyLog(AppendFiles):
-    """One worker's persistent bodies: appends on the event loop, syncs in a thread."""
+    """One worker's persistent bodies: appends on the event loop, written in batches, synced in
+    a thread.
+
+    :meth:`append` does no IO: it frames a body, says where it goes, and queues the frame's
+    parts (the header and body may be views of the worker's arena, which stay valid until the
+    ``Publish`` record naming them has gone to the supervisor). :meth:`write_pending` writes
+    what is queued, one ``writev`` per IOV_MAX parts: the worker calls it before it puts
+    records on its request ring (``Worker.flush_requests``) and before a sync; ``sync_plan``
+    and ``close`` call it too. A segment is closed at ``segment_bytes`` (at a frame boundary)
+    and the next one is begun when its first frame is written."""
 
     def __init__(self, data_dir: str | os.PathLike[str], worker: int, *,
                  segment_bytes: int = SEGMENT_BYTES) -> None:
@@ -158,37 +172,94 @@ class BodyLog(AppendFiles):
         self.worker = worker
         self.segment_bytes = segment_bytes
         existing = segments(data_dir, worker)
-        self.segment = existing[-1] + 1 if existing else 0
+        self.segment = existing[-1] + 1 if existing else 0  # where appends go now
+        self._file_segment = self.segment  # the segment of the file open for writing
         self._offset = self._begin(segment_path(data_dir, worker, self.segment), BODY_MAGIC)
+        self.pending: list[bytes | memoryview] = []  # parts queued for self.segment, in order
+        self._pending_bytes = 0
+        # (segment, parts, bytes) queued for earlier segments (a rollover since the last write)
+        self._sealed: list[tuple[int, list[bytes | memoryview], int]] = []
 
     @property
     def appended(self) -> int:
-        """Appends so far: the position a sync reaches."""
+        """Appends so far (written or queued): the position a sync reaches."""
         return self.written
 
-    def _next_segment(self) -> None:
-        self.segment += 1
-        self._offset = self._begin(segment_path(self.data_dir, self.worker, self.segment), BODY_MAGIC)
-
     def append(self, header: bytes | memoryview, body: bytes | memoryview) -> tuple[int, int, int]:
-        """Write one body; returns ``(segment, offset, length)``. Not on disk until synced."""
-        prefix = _BODY.pack(len(header), len(body))
-        crc = zlib.crc32(body, zlib.crc32(header, zlib.crc32(prefix)))
-        length = FRAME.size + _BODY.size + len(header) + len(body)
-        head = FRAME.pack(length - FRAME.size, crc) + prefix
-        where = (self.segment, self._offset, length)
-        try:
-            write_all(self._fd, [head, header, body])
-        except OSError:
-            # Part of the frame may be in the file (ENOSPC half way): nothing more goes after it,
-            # so every later body's offset stays true. The next append starts a new segment.
-            self._next_segment()
-            raise
-        self._offset += length
+        """Queue one body; returns ``(segment, offset, length)``. Written by the next
+        :meth:`write_pending`, not on disk until synced."""
+        header_len = len(header)
+        body_len = len(body)
+        length = BODY_OVERHEAD + header_len + body_len
+        offset = self._offset
+        if offset >= self.segment_bytes:  # the segment is full: the next one, at a frame boundary
+            self._roll()
+            offset = self._offset
+        crc = zlib.crc32(body, zlib.crc32(header, zlib.crc32(_BODY.pack(header_len, body_len))))
+        self.pending += (_BODY_FRAME.pack(length - FRAME.size, crc, header_len, body_len),
+                         header, body)
+        self._pending_bytes += length
+        self._offset = offset + length
         self.written += 1
-        if self._offset >= self.segment_bytes:
-            self._next_segment()
-        return where
+        return (self.segment, offset, length)
+
+    def _roll(self) -> None:
+        if self.pending:
+            self._sealed.append((self.segment, self.pending, self._pending_bytes))
+            self.pending = []
+            self._pending_bytes = 0
+        self.segment += 1
+        self._offset = len(BODY_MAGIC)
+
+    def write_pending(self) -> None:
+        """Write every queued frame, in order. On a failure (ENOSPC, say) the queue is dropped
+        and OSError raised: part of it may be in the file, so nothing more goes after it --
+        later appends begin a new segment and every offset stays true. The caller treats
+        every body queued since the last write as lost (none may be confirmed)."""
+        if not self.pending:
+            return
+        try:
+            if self._sealed:
+                for segment, parts, size in self._sealed:
+                    self._write(segment, parts, size)
+            self._write(self.segment, self.pending, self._pending_bytes)
+        except OSError:
+            self._sealed = []
+            self.pending = []
+            self._pending_bytes = 0
+            self.segment += 1
+            self._offset = len(BODY_MAGIC)
+            raise
+        if self._sealed:
+            self._sealed = []
+        self.pending = []
+        self._pending_bytes = 0
+
+    def _write(self, segment: int, parts: list[bytes | memoryview], size: int) -> None:
+        if segment != self._file_segment:
+            self._file_segment = segment
+            self._begin(segment_path(self.data_dir, self.worker, segment), BODY_MAGIC)
+        fd = self._fd
+        if len(parts) > IOV_MAX:
+            for start in range(0, len(parts), IOV_MAX):
+                write_all(fd, parts[start:start + IOV_MAX])
+            return
+        written = os.writev(fd, parts)
+        if written < size:  # a partial write (a big body): write the rest
+            rest = memoryview(b"".join(parts))
+            while written < size:
+                written += os.write(fd, rest[written:])
+
+    def sync_plan(self) -> tuple[int, list[int]]:
+        """What is queued is written first (OSError as :meth:`write_pending`)."""
+        self.write_pending()
+        return super().sync_plan()
+
+    def close(self) -> None:
+        """Write what is queued (best effort) and close every file."""
+        with contextlib.suppress(OSError):
+            self.write_pending()
+        super().close()
 
 
 class BodyReader:

@@ -63,8 +63,8 @@ class HandlerWorker(Protocol):
     def body_log(self) -> BodyLog | None: ...
 
     def send(self, rec: Any) -> None: ...
-    def store_body(self, offset: int, header_len: int,
-                   body_len: int) -> tuple[int, int, int] | None: ...
+    def store_body(self, offset: int, header_len: int, body_len: int,
+                   conn: int) -> tuple[int, int, int] | None: ...
     def after_body_sync(self, call: Callable[[], object]) -> None: ...
 
 
@@ -324,7 +324,8 @@ class ConnectionHandler:
         body_at = None
         if self.worker.body_log is not None:  # --data-dir: a persistent body goes there now
             try:
-                body_at = self.worker.store_body(offset, header_len, event.body_size)
+                body_at = self.worker.store_body(offset, header_len, event.body_size,
+                                                 self.conn_id)
             except AMQPError as exc:  # it could not be (its block is freed)
                 self.fail(exc, ch)
                 return

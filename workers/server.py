@@ -223,8 +223,12 @@ class Server:
         task takes over while the request ring is full, retrying until it has room."""
         worker = self.worker
         bell = self._flush_bell
-        hook = _RoundFlush(worker, trio.lowlevel.current_trio_token(), bell.ring)
+        token = trio.lowlevel.current_trio_token()
+        hook = _RoundFlush(worker, token, bell.ring)
         worker.want_flush = _nothing  # the hook looks at the outbox every round
+        # A body write that fails in the hook closes connections: their writers are woken
+        # through the token (what the hook reschedules would wait for the next I/O).
+        worker.want_after_batch = lambda: token.run_sync_soon(worker.after_batch)
         trio.lowlevel.add_instrument(hook)
         try:
             while True:
@@ -234,6 +238,7 @@ class Server:
                 hook.retrying = False
         finally:
             worker.want_flush = bell.ring
+            worker.want_after_batch = worker.after_batch
             with contextlib.suppress(KeyError):  # trio drops an instrument that raised
                 trio.lowlevel.remove_instrument(hook)
 
@@ -292,7 +297,7 @@ class Server:
         bell = Doorbell()  # rung from tasks (a reader's publish): no trio token needed
         worker.want_body_sync = bell.ring
         try:
-            await sync_bodies(body_log, bell, worker.body_synced)
+            await sync_bodies(body_log, bell, worker.body_synced, worker.write_bodies)
         finally:
             worker.want_body_sync = _nothing
 
@@ -501,9 +506,11 @@ def _nothing() -> None:
     pass
 
 
-async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], object]) -> NoReturn:
+async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], object],
+                      write: Callable[[], object] = _nothing) -> NoReturn:
     """Sync ``body_log`` whenever it has unsynced appends (``bell`` rings after each), calling
-    ``synced`` after every sync. Group commit: appends made while a sync runs in its thread
+    ``write`` before each sync (Worker.write_bodies: the queued frames written, a failure dealt
+    with) and ``synced`` after it. Group commit: appends made while a sync runs in its thread
     are covered by the next one, which starts as soon as that one is done; with nothing
     unsynced it sleeps on the bell. A failed sync ends the worker: the confirms waiting for
     it are never sent, and the supervisor sees the worker go."""
@@ -511,6 +518,7 @@ async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], ob
         if not body_log.unsynced:
             await bell.wait()
             continue
+        write()
         appended, fds = body_log.sync_plan()
         try:
             await trio.to_thread.run_sync(sync_files, fds)

@@ -80,6 +80,10 @@ class Worker:
         if config.data_dir:
             self.body_log = BodyLog(config.data_dir, config.index)
         self.want_body_sync: Callable[[], object] = lambda: None
+        self._body_conns: set[int] = set()  # connections with bodies queued in the body log
+        # After a failed body write closed connections: their writers must be woken (the server
+        # defers it through the trio token: the write may run just before the loop sleeps).
+        self.want_after_batch: Callable[[], object] = self.after_batch
         self.confirm_waiters: set[ConfirmGate] = set()  # channels' confirms held for a sync
         # (BodyLog.appended to reach, then what to call): tx.commits waiting for a sync
         self._sync_waiters: list[tuple[int, Callable[[], object]]] = []
@@ -116,7 +120,12 @@ class Worker:
 
     def flush_requests(self) -> bool:
         """Write the outbox to the request ring; True when it all fitted. A sleeping
-        supervisor is woken unless all that was written is acks (LAZY_SETTLE_DELAY)."""
+        supervisor is woken unless all that was written is acks (LAZY_SETTLE_DELAY). The body
+        log's queued frames are written first: no record reaches the supervisor before the
+        bodies it names are in the file."""
+        body_log = self.body_log
+        if body_log is not None and body_log.pending:
+            self.write_bodies()
         if self.outbox:
             written = self.region.request_ring.put_many_nowait(self.outbox)
             del self.outbox[:written]
@@ -142,12 +151,13 @@ class Worker:
         """Every worker's open-connection count, as published in its region (workers.balance)."""
         return [self.arenas.region(k).connections for k in range(len(self.arenas))]
 
-    def store_body(self, offset: int, header_len: int,
-                   body_len: int) -> tuple[int, int, int] | None:
-        """A persistent message's header and body, from our arena, to the body log (the sync
-        task is told); where it went (``Publish.body_at``), or None for a transient message.
-        Refused (its block freed: no record will name it) when the content header is too
-        short to say (501 FRAME_ERROR) or the write fails (541: the disk is full, say)."""
+    def store_body(self, offset: int, header_len: int, body_len: int,
+                   conn: int) -> tuple[int, int, int] | None:
+        """A persistent message's header and body, from our arena, queued in the body log (the
+        sync task is told; :meth:`write_bodies` writes them); where it goes
+        (``Publish.body_at``), or None for a transient message. Refused (its block freed: no
+        record will name it) when the content header is too short to say (501 FRAME_ERROR).
+        A failed write closes connection ``conn`` (:meth:`write_bodies`)."""
         body_log = self.body_log
         if body_log is None:
             return None
@@ -158,34 +168,56 @@ class Worker:
         except codec.DecodeError as exc:
             self.region.arena.free(offset)
             raise errors.FrameError(str(exc), codec.BASIC_CLASS, codec.BASIC_PUBLISH) from exc
-        try:
-            where = body_log.append(header, body)
-        except OSError as exc:
-            self.region.arena.free(offset)
-            log.error("worker %d: cannot write a persistent message's body: %s",
-                             self.index, exc)
-            raise errors.InternalError(f"cannot store message: {exc.strerror}",
-                                       codec.BASIC_CLASS, codec.BASIC_PUBLISH) from exc
+        where = body_log.append(header, body)
+        self._body_conns.add(conn)
         self.want_body_sync()
         return where
+
+    def write_bodies(self) -> bool:
+        """Write the body log's queued frames (before any record naming them goes to the ring,
+        and before a sync); False when the write failed. Then every connection with a body in
+        the failed batch is closed with 541 INTERNAL_ERROR, as RabbitMQ does on a store
+        failure: its channels drop their confirm gates, so no later sync confirms those
+        messages. Their Publish records may still reach the supervisor (never confirmed: a
+        restart finds the frame torn or missing and forgets them)."""
+        body_log = self.body_log
+        if body_log is None:
+            return True
+        try:
+            body_log.write_pending()
+        except OSError as exc:
+            conns, self._body_conns = self._body_conns, set()
+            log.error("worker %d: cannot write persistent messages' bodies: %s; closing %d "
+                      "connection(s)", self.index, exc, len(conns))
+            for conn in conns:
+                handler = self.handlers.get(conn)
+                if handler is not None and not handler.finished:
+                    handler.fail(errors.InternalError(f"cannot store message: {exc.strerror}",
+                                                      codec.BASIC_CLASS, codec.BASIC_PUBLISH))
+                    self.dirty.add(handler)
+            self.want_after_batch()
+            return False
+        self._body_conns.clear()
+        return True
 
     def page_out(self, bodies: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """Transient bodies of our arena, (offset, header_len, body_len), to the body log for
         the supervisor to page out (broker.paging); where each went: (offset, segment, offset
         in it), segment -1 where it could not be written. Never synced: they are transient."""
-        written: list[tuple[int, int, int]] = []
         body_log = self.body_log
+        if body_log is None:
+            return [(offset, -1, 0) for offset, _, _ in bodies]
+        self.write_bodies()  # persistent bodies queued before: not lost with a failed page-out
+        own_body = self.arenas.own_body
+        written: list[tuple[int, int, int]] = []
         for offset, header_len, body_len in bodies:
-            if body_log is None:
-                written.append((offset, -1, 0))
-                continue
-            try:
-                segment, at, _ = body_log.append(*self.arenas.own_body(offset, header_len, body_len))
-            except OSError as exc:
-                log.error("worker %d: cannot page a message body out: %s", self.index, exc)
-                written.append((offset, -1, 0))
-                continue
+            segment, at, _ = body_log.append(*own_body(offset, header_len, body_len))
             written.append((offset, segment, at))
+        try:
+            body_log.write_pending()  # now: the supervisor may free the blocks once told
+        except OSError as exc:
+            log.error("worker %d: cannot page message bodies out: %s", self.index, exc)
+            return [(offset, -1, 0) for offset, _, _ in bodies]
         return written
 
     def body_synced(self) -> None:

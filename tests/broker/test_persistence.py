@@ -4,6 +4,8 @@ the index sync, body segments freed, the index file read back and messages resto
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from broker.message import Message
 from broker.message_journal import ConfirmGate, MessageJournal
 from broker.message_store import ArenasFull, IndexLog, load_index, restore
 from broker.vhost import VirtualHost
+from ipc import logfile
 from ipc import records as r
 from ipc.arena import Arena
 from ipc.logfile import BodyLog
@@ -218,6 +221,41 @@ def test_restore_brings_bodies_back_into_the_arenas_in_order_and_redelivered(tmp
     # lost, so that no later start looks for it again.
     assert journal.take() == [("R", "q", 9)]
     assert journal.live_segments() == {(W0, at[0][0])}
+
+
+def test_messages_of_a_failed_body_write_are_lost_at_restart_and_the_rest_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's batched body write failed (ENOSPC half way: one frame torn, the next never
+    written) after their Publish records had gone: the index names them, a restart finds
+    their frames torn or missing and forgets them (an R record each: never confirmed), and
+    keeps the bodies written before and after (the new segment)."""
+    bodies = BodyLog(tmp_path, W0)
+    before = bodies.append(b"H", b"before")
+    bodies.write_pending()
+    failed = [bodies.append(b"H", b"failed %d" % i * 8) for i in range(2)]
+    writev = os.writev
+
+    def torn(fd: int, parts: list[bytes]) -> int:
+        writev(fd, [b"".join(parts)[:30]])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(logfile.os, "writev", torn)
+    with pytest.raises(OSError):
+        bodies.write_pending()
+    monkeypatch.undo()
+    after = bodies.append(b"H", b"after")
+    bodies.close()
+    at = [before, *failed, after]
+    write_index(tmp_path, [e_record("q", i + 1, at[i], rk=f"k{i}") for i in range(4)])
+    vhost = VirtualHost("/")
+    vhost.declare_queue("q", owner=None, durable=True)
+    journal = vhost.messages = MessageJournal()
+    vhost.queues["q"].store = journal
+    arenas = [Arena(bytearray(1 << 16), init=True)]
+    result = restore(load_index(tmp_path), journal, tmp_path, arenas, vhost.restore_message)
+    assert (result.messages, result.lost) == (2, 2)
+    assert [e.message.routing_key for e in vhost.queues["q"].available_entries()] == ["k0", "k3"]
+    assert journal.take() == [("R", "q", 2), ("R", "q", 3)]
 
 
 def _restart(tmp_path: Path, *queues: str) -> tuple[VirtualHost, MessageJournal, IndexLog]:

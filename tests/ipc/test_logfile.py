@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+import pytest
 
 from ipc import logfile
 from ipc.logfile import BodyLog, BodyReader
@@ -69,6 +72,8 @@ def test_a_new_segment_begins_at_segment_bytes(tmp_path: Path) -> None:
     places = [log.append(b"head", bytes([n]) * 40) for n in range(5)]
     assert [segment for segment, _, _ in places] == [0, 0, 1, 1, 2]
     assert [offset for _, offset, _ in places[::2]] == [len(logfile.BODY_MAGIC)] * 3
+    assert logfile.segments(tmp_path, 1) == [0]  # queued: a segment is begun by its first write
+    log.write_pending()
     assert logfile.segments(tmp_path, 1) == [0, 1, 2]
     _, fds = log.sync_plan()
     assert len(fds) == 4  # the two retired segments, the open one, the directory
@@ -148,6 +153,7 @@ def test_a_new_body_log_on_the_same_directory_starts_a_new_segment(tmp_path: Pat
 def test_removed_segments_are_gone(tmp_path: Path) -> None:
     log = BodyLog(tmp_path, 0, segment_bytes=10)
     log.append(b"h", b"x")
+    log.append(b"h", b"y")  # in segment 1: segment 0 is full
     log.close()
     assert logfile.segments(tmp_path, 0) == [0, 1]
     logfile.remove_segment(tmp_path, 0, 0)
@@ -159,7 +165,89 @@ def test_removed_segments_are_gone(tmp_path: Path) -> None:
 def test_close_releases_every_file(tmp_path: Path) -> None:
     before = len(os.listdir("/proc/self/fd"))
     log = BodyLog(tmp_path, 0, segment_bytes=10)
-    log.append(b"h", b"x")  # one retired segment, one open, the directory
+    log.append(b"h", b"x")
+    log.append(b"h", b"y")
+    log.write_pending()  # one retired segment, one open, the directory
     assert len(os.listdir("/proc/self/fd")) == before + 3
     log.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_appends_are_queued_and_written_in_one_batch(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    log = BodyLog(tmp_path, 0)
+    calls: list[int] = []
+    writev = os.writev
+
+    def counting(fd: int, parts: list[bytes]) -> int:
+        calls.append(len(parts))
+        return writev(fd, parts)
+
+    monkeypatch.setattr(logfile.os, "writev", counting)
+    places = [log.append(b"h", bytes([n]) * n) for n in range(4)]
+    assert _file(tmp_path, 0).stat().st_size == len(logfile.BODY_MAGIC)  # no IO yet
+    assert (log.appended, log.unsynced) == (4, True)
+    log.write_pending()
+    assert calls == [12]  # three parts a frame, one writev
+    log.write_pending()  # nothing queued: nothing to do
+    assert calls == [12]
+    data = _file(tmp_path, 0).read_bytes()
+    assert [offset for offset, _ in logfile.iter_frames(data)] == [off for _, off, _ in places]
+    assert len(data) == places[-1][1] + places[-1][2]
+    log.close()
+
+
+def test_a_batch_of_more_than_iov_max_parts_is_written_in_chunks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = BodyLog(tmp_path, 0)
+    calls: list[int] = []
+    writev = os.writev
+
+    def counting(fd: int, parts: list[bytes]) -> int:
+        assert len(parts) <= logfile.IOV_MAX
+        calls.append(len(parts))
+        return writev(fd, parts)
+
+    monkeypatch.setattr(logfile.os, "writev", counting)
+    arena = bytearray(os.urandom(4000))
+    places = [log.append(memoryview(arena)[n:n + 3], memoryview(arena)[n + 3:n + 3 + n % 50])
+              for n in range(700)]  # 2,100 parts
+    _sync(log)  # a sync writes what is queued first
+    assert calls == [1024, 1024, 52]
+    reader = BodyReader(tmp_path)
+    assert [reader.read(0, *where) for where in places] == [
+        (bytes(arena[n:n + 3]), bytes(arena[n + 3:n + 3 + n % 50])) for n in range(700)]
+    reader.close()
+    log.close()
+
+
+def test_a_failed_batch_write_begins_a_new_segment(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC half way through a batch: part of it is in the file (a torn frame), the queue is
+    dropped, and later appends go to a new segment, where every offset is true."""
+    log = BodyLog(tmp_path, 0)
+    kept = log.append(b"h", b"written before")
+    log.write_pending()
+    failed = [log.append(b"h", b"lost %d" % n * 10) for n in range(3)]
+    writev = os.writev
+
+    def half(fd: int, parts: list[bytes]) -> int:
+        writev(fd, [b"".join(parts)[:40]])  # the first frame torn
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(logfile.os, "writev", half)
+    with pytest.raises(OSError, match="No space"):
+        log.write_pending()
+    monkeypatch.setattr(logfile.os, "writev", writev)
+    assert not log.pending
+    after = [log.append(b"h", b"after %d" % n) for n in range(2)]
+    assert after[0][:2] == (1, len(logfile.BODY_MAGIC))
+    _sync(log)
+    assert log.synced == log.appended == 6
+    reader = BodyReader(tmp_path)
+    assert reader.read(0, *kept) == (b"h", b"written before")
+    assert [reader.read(0, *where) for where in failed] == [None] * 3  # torn, missing
+    assert [reader.read(0, *where) for where in after] == [(b"h", b"after 0"), (b"h", b"after 1")]
+    reader.close()
+    log.close()
+    assert logfile.segments(tmp_path, 0) == [0, 1]

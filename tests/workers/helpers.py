@@ -105,11 +105,14 @@ class FakeWorker:
         self.confirm_waiters: set[ConfirmGate] = set()
         self.body_sync_wanted = 0  # times a persistent publish asked the sync task for a sync
         self._sync_waiters: list[tuple[int, Any]] = []
+        self._body_conns: set[int] = set()
+        self.want_after_batch = self.after_batch
         self.channel_resources = ChannelResources(
             self.arenas, self.targets, self.body_log, self.confirm_waiters, self.trace)
 
     # The real worker's: what a persistent publish and a body log sync do.
     store_body = Worker.store_body
+    write_bodies = Worker.write_bodies
     body_synced = Worker.body_synced
     after_body_sync = Worker.after_body_sync
 
@@ -206,7 +209,10 @@ class Harness:
 
     # worker → observed
     def take(self) -> list[Any]:
-        """The request records sent since the last call."""
+        """The request records sent since the last call (the body log's queued frames written
+        first, as Worker.flush_requests does before the ring)."""
+        if self.worker.body_log is not None:
+            self.worker.write_bodies()
         out, self.worker.requests = self.worker.requests, []
         return out
 

@@ -4,6 +4,7 @@ what arrives while a sync runs."""
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import threading
@@ -63,7 +64,7 @@ def test_without_a_data_dir_there_is_no_body_log(
         region: tuple[Region, EventFd, EventFd]) -> None:
     worker = _worker(region, "")
     assert worker.body_log is None
-    assert worker.store_body(0, 0, 0) is None
+    assert worker.store_body(0, 0, 0, 1) is None
     worker.close()
 
 
@@ -187,10 +188,114 @@ async def test_the_server_syncs_a_stored_body_and_tells_the_worker(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(srv._body_syncer)
             await trio.sleep(0.01)
-            assert worker.store_body(offset, len(head), 4) is not None
+            assert worker.store_body(offset, len(head), 4, 1) is not None
             await _until(lambda: told)
             assert told == [1]
             nursery.cancel_scope.cancel()
     finally:
         worker.close()
         worker.region.close()
+
+
+class _Handler:
+    """What Worker.write_bodies uses of a connection handler."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.failed: list[int] = []
+
+    def fail(self, exc: Exception) -> None:
+        self.failed.append(getattr(exc, "reply_code", 0))
+
+    def wake_writer(self) -> None:
+        pass
+
+
+def _stored(worker: Worker, conn: int, data: bytes) -> tuple[int, int, int]:
+    head = header.ContentHeader(0, len(data), commands.Basic.Properties(delivery_mode=2)).marshal()
+    offset = worker.region.arena.alloc(len(head) + len(data))
+    assert offset is not None
+    worker.region.arena.view(offset, len(head) + len(data))[:] = head + data
+    where = worker.store_body(offset, len(head), len(data), conn)
+    assert where is not None
+    return where
+
+
+def _size(tmp_path: Path, segment: int = 0) -> int:
+    return logfile.segment_path(tmp_path, 0, segment).stat().st_size
+
+
+def test_queued_bodies_are_written_before_the_records_go_to_the_ring(
+        region: tuple[Region, EventFd, EventFd], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = _worker(region, str(tmp_path))
+    try:
+        where = _stored(worker, 1, b"body")
+        assert _size(tmp_path) == len(logfile.BODY_MAGIC)  # queued
+        seen: list[int] = []
+        ring = worker.region.request_ring
+
+        class Watching:
+            def put_many_nowait(self, records: list[bytes]) -> int:
+                seen.append(_size(tmp_path))
+                return ring.put_many_nowait(records)
+
+        monkeypatch.setattr(worker.region, "request_ring", Watching())
+        worker.send(r.Hello(1))
+        assert worker.flush_requests()
+        assert seen == [where[1] + where[2]]  # the frame was in the file before the ring write
+    finally:
+        worker.close()
+
+
+def test_a_failed_body_write_fails_the_connections_of_its_batch_only(
+        region: tuple[Region, EventFd, EventFd], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = _worker(region, str(tmp_path))
+    written, lost, other = _Handler(), _Handler(), _Handler()
+    worker.handlers.update({1: written, 2: lost, 3: other})  # type: ignore[dict-item]
+    try:
+        _stored(worker, 1, b"written")
+        assert worker.write_bodies()
+
+        def full(fd: int, parts: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(logfile.os, "writev", full)
+        _stored(worker, 2, b"lost")
+        _stored(worker, 2, b"lost too")
+        worker.send(r.Hello(1))
+        assert worker.flush_requests()  # the records go all the same
+        assert (written.failed, lost.failed, other.failed) == ([], [541], [])
+        monkeypatch.undo()
+        after = _stored(worker, 1, b"after")
+        assert after[:2] == (1, len(logfile.BODY_MAGIC))  # a new segment
+        assert worker.write_bodies()
+        assert written.failed == []
+    finally:
+        worker.handlers.clear()
+        worker.close()
+
+
+def test_page_out_writes_at_once_and_a_failure_pages_nothing_out(
+        region: tuple[Region, EventFd, EventFd], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = _worker(region, str(tmp_path))
+    try:
+        persistent = _stored(worker, 1, b"persistent")  # queued before the page-out
+        arena = worker.region.arena
+        offset = arena.alloc(10)
+        assert offset is not None
+        arena.view(offset, 10)[:] = b"hhhhbodyyy"
+        [(at, segment, position)] = worker.page_out([(offset, 4, 6)])
+        assert (at, segment) == (offset, 0) and position == persistent[1] + persistent[2]
+        assert _size(tmp_path) == position + logfile.BODY_OVERHEAD + 10  # written, both
+        assert not worker.body_log.pending  # type: ignore[union-attr]
+
+        def full(fd: int, parts: object) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(logfile.os, "writev", full)
+        assert worker.page_out([(offset, 4, 6)]) == [(offset, -1, 0)]
+    finally:
+        worker.close()

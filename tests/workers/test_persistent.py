@@ -153,21 +153,37 @@ def test_a_content_header_too_short_to_say_is_a_frame_error(body_log: BodyLog) -
     assert body_log.appended == 0
 
 
-def test_a_body_that_cannot_be_written_refuses_the_publish(
+def test_a_failed_body_write_closes_the_connection_and_nothing_of_it_is_confirmed(
         body_log: BodyLog, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A failed write (a full disk) is 541 for the connection, never a Publish without its
-    body on disk; its arena block is freed."""
-    def full(header: object, data: object) -> tuple[int, int, int]:
+    """Bodies are queued as published and written in one batch before the records go out
+    (here: Harness.take). A failed write (a full disk) is 541 for every connection with a body
+    in the batch; their Publish records may still go (never confirmed: a restart finds the
+    frames torn or missing), and no later sync confirms them: the closed channel's gate is
+    gone and the supervisor's Confirm is ignored."""
+    h = _harness(body_log, confirm=True)
+    _publish(h, PERSISTENT, b"written")
+    h.supervisor(r.Confirm(CONN, 1, True))  # held for the sync
+
+    def full(fd: int, parts: object) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(body_log, "append", full)
-    h = _harness(body_log, confirm=True)
-    h.publish(1, b"m", PERSISTENT, exchange="", routing_key="q")
-    assert not [rec for rec in h.take() if isinstance(rec, r.Publish)]
+    monkeypatch.setattr(logfile.os, "writev", full)
+    h.publish(1, b"lost 1", PERSISTENT, exchange="", routing_key="q")
+    h.publish(1, b"lost 2", PERSISTENT, exchange="", routing_key="q")
+    assert h.frames() == []  # queued: nothing written, nothing refused yet
+    records = h.take()
+    assert [type(rec) for rec in records] == [r.Publish, r.Publish, r.ChanClose]
     [(channel, close)] = methods(h.frames())
     assert channel == 0 and isinstance(close, commands.Connection.Close)
-    assert close.reply_code == 541
-    assert h.worker.region.arena.freed == [0]
+    assert close.reply_code == 541 and "cannot store message" in close.reply_text
+    assert not h.worker.confirm_waiters and not body_log.pending
+    monkeypatch.undo()
+    h.supervisor(r.Confirm(CONN, 2, True))
+    _sync(h, body_log)  # covers the failed appends' positions: confirms nothing
+    assert body_log.synced == 3
+    assert h.frames() == []
+    # Later appends go to a new segment.
+    assert body_log.append(b"h", b"b")[:2] == (1, len(logfile.BODY_MAGIC))
 
 
 # -- confirms wait for the sync ------------------------------------------------------------
