@@ -257,6 +257,26 @@ class AMQPConnection:
             return self._events
         self._liveness.bytes_received += len(data)
         self._buffer.add_data(data)
+        return self._parse()
+
+    def receive_room(self) -> memoryview | None:
+        """Where the next bytes may be received directly (``socket.recv_into``), then passed
+        to :meth:`received_into`: the rest of a big frame (a body frame of a large message)
+        being assembled. None: receive into a new bytes and pass it to :meth:`receive_data`."""
+        if self._state is State.CLOSED:
+            return None
+        return self._buffer.big_frame_room()
+
+    def received_into(self, size: int) -> list[Event]:
+        """``size`` bytes were received into :meth:`receive_room`; the events they complete."""
+        self._events = []
+        if self._state is State.CLOSED or not size:
+            return self._events
+        self._liveness.bytes_received += size
+        self._buffer.big_frame_filled(size)
+        return self._parse()
+
+    def _parse(self) -> list[Event]:
         try:
             if self._state is State.HANDSHAKE:
                 self._read_protocol_header()

@@ -127,6 +127,23 @@ class FrameBuffer:
             self._pending.clear()
         self._set_data(data if type(data) is bytes else bytes(data))
 
+    def big_frame_room(self) -> memoryview | None:
+        """Where the rest of a big frame being assembled goes, to receive it there directly
+        (``socket.recv_into``: no bytes object, no copy out of it); None unless one is."""
+        frame = self._frame
+        if frame is None or self._rest is not None or self._pos < len(self._data):
+            return None
+        return memoryview(frame)[self._filled :]
+
+    def big_frame_filled(self, size: int) -> None:
+        """``size`` bytes were received into :meth:`big_frame_room`."""
+        frame = self._frame
+        assert frame is not None
+        self._filled += size
+        if self._filled == len(frame):
+            self._frame = None
+            self._set_data(frame)  # never written again: payload views of it stay valid
+
     def read_protocol_header(self) -> bytes | None:
         """The 8-byte protocol header, once all of it has arrived (§4.2.2)."""
         if len(self._data) - self._pos < PROTOCOL_HEADER_SIZE:

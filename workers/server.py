@@ -415,23 +415,31 @@ class Server:
         worker = self.worker
         arena = worker.region.arena
         recv = sock.recv
+        recv_into = sock.recv_into
         while not proto.closed:
             if handler.reading_stop is not None:
                 await self._stop_reading(handler)
             # Wait, then read: what trio's receive_some does, less its two checkpoints and
             # the failed recv it tries first (a client is mostly quiet between messages).
             # Every pass waits once, so a client that never pauses cannot hog the worker.
+            # The rest of a big frame is received where it is being assembled (no copy).
+            room = proto.receive_room()
             try:
                 await trio.lowlevel.wait_readable(sock)
-                data = recv(RECEIVE_SIZE)
+                if room is None:
+                    data = recv(RECEIVE_SIZE)
+                    size = len(data)
+                else:
+                    size = recv_into(room)
             except BlockingIOError:
                 continue
             except (OSError, trio.ClosedResourceError):
                 return
-            if not data:
+            if not size:
                 return
             try:
-                for n, event in enumerate(proto.receive_data(data), 1):
+                events = proto.receive_data(data) if room is None else proto.received_into(size)
+                for n, event in enumerate(events, 1):
                     if isinstance(event, ev.PublishReceived):
                         if worker.blocked or handler.publish_at_once(event, arena):
                             await self._publish(handler, event)

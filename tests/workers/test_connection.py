@@ -970,3 +970,28 @@ def test_nothing_follows_a_connection_close() -> None:
     assert conn.send(Method(0, commands.Connection.Blocked("low on memory"))) is False
     assert conn.send(Ack(1, 1, False)) is False
     assert conn.data_to_send() == b""
+
+
+def test_a_big_body_received_into_its_frame_gives_the_same_events() -> None:
+    """The worker receives the rest of a big body frame straight into the buffer the frame is
+    assembled in (``receive_room`` / ``received_into``): the same publishes come out as when
+    every read is handed over as bytes."""
+    stream = publish(1, bytes(range(256)) * 1000, frame_max=131072) + publish(1, b"small")
+    plain = opened()
+    expected = _comparable(plain.receive_data(stream))
+    direct = opened()
+    events: list[Any] = []
+    pos, into = 0, 0
+    while pos < len(stream):
+        room = direct.receive_room()
+        if room is None:
+            events += direct.receive_data(stream[pos : pos + 50_000])
+            pos += 50_000
+        else:
+            size = min(len(room), 30_000)
+            room[:size] = stream[pos : pos + size]
+            events += direct.received_into(size)
+            pos, into = pos + size, into + size
+    assert into > 0  # the rest of the first body's frames went in directly
+    assert _comparable(events) == expected
+    assert len([e for e in events if isinstance(e, PublishReceived)]) == 2

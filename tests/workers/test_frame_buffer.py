@@ -186,3 +186,45 @@ def test_a_big_frame_then_a_whole_publish_in_the_same_read() -> None:
     assert (channel, bytes(payload)) == (1, b"abc")
     buffer.skip_to(end)
     assert buffer.next_frame() is None
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(st.lists(st.integers(1, 40_000), min_size=1, max_size=30))
+def test_big_frames_received_into_their_room_reassemble_exactly(sizes: list[int]) -> None:
+    """A reader that receives the rest of a big frame straight into ``big_frame_room`` (as the
+    worker's ``recv_into`` does) gets the same frames as one that hands over every read."""
+    data, expected = _big_stream()
+    buffer = FrameBuffer(131072)
+    kept = []
+    pos, k = 0, 0
+    while pos < len(data):
+        size = sizes[k % len(sizes)]
+        room = buffer.big_frame_room()
+        if room is None:
+            buffer.add_data(data[pos : pos + size])
+        else:
+            size = min(size, len(room))
+            room[:size] = data[pos : pos + size]
+            buffer.big_frame_filled(size)
+        kept += [(f.type, f.channel, f.payload) for f in buffer]
+        pos, k = pos + size, k + 1
+    assert [(t, c, bytes(p)) for t, c, p in kept] == expected
+
+
+def test_a_big_frames_room_is_what_it_lacks() -> None:
+    """The room is the missing part of a big frame being assembled, and nothing else: no room
+    for small frames, nor while bytes that came with the frame's end are left to read."""
+    data, expected = _big_stream()
+    buffer = FrameBuffer(131072)
+    assert buffer.big_frame_room() is None
+    buffer.add_data(data[:20_000])  # "small", then the first part of the 102,400-octet frame
+    assert buffer.big_frame_room() is None  # "small" is not read yet
+    assert [bytes(f.payload) for f in buffer] == [b"small"]
+    room = buffer.big_frame_room()
+    frame_end = len(expected[0][2]) + 8 + len(expected[1][2]) + 8
+    assert room is not None and len(room) == frame_end - 20_000
+    room[:] = data[20_000:frame_end]
+    buffer.big_frame_filled(len(room))
+    assert buffer.big_frame_room() is None
+    first = buffer.next_frame()
+    assert first is not None and bytes(first.payload) == expected[1][2]
