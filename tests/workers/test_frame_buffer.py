@@ -137,18 +137,26 @@ def _big_stream() -> tuple[bytes, list[tuple[int, int, bytes]]]:
     return b"".join(_body_frame(ch, payload) for _, ch, payload in expected), expected
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["add_data", "big_frame_room"])
 @settings(max_examples=60, derandomize=True, database=None, deadline=None)
 @given(st.lists(st.integers(1, 40_000), min_size=1, max_size=30))
-def test_big_frames_split_anywhere_reassemble_exactly(sizes: list[int]) -> None:
+def test_big_frames_split_anywhere_reassemble_exactly(direct: bool, sizes: list[int]) -> None:
     """However the reads cut the stream, every frame comes out once, whole, in order, and the
-    payloads handed out stay valid while more data arrives."""
+    payloads handed out stay valid while more data arrives; also when the rest of a big frame
+    is received straight into ``big_frame_room`` (as the worker's ``recv_into`` does)."""
     data, expected = _big_stream()
     buffer = FrameBuffer(131072)
     kept = []
     pos, k = 0, 0
     while pos < len(data):
         size = sizes[k % len(sizes)]
-        buffer.add_data(data[pos : pos + size])
+        room = buffer.big_frame_room() if direct else None
+        if room is None:
+            buffer.add_data(data[pos : pos + size])
+        else:
+            size = min(size, len(room))
+            room[:size] = data[pos : pos + size]
+            buffer.big_frame_filled(size)
         kept += [(f.type, f.channel, f.payload) for f in buffer]
         pos, k = pos + size, k + 1
     assert [(t, c, bytes(p)) for t, c, p in kept] == expected
@@ -186,29 +194,6 @@ def test_a_big_frame_then_a_whole_publish_in_the_same_read() -> None:
     assert (channel, bytes(payload)) == (1, b"abc")
     buffer.skip_to(end)
     assert buffer.next_frame() is None
-
-
-@settings(max_examples=60, derandomize=True, database=None, deadline=None)
-@given(st.lists(st.integers(1, 40_000), min_size=1, max_size=30))
-def test_big_frames_received_into_their_room_reassemble_exactly(sizes: list[int]) -> None:
-    """A reader that receives the rest of a big frame straight into ``big_frame_room`` (as the
-    worker's ``recv_into`` does) gets the same frames as one that hands over every read."""
-    data, expected = _big_stream()
-    buffer = FrameBuffer(131072)
-    kept = []
-    pos, k = 0, 0
-    while pos < len(data):
-        size = sizes[k % len(sizes)]
-        room = buffer.big_frame_room()
-        if room is None:
-            buffer.add_data(data[pos : pos + size])
-        else:
-            size = min(size, len(room))
-            room[:size] = data[pos : pos + size]
-            buffer.big_frame_filled(size)
-        kept += [(f.type, f.channel, f.payload) for f in buffer]
-        pos, k = pos + size, k + 1
-    assert [(t, c, bytes(p)) for t, c, p in kept] == expected
 
 
 def test_a_big_frames_room_is_what_it_lacks() -> None:
