@@ -154,7 +154,8 @@ class Dispatcher:
     def end_batch(self) -> None:
         """Route the dead letters the batch made (pull, get, release, discard can);
         block or unblock publishers around the memory high watermark."""
-        self._wake(self.vhost.drain())
+        if woken := self.vhost.drain():
+            self._wake(woken)
         self.flow_tick()
 
     def flow_tick(self, *, all_credit: bool = False) -> None:
@@ -625,7 +626,8 @@ class Dispatcher:
             if (not need and not self.confirms) or self.confirms.admit(
                     (worker, rec.conn, rec.ch), confirm, need):
                 _send_confirm(self.outbox[worker], confirm)
-        self._wake(outcome.notify)
+        if outcome.notify:
+            self._wake(outcome.notify)
 
     def _settle(self, worker: int, rec: r.Settle) -> None:
         chan = self._channels.get((worker, rec.conn, rec.ch))
@@ -640,7 +642,8 @@ class Dispatcher:
             if isinstance(held, Pin):
                 self._unpin(held)
             elif rec.action == r.ACK:
-                self._wake(held.queue.settle(held))
+                if woken := held.queue.settle(held):  # a plain queue's ack wakes nobody
+                    self._wake(woken)
             elif rec.action == r.REQUEUE:
                 self._wake(held.queue.release(held))
             elif rec.action == r.DROP:  # reject/nack requeue=false: dead-lettered if the queue says so

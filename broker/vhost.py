@@ -78,6 +78,11 @@ class PublishOutcome(NamedTuple):
     dead_lettered: int = 0  # dead-letter copies made on the way (drop-head, reject-publish-dlx)
 
 
+# tuple.__new__ with every field skips the NamedTuple's generated __new__ (defaults, keywords):
+# one is made per publish.
+_outcome = tuple.__new__
+
+
 class VirtualHost(StepHost):
     """Exchanges, queues and bindings of one vhost; the supervisor's domain entry point."""
 
@@ -518,9 +523,9 @@ class VirtualHost(StepHost):
             # Hot path: the default exchange's bindings are exactly "each queue by its name".
             queue = self._queues.get(message.routing_key)
             if queue is None:
-                return PublishOutcome(0, [])
+                return _outcome(PublishOutcome, (0, [], (), 0))
             if queue.plain:
-                return PublishOutcome(1, queue.enqueue(message))
+                return _outcome(PublishOutcome, (1, queue.enqueue(message), (), 0))
             return self._deliver([queue], message, now)
         if not exchange.routes_only_to_queues or self._featured_queues:
             return self._deliver(self._router.route(exchange, message), message, now)
@@ -531,7 +536,7 @@ class VirtualHost(StepHost):
             if queue is not None:
                 notify += queue.enqueue(message)
                 routed += 1
-        return PublishOutcome(routed, notify)
+        return _outcome(PublishOutcome, (routed, notify, (), 0))
 
     def _deliver(self, queues: list[Queue], message: Message, now: float | None) -> PublishOutcome:
         """Offer to queues that may refuse, drop or dead-letter it at once; then drain."""
