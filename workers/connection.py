@@ -58,6 +58,13 @@ other method), splitting content by the negotiated frame_max, and refuses
 (returns False) once the connection, or the event's channel, is no longer
 open: nothing may follow a close on the wire but close-ok.  ``send_raw``
 queues bytes already encoded, under the same check.
+
+Output is taken as one bytes (``data_to_send``) or, by the runtime, as parts
+(``output_parts``): a big body of a delivery or get-ok is queued as views of
+its arena block, never copied in user space, for the runtime to hand the kernel
+with ``sendmsg``. Such a view must not outlive the synchronous step that queued
+it (the block may be freed once the delivery is settled): the runtime sends it
+at once or copies it (``seal_output``).
 """
 
 from __future__ import annotations
@@ -87,7 +94,15 @@ from workers.frame_buffer import (
     FrameBuffer,
 )
 from workers.liveness import Liveness
-from workers.outgoing import Deliveries, Method, Outgoing, encode, encode_deliveries
+from workers.outgoing import (
+    Deliveries,
+    GetOk,
+    Method,
+    Outgoing,
+    deliveries_into,
+    encode,
+    get_ok_into,
+)
 
 # -- the connection state machine ---------------------------------------------
 
@@ -189,6 +204,10 @@ class AMQPConnection:
         self._buffer = FrameBuffer(FRAME_MIN_SIZE)
         self._out: list[bytes | bytearray | memoryview] = []
         self.unsent_bytes = 0  # queued in _out (bounded by the runtime: it stops reading)
+        # Index in _out of the first part that may be a view of a body (an arena block,
+        # codec.content_into) not yet sent or copied; -1: none (see output_parts).
+        self._views_at = -1
+        self._big = False  # _out holds a big body (a view, or copied by seal_output)
         self._events: list[Event] = []
         self._channels = ChannelFrames(max_body_size, channel_max)
         self._sendable = self._channels.sendable  # send's check, one set lookup per event
@@ -322,16 +341,56 @@ class AMQPConnection:
     # -- public: output ---------------------------------------------------------
 
     def data_to_send(self) -> bytes:
-        """Everything queued for the socket since the last call."""
+        """Everything queued for the socket since the last call, as one bytes (copied)."""
         out = self._out
         if not out:
             return b""
         # One item (a 256 KiB delivery, say) goes out as it is: joining would copy it.
         data = out[0] if len(out) == 1 and type(out[0]) is bytes else b"".join(out)
         out.clear()
+        self._views_at = -1
+        self._big = False
         self.unsent_bytes = 0
         self._liveness.bytes_sent += len(data)
         return data
+
+    def output_parts(self) -> list[bytes | bytearray | memoryview]:
+        """Everything queued for the socket since the last call, as buffers to send in order
+        (``socket.sendmsg``): one bytes when no big body is queued (``data_to_send``: small
+        messages cost less joined than as many buffers), else the queued parts as they are, big
+        bodies as views of their arena blocks (not copied) or as ``seal_output`` copied them.
+
+        The caller must be done with the views before it returns to its event loop: send
+        them, and copy what the socket did not take. The block under a view may be freed once
+        the delivery is settled (a no-ack consumer's at once), or reused after that."""
+        if not self._big:
+            data = self.data_to_send()
+            return [data] if data else []
+        parts = self._out
+        self._out = []
+        self._views_at = -1
+        self._big = False
+        self._liveness.bytes_sent += self.unsent_bytes
+        self.unsent_bytes = 0
+        return parts
+
+    @property
+    def holds_views(self) -> bool:
+        """Queued output holds views of message bodies (``output_parts``, ``seal_output``)."""
+        return self._views_at >= 0
+
+    def seal_output(self) -> None:
+        """Copy the body views queued since the last call (with the parts after them) into
+        bytes: the output may then wait for the socket (the runtime's writer task) past the
+        point where the arena blocks under them may be freed."""
+        start = self._views_at
+        if start < 0:
+            return
+        out = self._out
+        tail = b"".join(out[start:])
+        del out[start:]
+        out.append(tail)
+        self._views_at = -1
 
     def _queue_out(self, data: bytes | bytearray | memoryview) -> None:
         self._out.append(data)
@@ -343,10 +402,27 @@ class AMQPConnection:
         channel = event[0]
         if self._state is not State.RUNNING or (channel and channel not in self._sendable):
             return False
-        if type(event) is Deliveries:  # one item per message: no join (no copy of bodies)
-            for data in encode_deliveries(event, self.frame_max):
-                self._out.append(data)
-                self.unsent_bytes += len(data)
+        if type(event) is Deliveries:
+            # Parts, not joined: a big body stays a view of its arena block (output_parts).
+            out = self._out
+            start = len(out)
+            try:
+                self.unsent_bytes += deliveries_into(out, event, self.frame_max)
+            except BaseException:  # nothing of the event is queued (unsent_bytes is right)
+                del out[start:]
+                raise
+            # A message copied whole is one part; one with its body as views is more.
+            if len(out) - start > len(event.messages) and self._views_at < 0:
+                self._views_at = start
+                self._big = True
+            return True
+        if type(event) is GetOk:
+            out = self._out
+            start = len(out)
+            self.unsent_bytes += get_ok_into(out, event, self.frame_max)
+            if len(out) - start > 1 and self._views_at < 0:
+                self._views_at = start
+                self._big = True
             return True
         data = encode(event, self.frame_max)
         self._out.append(data)  # _queue_out, inlined: every confirm comes this way

@@ -203,9 +203,22 @@ class ConnectionHandler:
             self.apply(ch, ch.refresh_all())
 
     def take_output(self) -> bytes:
+        """All queued output, as one bytes (body views copied): it may wait for the socket."""
         data = self.proto.data_to_send()
         self.in_flight = len(data)
         return data
+
+    def take_parts(self) -> list[bytes | bytearray | memoryview]:
+        """All queued output as parts (``AMQPConnection.output_parts``): big bodies as views of
+        their arena blocks, to be sent before the caller's step ends, or copied."""
+        size = self.proto.unsent_bytes
+        parts = self.proto.output_parts()
+        self.in_flight = size
+        return parts
+
+    def seal_output(self) -> None:
+        """Copy queued body views into bytes: the output waits for the writer task."""
+        self.proto.seal_output()
 
     def proto_has_output(self) -> bool:
         return self.proto.has_data_to_send

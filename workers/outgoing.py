@@ -50,7 +50,9 @@ class GetOk(NamedTuple):
 
 
 class Return(NamedTuple):
-    """basic.return of an unroutable mandatory publish, with its content."""
+    """basic.return of an unroutable mandatory publish, with its content. Always encoded
+    into bytes (its body copied): the worker frees the publish's arena block as soon as the
+    handler has queued it (``Worker._dispatch``), before anything is sent."""
 
     channel: int
     reply_code: int
@@ -112,6 +114,23 @@ def encode(event: Outgoing, frame_max: int) -> bytes:
     if isinstance(event, DeclareOk):
         return codec.encode_declare_ok(*event)
     return codec.encode_nack(*event)
+
+
+def deliveries_into(out: list[Buffer], event: Deliveries, frame_max: int) -> int:
+    """Each message's frames appended to ``out`` (``codec.content_into``: a big body as
+    views of it, not copied); the octets appended."""
+    channel, consumer_tag, messages = event
+    deliver_into = codec.deliver_into
+    size = 0
+    for tag, redelivered, exchange, routing_key, header, body in messages:
+        size += deliver_into(out, channel, consumer_tag, tag, redelivered, exchange,
+                             routing_key, header, body, frame_max)
+    return size
+
+
+def get_ok_into(out: list[Buffer], event: GetOk, frame_max: int) -> int:
+    """A get-ok's frames appended to ``out`` (``codec.content_into``); the octets appended."""
+    return codec.get_ok_into(out, *event, frame_max)
 
 
 def encode_deliveries(event: Deliveries, frame_max: int) -> list[bytes]:

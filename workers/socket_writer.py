@@ -4,8 +4,9 @@ The server makes one ``SocketWriter`` per connection and gives the handler its `
 ``wake_writer``. While the writer task is idle (waiting on its doorbell), output is sent from
 the caller, on the non-blocking socket: a delivery then costs no task switch and no trip through
 trio's ``send_all``. What the socket does not take, and all output while the writer is sending,
-goes to the writer task (``run``), which sends it with ``send_all``; ``drain`` lets it finish
-when the reader is done.
+goes to the writer task (``run``), which sends it as trio's ``send_all`` would; ``drain`` lets it finish
+when the reader is done. Big message bodies reach the socket from their arena blocks (sendmsg),
+copied only where the writer task must send them (``send_now``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,58 @@ from collections.abc import Callable
 
 import trio
 
+from workers.codec import Buffer
 from workers.connection_handler import ConnectionHandler
+
+IOV_MAX = 1024  # the most buffers one sendmsg takes (Linux)
+
+
+def send_parts(sock: socket.socket, parts: list[Buffer], size: int, errors: bool = False) -> int:
+    """Send ``parts`` (``size`` octets in all) on the non-blocking ``sock``, IOV_MAX buffers
+    per sendmsg, until the socket takes no more; the octets sent. An error other than a full
+    socket is raised with ``errors``, else it ends the sending as a full socket does (the
+    writer task meets it again and ends the connection)."""
+    sent = 0
+    try:
+        if len(parts) == 1:
+            return sock.send(parts[0])
+        for start in range(0, len(parts), IOV_MAX):
+            batch = parts if len(parts) <= IOV_MAX else parts[start : start + IOV_MAX]
+            want = size - sent if start + IOV_MAX >= len(parts) else sum(map(len, batch))
+            took = sock.sendmsg(batch)
+            sent += took
+            if took < want:
+                return sent
+    except BlockingIOError:
+        return sent
+    except OSError:
+        if errors:
+            raise
+        return sent
+    return sent
+
+
+def unsent(parts: list[Buffer], sent: int) -> list[Buffer]:
+    """The parts that follow the first ``sent`` octets, the first of them sliced (not copied)."""
+    for i, part in enumerate(parts):
+        size = len(part)
+        if sent < size:
+            rest = parts[i:]
+            if sent:
+                rest[0] = memoryview(part)[sent:]
+            return rest
+        sent -= size
+    return []
+
+
+def remainder(parts: list[Buffer], sent: int) -> Buffer:
+    """What of ``parts`` follows the first ``sent`` octets, copied into one bytes, unless it is
+    the end of the last part and that part is bytes (then that, or a view of it): it holds no
+    view of a buffer that ``parts`` only viewed (an arena block)."""
+    rest = unsent(parts, sent)
+    if len(rest) == 1 and type(parts[-1]) is bytes:
+        return rest[0]
+    return b"".join(rest)
 
 
 class Doorbell:
@@ -34,7 +86,9 @@ class Doorbell:
 
 
 class SocketWriter:
-    """One connection's output: sent at once while the writer task is idle, else by it."""
+    """One connection's output: sent at once while the writer task is idle, else by it.
+    ``_stream`` is the trio stream of ``_sock`` (kept for its owner; the writer sends on
+    ``_sock`` with sendmsg and waits on it with trio)."""
 
     __slots__ = (
         "_after_batch",
@@ -62,22 +116,24 @@ class SocketWriter:
 
     def send_now(self) -> None:
         """The handler has output: while the writer is idle, send it from here (the socket
-        is non-blocking) and wake the writer only for what the socket did not take."""
+        is non-blocking) and wake the writer only for what the socket did not take.
+
+        Big bodies come as views of their arena blocks (``ConnectionHandler.take_parts``),
+        which may be freed once this step is over (a settled delivery): they go to the kernel
+        with sendmsg, not copied, and what it did not take is copied into bytes for the
+        writer. While the writer is busy the output is copied (``seal_output``) at once."""
+        handler = self._handler
         if self.busy or self.last_call:
+            handler.seal_output()  # the writer takes it later: no body view may wait for it
             self.bell.ring()  # the writer is sending: it looks again before it sleeps
             return
-        handler = self._handler
-        data = handler.take_output()
-        if not data:
+        parts = handler.take_parts()
+        if not parts:
             return
-        try:
-            sent = self._sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            sent = 0  # the writer's send_all meets the same error and ends the connection
-        if sent < len(data):
-            self.pending = memoryview(data)[sent:]
+        size = handler.in_flight
+        sent = send_parts(self._sock, parts, size)
+        if sent < size:
+            self.pending = memoryview(remainder(parts, sent))  # bytes: no arena view kept
             self.busy = True  # until the writer runs: nothing may overtake the rest
             self.bell.ring()
             return
@@ -92,10 +148,17 @@ class SocketWriter:
                 self.busy = False
                 await bell.wait()
                 self.busy = True
-                data = self.pending if self.pending is not None else handler.take_output()
-                self.pending = None
-                if data:
-                    await self._stream.send_all(data)
+                pending = self.pending
+                if pending is not None:
+                    self.pending = None
+                    await self._send_all([pending], len(pending))
+                else:
+                    # Copied when it was queued (send_now while busy): sealing again is a
+                    # no-op, and the backstop of the rule that no body view waits here.
+                    handler.seal_output()
+                    parts = handler.take_parts()
+                    if parts:
+                        await self._send_all(parts, handler.in_flight)
                 handler.written()
                 self._after_batch()
                 if self.last_call and not handler.proto_has_output():
@@ -104,6 +167,22 @@ class SocketWriter:
             return
         finally:
             self.drained.set()
+
+    async def _send_all(self, parts: list[Buffer], size: int) -> None:
+        """trio's ``send_all`` for parts (none of them a view of an arena block): sendmsg what
+        the socket takes, wait until it is writable, on until all is sent. An error is trio's
+        BrokenResourceError (the connection ends)."""
+        sock = self._sock
+        while True:
+            try:
+                sent = send_parts(sock, parts, size, errors=True)
+            except OSError as exc:
+                raise trio.BrokenResourceError(str(exc)) from exc
+            if sent >= size:
+                return
+            parts = unsent(parts, sent)
+            size -= sent
+            await trio.lowlevel.wait_writable(sock)
 
     async def drain(self, grace: float) -> None:
         """The reader is done: let the writer send what is left (close-ok, connection.close),

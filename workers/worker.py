@@ -127,6 +127,10 @@ class Worker:
         if body_log is not None and body_log.pending:
             self.write_bodies()
         if self.outbox:
+            # No Settle reaches the supervisor while a body it frees is still viewed by
+            # unsent output (after_batch sends or copies it; this is the backstop).
+            if self.dirty:
+                self.seal_output()
             written = self.region.request_ring.put_many_nowait(self.outbox)
             del self.outbox[:written]
             if self._urgent or self.outbox:
@@ -373,5 +377,14 @@ class Worker:
             dirty, self.dirty = self.dirty, set()
             for handler in dirty:
                 handler.wake_writer()
+        if self.dirty:
+            self.seal_output()
         if self.outbox:
             self.want_flush()
+
+    def seal_output(self) -> None:
+        """Output not handed to a socket in this step (handlers left dirty) holds no view of an
+        arena block after it: copied (``AMQPConnection.seal_output``). The block may be freed
+        once the supervisor reads a Settle of its delivery, or a client's ack of it."""
+        for handler in self.dirty:
+            handler.seal_output()

@@ -151,3 +151,37 @@ def test_a_requeue_or_any_other_request_wakes_the_supervisor_and_carries_the_ack
     assert not worker.lazy_pending
     assert [worker.codec.decode_request(raw) for raw in worker.region.request_ring.get_all_nowait()
             ] == [r.Settle(1, 2, [9], r.ACK), urgent]
+
+
+class SealingHandler:
+    """Records seal_output calls; its writer, woken, leaves it dirty (``sticky``) or not."""
+
+    def __init__(self, worker: Worker, sticky: bool = False) -> None:
+        self.worker = worker
+        self.sticky = sticky
+        self.sealed = 0
+
+    def wake_writer(self) -> None:
+        if self.sticky:  # more output each time: still dirty after after_batch's rounds
+            self.worker.dirty.add(self)  # type: ignore[arg-type]
+
+    def seal_output(self) -> None:
+        self.sealed += 1
+
+
+def test_output_left_dirty_after_a_batch_is_sealed(worker: Worker) -> None:
+    """A handler still dirty after after_batch's rounds holds no arena view past the step."""
+    quiet, sticky = SealingHandler(worker), SealingHandler(worker, sticky=True)
+    worker.dirty.update((quiet, sticky))  # type: ignore[arg-type]
+    worker.after_batch()
+    assert quiet.sealed == 0 and sticky.sealed == 1
+
+
+def test_no_request_reaches_the_ring_before_dirty_output_is_sealed(worker: Worker) -> None:
+    """flush_requests, the backstop: a Settle that lets the supervisor free a block goes to
+    the ring only after output still viewing such blocks is copied."""
+    handler = SealingHandler(worker)
+    worker.dirty.add(handler)  # type: ignore[arg-type]
+    worker.send(r.Settle(1, 1, [5], r.ACK))
+    worker.flush_requests()
+    assert handler.sealed == 1 and not worker.outbox

@@ -1,0 +1,302 @@
+"""Big message bodies go to the socket from their arena blocks (``AMQPConnection.output_parts``,
+``SocketWriter``), never copied in user space, and no view of a block outlives the step that
+queued it: what the socket does not take, and what waits for a busy writer, is copied at once,
+so a block freed and reused after that step changes nothing on the wire."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import trio
+from pamqp import commands, header
+
+from tests.workers.helpers import Harness
+from tests.workers.test_connection import opened
+from workers import codec
+from workers.codec import Buffer
+from workers.connection import AMQPConnection
+from workers.outgoing import Ack, DeclareOk, Deliveries, GetOk, Method, Return
+from workers.socket_writer import IOV_MAX, SocketWriter, remainder, send_parts, unsent
+
+BIG = codec.ZEROCOPY_MIN
+
+
+class Arena:
+    """Message contents in one bytearray, as views (what workers.arenas hands channels)."""
+
+    def __init__(self, size: int = 8 << 20) -> None:
+        self.memory = bytearray(size)
+        self.top = 0
+
+    def content(self, size: int, fill: int = 0) -> tuple[Buffer, Buffer]:
+        head = header.ContentHeader(0, size, commands.Basic.Properties()).marshal()
+        data = head + bytes((fill + i) % 251 for i in range(size))
+        offset = self.top
+        self.memory[offset : offset + len(data)] = data
+        self.top += len(data)
+        view = memoryview(self.memory)[offset : offset + len(data)]
+        return view[: len(head)], view[len(head) :]
+
+    def scribble(self) -> None:
+        """The blocks freed and reused: every byte changed."""
+        self.memory[:] = b"\xa5" * len(self.memory)
+
+
+def _events(arena: Arena, sizes: list[int]) -> list[Any]:
+    """Deliveries of ``sizes`` (small, big, several frames) mixed with other output."""
+    messages = [(tag, tag % 2 == 0, "ex", "rk", *arena.content(size, tag))
+                for tag, size in enumerate(sizes, 1)]
+    get_head, get_body = arena.content(3 * BIG + 5, 7)
+    ret_head, ret_body = arena.content(2 * BIG, 9)
+    return [
+        Ack(1, 4, True),
+        Deliveries(1, "ctag", messages[: len(messages) // 2]),
+        Method(1, commands.Basic.QosOk()),
+        GetOk(1, 99, False, "ex", "rk", 3, get_head, get_body),
+        Return(1, 312, "NO_ROUTE", "ex", "rk", ret_head, ret_body),
+        Deliveries(1, "ctag", messages[len(messages) // 2 :]),
+        DeclareOk(1, "q", 1, 2),
+    ]
+
+
+def _sizes(frame_max: int) -> list[int]:
+    chunk = frame_max - 8
+    return [0, 10, BIG - 1, BIG, BIG + 1, chunk, chunk + 1, 3 * chunk + 5, 100, 256 << 10]
+
+
+def _queued(frame_max: int = 131072) -> tuple[AMQPConnection, AMQPConnection, Arena]:
+    """Two connections with the same output queued, over the same arena."""
+    arena = Arena()
+    parts, joined = opened(frame_max=frame_max), opened(frame_max=frame_max)
+    for event in _events(arena, _sizes(frame_max)):
+        assert parts.send(event) and joined.send(event)
+    return parts, joined, arena
+
+
+# -- the protocol's output --------------------------------------------------------
+
+
+@pytest.mark.parametrize("frame_max", [4096, 131072])
+def test_parts_are_the_bytes_data_to_send_gives(frame_max: int) -> None:
+    """Parts (views and all) make the very bytes the joined output is, counted the same."""
+    parts, joined, _ = _queued(frame_max)
+    assert parts.holds_views
+    size = parts.unsent_bytes
+    assert size == joined.unsent_bytes
+    out = parts.output_parts()
+    assert sum(len(p) for p in out) == size
+    assert b"".join(out) == joined.data_to_send()
+    assert parts.unsent_bytes == 0 and parts.bytes_sent == joined.bytes_sent
+    assert not parts.holds_views and parts.output_parts() == []
+
+
+def test_big_bodies_are_views_of_the_arena_small_ones_are_copied() -> None:
+    """A body of ZEROCOPY_MIN octets or more is queued as views of its block; a smaller one
+    is copied into its frames, and output of small ones only is one bytes."""
+    arena = Arena()
+    conn = opened()
+    small = [(n, False, "", "q", *arena.content(BIG - 1, n)) for n in range(1, 4)]
+    conn.send(Deliveries(1, "c", small))
+    assert not conn.holds_views
+    [data] = conn.output_parts()
+    assert type(data) is bytes
+    big = [(n, False, "", "q", *arena.content(BIG, n)) for n in range(1, 4)]
+    conn.send(Deliveries(1, "c", small + big))
+    assert conn.holds_views
+    out = conn.output_parts()
+    views = [p for p in out if isinstance(p, memoryview)]
+    assert len(views) == 3 and all(v.obj is arena.memory for v in views)
+    assert all(type(p) is bytes for p in out if not isinstance(p, memoryview))
+    assert sum(len(v) for v in views) == 3 * BIG
+
+
+def test_return_bodies_are_always_copied() -> None:
+    """basic.return's block is freed as soon as it is queued (Worker._dispatch): copied."""
+    arena = Arena()
+    conn = opened()
+    conn.send(Return(1, 312, "NO_ROUTE", "", "q", *arena.content(4 * BIG)))
+    assert not conn.holds_views
+
+
+def test_sealed_output_holds_no_view() -> None:
+    """seal_output copies the views: a block freed and reused after it changes nothing."""
+    parts, joined, arena = _queued()
+    size = parts.unsent_bytes
+    parts.seal_output()
+    assert not parts.holds_views and parts.unsent_bytes == size
+    expected = joined.data_to_send()
+    arena.scribble()
+    out = parts.output_parts()
+    assert not any(isinstance(p, memoryview) and p.obj is arena.memory for p in out)
+    assert b"".join(out) == expected
+    # Output queued after a seal is sealed on its own (what was copied is not copied again).
+    arena2 = Arena()
+    conn = opened()
+    conn.send(Deliveries(1, "c", [(1, False, "", "q", *arena2.content(BIG))]))
+    conn.seal_output()
+    first = conn._out[-1]
+    conn.send(Deliveries(1, "c", [(2, False, "", "q", *arena2.content(BIG))]))
+    conn.seal_output()
+    assert conn._out[0] is first and len(conn._out) == 2
+
+
+# -- the socket writer ---------------------------------------------------------------
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+    a.setblocking(False)
+    b.setblocking(False)
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def _drain(sock: socket.socket) -> bytes:
+    got = bytearray()
+    while True:
+        try:
+            data = sock.recv(1 << 20)
+        except BlockingIOError:
+            return bytes(got)
+        if not data:
+            return bytes(got)
+        got += data
+
+
+def _handler_with_output(arena: Arena, count: int = 8) -> tuple[Harness, bytes]:
+    """A connection handler with ``count`` 256 KiB deliveries queued; their bytes."""
+    h = Harness()
+    messages = [(n, False, "", "q", *arena.content(256 << 10, n)) for n in range(1, count + 1)]
+    expected = b"".join(codec.encode_deliver(1, "c", *m, h.proto.frame_max) for m in messages)
+    h.handler.send(Deliveries(1, "c", messages))
+    assert h.proto.holds_views
+    return h, expected
+
+
+def test_send_now_leaves_a_copy_for_the_writer(pair: tuple[socket.socket, socket.socket]) -> None:
+    """The socket takes part: the rest waits for the writer as bytes of its own, counted in
+    flight; the blocks freed and reused after send_now change nothing that is sent."""
+    a, b = pair
+    arena = Arena()
+    h, expected = _handler_with_output(arena)
+    writer = SocketWriter(a, None, h.handler, lambda: None)  # type: ignore[arg-type]
+    writer.busy = False  # the writer task waits for its doorbell
+    writer.send_now()
+    pending = writer.pending
+    assert pending is not None and writer.busy
+    assert isinstance(pending.obj, bytes)
+    assert h.handler.in_flight == len(expected) and h.proto.unsent_bytes == 0
+    assert not h.proto.holds_views and not h.proto.has_data_to_send
+    arena.scribble()
+    got = _drain(b)
+    assert 0 < len(got) < len(expected)
+    assert got + bytes(pending) == expected
+
+
+def test_send_now_while_the_writer_is_busy_copies_at_once(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """The writer is sending: the output waits for it, copied before send_now returns."""
+    a, b = pair
+    arena = Arena()
+    h, expected = _handler_with_output(arena, 2)
+    writer = SocketWriter(a, None, h.handler, lambda: None)  # type: ignore[arg-type]
+    assert writer.busy  # not started: as while sending
+    writer.send_now()
+    assert not h.proto.holds_views and h.proto.unsent_bytes == len(expected)
+    assert _drain(b) == b""
+    arena.scribble()
+    assert h.handler.take_output() == expected
+
+
+def test_the_writer_task_sends_all_in_order(pair: tuple[socket.socket, socket.socket]) -> None:
+    """Direct sends, their rests and output queued while the writer is busy reach the peer
+    whole and in order, though every block is reused as soon as each step that queued it is
+    over."""
+    a, b = pair
+    arena = Arena(32 << 20)
+    h = Harness()
+    writer = SocketWriter(a, None, h.handler, lambda: None)  # type: ignore[arg-type]
+    expected = bytearray()
+    got = bytearray()
+
+    async def read(total: int) -> None:
+        sock = trio.socket.from_stdlib_socket(b)
+        while len(got) < total:
+            got.extend(await sock.recv(1 << 16))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            await trio.sleep(0)
+            for batch in range(6):
+                messages = [(n, False, "", "q", *arena.content(size, n))
+                            for n, size in enumerate((300 << 10, 10, BIG, 70000), batch * 4)]
+                expected.extend(b"".join(codec.encode_deliver(1, "c", *m, h.proto.frame_max)
+                                         for m in messages))
+                h.handler.send(Deliveries(1, "c", messages))
+                writer.send_now()
+                assert not h.proto.holds_views  # sent, or copied for the writer
+                arena.scribble()  # freed and reused once this step is over
+                await trio.sleep(0)
+            nursery.start_soon(read, len(expected))
+            with trio.fail_after(10):
+                await writer.drain(10)
+            assert writer.drained.is_set()
+
+    trio.run(main)
+    assert bytes(got) == bytes(expected)
+    assert h.handler.in_flight == 0
+
+
+# -- helpers -----------------------------------------------------------------------
+
+
+def test_send_parts_takes_more_than_iov_max_buffers() -> None:
+    """More parts than one sendmsg takes go in several calls, in order."""
+    a, b = socket.socketpair()
+    try:
+        a.setblocking(False)
+        parts: list[Any] = [bytes([i % 256]) * (1 + i % 3) for i in range(3 * IOV_MAX + 7)]
+        data = b"".join(parts)
+        assert send_parts(a, parts, len(data)) == len(data)
+        b.setblocking(False)
+        assert _drain(b) == data
+    finally:
+        a.close()
+        b.close()
+
+
+def test_remainder_and_unsent() -> None:
+    """What follows the octets sent: the tail of a last bytes part as it is, else a copy."""
+    block = bytearray(b"0123456789")
+    parts: list[Any] = [b"ab", memoryview(block)[2:6], b"xyz"]
+    assert b"".join(unsent(parts, 3)) == b"345xyz"
+    rest = remainder(parts, 3)
+    assert rest == b"345xyz" and type(rest) is bytes
+    block[:] = b"-" * 10
+    assert rest == b"345xyz"
+    tail = remainder(parts, 7)
+    assert bytes(tail) == b"yz" and isinstance(tail, memoryview) and tail.obj is parts[2]
+    assert remainder(parts, 6) is parts[2]
+    assert remainder(parts, 9) == b""
+
+
+def test_deliveries_that_cannot_be_encoded_queue_nothing() -> None:
+    """An event whose last message fails to encode leaves no part of the others behind."""
+    arena = Arena()
+    conn = opened()
+    good = (1, False, "", "q", *arena.content(BIG))
+    bad = (2, False, "x" * 256, "q", *arena.content(10))  # not a short string
+    with pytest.raises(ValueError):
+        conn.send(Deliveries(1, "c", [good, bad]))
+    assert conn.unsent_bytes == 0 and not conn.has_data_to_send and not conn.holds_views
