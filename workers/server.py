@@ -416,30 +416,22 @@ class Server:
         arena = worker.region.arena
         recv = sock.recv
         recv_into = sock.recv_into
-        # After a read, the next is tried at once (after the other ready tasks had their turn):
-        # a busy client's next frames are usually there, and waiting would cost an epoll
-        # re-arm and a trip through the loop's poll. After a try that found nothing, the
-        # reader waits first: a quiet client costs at most one failed recv per read.
-        eager = False
         while not proto.closed:
             if handler.reading_stop is not None:
                 await self._stop_reading(handler)
-                eager = False
+            # Wait, then read: what trio's receive_some does, less its two checkpoints and
+            # the failed recv it tries first (a client is mostly quiet between messages).
+            # Every pass waits once, so a client that never pauses cannot hog the worker.
             # The rest of a big frame is received where it is being assembled (no copy).
             room = proto.receive_room()
             try:
-                if eager:
-                    await trio.lowlevel.checkpoint()  # every pass yields: no client hogs the worker
-                else:
-                    await trio.lowlevel.wait_readable(sock)
-                eager = True
+                await trio.lowlevel.wait_readable(sock)
                 if room is None:
                     data = recv(RECEIVE_SIZE)
                     size = len(data)
                 else:
                     size = recv_into(room)
             except BlockingIOError:
-                eager = False
                 continue
             except (OSError, trio.ClosedResourceError):
                 return
