@@ -278,6 +278,30 @@ def encode_method(channel: int, method: base.Frame) -> bytes:
     return frame.marshal(method, channel)
 
 
+def _deliver_method(consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str,
+                    routing_key: str) -> bytes:
+    """Basic.Deliver's method payload."""
+    return b"".join((
+        _DELIVER_IDS,
+        _shortstr(consumer_tag),
+        _TAG_BITS.pack(delivery_tag, bool(redelivered)),
+        _shortstr(exchange),
+        _shortstr(routing_key),
+    ))
+
+
+def _get_ok_method(delivery_tag: int, redelivered: bool, exchange: str, routing_key: str,
+                   message_count: int) -> bytes:
+    """Basic.Get-Ok's method payload."""
+    return b"".join((
+        _GET_OK_IDS,
+        _TAG_BITS.pack(delivery_tag, bool(redelivered)),
+        _shortstr(exchange),
+        _shortstr(routing_key),
+        _UINT32.pack(message_count),
+    ))
+
+
 def encode_deliver(
     channel: int,
     consumer_tag: str,
@@ -290,15 +314,7 @@ def encode_deliver(
     frame_max: int,
 ) -> bytes:
     """Basic.Deliver + the publisher's content header verbatim + body frames."""
-    method = b"".join(
-        (
-            _DELIVER_IDS,
-            _shortstr(consumer_tag),
-            _TAG_BITS.pack(delivery_tag, bool(redelivered)),
-            _shortstr(exchange),
-            _shortstr(routing_key),
-        )
-    )
+    method = _deliver_method(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
     return _with_content(channel, method, header_payload, body, frame_max)
 
 
@@ -314,15 +330,7 @@ def encode_get_ok(
     frame_max: int,
 ) -> bytes:
     """Basic.Get-Ok + content header verbatim + body frames."""
-    method = b"".join(
-        (
-            _GET_OK_IDS,
-            _TAG_BITS.pack(delivery_tag, bool(redelivered)),
-            _shortstr(exchange),
-            _shortstr(routing_key),
-            _UINT32.pack(message_count),
-        )
-    )
+    method = _get_ok_method(delivery_tag, redelivered, exchange, routing_key, message_count)
     return _with_content(channel, method, header_payload, body, frame_max)
 
 
@@ -396,15 +404,7 @@ def deliver_into(
 ) -> int:
     """``encode_deliver``'s frames appended to ``out`` as parts (``content_into``); the
     octets appended."""
-    method = b"".join(
-        (
-            _DELIVER_IDS,
-            _shortstr(consumer_tag),
-            _TAG_BITS.pack(delivery_tag, bool(redelivered)),
-            _shortstr(exchange),
-            _shortstr(routing_key),
-        )
-    )
+    method = _deliver_method(consumer_tag, delivery_tag, redelivered, exchange, routing_key)
     return content_into(out, channel, method, header_payload, body, frame_max)
 
 
@@ -422,15 +422,7 @@ def get_ok_into(
 ) -> int:
     """``encode_get_ok``'s frames appended to ``out`` as parts (``content_into``); the
     octets appended."""
-    method = b"".join(
-        (
-            _GET_OK_IDS,
-            _TAG_BITS.pack(delivery_tag, bool(redelivered)),
-            _shortstr(exchange),
-            _shortstr(routing_key),
-            _UINT32.pack(message_count),
-        )
-    )
+    method = _get_ok_method(delivery_tag, redelivered, exchange, routing_key, message_count)
     return content_into(out, channel, method, header_payload, body, frame_max)
 
 
