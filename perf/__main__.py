@@ -55,6 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json-out", type=Path, help="results file (default perf/results/<timestamp>.json)")
     parser.add_argument("--window", type=int, default=10_000, help="publisher lead over its consumers (10000)")
     parser.add_argument("--confirm", action="store_true", help="publishers use publisher confirms")
+    parser.add_argument("--ack-each", action="store_true",
+                        help="consumers ack every delivery on its own (multiple=false), as pika, "
+                             "kombu and aio-pika do by default, instead of every 50 (5 in S3)")
     parser.add_argument("--sample-interval", type=float, default=0.5, help="psutil sampling interval, s (0.5)")
     parser.add_argument("--s8-messages", type=int, default=1_000_000, help="S8 queued messages (1,000,000)")
     parser.add_argument("--s8-connections", type=int, default=1_000, help="S8 idle connections (1,000)")
@@ -244,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     opts = Options(
         seconds=args.seconds, quick=args.quick, window=args.window, confirm=args.confirm,
+        ack_each=args.ack_each,
         sample_interval=args.sample_interval, s8_messages=args.s8_messages,
         s8_connections=args.s8_connections, s8_drain=args.s8_drain, progress=not args.quiet,
     )  # fmt: skip

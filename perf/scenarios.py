@@ -88,6 +88,7 @@ class Options:
     quick: bool = False
     window: int = 10_000
     confirm: bool = False
+    ack_each: bool = False  # consumers send basic.ack multiple=false per delivery (pika's default)
     sample_interval: float = 0.5
     s8_messages: int = 1_000_000
     s8_connections: int = 1_000
@@ -257,7 +258,8 @@ def run_flow(broker: Broker, scenario: Scenario, opts: Options) -> dict[str, Any
     result: dict[str, Any] = {
         "scenario": scenario.key, "title": scenario.title, "broker": broker.label, "kind": scenario.kind,
         "body_size": scenario.body_size, "publishers": scenario.publishers, "queues": scenario.queues,
-        "consumers": scenario.consumers, "prefetch": scenario.prefetch, "ack_every": scenario.ack_every,
+        "consumers": scenario.consumers, "prefetch": scenario.prefetch,
+        "ack_every": 1 if opts.ack_each else scenario.ack_every, "ack_single": opts.ack_each,
         "count_per_publisher": count, "window": window if not scenario.rate else None,
         "rate_per_publisher": scenario.rate or None, "seconds_cap": seconds, "errors": [],
     }  # fmt: skip
@@ -269,7 +271,8 @@ def run_flow(broker: Broker, scenario: Scenario, opts: Options) -> dict[str, Any
                 received_values[q].append(value)
                 job = {
                     "port": broker.port, "queue": queue, "name": f"c{q}.{c}", "prefetch": scenario.prefetch,
-                    "ack_every": scenario.ack_every, "hard_seconds": hard_seconds,
+                    "ack_every": scenario.ack_every, "ack_single": opts.ack_each,
+                    "hard_seconds": hard_seconds,
                     "capacities": [count if q in routes[p] else 0 for p in range(scenario.publishers)],
                 }  # fmt: skip
                 clients.spawn(loadgen.consumer_main, job, {"received": value}, f"consumer c{q}.{c}")
