@@ -224,11 +224,8 @@ class BodyLog(AppendFiles):
                     self._write(segment, parts, size)
             self._write(self.segment, self.pending, self._pending_bytes)
         except OSError:
-            self._sealed = []
-            self.pending = []
-            self._pending_bytes = 0
-            self.segment += 1
-            self._offset = len(BODY_MAGIC)
+            self._sealed, self.pending, self._pending_bytes = [], [], 0
+            self._roll()
             raise
         if self._sealed:
             self._sealed = []

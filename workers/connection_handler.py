@@ -224,7 +224,7 @@ class ConnectionHandler:
         return self.proto.has_data_to_send
 
     def written(self) -> None:
-        """The socket took what ``take_output`` gave: lift back-pressure."""
+        """The socket took what ``take_parts`` (or ``take_output``) gave: lift back-pressure."""
         self.in_flight = 0
         if self.output.active and not self.backpressured:
             self.output.active = False

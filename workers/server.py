@@ -386,7 +386,7 @@ class Server:
         handler.peer, handler.local = peer, local
         log_connection.info("accepting AMQP connection %s", handler.label)
         self.worker.handlers[handler.conn_id] = handler
-        writer = SocketWriter(sock, stream, handler, self.worker.after_batch)
+        writer = SocketWriter(sock, handler, self.worker.after_batch)
         handler.wake_writer = writer.send_now
         handler.socket_queues = functools.partial(_socket_queues, sock)
         try:

@@ -86,15 +86,13 @@ class Doorbell:
 
 
 class SocketWriter:
-    """One connection's output: sent at once while the writer task is idle, else by it.
-    ``_stream`` is the trio stream of ``_sock`` (kept for its owner; the writer sends on
-    ``_sock`` with sendmsg and waits on it with trio)."""
+    """One connection's output: sent at once while the writer task is idle, else by it (on
+    ``_sock`` with sendmsg, waiting on it with trio)."""
 
     __slots__ = (
         "_after_batch",
         "_handler",
         "_sock",
-        "_stream",
         "bell",
         "busy",
         "drained",
@@ -102,10 +100,9 @@ class SocketWriter:
         "pending",
     )
 
-    def __init__(self, sock: socket.socket, stream: trio.SocketStream, handler: ConnectionHandler,
+    def __init__(self, sock: socket.socket, handler: ConnectionHandler,
                  after_batch: Callable[[], None]) -> None:
         self._sock = sock
-        self._stream = stream
         self._handler = handler
         self._after_batch = after_batch  # Worker.after_batch: wake dirty writers, ask for a flush
         self.bell = Doorbell()

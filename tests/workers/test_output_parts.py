@@ -188,7 +188,7 @@ def test_send_now_leaves_a_copy_for_the_writer(pair: tuple[socket.socket, socket
     a, b = pair
     arena = Arena()
     h, expected = _handler_with_output(arena)
-    writer = SocketWriter(a, None, h.handler, lambda: None)  # type: ignore[arg-type]
+    writer = SocketWriter(a, h.handler, lambda: None)
     writer.busy = False  # the writer task waits for its doorbell
     writer.send_now()
     pending = writer.pending
@@ -209,7 +209,7 @@ def test_send_now_while_the_writer_is_busy_copies_at_once(
     a, b = pair
     arena = Arena()
     h, expected = _handler_with_output(arena, 2)
-    writer = SocketWriter(a, None, h.handler, lambda: None)  # type: ignore[arg-type]
+    writer = SocketWriter(a, h.handler, lambda: None)
     assert writer.busy  # not started: as while sending
     writer.send_now()
     assert not h.proto.holds_views and h.proto.unsent_bytes == len(expected)
@@ -225,7 +225,7 @@ def test_the_writer_task_sends_all_in_order(pair: tuple[socket.socket, socket.so
     a, b = pair
     arena = Arena(32 << 20)
     h = Harness()
-    writer = SocketWriter(a, None, h.handler, lambda: None)  # type: ignore[arg-type]
+    writer = SocketWriter(a, h.handler, lambda: None)
     expected = bytearray()
     got = bytearray()
 
