@@ -241,6 +241,16 @@ class Region:
         self.connections = NOT_ACCEPTING
         _MAGIC_VERSION.pack_into(self.control, 0, MAGIC, VERSION)
 
+    def forget_arena_pages(self) -> None:
+        """Drop this process's page-table entries for the arena (``MADV_DONTNEED`` on a
+        shared mapping). The pages stay in the segment, content and all, for every process
+        that maps it; the next touch here maps the page again. A process that only frees
+        blocks in another's arena (the supervisor) otherwise keeps every page it ever wrote
+        a state byte into resident in its own RSS."""
+        if not self._closed:
+            span = self.layout.arena
+            self._map.madvise(mmap.MADV_DONTNEED, span.start, span.stop - span.start)
+
     def close(self) -> None:
         """Unmap (idempotent). A body view still held elsewhere defers the
         unmapping until it is released; rings and arena are unusable at once."""

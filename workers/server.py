@@ -308,8 +308,10 @@ class Server:
             # after heartbeat/2 of silence); every other connection is looked at once a second.
             await trio.sleep(0.5)
             whole = not whole
-            if self.worker.trace is not None and whole:
-                self.worker.trace.maybe_flush()
+            if whole:
+                if self.worker.trace is not None:
+                    self.worker.trace.maybe_flush()
+                self.worker.arenas.forget_foreign_pages()
             now = trio.current_time()
             for handler in list(self.worker.handlers.values()):
                 closed = handler.proto.closed

@@ -93,6 +93,47 @@ def test_create_is_exclusive_private_and_sparse(region: Region) -> None:
         unlink_quietly(big_name)
 
 
+def mapped_rss_kb(name: str) -> int:
+    """This process's resident kB of its mapping(s) of the segment ``name`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:  # a mapping's first line
+            inside = line.rstrip().endswith(name.lstrip("/"))
+        elif inside and fields and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def test_forget_arena_pages_drops_them_from_rss_and_keeps_their_content(shm_name: str) -> None:
+    """The supervisor frees blocks in every arena; forget_arena_pages takes the pages it
+    touched out of its RSS (MADV_DONTNEED), while the bytes stay in the segment for it and
+    for every other process that maps it."""
+    region = Region.create(shm_name, ring_bytes=4096, slots=100, arena_bytes=8 << 20)
+    other = Region.attach(shm_name)  # a worker's view of the same region
+    try:
+        offsets = [region.arena.alloc(4000) for _ in range(1500)]  # ~6 MB of arena
+        for i, at in enumerate(offsets):
+            other.arena.view(at, 4000)[:8] = i.to_bytes(8, "little")
+        for at in offsets[::2]:
+            region.arena.free(at)
+        before = mapped_rss_kb(shm_name)
+        assert before > 4 << 10  # both mappings hold the written pages
+        region.forget_arena_pages()
+        after = mapped_rss_kb(shm_name)
+        assert before - after > 2 << 10  # one of the two mappings' arena pages is gone
+        for i, at in enumerate(offsets[1::2]):  # content kept: read through either mapping
+            index = 2 * i + 1
+            assert bytes(region.arena.view(at, 8)) == index.to_bytes(8, "little")
+            assert bytes(other.arena.view(at, 8)) == index.to_bytes(8, "little")
+        region.arena.free(offsets[1])  # and still usable for frees
+        assert other.arena.alloc(3000) > 0
+    finally:
+        other.close()
+        region.close()
+        region.unlink()
+
+
 def test_attach_reads_the_layout_and_shares_every_section(region: Region) -> None:
     """An attached region sees the creator's layout, rings, flags, slots, arena and pids."""
     region.request_ring.put_nowait(b"to supervisor")
