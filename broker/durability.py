@@ -8,9 +8,11 @@ the supervisor calls it at four moments:
   come back (into the arenas, or paged out), the index files stay and a new one is begun,
   unneeded body segments go;
 * :meth:`save` before every flush of events to the workers: the batch's definition changes are
-  committed (fsync) and its index records written, so no reply precedes what it reports;
-* :meth:`sync_index` (a task): group-commit fsync of the index off the event loop, after which
-  the publisher confirms held for it go out.
+  committed (fsync), so no reply precedes what it reports;
+* :meth:`sync_index` (a task): group commit of the index. Each sync first writes every index
+  record made since the previous one began (one write; the records of a message that went in
+  the meantime cancel out and are not written, ``broker.message_journal``), then fsyncs off the
+  event loop; after it, the publisher confirms held for it go out.
 
 Layout and what each file holds: ``broker.data_dir``, ``broker.definition_store``,
 ``broker.message_store``, ``ipc.logfile``.
@@ -36,7 +38,7 @@ from broker.message_journal import MessageJournal
 from broker.message_store import ArenasFull, IndexLog, load_index
 from broker.message_store import restore as restore_messages
 from broker.passwords import users_at_start
-from ipc.logfile import remove_segment, sync_files
+from ipc.logfile import BUSY_SYNC, SYNC_GAP, remove_segment, sync_files
 from ipc.logfile import segments as body_segments
 
 log = logging.getLogger("shoal.supervisor")
@@ -138,8 +140,8 @@ class Durability:
                  removed, (time.monotonic() - started) * 1e3)
 
     def save(self) -> None:
-        """Before a flush: commit the batch's definition changes, write its index records (one
-        write each), remove the files nothing needs; the index sync follows in its task."""
+        """Before a flush: commit the batch's definition changes, ring the index sync if the
+        batch made index records, remove the files nothing needs."""
         vhost = self.dispatcher.vhost
         topology = vhost.journal
         if topology is not None and topology.changes and self.definitions is not None:
@@ -151,17 +153,8 @@ class Durability:
         journal, index = vhost.messages, self.index
         if journal is None or index is None:
             return
-        if journal.records:
-            index.append(journal.take(), journal.mark)
+        if journal.mark > index.written:
             self._sync_bell.set()
-        if index.rotate():  # the newest file is full: records go to the next one
-            journal.index_file = index.number
-            moved = move_oldest(vhost, journal, index.files, vhost.now)
-            if moved:
-                log.info("index: %d live message record(s) moved out of the oldest index file, "
-                         "which goes once they are on disk", moved)
-                index.append(journal.take(), journal.mark)
-                self._sync_bell.set()
         if index.remove_unneeded(journal.index_file_needed):
             self._sync_bell.set()  # the directory changed
         while journal.segments_free:
@@ -171,20 +164,49 @@ class Durability:
     async def sync_index(self, flush: Callable[[], object]) -> None:
         """Group commit: sync the index whenever it has unsynced records (all that arrived while
         the previous sync ran, at once), off the event loop; then release the held confirms and
-        ``flush`` them out."""
+        ``flush`` them out. A sync that covered BUSY_SYNC records or more is followed by
+        SYNC_GAP without one (ipc.logfile)."""
         while True:
             await self._sync_bell.wait()
             self._sync_bell = trio.Event()
-            while await self.sync_once():
+            index = self.index
+            while index is not None:
+                before = index.synced
+                if not await self.sync_once():
+                    break
                 flush()  # the confirms it released, before the next sync
+                if index.synced - before >= BUSY_SYNC:  # under load: the next covers more
+                    await trio.sleep(SYNC_GAP)
+
+    def write_index(self) -> None:
+        """Write the index records made since the last write (what cancelled out is left out),
+        then begin the next index file if this one is full. Both in one step of the event
+        loop: every record made later counts in, and goes to, the file begun here."""
+        vhost = self.dispatcher.vhost
+        journal, index = vhost.messages, self.index
+        if journal is None or index is None:
+            return
+        if journal.mark > index.written:
+            index.append(journal.take(), journal.mark)
+        if index.rotate():  # the newest file is full: records go to the next one
+            journal.index_file = index.number
+            moved = move_oldest(vhost, journal, index.files, vhost.now)
+            if moved:
+                log.info("index: %d live message record(s) moved out of the oldest index file, "
+                         "which goes once they are on disk", moved)
+                index.append(journal.take(), journal.mark)
 
     async def sync_once(self) -> bool:
-        """One sync of everything written so far; False if there was nothing to sync."""
+        """One sync of everything recorded so far; False if there was nothing to sync."""
         index = self.index
-        if index is None or not index.unsynced:
+        if index is None:
+            return False
+        self.write_index()
+        if not index.unsynced:
             return False
         mark, fds = index.sync_plan()
-        await trio.to_thread.run_sync(sync_files, fds)
+        if fds:
+            await trio.to_thread.run_sync(sync_files, fds)
         index.synced_to(mark, fds)
         self.dispatcher.index_synced(mark)
         return True

@@ -15,6 +15,14 @@ index file, the stored messages whose ``E`` records are in it. Index files go ol
 later file's ``R`` records only matter while an earlier one's ``E`` records are read), body
 segments in any order.
 
+A message that goes before its records are written leaves nothing to write: while the runtime
+holds the records (it writes them when the next sync starts, ``broker.durability``), an ``R``
+for a message whose ``E`` is still among them cancels that ``E``, its ``D`` and itself
+(``cancelled``). A consumer that keeps up acks most messages inside one sync, and none of its
+messages reaches the index at all, as RabbitMQ's message store skips the write of a message
+acked before it is written. Records that let an old index file go (``recorded_again``) are
+never cancelled: the old file's ``E`` is on disk until the new ones are.
+
 Records are tuples, msgpack-encoded by the store:
 
     ("E", queue, id, worker, segment, offset, length, exchange, routing_key, headers,
@@ -46,11 +54,15 @@ class MessageJournal:
     """Index records not yet written, the id counter, and which body segments are still needed."""
 
     __slots__ = ("_file_live", "_last_id", "_moved", "_segment_idle", "_segment_live",
-                 "_segment_max", "epoch_offset", "index_file", "mark", "records", "replaying",
-                 "segments_free", "synced")
+                 "_segment_max", "_unwritten", "cancelled", "epoch_offset", "index_file", "mark",
+                 "records", "replaying", "segments_free", "synced")
 
     def __init__(self, *, last_id: int = 0, epoch_offset: float = 0.0) -> None:
-        self.records: list[tuple[Any, ...]] = []
+        # Not yet written; None: cancelled (the message went before its records were written).
+        self.records: list[tuple[Any, ...] | None] = []
+        # (queue, store id) -> the positions in ``records`` of its E record and D records.
+        self._unwritten: dict[tuple[str, int], list[int]] = {}
+        self.cancelled = 0  # records never written because they cancelled out (counted ever)
         self.mark = 0  # records appended ever: a confirm waits until the log is synced to it
         self._last_id = last_id
         self.epoch_offset = epoch_offset  # Unix time minus the domain's monotonic time
@@ -69,8 +81,10 @@ class MessageJournal:
         self.synced = 0  # the mark the index log is on disk up to (the runtime sets it)
 
     def take(self) -> list[tuple[Any, ...]]:
+        """The records to write now, cancelled ones left out; none of them can cancel later."""
         records, self.records = self.records, []
-        return records
+        self._unwritten.clear()
+        return [rec for rec in records if rec is not None]
 
     def _append(self, record: tuple[Any, ...]) -> None:
         self.records.append(record)
@@ -175,6 +189,7 @@ class MessageJournal:
                 self._file_live[file] = self._file_live.get(file, 0) + 1
             stored = (*stored[:5], file)
             message.stored = stored  # type: ignore[misc]  # FullMessage's slot
+        self._unwritten.pop((queue, stored[0]), None)  # its R must be written after these
         self._append(self._e_record(queue, message, stored, now))
         if delivered:
             self._append(("D", queue, stored[0]))
@@ -200,6 +215,7 @@ class MessageJournal:
             self._last_id += 1
             stored = (self._last_id, *origin.stored[1:5], self.index_file)
             message.stored = stored  # type: ignore[misc]  # a DeadLetter: FullMessage's slot
+        self._unwritten[(queue, stored[0])] = [len(self.records)]
         self._append(self._e_record(queue, message, stored, now))
 
     def _e_record(self, queue: str, message: Message, stored: Stored, now: float) -> tuple[Any, ...]:
@@ -211,20 +227,33 @@ class MessageJournal:
 
     def delivered(self, queue: str, message: Message) -> None:
         if message.stored is not None and not self.replaying:
+            unwritten = self._unwritten.get((queue, message.stored[0]))
+            if unwritten is not None:
+                unwritten.append(len(self.records))
             self._append(("D", queue, message.stored[0]))
 
     def removed(self, queue: str, message: Message) -> None:
         if message.stored is not None:
-            self._append(("R", queue, message.stored[0]))
+            unwritten = self._unwritten.pop((queue, message.stored[0]), None)
+            if unwritten is None:
+                self._append(("R", queue, message.stored[0]))
+                return
+            records = self.records
+            for at in unwritten:  # nothing of it reaches the disk
+                records[at] = None
+            self.cancelled += len(unwritten) + 1
+            self.mark += 1  # as if written: marks only ever grow
 
     def lost(self, queue: str, store_id: int) -> None:
         """At start: entry ``store_id`` of ``queue`` has no body left on disk (never confirmed)."""
         self._append(("R", queue, store_id))
 
     def purged(self, queue: str, kept: list[Message]) -> None:
+        self._unwritten.clear()  # rare: what was recorded so far is written as it is
         self._append(("P", queue, [m.stored[0] for m in kept if m.stored is not None]))
 
     def deleted(self, queue: str) -> None:
+        self._unwritten.clear()
         self._append(("X", queue))
 
 

@@ -127,6 +127,7 @@ class IndexLog(AppendFiles):
         self.number = int(existing[-1].name[:-4]) + 1 if existing else 0  # the file written now
         self.bytes = 0  # of the newest file
         self.files: list[int] = []  # the numbers of this broker's index files, oldest first
+        self._wrote = False  # bytes written since the last sync_plan
 
     @property
     def unsynced(self) -> bool:
@@ -153,7 +154,16 @@ class IndexLog(AppendFiles):
         if records:
             encode = self._encode
             self.bytes += write_all(self._fd, [b"".join(frame(encode(r)) for r in records)])
+            self._wrote = True
         self.written = mark
+
+    def sync_plan(self) -> tuple[int, list[int]]:
+        """As AppendFiles', but no file to sync when every record since the last sync cancelled
+        out (nothing was written): the marks move on without an fsync."""
+        if not (self._wrote or self._retired or self._dir_dirty):
+            return self.written, []
+        self._wrote = False
+        return super().sync_plan()
 
     def rotate(self) -> bool:
         """Begin the next file if the newest is full (between batches); True if it did."""

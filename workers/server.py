@@ -37,7 +37,7 @@ import trio
 
 from broker import errors
 from ipc import records as r
-from ipc.logfile import BodyLog, sync_files
+from ipc.logfile import BUSY_SYNC, SYNC_GAP, BodyLog, sync_files
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
 from workers import events as ev
@@ -523,7 +523,8 @@ async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], ob
     with) and ``synced`` after it. Group commit: appends made while a sync runs in its thread
     are covered by the next one, which starts as soon as that one is done; with nothing
     unsynced it sleeps on the bell. A failed sync ends the worker: the confirms waiting for
-    it are never sent, and the supervisor sees the worker go."""
+    it are never sent, and the supervisor sees the worker go. A sync that covered BUSY_SYNC
+    appends or more is followed by SYNC_GAP without one (ipc.logfile)."""
     while True:
         if not body_log.unsynced:
             await bell.wait()
@@ -536,8 +537,11 @@ async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], ob
             log.critical("worker %d: syncing its body log in %s failed", body_log.worker,
                          body_log.data_dir)
             raise
+        covered = appended - body_log.synced
         body_log.synced_to(appended, fds)
         synced()
+        if covered >= BUSY_SYNC:  # under load: let the next sync cover more
+            await trio.sleep(SYNC_GAP)
 
 
 async def _linger(sock: socket.socket) -> None:

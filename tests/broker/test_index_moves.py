@@ -42,9 +42,10 @@ class Broker:
             self.d.handle(worker, rec)
         self.d.end_batch()
         self.durability.save()
+        self.durability.write_index()  # the sync task's work, at once
         index = self.durability.index
         assert index is not None
-        mark, fds = index.sync_plan()  # the sync task's work, at once
+        mark, fds = index.sync_plan()
         sync_files(fds)
         index.synced_to(mark, fds)
         self.d.index_synced(mark)

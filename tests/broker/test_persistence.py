@@ -124,6 +124,61 @@ def test_first_delivery_ack_purge_and_delete_are_recorded(h: Harness) -> None:
     assert h.kinds() == ["P", "X"]
 
 
+def deliver_and_settle(h: Harness, outcome: int = r.ACK) -> None:
+    h.d.handle(W1, r.Get(5, 1, "d", False))
+    (ok,) = h.events(W1)
+    assert isinstance(ok, r.GetOk)
+    h.d.handle(W1, r.Settle(5, 1, [ok.delivery.entry], outcome))
+
+
+def test_a_message_acked_before_its_records_are_written_writes_none_and_is_confirmed(h: Harness) -> None:
+    """E, D and R of one message all still unwritten cancel out: nothing of it goes to the
+    index, and its confirm goes out with the next sync (which has nothing to write)."""
+    h.declare("d", durable=True)
+    h.publish("d")
+    assert h.events() == []  # the confirm waits for the index
+    deliver_and_settle(h)
+    assert h.journal.take() == []
+    assert h.journal.cancelled == 3
+    h.d.index_synced(h.journal.mark)
+    assert h.events() == [r.Confirm(1, 1, True)]
+
+
+def test_only_the_message_that_went_cancels_and_written_records_are_not_taken_back(h: Harness) -> None:
+    h.declare("d", durable=True)
+    h.publish("d", confirm=False)  # id 1: its E is written before it goes
+    assert h.kinds() == ["E"]
+    h.publish("d", confirm=False)  # id 2: goes before a write
+    h.publish("d", confirm=False)  # id 3: stays, delivered
+    deliver_and_settle(h)  # id 1: D and R must be written
+    deliver_and_settle(h)  # id 2: cancels
+    h.d.handle(W1, r.Get(5, 1, "d", False))  # id 3: delivered, not settled
+    h.events(W1)
+    assert [(rec[0], rec[2]) for rec in h.journal.take()] == [("E", 3), ("D", 1), ("R", 1), ("D", 3)]
+
+
+def test_a_requeued_and_redelivered_message_still_cancels_with_its_one_d_record(h: Harness) -> None:
+    h.declare("d", durable=True)
+    h.publish("d", confirm=False)
+    deliver_and_settle(h, r.REQUEUE)
+    deliver_and_settle(h)
+    assert h.journal.take() == []
+
+
+def test_a_purge_or_delete_keeps_what_was_recorded_before_it(h: Harness) -> None:
+    """A P or X record speaks of what is on disk: records before it are written as they are,
+    even for a message acked after it."""
+    h.declare("d", durable=True)
+    h.publish("d", confirm=False)
+    h.publish("d", confirm=False)
+    h.d.handle(W1, r.Get(5, 1, "d", False))  # id 1 acquired: kept by the purge
+    (ok,) = h.events(W1)
+    h.d.handle(W0, r.QueuePurge(1, 1, "d", False))
+    h.d.handle(W1, r.Settle(5, 1, [ok.delivery.entry], r.ACK))
+    assert [(rec[0], rec[2]) for rec in h.journal.take()] == [("E", 1), ("E", 2), ("D", 1),
+                                                               ("P", [1]), ("R", 1)]
+
+
 def test_a_body_segment_is_freed_once_nothing_needs_it_and_the_worker_moved_on(h: Harness) -> None:
     h.declare("d", durable=True)
     h.publish("d", body_at=(0, 8, 140), confirm=False)
@@ -392,3 +447,94 @@ def test_a_barrier_with_nothing_unsynced_is_answered_at_once(h: Harness) -> None
     h.publish("t", confirm=False)
     h.d.handle(W0, r.Sync(1, 1))
     assert h.events() == [r.Reply(1, 1, "sync")]
+
+
+def test_records_made_again_to_move_an_old_file_on_are_never_cancelled(h: Harness) -> None:
+    """An E record written again in the newest index file (broker.index_moves) must be
+    followed by its R: the old file's E is on disk until the new one is."""
+    h.declare("d", durable=True)
+    h.publish("d", confirm=False)
+    assert h.kinds() == ["E"]
+    message = h.d.vhost.queues["d"].available_entries()[0].message
+    h.journal.recorded_again("d", message, False, 0.0)
+    deliver_and_settle(h)
+    assert h.kinds() == ["E", "D", "R"]
+
+
+async def test_a_sync_with_only_cancelled_records_writes_nothing_and_skips_the_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker import durability
+
+    fsyncs: list[list[int]] = []
+    monkeypatch.setattr(durability, "sync_files", lambda fds: fsyncs.append(list(fds)))
+    d = Dispatcher(2, lambda region, offset: None)
+    store = durability.Durability(str(tmp_path), d)
+    try:
+        store.recover_definitions()
+        store.recover_messages([None, None], 64)
+        d.handle(W0, r.QueueDeclare(1, 1, "d", False, True, False, False, {}, False))
+        assert await store.sync_once() is False  # nothing recorded yet
+        d.handle(W0, r.Publish(1, 1, "", "d", False, True, 256, 16, 100, None, body_at=(0, 8, 140)))
+        d.handle(W1, r.Get(5, 1, "d", False))
+        (ok,) = [e for e in d.outbox[W1] if isinstance(e, r.GetOk)]
+        d.handle(W1, r.Settle(5, 1, [ok.delivery.entry], r.ACK))
+        assert r.Confirm(1, 1, True) not in d.outbox[W0]
+        index = store.index
+        assert index is not None
+        size = index.bytes
+        assert await store.sync_once() is True
+        assert fsyncs == [] and index.bytes == size
+        assert r.Confirm(1, 1, True) in d.outbox[W0]
+        d.handle(W0, r.Publish(1, 1, "", "d", False, True, 512, 16, 100, None, body_at=(0, 150, 140)))
+        assert await store.sync_once() is True  # a message that stays: written and synced
+        assert len(fsyncs) == 1 and index.bytes > size
+    finally:
+        store.close()
+
+
+async def test_after_an_index_sync_that_covered_many_records_the_next_one_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The supervisor's group commit is paced as the workers' is (ipc.logfile): after a sync
+    covering BUSY_SYNC records or more, SYNC_GAP without one; after a small one, none."""
+    import trio
+
+    from broker import durability
+
+    monkeypatch.setattr(durability, "SYNC_GAP", 60.0)
+    d = Dispatcher(2, lambda region, offset: None)
+    store = durability.Durability(str(tmp_path), d)
+    store.recover_definitions()
+    store.recover_messages([None, None], 64)
+    index = store.index
+    assert index is not None
+    d.handle(W0, r.QueueDeclare(1, 1, "d", False, True, False, False, {}, False))
+    offset = 0
+
+    def publish(n: int) -> None:
+        nonlocal offset
+        for _ in range(n):
+            offset += 256
+            d.handle(W0, r.Publish(1, 1, "", "d", False, False, offset, 16, 100, None,
+                                   body_at=(0, offset, 140)))
+        store.save()
+
+    async def until_synced() -> None:
+        with trio.fail_after(5):
+            while index.synced < d.vhost.messages.mark:  # type: ignore[union-attr]
+                await trio.sleep(0.001)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store.sync_index, lambda: None)
+            publish(1)
+            await until_synced()
+            publish(1)  # after a small sync: at once
+            await until_synced()
+            publish(durability.BUSY_SYNC)
+            await until_synced()
+            publish(1)  # after a busy one: it waits
+            await trio.sleep(0.2)
+            assert index.synced < d.vhost.messages.mark  # type: ignore[union-attr]
+            nursery.cancel_scope.cancel()
+    finally:
+        store.close()
