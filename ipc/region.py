@@ -251,6 +251,14 @@ class Region:
             span = self.layout.arena
             self._map.madvise(mmap.MADV_DONTNEED, span.start, span.stop - span.start)
 
+    def release_arena_pages(self, offset: int, length: int) -> None:
+        """Punch whole pages of the arena (``offset`` from its start, both page multiples) out
+        of the segment (``MADV_REMOVE``): their memory goes back to the system for every
+        process, and they read as zeros after. Only for what no process reads: the inside of
+        a FREE run (ipc.arena.Arena.trim)."""
+        start = self.layout.arena.start + offset
+        self._map.madvise(mmap.MADV_REMOVE, start, length)
+
     def close(self) -> None:
         """Unmap (idempotent). A body view still held elsewhere defers the
         unmapping until it is released; rings and arena are unusable at once."""
@@ -259,6 +267,7 @@ class Region:
         self._closed = True
         self.request_ring.release()
         self.event_ring.release()
+        self.arena.release()
         self._connections.release()
         for view in (
             self.slots,

@@ -62,13 +62,6 @@ class Arenas:
             return memoryview(codec.reheader(header, d.headers, d.expiration)), body
         return header, body
 
-    def forget_foreign_pages(self) -> None:
-        """Drop the other workers' arena pages from this process's RSS (a delivery reads a
-        body there once; ipc.region.Region.forget_arena_pages). Its own arena stays mapped."""
-        for region in self._regions:
-            if region is not None and region is not self.own:
-                region.forget_arena_pages()
-
     def close_files(self) -> None:
         """Close the body log segments opened to read paged-out bodies."""
         if self._reader is not None:

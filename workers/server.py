@@ -61,6 +61,9 @@ ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
 # for room freed while its ArenaWait was on the way (the supervisor did not count that).
 ARENA_RECHECK = 0.25
 ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
+# Blocks of its arena a worker looks at per heartbeat tick (0.5 s) to give free pages back
+# (ipc.arena.Arena.trim): ~2 ms at most, a pass over a full arena of 128-byte messages in ~10 s.
+ARENA_TRIM_STEPS = 32768
 # accept() errors that concern only the connection being accepted (as trio's own listener)
 _ACCEPT_SKIP = {
     errno.ECONNABORTED, errno.EPERM, errno.EPROTO, errno.ENETDOWN, errno.ENOPROTOOPT,
@@ -302,16 +305,18 @@ class Server:
             worker.want_body_sync = _nothing
 
     async def _heartbeats(self) -> None:
+        """Heartbeats, and the arena's upkeep: its free runs' pages go back to the system
+        (ipc.arena.Arena.trim, ARENA_TRIM_STEPS blocks a tick)."""
         whole = False
         while True:
             # Twice a second: a 1 s heartbeat is due every half second (RabbitMQ sends one
             # after heartbeat/2 of silence); every other connection is looked at once a second.
             await trio.sleep(0.5)
             whole = not whole
-            if whole:
-                if self.worker.trace is not None:
-                    self.worker.trace.maybe_flush()
-                self.worker.arenas.forget_foreign_pages()
+            region = self.worker.region
+            region.arena.trim(region.release_arena_pages, ARENA_TRIM_STEPS)
+            if self.worker.trace is not None and whole:
+                self.worker.trace.maybe_flush()
             now = trio.current_time()
             for handler in list(self.worker.handlers.values()):
                 closed = handler.proto.closed

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from ipc.arena import HEADER_BYTES, Arena, ArenaCorrupt, BlockState
+from ipc.arena import HEADER_BYTES, PAGE, TRIM_MIN, Arena, ArenaCorrupt, BlockState
 
 F, U = BlockState.FREE, BlockState.USED
 
@@ -252,3 +254,134 @@ def test_corrupt_header_is_detected() -> None:
     buf[0:8] = (0).to_bytes(8, "little")
     with pytest.raises(ArenaCorrupt):
         arena.alloc(8)
+
+
+# ------------------------------------------------------------------ trim
+
+
+class Punch:
+    """A release callback over a bytearray arena: zeroes what it is given, as MADV_REMOVE
+    leaves a punched page, and records it."""
+
+    def __init__(self, buf: bytearray) -> None:
+        self.buf = buf
+        self.given: list[tuple[int, int]] = []
+
+    def __call__(self, offset: int, length: int) -> None:
+        self.buf[offset : offset + length] = bytes(length)
+        self.given.append((offset, length))
+
+
+def test_trim_gives_back_only_whole_pages_inside_free_runs_and_keeps_every_block() -> None:
+    buf = bytearray(1 << 20)
+    arena = Arena(buf, init=True)
+    offsets = [arena.alloc(200) for _ in range(4000)]
+    assert all(at is not None for at in offsets)
+    data = {at: bytes([i % 251]) * 200 for i, at in enumerate(offsets) if at is not None}
+    for at, body in data.items():
+        arena.view(at, 200)[:] = body
+    for at in offsets[500:1500]:  # one long free run (~216 KiB) in the middle
+        assert at is not None
+        arena.free(at)
+        del data[at]
+    free_runs_before = {(b.offset, b.offset + b.size) for b in arena.blocks() if b.state == F}
+    punch = Punch(buf)
+    arena.trim(punch, 1 << 30)  # the first leaves the span just allocated in ...
+    punch.given.clear()
+    given = arena.trim(punch, 1 << 30)  # ... which the next gives back
+    assert given == sum(length for _, length in punch.given) > 0
+    assert any(offset < offsets[1500] for offset, _ in punch.given)  # type: ignore[operator]
+    runs = [(b.offset, b.offset + b.size) for b in arena.blocks() if b.state == F]
+    for offset, length in punch.given:
+        assert offset % PAGE == 0 and length % PAGE == 0 and length >= TRIM_MIN
+        assert any(start + HEADER_BYTES <= offset and offset + length <= end for start, end in runs)
+    assert len(runs) <= len(free_runs_before)  # merged, never split
+    for at, body in data.items():  # nothing in use was touched
+        assert arena.view(at, 200).tobytes() == body
+    assert sum(b.size for b in arena.blocks()) == arena.capacity
+    refill = [arena.alloc(200) for _ in range(1000)]  # the punched pages take blocks again
+    for i, at in enumerate(refill):
+        assert at is not None
+        arena.view(at, 200)[:] = bytes([i % 7]) * 200
+    for i, at in enumerate(refill):
+        assert at is not None and arena.view(at, 200).tobytes() == bytes([i % 7]) * 200
+
+
+def test_trim_in_slices_beside_allocation_and_frees_never_reads_a_punched_header() -> None:
+    """Small trim budgets leave the cursor inside runs the allocator later merges (and
+    carves); every block stays well-formed and every live body intact."""
+    rnd = random.Random(11)
+    buf = bytearray(1 << 20)
+    arena = Arena(buf, init=True)
+    punch = Punch(buf)
+    live: dict[int, bytes] = {}
+    for i in range(30_000):
+        roll = rnd.random()
+        if roll < 0.5:
+            n = rnd.choice([0, 30, 200, 1000, 9000, 40_000])
+            at = arena.alloc(n)
+            if at is not None:
+                body = bytes([i % 253]) * n
+                arena.view(at, n)[:] = body
+                live[at] = body
+        elif roll < 0.95 and live:
+            at = rnd.choice(list(live))
+            arena.free(at)
+            del live[at]
+        else:
+            arena.trim(punch, rnd.choice([1, 2, 5, 20, 1000]))
+    assert punch.given  # it did give pages back on the way
+    for at, body in live.items():
+        assert arena.view(at, len(body)).tobytes() == body
+    assert sum(b.size for b in arena.blocks()) == arena.capacity
+
+
+def test_trim_of_an_arena_in_use_gives_nothing_back() -> None:
+    buf = bytearray(1 << 20)
+    arena = Arena(buf, init=True)
+    while arena.alloc(1000) is not None:
+        pass
+    punch = Punch(buf)
+    assert arena.trim(punch, 1 << 30) == 0 and punch.given == []
+
+
+def test_trim_forgets_the_spare_run_it_may_merge_past() -> None:
+    """alloc()'s fast path carves the run left by its last split without reading headers;
+    after a trim merged that run with the block behind it (whose header went with the
+    punched pages), the next alloc must read the merged header instead."""
+    buf = bytearray(1 << 20)
+    arena = Arena(buf, init=True)
+    a, b = arena.alloc(200_000), arena.alloc(200_000)
+    c = arena.alloc(arena.capacity - 2 * (200_000 + HEADER_BYTES) - HEADER_BYTES)  # the rest
+    assert a is not None and b is not None and c is not None
+    arena.trim(Punch(buf), 1 << 30)  # the allocations so far are old news for the next trim
+    arena.free(a)
+    first = arena.alloc(100)  # takes a's place: the rest of a's block is the spare run
+    assert first == a
+    arena.free(b)  # the block right behind the spare run
+    punch = Punch(buf)
+    assert arena.trim(punch, 1 << 30) > 0
+    for _ in range(3):
+        assert arena.alloc(100) is not None
+    assert sum(blk.size for blk in arena.blocks()) == arena.capacity
+
+
+def test_trim_leaves_the_span_the_allocator_is_cycling_through() -> None:
+    """Runs the allocator used since the previous trim are in use in all but name (a
+    pipeline's blocks come and go there): giving them back would only make it fault fresh
+    zero pages; a run it has left goes at the next trim."""
+    buf = bytearray(1 << 20)
+    arena = Arena(buf, init=True)
+    punch = Punch(buf)
+    arena.trim(punch, 1 << 30)  # an empty arena: its one run goes
+    punch.given.clear()
+    span = 0
+    for _ in range(50):  # a pipeline: blocks come and go near the start
+        at = arena.alloc(8000)
+        assert at is not None
+        span = max(span, at + 8000)
+        arena.free(at)
+    arena.trim(punch, 1 << 30)
+    assert punch.given and all(offset >= span for offset, _ in punch.given)
+    arena.trim(punch, 1 << 30)  # it stopped: the rest of the run goes
+    assert any(offset < span for offset, _ in punch.given[1:])

@@ -366,3 +366,30 @@ def read_body(region: Region, reply: bytes) -> bytes:
         body = view.tobytes()
     region.arena.free(offset)
     return body
+
+
+def test_released_arena_pages_leave_the_segment_and_the_arena_stays_usable(shm_name: str) -> None:
+    """Arena.trim with the region's release_arena_pages: a free run's pages go back to the
+    system (the segment's allocated blocks shrink), live bodies stay, and the run serves
+    allocations again."""
+    region = Region.create(shm_name, ring_bytes=4096, slots=16, arena_bytes=16 << 20)
+    try:
+        arena = region.arena
+        offsets = [arena.alloc(8000) for _ in range(1500)]  # ~12 MB
+        assert all(at is not None for at in offsets)
+        for i, at in enumerate(offsets):
+            arena.view(at, 8000)[:] = bytes([i % 200 + 1]) * 8000  # type: ignore[index]
+        arena.trim(region.release_arena_pages, 1 << 20)  # the allocations are old news now
+        for at in offsets[100:]:
+            arena.free(at)  # type: ignore[arg-type]
+        before = shm_path(shm_name).stat().st_blocks * 512
+        assert arena.trim(region.release_arena_pages, 1 << 20) > 10 << 20
+        after = shm_path(shm_name).stat().st_blocks * 512
+        assert before - after > 10 << 20
+        for i, at in enumerate(offsets[:100]):
+            assert bytes(arena.view(at, 8000)) == bytes([i % 200 + 1]) * 8000  # type: ignore[arg-type]
+        again = [arena.alloc(8000) for _ in range(1000)]
+        assert all(at is not None for at in again)
+    finally:
+        region.close()
+        region.unlink()
