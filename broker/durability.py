@@ -38,7 +38,7 @@ from broker.message_journal import MessageJournal
 from broker.message_store import ArenasFull, IndexLog, load_index
 from broker.message_store import restore as restore_messages
 from broker.passwords import users_at_start
-from ipc.logfile import BUSY_SYNC, SYNC_GAP, remove_segment, sync_files
+from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause
 from ipc.logfile import segments as body_segments
 
 log = logging.getLogger("shoal.supervisor")
@@ -56,6 +56,7 @@ class Durability:
         self.definitions: DefinitionStore | None = None
         self.index: IndexLog | None = None
         self._sync_bell = trio.Event()
+        self.saturated = CpuSaturation()  # whether a busy sync's successor waits (ipc.logfile)
 
     def recover_definitions(self) -> None:
         started = time.monotonic()
@@ -164,19 +165,19 @@ class Durability:
     async def sync_index(self, flush: Callable[[], object]) -> None:
         """Group commit: sync the index whenever it has unsynced records (all that arrived while
         the previous sync ran, at once), off the event loop; then release the held confirms and
-        ``flush`` them out. A sync that covered BUSY_SYNC records or more is followed by
-        SYNC_GAP without one (ipc.logfile)."""
+        ``flush`` them out. Under load the next sync waits a little (ipc.logfile.sync_pause)."""
         while True:
             await self._sync_bell.wait()
             self._sync_bell = trio.Event()
             index = self.index
             while index is not None:
-                before = index.synced
+                before, began = index.synced, trio.current_time()
                 if not await self.sync_once():
                     break
                 flush()  # the confirms it released, before the next sync
-                if index.synced - before >= BUSY_SYNC:  # under load: the next covers more
-                    await trio.sleep(SYNC_GAP)
+                pause = sync_pause(index.synced - before, trio.current_time() - began, self.saturated)
+                if pause:  # under load: the next sync covers more
+                    await trio.sleep(pause)
 
     def write_index(self) -> None:
         """Write the index records made since the last write (what cancelled out is left out),

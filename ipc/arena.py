@@ -286,8 +286,9 @@ class Arena:
         span allocated in since the previous call, nor as much again past it (where the
         allocator goes next): memory the allocator is cycling through stays (giving it back
         would cost a zeroed page fault per page on its next use: 256 KiB bodies, 11 % more
-        CPU), memory it left goes. Returns the bytes handed over. Owning worker only, as alloc(). A FREE run is one step whatever its
-        size; a block in use is one step too (~70 ns compiled).
+        CPU), memory it left goes. Returns the bytes handed over. Owning worker only, as
+        alloc(). A FREE run is one step whatever its size; a block in use is one step too
+        (~70 ns compiled).
 
         Safe beside other processes' frees and reads for the reasons alloc() is: a FREE block
         is written by its owner only, a free() only stores into a USED block's header, and

@@ -37,7 +37,7 @@ import trio
 
 from broker import errors
 from ipc import records as r
-from ipc.logfile import BUSY_SYNC, SYNC_GAP, BodyLog, sync_files
+from ipc.logfile import BodyLog, CpuSaturation, sync_files, sync_pause
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
 from workers import events as ev
@@ -522,19 +522,23 @@ def _nothing() -> None:
 
 
 async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], object],
-                      write: Callable[[], object] = _nothing) -> NoReturn:
+                      write: Callable[[], object] = _nothing,
+                      saturated: Callable[[], bool] | None = None) -> NoReturn:
     """Sync ``body_log`` whenever it has unsynced appends (``bell`` rings after each), calling
     ``write`` before each sync (Worker.write_bodies: the queued frames written, a failure dealt
     with) and ``synced`` after it. Group commit: appends made while a sync runs in its thread
     are covered by the next one, which starts as soon as that one is done; with nothing
     unsynced it sleeps on the bell. A failed sync ends the worker: the confirms waiting for
-    it are never sent, and the supervisor sees the worker go. A sync that covered BUSY_SYNC
-    appends or more is followed by SYNC_GAP without one (ipc.logfile)."""
+    it are never sent, and the supervisor sees the worker go. Under load the next sync waits a
+    little (ipc.logfile.sync_pause; ``saturated`` says whether the host's CPUs are busy)."""
+    if saturated is None:
+        saturated = CpuSaturation()
     while True:
         if not body_log.unsynced:
             await bell.wait()
             continue
         write()
+        began = trio.current_time()
         appended, fds = body_log.sync_plan()
         try:
             await trio.to_thread.run_sync(sync_files, fds)
@@ -545,8 +549,9 @@ async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], ob
         covered = appended - body_log.synced
         body_log.synced_to(appended, fds)
         synced()
-        if covered >= BUSY_SYNC:  # under load: let the next sync cover more
-            await trio.sleep(SYNC_GAP)
+        pause = sync_pause(covered, trio.current_time() - began, saturated)
+        if pause:  # under load: let the next sync cover more
+            await trio.sleep(pause)
 
 
 async def _linger(sock: socket.socket) -> None:

@@ -495,14 +495,16 @@ async def test_a_sync_with_only_cancelled_records_writes_nothing_and_skips_the_f
 async def test_after_an_index_sync_that_covered_many_records_the_next_one_waits(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The supervisor's group commit is paced as the workers' is (ipc.logfile): after a sync
-    covering BUSY_SYNC records or more, SYNC_GAP without one; after a small one, none."""
+    covering BUSY_SYNC records or more on a saturated host, SYNC_GAP without one; after a small
+    one, none."""
     import trio
 
     from broker import durability
 
-    monkeypatch.setattr(durability, "SYNC_GAP", 60.0)
+    monkeypatch.setattr(logfile, "SYNC_GAP", 60.0)
     d = Dispatcher(2, lambda region, offset: None)
     store = durability.Durability(str(tmp_path), d)
+    store.saturated = lambda: True  # type: ignore[method-assign]  # the host's CPUs are busy
     store.recover_definitions()
     store.recover_messages([None, None], 64)
     index = store.index
@@ -530,7 +532,7 @@ async def test_after_an_index_sync_that_covered_many_records_the_next_one_waits(
             await until_synced()
             publish(1)  # after a small sync: at once
             await until_synced()
-            publish(durability.BUSY_SYNC)
+            publish(logfile.BUSY_SYNC)
             await until_synced()
             publish(1)  # after a busy one: it waits
             await trio.sleep(0.2)
@@ -538,3 +540,37 @@ async def test_after_an_index_sync_that_covered_many_records_the_next_one_waits(
             nursery.cancel_scope.cancel()
     finally:
         store.close()
+
+
+
+def test_cpu_saturation_is_read_from_proc_stat_deltas(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    now = [0.0]
+
+    def write(user: int, idle: int, iowait: int = 0) -> None:
+        stat.write_text(f"cpu  {user} 0 0 {idle} {iowait} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+
+    write(1000, 1000)
+    busy = logfile.CpuSaturation(str(stat), clock=lambda: now[0])
+    assert busy() is True  # one reading: no interval yet (as if busy)
+    now[0] += 1
+    write(1600, 1400)  # 60 % busy since
+    assert busy() is True
+    write(2000, 2400)
+    assert busy() is True  # looked at most once per SATURATION_LOOK: the last answer
+    now[0] += 1
+    assert busy() is False  # 400 busy, 1000 idle
+    now[0] += 1
+    write(2300, 2500, 200)  # iowait counts as idle: 300 busy, 300 idle
+    assert busy() is False
+    missing = logfile.CpuSaturation(str(tmp_path / "none"))
+    assert missing() is True
+
+
+
+def test_sync_pause_only_under_load_on_a_busy_host_with_a_fast_disk() -> None:
+    gap, many = logfile.SYNC_GAP, logfile.BUSY_SYNC
+    assert logfile.sync_pause(many - 1, 0.0, lambda: True) == 0.0  # a small sync: no wait
+    assert logfile.sync_pause(many, 0.0, lambda: False) == 0.0  # CPUs to spare: no wait
+    assert logfile.sync_pause(many, gap, lambda: True) == 0.0  # a slow disk batches by itself
+    assert logfile.sync_pause(many, gap / 4, lambda: True) == gap

@@ -155,29 +155,53 @@ async def test_appends_during_a_sync_are_covered_by_the_next_one(
 
 async def test_after_a_sync_that_covered_many_appends_the_next_one_waits(
         body_log: BodyLog, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under load (a sync covering BUSY_SYNC appends or more) the next sync waits SYNC_GAP, so
-    it covers more; after a small one it does not wait. (SYNC_GAP set far beyond the test.)"""
+    """CPU-bound (a sync covering BUSY_SYNC appends or more, the host saturated) the next sync
+    waits SYNC_GAP, so it covers more; after a small one it does not wait. (SYNC_GAP set far
+    beyond the test.)"""
+    saturated = True
     syncs = Syncs()
     monkeypatch.setattr(server, "sync_files", syncs)
-    monkeypatch.setattr(server, "SYNC_GAP", 60.0)
+    monkeypatch.setattr(logfile, "SYNC_GAP", 60.0)
     bell = Doorbell()
     called: list[int] = []
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(sync_bodies, body_log, bell, lambda: called.append(body_log.synced))
+        nursery.start_soon(sync_bodies, body_log, bell, lambda: called.append(body_log.synced),
+                           lambda: None, lambda: saturated)
         body_log.append(b"h", b"small")
         bell.ring()
         await _until(lambda: called == [1])
         body_log.append(b"h", b"next")  # a small sync: the next starts at once
         bell.ring()
         await _until(lambda: called == [1, 2])
-        for n in range(server.BUSY_SYNC):
+        for n in range(logfile.BUSY_SYNC):
             body_log.append(b"h", bytes([n]))
         bell.ring()
-        await _until(lambda: called == [1, 2, 2 + server.BUSY_SYNC])
+        await _until(lambda: called == [1, 2, 2 + logfile.BUSY_SYNC])
         body_log.append(b"h", b"after a busy one")
         bell.ring()
         await trio.sleep(0.2)
         assert len(syncs.files) == 3 and body_log.unsynced  # waits for the gap
+        nursery.cancel_scope.cancel()
+
+
+async def test_with_cpu_to_spare_a_busy_sync_is_not_followed_by_a_wait(
+        body_log: BodyLog, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait only pays when CPU limits the rate; otherwise it would only hold confirms."""
+    syncs = Syncs()
+    monkeypatch.setattr(server, "sync_files", syncs)
+    monkeypatch.setattr(logfile, "SYNC_GAP", 60.0)
+    bell = Doorbell()
+    called: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sync_bodies, body_log, bell, lambda: called.append(body_log.synced),
+                           lambda: None, lambda: False)
+        for n in range(logfile.BUSY_SYNC):
+            body_log.append(b"h", bytes([n]))
+        bell.ring()
+        await _until(lambda: called == [logfile.BUSY_SYNC])
+        body_log.append(b"h", b"next")
+        bell.ring()
+        await _until(lambda: called == [logfile.BUSY_SYNC, logfile.BUSY_SYNC + 1])
         nursery.cancel_scope.cancel()
 
 
