@@ -27,7 +27,7 @@ from pamqp import base, commands
 from broker import errors
 from broker.errors import AMQPError
 from workers import codec
-from workers.content_assembler import PUBLISH_IDS, ContentAssembler
+from workers.content_assembler import PUBLISH_IDS, ContentAssembler, Place, Release
 from workers.events import (
     ChannelClosed,
     ChannelOpened,
@@ -106,6 +106,20 @@ class ChannelFrames:
         self._channels: dict[int, _ChannelFraming] = {}
         # The open channels that are not closing: what may be sent on (checked per frame sent).
         self.sendable: set[int] = set()
+        # How channels opened from now on place big bodies (ContentAssembler), if they do.
+        self._place: Place | None = None
+        self._release: Release | None = None
+        self._unplace: Callable[[memoryview], None] | None = None
+
+    def place_bodies(self, place: Place, release: Release,
+                     unplace: Callable[[memoryview], None]) -> None:
+        """Assemble big bodies where they will be stored (see ContentAssembler.place), on the
+        channels open now and those opened later.
+        ``unplace(room)``: a publish whose body frame is being received into ``room`` was
+        dropped (its block is freed): the rest of that frame must go elsewhere."""
+        self._place, self._release, self._unplace = place, release, unplace
+        for chan in self._channels.values():
+            chan.content.place, chan.content.release = place, release
 
     # -- queries --------------------------------------------------------------------
 
@@ -142,6 +156,15 @@ class ChannelFrames:
             return None
         return chan.content.whole(channel, method, header, body)
 
+    def body_room(self, channel: int, size: int) -> memoryview | None:
+        """FrameBuffer.sink: where a big body frame on ``channel`` may be received, when the
+        channel is assembling a placed publish and the frame fits it; else None (the frame is
+        read as any other, and answered as any other)."""
+        chan = self._channels.get(channel)
+        if chan is None or chan.state is not ChannelState.AWAIT_BODY:
+            return None
+        return chan.content.body_room(size)
+
     # -- output-side state ----------------------------------------------------------------
 
     def start_close(self, channel: int) -> bool:
@@ -150,15 +173,30 @@ class ChannelFrames:
         chan = self._channels.get(channel)
         if chan is None or chan.state is ChannelState.CLOSING:
             return False
-        chan.content.reset()
+        self._reset(chan.content)
         chan.move(ChannelState.CLOSING)
         self.sendable.discard(channel)
         return True
 
     def clear(self) -> None:
         """The connection is closed: every channel is gone with it."""
+        self.release()
         self._channels.clear()
         self.sendable.clear()
+
+    def release(self) -> None:
+        """Drop every publish in assembly, freeing the blocks of placed ones (the connection
+        is over, whatever state its protocol was left in)."""
+        for chan in self._channels.values():
+            self._reset(chan.content)
+
+    def _reset(self, content: ContentAssembler) -> None:
+        """Drop ``content``'s publish in assembly, and tell the frame buffer when a body frame
+        was being received into its block (freed now)."""
+        room = content.room
+        content.reset()
+        if room is not None and self._unplace is not None:
+            self._unplace(room)
 
     # -- the table's handlers -------------------------------------------------------------
 
@@ -169,7 +207,8 @@ class ChannelFrames:
         method = decode_method(payload)
         if not isinstance(method, commands.Channel.Open):
             raise errors.ChannelError("expected 'channel.open'", *method_ids(method))
-        self._channels[channel] = _ChannelFraming(ContentAssembler(self._max_body_size))
+        self._channels[channel] = _ChannelFraming(
+            ContentAssembler(self._max_body_size, self._place, self._release))
         self.sendable.add(channel)
         send(codec.encode_method(channel, commands.Channel.OpenOk()))
         events.append(ChannelOpened(channel))
@@ -212,7 +251,7 @@ class ChannelFrames:
         pass
 
     def _drop(self, channel: int, events: list[Event]) -> None:
-        del self._channels[channel]
+        self._reset(self._channels.pop(channel).content)
         self.sendable.discard(channel)
         events.append(ChannelClosed(channel))
 

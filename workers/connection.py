@@ -79,6 +79,7 @@ from broker import errors
 from broker.errors import AMQPError
 from workers import codec, sasl
 from workers.channel_frames import ChannelFrames, decode_method, method_ids
+from workers.content_assembler import Place, Release
 from workers.events import (
     ConnectionClosed,
     ConnectionOpened,
@@ -277,6 +278,18 @@ class AMQPConnection:
         self._liveness.bytes_received += len(data)
         self._buffer.add_data(data)
         return self._parse()
+
+    def place_bodies(self, place: Place, release: Release) -> None:
+        """Receive big message bodies where they will be stored: ``place`` takes a block for a
+        publish whose content header announced a big body (ContentAssembler.place), its big
+        body frames are received straight into it, and ``release`` frees one whose publish
+        is abandoned (the channel or connection closes first, or :meth:`release_bodies`)."""
+        self._channels.place_bodies(place, release, self._buffer.unplace)
+        self._buffer.sink = self._channels.body_room
+
+    def release_bodies(self) -> None:
+        """The runtime is done with this connection: free the blocks of publishes in assembly."""
+        self._channels.release()
 
     def receive_room(self) -> memoryview | None:
         """Where the next bytes may be received directly (``socket.recv_into``), then passed

@@ -309,23 +309,44 @@ class ConnectionHandler:
         nothing done (``Server._publish`` waits for room and calls again)."""
         self.publishes = True
         headers, expiration, priority, reply_to = codec.publish_properties(event.header_payload)
+        if event.placed >= 0:  # header and body are in their block already (place_body)
+            self.publish(event, event.placed, event.placed_header, headers, expiration, priority)
+            return 0
         header = self.publish_header(event, reply_to)
         if header is None:
             return 0
-        header_len = len(header)
-        size = header_len + event.body_size
-        offset = arena.alloc(size)
-        if offset is None:
-            return size
-        view = arena.view(offset, size)
-        view[:header_len] = header
-        pos = header_len
+        block = _block_with_header(arena, header, event.body_size)
+        if block is None:
+            return len(header) + event.body_size
+        offset, view = block
+        header_len = pos = len(header)
         for chunk in event.body:
             end = pos + len(chunk)
             view[pos:end] = chunk
             pos = end
         self.publish(event, offset, header_len, headers, expiration, priority)
         return 0
+
+    def place_body(self, arena: Arena, event: ev.PublishReceived) -> tuple[memoryview, int, int] | None:
+        """AMQPConnection.place_bodies: a block of our arena for a big publish whose content
+        header just came, its header written there; the view its body goes to. None (the body
+        is assembled in pieces and copied at the end, as any other) while publishers here are
+        blocked, when the arena has no block that size, or for a direct reply-to (whose header
+        changes, and which may be refused)."""
+        if self.worker.alarmed:
+            return None
+        header = event.header_payload
+        if codec.publish_properties(header)[3] == REPLY_TO:
+            return None
+        block = _block_with_header(arena, header, event.body_size)
+        if block is None:
+            return None
+        offset, view = block
+        return view[len(header) :], offset, len(header)
+
+    def release_body(self, offset: int) -> None:
+        """A placed publish was abandoned before its body was all here: free its block."""
+        self.worker.channel_resources.bodies.free(offset)
 
     def publish(self, event: ev.PublishReceived, offset: int, header_len: int,
                 headers: dict | None, expiration: str | None = None,
@@ -380,6 +401,7 @@ class ConnectionHandler:
         if self.finished:
             return
         self.finished = True
+        self.proto.release_bodies()
         self._close_all_channels()
         self.channels.clear()
         if self.opened:
@@ -453,3 +475,15 @@ class ConnectionHandler:
 
 def _no_queues() -> object:
     return None
+
+
+def _block_with_header(arena: Arena, header: bytes, body_size: int) -> tuple[int, memoryview] | None:
+    """A block of ``arena`` for ``header`` and a body of ``body_size`` octets, the header
+    written at its start: its offset and a view of all of it. None: no block that size now."""
+    size = len(header) + body_size
+    offset = arena.alloc(size)
+    if offset is None:
+        return None
+    view = arena.view(offset, size)
+    view[: len(header)] = header
+    return offset, view

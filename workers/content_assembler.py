@@ -12,6 +12,8 @@ RabbitMQ's texts (rabbit_command_assembler, rabbit_channel:check_msg_size).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from broker import errors
 from workers import codec
 from workers.events import PublishReceived
@@ -21,6 +23,15 @@ PUBLISH_IDS = (codec.BASIC_CLASS, codec.BASIC_PUBLISH)
 _RABBITMQ_MAX_BODY = 512 << 20
 # tuple.__new__ skips NamedTuple's Python-level __new__: one PublishReceived per message.
 _new_publish = tuple.__new__
+# A body at least this big is assembled where it will be stored, when the connection can place
+# it (``place``): its arena block is taken when the content header comes, and its big body frames
+# are received straight into it (FrameBuffer.sink) instead of being copied there at the end.
+PLACE_MIN = 32 << 10
+
+# place(the publish, body not yet here) -> (the view its body goes to, its block's offset,
+# the stored header's length), or None (assemble it in pieces); release(offset) frees the block.
+Place = Callable[[PublishReceived], tuple[memoryview, int, int] | None]
+Release = Callable[[int], None]
 
 
 class ContentAssembler:
@@ -30,20 +41,45 @@ class ContentAssembler:
         "body_size",
         "chunks",
         "exchange",
+        "filled",
+        "header_len",
         "header_payload",
         "immediate",
         "mandatory",
         "max_body_size",
+        "offset",
+        "place",
+        "release",
         "remaining",
+        "room",
         "routing_key",
+        "target",
     )
 
-    def __init__(self, max_body_size: int) -> None:
+    def __init__(self, max_body_size: int, place: Place | None = None,
+                 release: Release | None = None) -> None:
         self.max_body_size = max_body_size
+        self.place = place
+        self.release = release
+        # A placed publish: the view its body goes to, how much is there, its block, and the
+        # last view handed out for a body frame to be received into (``body_room``).
+        self.target: memoryview | None = None
+        self.room: memoryview | None = None
+        self.offset = 0
+        self.filled = 0
+        self.header_len = 0
         self.reset()
 
     def reset(self) -> None:
-        """Drop the publish in assembly (the channel closes, or it completed)."""
+        """Drop the publish in assembly (the channel closes, or it completed); a block taken
+        for its body is freed."""
+        if self.target is not None:
+            self.target = self.room = None
+            if self.release is not None:
+                self.release(self.offset)
+        self.filled = 0
+        self.offset = 0
+        self.header_len = 0
         self.exchange = ""
         self.routing_key = ""
         self.mandatory = False
@@ -87,7 +123,24 @@ class ContentAssembler:
             )
         self.header_payload = bytes(payload)
         self.body_size = self.remaining = body_size
+        if body_size >= PLACE_MIN and self.place is not None:
+            placed = self.place(_new_publish(PublishReceived, (
+                channel, self.exchange, self.routing_key, self.mandatory, False,
+                self.header_payload, body_size, [], -1, 0,
+            )))
+            if placed is not None:
+                self.target, self.offset, self.header_len = placed
         return None if body_size else self._complete(channel)
+
+    def body_room(self, size: int) -> memoryview | None:
+        """Where the next body frame's payload (``size`` octets) may be received, when this
+        publish is placed and the frame fits; that view is then the frame's payload."""
+        target = self.target
+        if target is None or size > self.remaining:
+            return None
+        filled = self.filled
+        room = self.room = target[filled : filled + size]
+        return room
 
     def body(self, channel: int, payload: memoryview) -> PublishReceived | None:
         """A body frame: the publish once its last body frame is here, else None."""
@@ -98,7 +151,15 @@ class ContentAssembler:
                 "content body frame exceeds remaining content size", *PUBLISH_IDS
             )
         if size:
-            self.chunks.append(payload)
+            target = self.target
+            if target is None:
+                self.chunks.append(payload)
+            else:
+                filled = self.filled
+                if payload is not self.room:  # else it was received there
+                    target[filled : filled + size] = payload
+                self.room = None
+                self.filled = filled + size
             self.remaining -= size
         return None if self.remaining else self._complete(channel)
 
@@ -118,13 +179,17 @@ class ContentAssembler:
             return None
         return _new_publish(PublishReceived, (
             channel, exchange, routing_key, mandatory, False, bytes(header), len(body),
-            [body] if len(body) else [],
+            [body] if len(body) else [], -1, 0,
         ))
 
     def _complete(self, channel: int) -> PublishReceived:
+        placed = -1
+        if self.target is not None:  # the body is in its block: the block is the publish's now
+            placed = self.offset
+            self.target = self.room = None
         publish = PublishReceived(
             channel, self.exchange, self.routing_key, self.mandatory, self.immediate,
-            self.header_payload, self.body_size, self.chunks,
+            self.header_payload, self.body_size, self.chunks, placed, self.header_len,
         )
         self.reset()
         return publish

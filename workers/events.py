@@ -62,6 +62,10 @@ class PublishReceived(NamedTuple):
     header_payload: bytes
     body_size: int
     body: list[bytes | memoryview]
+    # A big body received straight into the arena (ContentAssembler.place): its block's offset,
+    # with the stored header (``placed_header`` octets) before the body; ``body`` is empty.
+    placed: int = -1
+    placed_header: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ A large frame that arrives in pieces (a 128 KiB body frame comes in tens of
 socket reads) is assembled in a ``bytearray`` of exactly its size, allocated
 once its header is here: each piece is copied once, where growing a buffer
 piece by piece copied the frame again at every reallocation. What came after
-the frame in the read that completed it is parsed next (``_rest``).
+the frame in the read that completed it is parsed next (``_rest``). A big body
+frame whose publish is assembled where it will be stored goes instead into
+the view ``sink`` gives (an arena block): received there, never copied.
 
 Frame layout (AMQP 0-9-1 §2.3.5, §4.2.3)::
 
@@ -21,7 +23,7 @@ Frame layout (AMQP 0-9-1 §2.3.5, §4.2.3)::
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from broker.errors import (
     FrameError,  # malformed frames: connection.close 501 FRAME_ERROR
@@ -90,6 +92,13 @@ class FrameBuffer:
         self._filled = 0
         # What followed a big frame in the read that completed it; parsed after the frame.
         self._rest: memoryview | None = None
+        # Body frames received in place: ``sink(channel, payload size)`` gives the view (of
+        # the arena block its publish is assembled in) a big body frame's payload goes to, or
+        # None. While one is coming: that view, and how much of it is here.
+        self.sink: Callable[[int, int], memoryview | None] | None = None
+        self._placed: memoryview | None = None
+        self._placed_filled = 0
+        self._placed_channel = 0
 
     def add_data(self, data: bytes) -> None:
         """Append received bytes."""
@@ -101,6 +110,19 @@ class FrameBuffer:
                 self._rest = None
             self._needed = 0
             self._set_data(b"")
+        placed = self._placed
+        if placed is not None:
+            filled, size = self._placed_filled, len(data)
+            missing = len(placed) - filled
+            if missing:
+                take = size if size < missing else missing
+                placed[filled : filled + take] = memoryview(data)[:take]
+                self._placed_filled = filled + take
+                if size == take:
+                    return
+                data = bytes(data) if type(data) is not bytes else data
+                self._set_data(memoryview(data)[take:])
+                return
         frame = self._frame
         if frame is not None:
             filled, size = self._filled, len(data)
@@ -129,14 +151,29 @@ class FrameBuffer:
 
     def big_frame_room(self) -> memoryview | None:
         """Where the rest of a big frame being assembled goes, to receive it there directly
-        (``socket.recv_into``: no bytes object, no copy out of it); None unless one is."""
+        (``socket.recv_into``: no bytes object, no copy out of it); None unless one is. A
+        body frame's payload being received in place goes where ``sink`` said."""
+        placed = self._placed
+        if placed is not None:
+            filled = self._placed_filled
+            return placed[filled:] if filled < len(placed) else None
         frame = self._frame
         if frame is None or self._rest is not None or self._pos < len(self._data):
             return None
         return memoryview(frame)[self._filled :]
 
+    def unplace(self, room: memoryview) -> None:
+        """``room`` (a view ``sink`` gave) is no longer to be written: its publish was dropped
+        and its block freed. The rest of the frame being received into it, if any, goes to a
+        scratch buffer instead, and the frame is then read as usual (its channel discards it)."""
+        if self._placed is room:
+            self._placed = memoryview(bytearray(len(room)))
+
     def big_frame_filled(self, size: int) -> None:
         """``size`` bytes were received into :meth:`big_frame_room`."""
+        if self._placed is not None:
+            self._placed_filled += size
+            return
         frame = self._frame
         assert frame is not None
         self._filled += size
@@ -160,6 +197,8 @@ class FrameBuffer:
         ``frame_max`` or a bad frame-end octet.
         """
         pos = self._pos
+        if self._placed is not None:
+            return self._placed_frame()
         if len(self._data) - pos < FRAME_HEADER_SIZE:
             if self._to_rest():
                 return self.next_frame()
@@ -170,12 +209,40 @@ class FrameBuffer:
             self._check_header(frame_type, size)
         end = pos + FRAME_HEADER_SIZE + size
         if end >= len(self._data):
+            if frame_type == FRAME_BODY and size >= _BIG_FRAME and self.sink is not None:
+                room = self.sink(channel, size)
+                if room is not None:
+                    self._place(room, channel, pos + FRAME_HEADER_SIZE)
+                    return None
             self._stash(end + 1 - pos)
             return None
         if self._data[end] != FRAME_END:
             raise FrameError(f"type {frame_type}, invalid frame end marker {self._data[end]}")
         self._pos = end + 1
         return Frame(frame_type, channel, self._view[pos + FRAME_HEADER_SIZE : end])
+
+    def _place(self, room: memoryview, channel: int, payload_at: int) -> None:
+        """Receive the rest of a big body frame into ``room``, what of it is here copied."""
+        here = self._view[payload_at:]
+        room[: len(here)] = here
+        self._placed = room
+        self._placed_filled = len(here)
+        self._placed_channel = channel
+        self._set_data(b"")
+
+    def _placed_frame(self) -> Frame | None:
+        """The body frame received in place, once its payload and frame-end octet are here:
+        its payload is the view ``sink`` gave (the assembler sees its bytes are in place)."""
+        placed = self._placed
+        assert placed is not None
+        pos = self._pos
+        if self._placed_filled < len(placed) or pos >= len(self._data):
+            return None
+        if self._data[pos] != FRAME_END:
+            raise FrameError(f"type {FRAME_BODY}, invalid frame end marker {self._data[pos]}")
+        self._pos = pos + 1
+        self._placed = None
+        return Frame(FRAME_BODY, self._placed_channel, placed)
 
     def next_publish(self) -> tuple[int, memoryview, memoryview, memoryview, int] | None:
         """A whole small publish at the read position, or None.
@@ -188,7 +255,7 @@ class FrameBuffer:
         incomplete, malformed, split bodies — is None, and is then read frame
         by frame with every check and error of ``next_frame``.
         """
-        if not self.whole_publishes:
+        if not self.whole_publishes or self._placed is not None:
             return None
         data, pos = self._data, self._pos
         if len(data) - pos < 2 * FRAME_OVERHEAD + _PUBLISH_MIN:

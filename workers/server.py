@@ -54,6 +54,7 @@ log_connection = logging.getLogger("shoal.connection")
 RECEIVE_SIZE = 256 << 10
 CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
 EVENTS_PER_TURN = 64  # client events handled between two checkpoints of a connection's reader
+EAGER_READS = 4  # reads a connection's reader may make in a row without waiting (see _reader)
 SHUTDOWN_GRACE = 1.0
 CLOSE_LINGER = 2.0  # how long a closed connection's socket is read (and dropped) for its EOF
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
@@ -389,6 +390,8 @@ class Server:
             peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
         )
         handler = ConnectionHandler(self.worker, next(self.worker.conn_ids), proto)
+        proto.place_bodies(functools.partial(handler.place_body, self.worker.region.arena),
+                           handler.release_body)
         handler.connected_at = time.time()
         handler.peer, handler.local = peer, local
         log_connection.info("accepting AMQP connection %s", handler.label)
@@ -423,27 +426,39 @@ class Server:
         arena = worker.region.arena
         recv = sock.recv
         recv_into = sock.recv_into
+        eager = 0  # reads that may still go without waiting first
         while not proto.closed:
             if handler.reading_stop is not None:
                 await self._stop_reading(handler)
             # Wait, then read: what trio's receive_some does, less its two checkpoints and
             # the failed recv it tries first (a client is mostly quiet between messages).
-            # Every pass waits once, so a client that never pauses cannot hog the worker.
-            # The rest of a big frame is received where it is being assembled (no copy).
-            room = proto.receive_room()
+            # A read that filled what it asked for is likely followed by more: the next read
+            # goes first, without the wait (at most EAGER_READS in a row, so a client that
+            # never pauses cannot hog the worker). A big body frame's payload is received
+            # straight into the arena block its publish goes to (AMQPConnection.place_bodies),
+            # the rest of another big frame where it is being assembled: no copy either way.
             try:
-                await trio.lowlevel.wait_readable(sock)
+                waited = not eager
+                if waited:
+                    await trio.lowlevel.wait_readable(sock)
+                # Asked after the wait: meanwhile another task may have closed the channel
+                # whose publish the room was in, and freed its block.
+                room = proto.receive_room()
                 if room is None:
-                    data = recv(RECEIVE_SIZE)
+                    want = RECEIVE_SIZE
+                    data = recv(want)
                     size = len(data)
                 else:
+                    want = len(room)
                     size = recv_into(room)
             except BlockingIOError:
+                eager = 0
                 continue
             except (OSError, trio.ClosedResourceError):
                 return
             if not size:
                 return
+            eager = 0 if size != want else EAGER_READS if waited else eager - 1
             try:
                 events = proto.receive_data(data) if room is None else proto.received_into(size)
                 for n, event in enumerate(events, 1):

@@ -62,6 +62,12 @@ class FakeArena:
         self.top += len(data)
         return offset
 
+    def alloc(self, size: int) -> int | None:
+        if self.top + size > len(self.memory):
+            return None
+        offset, self.top = self.top, self.top + size
+        return offset
+
     def view(self, offset: int, size: int) -> memoryview:
         return memoryview(self.memory)[offset : offset + size]
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pamqp import base, body, commands, encode, frame, header, heartbeat
 
 from broker import errors
@@ -995,3 +997,164 @@ def test_a_big_body_received_into_its_frame_gives_the_same_events() -> None:
     assert into > 0  # the rest of the first body's frames went in directly
     assert _comparable(events) == expected
     assert len([e for e in events if isinstance(e, PublishReceived)]) == 2
+
+
+# -- big bodies received where they are stored (place_bodies) ----------------
+
+
+class _Placer:
+    """A stand-in for the worker's arena: ``place`` takes a block of ``memory`` for a big
+    publish and writes its header there (as ConnectionHandler.place_body does), ``release``
+    frees one; what is live, what was freed and what was refused are kept to look at."""
+
+    def __init__(self, refuse: int = 0) -> None:
+        self.memory = bytearray(4 << 20)
+        self.top = 0
+        self.live: dict[int, int] = {}  # offset -> block size
+        self.released: list[int] = []
+        self.refuse = refuse  # how many place() calls to answer None first
+
+    def place(self, event: PublishReceived) -> tuple[memoryview, int, int] | None:
+        if self.refuse:
+            self.refuse -= 1
+            return None
+        header = event.header_payload
+        offset, size = self.top, len(header) + event.body_size
+        self.top += size
+        self.live[offset] = size
+        self.memory[offset : offset + len(header)] = header
+        view = memoryview(self.memory)[offset : offset + size]
+        return view[len(header) :], offset, len(header)
+
+    def release(self, offset: int) -> None:
+        del self.live[offset]
+        self.released.append(offset)
+
+    def body(self, event: PublishReceived) -> bytes:
+        """A placed publish's body, read from its block (and its header checked there)."""
+        start = event.placed + event.placed_header
+        assert bytes(self.memory[event.placed : start]) == event.header_payload
+        return bytes(self.memory[start : start + event.body_size])
+
+
+def _placing(placer: _Placer, **kwargs: Any) -> AMQPConnection:
+    conn = opened(**kwargs)
+    conn.place_bodies(placer.place, placer.release)
+    return conn
+
+
+def _feed(conn: AMQPConnection, stream: bytes, sizes: list[int]) -> tuple[list[Any], int]:
+    """Feed ``stream`` as the worker's reader does: into ``receive_room`` when there is one,
+    else as bytes; read sizes cycle through ``sizes``. The events, and the octets that went
+    straight into a room."""
+    events: list[Any] = []
+    pos = into = k = 0
+    while pos < len(stream):
+        want = sizes[k % len(sizes)]
+        k += 1
+        room = conn.receive_room()
+        if room is None:
+            events += conn.receive_data(stream[pos : pos + want])
+            pos += want
+        else:
+            size = min(len(room), want)
+            room[:size] = stream[pos : pos + size]
+            events += conn.received_into(size)
+            pos, into = pos + size, into + size
+    return events, into
+
+
+def test_a_big_body_goes_straight_into_its_block() -> None:
+    """A body of at least PLACE_MIN octets is assembled in the block ``place`` gave when its
+    content header came: the publish names that block (``placed``), carries no chunks, the
+    block holds the header and every body octet, and most of them were received straight
+    into it. Small publishes around it are unchanged."""
+    big = bytes(range(256)) * 1000  # 256,000 octets: two full body frames and a short one
+    stream = publish(1, b"before") + publish(1, big, routing_key="k") + publish(1, b"after")
+    placer = _Placer()
+    events, into = _feed(_placing(placer), stream, [50_000])
+    publishes = [e for e in events if isinstance(e, PublishReceived)]
+    assert [p.body_size for p in publishes] == [6, len(big), 5]
+    small1, placed, small2 = publishes
+    assert small1.placed == small2.placed == -1
+    assert b"".join(bytes(c) for c in small2.body) == b"after"
+    assert placed.placed == 0 and placed.body == [] and placed.routing_key == "k"
+    assert placer.body(placed) == big
+    assert into > len(big) // 2
+    assert placer.released == []  # the block is the publish's now
+
+
+@settings(max_examples=40, derandomize=True, database=None, deadline=None)
+@given(st.lists(st.integers(1, 70_000), min_size=1, max_size=20))
+def test_placed_bodies_split_anywhere_come_out_whole(sizes: list[int]) -> None:
+    """However the reads cut the stream (into rooms or as bytes), each big body lands whole in
+    its own block and the publishes come out as when nothing is placed."""
+    bodies = [bytes([n]) * 40_000 + bytes(range(256)) * (n * 300) for n in range(1, 4)]
+    stream = b"".join(publish(1, body, frame_max=65536) for body in bodies) + publish(1, b"z")
+    expected = _comparable(opened(frame_max=65536).receive_data(stream))
+    placer = _Placer()
+    events, _ = _feed(_placing(placer, frame_max=65536), stream, sizes)
+    got = [e for e in events if isinstance(e, PublishReceived)]
+    assert [placer.body(e) for e in got[:3]] == bodies
+    assert [e.placed for e in got] == [*sorted(placer.live), -1]  # a block each, in order
+    unplaced = [e._replace(body=[placer.body(e)]) if e.placed >= 0 else e for e in got]
+    assert _comparable(unplaced) == [e for e in expected if isinstance(e, tuple)]
+
+
+def test_a_body_that_cannot_be_placed_is_assembled_as_before() -> None:
+    """When ``place`` answers None (the arena is full, publishers are blocked) the body is
+    assembled in pieces, as without placing."""
+    big = b"q" * 100_000
+    placer = _Placer(refuse=1)
+    events, _ = _feed(_placing(placer), publish(1, big), [30_000])
+    [event] = [e for e in events if isinstance(e, PublishReceived)]
+    assert event.placed == -1 and b"".join(bytes(c) for c in event.body) == big
+    assert placer.live == {}
+
+
+def test_a_closed_connection_frees_the_block_of_a_body_half_here() -> None:
+    """A connection that ends mid-body (a method between two body frames: 505, then close-ok)
+    frees the block its publish had."""
+    placer = _Placer()
+    conn = _placing(placer)
+    stream = publish(1, b"b" * 200_000)  # body frames of 131,064 and 68,936 octets
+    first_frame_end = len(stream) - (68_936 + 8)
+    _feed(conn, stream[:first_frame_end], [60_000])
+    assert list(placer.live) == [0]
+    conn.receive_data(method(1, commands.Basic.Qos(prefetch_count=1)))
+    assert_closing(conn, 505, "UNEXPECTED_FRAME - expected content body, got non content body "
+                   "frame instead", 60, 40)
+    conn.receive_data(method(0, commands.Connection.CloseOk()))
+    assert conn.state is State.CLOSED and placer.released == [0] and placer.live == {}
+
+
+def test_release_bodies_frees_what_the_runtime_abandons() -> None:
+    """The socket went (the protocol never saw a close): ``release_bodies`` frees the block,
+    and a room handed out before no longer points into it."""
+    placer = _Placer()
+    conn = _placing(placer)
+    stream = publish(1, b"c" * 100_000)
+    _feed(conn, stream[:60_000], [60_000])
+    room = conn.receive_room()
+    assert room is not None
+    conn.release_bodies()
+    assert placer.released == [0]
+    again = conn.receive_room()
+    assert again is not None and again.obj is not placer.memory
+
+
+def test_a_channel_closed_by_the_server_mid_body_frees_the_block_and_stops_writing_it() -> None:
+    """The server closes the channel (an error on an earlier publish, say) while a body frame
+    is being received into its block: the block is freed at once, the rest of that frame goes
+    elsewhere (the freed block may be someone else's by then), and the channel discards it."""
+    placer = _Placer()
+    conn = _placing(placer)
+    stream = publish(1, b"d" * 100_000) + publish(1, b"e" * 100_000)
+    events, _ = _feed(conn, stream[:60_000], [60_000])
+    conn.handle_error(errors.NotFound("no exchange 'x' in vhost '/'", 60, 40), 1)
+    assert placer.released == [0]
+    before = bytes(placer.memory[:200_000])
+    events, _ = _feed(conn, stream[60_000:], [30_000])
+    assert bytes(placer.memory[:200_000]) == before  # nothing written there after the free
+    assert not [e for e in events if isinstance(e, PublishReceived)]  # the channel is closing
+    assert placer.live == {}

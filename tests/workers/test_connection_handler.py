@@ -9,13 +9,16 @@ channels use, which records the request records they send (the harness is in
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
-from pamqp import commands, frame
+from pamqp import body, commands, frame, header
 
 from ipc import records as r
+from ipc.arena import Arena, BlockState
 from tests.workers.helpers import CONN, Harness, consumer, methods, pulls
+from workers import events as ev
 from workers.connection import State
 from workers.connection_handler import HIGH_WATER, PUBLISH_CREDIT
 from workers.outgoing import Method
@@ -308,3 +311,74 @@ def test_state_names_the_memory_alarm_as_rabbitmq_does() -> None:
     h.worker.blocked = False
     h.worker.arena_full = True
     assert h.handler.state == "blocked"
+
+
+def _used(arena: Arena) -> list[int]:
+    return [b.payload for b in arena.blocks() if b.state is not BlockState.FREE]
+
+
+def _big_publish(channel: int, data: bytes, properties: commands.Basic.Properties | None = None,
+                 **kwargs: object) -> bytes:
+    out = (frame.marshal(commands.Basic.Publish(**kwargs), channel)  # type: ignore[arg-type]
+           + frame.marshal(header.ContentHeader(0, len(data), properties
+                                                or commands.Basic.Properties()), channel))
+    for at in range(0, len(data), 131064):
+        out += frame.marshal(body.ContentBody(data[at : at + 131064]), channel)
+    return out
+
+
+def _placing(h: Harness, size: int = 1 << 20) -> Arena:
+    """The worker's wiring (workers.server): big bodies placed in an arena (a real one: the
+    compiled handler takes no other); a block given up is freed through the worker's bodies
+    (the harness's fake arena records it)."""
+    arena = Arena(bytearray(size), init=True)
+    h.proto.place_bodies(functools.partial(h.handler.place_body, arena), h.handler.release_body)
+    return arena
+
+
+def test_a_placed_big_publish_goes_out_from_the_block_its_body_was_received_into() -> None:
+    """With placing on, a big body is received into a block of the worker's arena taken at its
+    content header; publish_at_once then publishes that block (no second block, no copy)."""
+    h = Harness()
+    arena = _placing(h)
+    data = bytes(range(256)) * 800  # 204,800 octets: two body frames
+    [event] = h.proto.receive_data(_big_publish(1, data, routing_key="q"))
+    assert isinstance(event, ev.PublishReceived) and event.placed >= 0 and event.body == []
+    blocks = _used(arena)
+    assert h.handler.publish_at_once(event, arena) == 0
+    assert _used(arena) == blocks == [event.placed]  # nothing more allocated
+    [pub] = [rec for rec in h.take() if isinstance(rec, r.Publish)]
+    assert (pub.offset, pub.header_len, pub.body_len) == (
+        event.placed, event.placed_header, len(data))
+    stored = bytes(arena.view(pub.offset, pub.header_len + pub.body_len))
+    assert stored == bytes(event.header_payload) + data
+
+
+@pytest.mark.parametrize("why", ["blocked", "arena full", "direct reply-to", "no room"])
+def test_a_big_body_is_not_placed_when_it_may_not_take_a_block_now(why: str) -> None:
+    """Publishers blocked (memory alarm, full arena), a direct reply-to (its stored header is
+    rewritten, and it may be refused) or no block that size: the body is assembled in pieces
+    as before, and nothing is taken from the arena at its header."""
+    h = Harness()
+    arena = _placing(h, 300_000)
+    taken = arena.alloc(150_000) if why == "no room" else None
+    h.worker.blocked = why == "blocked"
+    h.worker.arena_full = why == "arena full"
+    props = commands.Basic.Properties(reply_to="amq.rabbitmq.reply-to" if why == "direct reply-to"
+                                      else None)
+    [event] = h.proto.receive_data(_big_publish(1, b"p" * 200_000, props, routing_key="q"))
+    assert isinstance(event, ev.PublishReceived)
+    assert event.placed == -1 and sum(len(c) for c in event.body) == 200_000
+    assert _used(arena) == ([] if taken is None else [taken])
+
+
+def test_a_connection_that_ends_mid_body_frees_its_placed_block() -> None:
+    """The socket goes while a big body is half here: finish() frees the block it had."""
+    h = Harness()
+    arena = _placing(h)
+    stream = _big_publish(1, b"f" * 200_000, routing_key="q")
+    assert h.proto.receive_data(stream[:150_000]) == []
+    [block] = _used(arena)
+    assert h.worker.region.arena.freed == []
+    h.handler.finish()
+    assert h.worker.region.arena.freed == [block]

@@ -213,3 +213,58 @@ def test_a_big_frames_room_is_what_it_lacks() -> None:
     assert buffer.big_frame_room() is None
     first = buffer.next_frame()
     assert first is not None and bytes(first.payload) == expected[1][2]
+
+
+def test_a_placed_body_frame_is_received_into_the_sinks_view_and_checked_for_its_end() -> None:
+    """``sink`` gives the view a big body frame's payload goes to: what of it came with the
+    header is copied there, the rest is the room, the frame's payload is that very view, and
+    a wrong frame-end octet after it is still a frame error."""
+    payload = bytes(range(256)) * 100  # 25,600 octets
+    data = _body_frame(5, payload)
+    target = bytearray(len(payload))
+    asked: list[tuple[int, int]] = []
+
+    def sink(channel: int, size: int) -> memoryview | None:
+        asked.append((channel, size))
+        return memoryview(target)
+
+    buffer = FrameBuffer(131072)
+    buffer.sink = sink
+    buffer.add_data(data[:1000])
+    assert buffer.next_frame() is None and asked == [(5, len(payload))]
+    room = buffer.big_frame_room()
+    assert room is not None and len(room) == len(payload) - (1000 - 7)
+    room[:] = data[1000:-1]
+    buffer.big_frame_filled(len(room))
+    assert buffer.big_frame_room() is None and buffer.next_frame() is None  # its end is not here
+    buffer.add_data(data[-1:] + _body_frame(5, b"next"))
+    placed = buffer.next_frame()
+    assert placed is not None and placed.channel == 5 and placed.payload.obj is target
+    assert bytes(target) == payload
+    after = buffer.next_frame()
+    assert after is not None and bytes(after.payload) == b"next"
+
+    bad = FrameBuffer(131072)
+    bad.sink = sink
+    bad.add_data(data[:-1] + b"\x00")
+    with pytest.raises(FrameError, match="invalid frame end marker"):
+        bad.next_frame()
+
+
+def test_small_body_frames_and_other_frames_are_never_offered_to_the_sink() -> None:
+    """Only body frames of at least 8 KiB that are not all here yet go to ``sink``."""
+    asked: list[int] = []
+    buffer = FrameBuffer(131072)
+    buffer.sink = lambda channel, size: asked.append(size)  # type: ignore[assignment,func-returns-value]
+    buffer.add_data(_body_frame(1, b"s" * 100)[:50])  # a small body frame, not all here
+    assert list(buffer) == []
+    buffer2 = FrameBuffer(131072)
+    buffer2.sink = buffer.sink
+    buffer2.add_data(frame.marshal(commands.Basic.Publish(routing_key="x" * 200), 1)[:20])
+    assert list(buffer2) == []
+    whole = _body_frame(1, b"w" * 20_000)
+    buffer3 = FrameBuffer(131072)
+    buffer3.sink = buffer.sink
+    buffer3.add_data(whole)  # a big body frame all here: read in place as any other
+    assert [len(f.payload) for f in buffer3] == [20_000]
+    assert asked == []
