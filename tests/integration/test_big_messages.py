@@ -12,6 +12,8 @@ import signal
 import pika
 import pika.exceptions
 import pytest
+from pamqp import body as pamqp_body
+from pamqp import commands
 
 from tests.integration.harness import (
     Broker,
@@ -19,6 +21,7 @@ from tests.integration.harness import (
     shm_segments,
     wait_until,
 )
+from tests.integration.rawclient import RawClient, publish_frames
 
 MiB = 1 << 20
 
@@ -126,3 +129,54 @@ def test_sigkilled_workers_holding_a_big_body_leave_nothing_behind(broker: Broke
     instance = broker.read_ready().instance
     assert broker.stop() == []
     assert shm_segments(instance) == []
+
+
+@pytest.mark.deadline(120)
+def test_a_big_body_is_stored_from_its_header_on_and_let_go_when_its_connection_fails(
+        broker: Broker, names: Names) -> None:
+    """A 20 MiB body's segment exists as soon as its content header is read (its frames are
+    received straight into it); a method frame between two of its body frames is 505
+    UNEXPECTED_FRAME, and the segment goes with the connection. The worker carries on."""
+    queue = names("big")
+    with RawClient.opened(broker.port) as client:
+        client.send_method(1, commands.Queue.Declare(queue=queue))
+        client.read_until(commands.Queue.DeclareOk)
+        frames = publish_frames(1, "", queue, _body(20 * MiB))
+        client.send(*frames[:5])  # basic.publish, the content header, three body frames
+        wait_until(lambda: len(_large_segments(broker)) == 1, 10, "the body's segment")
+        client.send_method(1, commands.Basic.Qos(prefetch_count=1))
+        close = client.expect_connection_close()
+        assert close.reply_code == 505
+    wait_until(lambda: not _large_segments(broker), 10, "the half-received body's segment to go")
+    check = broker.connect().channel()
+    assert check.queue_declare(queue, passive=True).method.message_count == 0
+
+
+@pytest.mark.deadline(120)
+def test_a_channel_closed_by_the_broker_mid_body_frees_its_segment_and_the_rest_is_dropped(
+        broker: Broker, names: Names) -> None:
+    """The broker closes a channel (404: its previous publish named a missing exchange) while a
+    20 MiB body on it is half received: the segment taken for that body goes at once, the rest
+    of its frames are read and dropped (the channel is closing), and after close-ok the same
+    connection publishes and consumes on another channel, bodies intact."""
+    queue = names("q")
+    with RawClient.opened(broker.port) as client:
+        client.send_method(1, commands.Queue.Declare(queue=queue))
+        client.read_until(commands.Queue.DeclareOk)
+        frames = publish_frames(1, "", queue, _body(20 * MiB))
+        client.send(*publish_frames(1, names("missing"), "k", b"first"),
+                    *frames[:3], frames[3][:60_000])  # mid-way through a body frame
+        close = client.read_until(commands.Channel.Close, channel=1)
+        assert close.reply_code == 404
+        wait_until(lambda: not _large_segments(broker), 10, "the closed channel's segment to go")
+        client.send(frames[3][60_000:], *frames[4:])
+        client.send_method(1, commands.Channel.CloseOk())
+        client.open_channel(2)
+        small = os.urandom(1000)
+        client.send(*publish_frames(2, "", queue, small))
+        client.send_method(2, commands.Basic.Get(queue=queue, no_ack=True))
+        client.read_until(commands.Basic.GetOk, channel=2)
+        got = client.read_until(pamqp_body.ContentBody, channel=2)
+        assert bytes(got.value) == small
+    assert not _large_segments(broker)
+
