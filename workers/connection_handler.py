@@ -327,18 +327,16 @@ class ConnectionHandler:
         self.publish(event, offset, header_len, headers, expiration, priority)
         return 0
 
-    def place_body(self, arena: Arena, event: ev.PublishReceived) -> tuple[memoryview, int, int] | None:
+    def place_body(self, arena: Arena, header: bytes,
+                   body_size: int) -> tuple[memoryview, int, int] | None:
         """AMQPConnection.place_bodies: a block of our arena for a big publish whose content
-        header just came, its header written there; the view its body goes to. None (the body
-        is assembled in pieces and copied at the end, as any other) while publishers here are
-        blocked, when the arena has no block that size, or for a direct reply-to (whose header
-        changes, and which may be refused)."""
-        if self.worker.alarmed:
+        header (``header``) just came, the header written there; the view its body goes to.
+        None (the body is assembled in pieces and copied at the end, as any other) while
+        publishers here are blocked, when the arena has no block that size, or for a direct
+        reply-to (whose header changes, and which may be refused)."""
+        if self.worker.alarmed or codec.publish_properties(header)[3] == REPLY_TO:
             return None
-        header = event.header_payload
-        if codec.publish_properties(header)[3] == REPLY_TO:
-            return None
-        block = _block_with_header(arena, header, event.body_size)
+        block = _block_with_header(arena, header, body_size)
         if block is None:
             return None
         offset, view = block

@@ -28,9 +28,9 @@ _new_publish = tuple.__new__
 # are received straight into it (FrameBuffer.sink) instead of being copied there at the end.
 PLACE_MIN = 32 << 10
 
-# place(the publish, body not yet here) -> (the view its body goes to, its block's offset,
+# place(content header payload, body size) -> (the view its body goes to, its block's offset,
 # the stored header's length), or None (assemble it in pieces); release(offset) frees the block.
-Place = Callable[[PublishReceived], tuple[memoryview, int, int] | None]
+Place = Callable[[bytes, int], tuple[memoryview, int, int] | None]
 Release = Callable[[int], None]
 
 
@@ -124,10 +124,7 @@ class ContentAssembler:
         self.header_payload = bytes(payload)
         self.body_size = self.remaining = body_size
         if body_size >= PLACE_MIN and self.place is not None:
-            placed = self.place(_new_publish(PublishReceived, (
-                channel, self.exchange, self.routing_key, self.mandatory, False,
-                self.header_payload, body_size, [], -1, 0,
-            )))
+            placed = self.place(self.header_payload, body_size)
             if placed is not None:
                 self.target, self.offset, self.header_len = placed
         return None if body_size else self._complete(channel)

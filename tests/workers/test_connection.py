@@ -1014,12 +1014,11 @@ class _Placer:
         self.released: list[int] = []
         self.refuse = refuse  # how many place() calls to answer None first
 
-    def place(self, event: PublishReceived) -> tuple[memoryview, int, int] | None:
+    def place(self, header: bytes, body_size: int) -> tuple[memoryview, int, int] | None:
         if self.refuse:
             self.refuse -= 1
             return None
-        header = event.header_payload
-        offset, size = self.top, len(header) + event.body_size
+        offset, size = self.top, len(header) + body_size
         self.top += size
         self.live[offset] = size
         self.memory[offset : offset + len(header)] = header
