@@ -52,6 +52,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="Shoal --workers (default: CPUs)")
     parser.add_argument("--workers-scaling", action="store_true", help="S1-S4 against Shoal with --workers 1, 2, 4")
     parser.add_argument("--no-rabbitmq", action="store_true", help="do not run RabbitMQ even if installed")
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="run each throughput scenario (S1-S6) this many times against both brokers, the first "
+             "broker alternating, and add each round's ratios and their median (ratios near 1 on a "
+             "shared host need several rounds); the tables and JSON results are the first round's",
+    )
     parser.add_argument("--json-out", type=Path, help="results file (default perf/results/<timestamp>.json)")
     parser.add_argument("--window", type=int, default=10_000, help="publisher lead over its consumers (10000)")
     parser.add_argument("--confirm", action="store_true", help="publishers use publisher confirms")
@@ -312,10 +318,16 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 _say(f"RabbitMQ skipped: {why_not}")
             outcome: dict[str, list[dict[str, Any]]] = {s.name: [] for s in sessions}
+            rounds: dict[str, list[dict[str, dict[str, Any]]]] = {}
             try:
                 for scenario in scenarios:
-                    for session in sessions:
-                        outcome[session.name].append(session.run_one(scenario))
+                    repeat = args.rounds if isinstance(scenario, Scenario) and scenario.kind == "throughput" else 1
+                    for n in range(max(repeat, 1)):
+                        got = {s.name: s.run_one(scenario) for s in (sessions if n % 2 == 0 else sessions[::-1])}
+                        rounds.setdefault(scenario.key, []).append(got)
+                        if n == 0:
+                            for session in sessions:
+                                outcome[session.name].append(got[session.name])
             finally:
                 for session in sessions:
                     session.close()
@@ -336,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
                     "Shoal / RabbitMQ (msg/s: higher is better; p99: lower is better):\n\n"
                     + report_table.comparison_table([(k, by_key_s.get(k), by_key_r.get(k)) for k in flow])
                 )
+            if args.rounds > 1 and rabbit:
+                repeated = [(key, report_table.round_ratios(
+                    [(got.get(shoal_session.name), got.get(sessions[1].name)) for got in runs]
+                )) for key, runs in rounds.items() if len(runs) > 1]
+                report["rounds"] = {key: ratios for key, ratios in repeated}
+                markdown.append(f"Shoal / RabbitMQ in each of {args.rounds} rounds (the first broker "
+                                "alternating):\n\n" + report_table.rounds_table(repeated))
             if "S8" in [s.key for s in scenarios]:
                 markdown.append(report_table.memory_table(by_key_s.get("S8"), by_key_r.get("S8")))
             for scenario in scenarios:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -232,3 +233,32 @@ def overload_table(key: str, shoal: dict[str, Any] | None, rabbit: dict[str, Any
                 f"| {ratio(_get(s_after, 'broker_cores'), _get(r_after, 'broker_cores'))} | |"
             )
     return "\n".join(lines)
+
+
+def round_ratios(pairs: Sequence[tuple[dict[str, Any] | None, dict[str, Any] | None]]) -> dict[str, list[float]]:
+    """Shoal / RabbitMQ per round (``--rounds``): delivered msg/s and messages per broker
+    CPU-second, for every round where both sides have the figure."""
+    out: dict[str, list[float]] = {"delivered_per_s": [], "delivered_per_broker_cpu_s": []}
+    for shoal, rabbit in pairs:
+        for key, values in out.items():
+            a, b = _get(shoal, key), _get(rabbit, key)
+            if a and b:
+                values.append(a / b)
+    return out
+
+
+def rounds_table(rows: Sequence[tuple[str, dict[str, list[float]]]]) -> str:
+    """Per scenario: the ratio of each round and their median, for msg/s and per broker CPU-s."""
+    lines = [
+        "| scenario | msg/s ratio per round | median | per-CPU-s ratio per round | median |",
+        "|---|---|---:|---|---:|",
+    ]
+    for key, ratios in rows:
+        cells = []
+        for name in ("delivered_per_s", "delivered_per_broker_cpu_s"):
+            values = ratios.get(name, [])
+            cells.append(", ".join(f"{v:.2f}" for v in values) or "–")
+            cells.append(f"**{statistics.median(values):.2f}**" if values else "–")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+

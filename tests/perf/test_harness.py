@@ -18,7 +18,15 @@ from pamqp.body import ContentBody
 from pamqp.heartbeat import Heartbeat
 
 from perf.accounting import latency_summary, merge_group, percentile
-from perf.report_table import comparison_table, integrity, memory_table, ratio, scaling_table
+from perf.report_table import (
+    comparison_table,
+    integrity,
+    memory_table,
+    ratio,
+    round_ratios,
+    rounds_table,
+    scaling_table,
+)
 from perf.sampler import Sample, Sampler, Series
 from perf.wire import (
     MAGIC,
@@ -250,6 +258,19 @@ def test_memory_and_scaling_tables() -> None:
     lines = scaling.splitlines()
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert "| 1.80 |" in lines[2]
+
+
+def test_rounds_table_gives_each_rounds_ratio_and_their_median() -> None:
+    """``--rounds``: Shoal / RabbitMQ per round, the median of them, and a round where one side
+    has no figure (a failed run) left out rather than counted."""
+    pairs = [(flow_result(90, 1), flow_result(100, 1)), (flow_result(120, 1), flow_result(100, 1)),
+             (flow_result(100, 1), flow_result(80, 1)), (None, flow_result(100, 1))]
+    ratios = round_ratios(pairs)
+    assert ratios["delivered_per_s"] == pytest.approx([0.9, 1.2, 1.25])
+    assert ratios["delivered_per_broker_cpu_s"] == pytest.approx([0.9, 1.2, 1.25])
+    lines = rounds_table([("S3", ratios)]).splitlines()
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert lines[2] == "| S3 | 0.90, 1.20, 1.25 | **1.20** | 0.90, 1.20, 1.25 | **1.20** |"
 
 
 def test_small_formatters() -> None:
