@@ -41,7 +41,6 @@ class ContentAssembler:
         "body_size",
         "chunks",
         "exchange",
-        "filled",
         "header_len",
         "header_payload",
         "immediate",
@@ -61,12 +60,11 @@ class ContentAssembler:
         self.max_body_size = max_body_size
         self.place = place
         self.release = release
-        # A placed publish: the view its body goes to, how much is there, its block, and the
-        # last view handed out for a body frame to be received into (``body_room``).
+        # A placed publish: the view its body goes to (filled up to body_size - remaining), its
+        # block, and the last view handed out for a body frame to be received into (body_room).
         self.target: memoryview | None = None
         self.room: memoryview | None = None
         self.offset = 0
-        self.filled = 0
         self.header_len = 0
         self.reset()
 
@@ -77,7 +75,6 @@ class ContentAssembler:
             self.target = self.room = None
             if self.release is not None:
                 self.release(self.offset)
-        self.filled = 0
         self.offset = 0
         self.header_len = 0
         self.exchange = ""
@@ -135,7 +132,7 @@ class ContentAssembler:
         target = self.target
         if target is None or size > self.remaining:
             return None
-        filled = self.filled
+        filled = self.body_size - self.remaining
         room = self.room = target[filled : filled + size]
         return room
 
@@ -152,11 +149,10 @@ class ContentAssembler:
             if target is None:
                 self.chunks.append(payload)
             else:
-                filled = self.filled
                 if payload is not self.room:  # else it was received there
+                    filled = self.body_size - self.remaining
                     target[filled : filled + size] = payload
                 self.room = None
-                self.filled = filled + size
             self.remaining -= size
         return None if self.remaining else self._complete(channel)
 
