@@ -46,6 +46,7 @@ from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
 
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
+_ACK_IDS = (codec.BASIC_CLASS, codec.BASIC_ACK)
 
 class _HeldPublish(NamedTuple):
     """A publish waiting in the channel's inbox (behind a server-named queue.declare)."""
@@ -174,6 +175,15 @@ class Channel:
             self._inbox.append(m)
         else:
             self._dispatch(m)
+        return self.take_output()
+
+    def on_ack(self, delivery_tag: int, multiple: bool) -> ChannelOutput:
+        """basic.ack read on the hot path (``AckReceived``): what ``on_method`` does with a
+        ``Basic.Ack``, without making one unless it must wait in the inbox."""
+        if self._inbox is not None:
+            self._inbox.append(spec.Basic.Ack(delivery_tag, multiple))
+        else:
+            self._settle_tags(delivery_tag, multiple, r.ACK, None)
         return self.take_output()
 
     def _dispatch(self, m: base.Frame) -> None:
@@ -396,10 +406,12 @@ class Channel:
 
     # ------------------------------------------------------ acknowledgements
 
-    def _settle_tags(self, tag: int, multiple: bool, action: int, m: base.Frame) -> None:
+    def _settle_tags(self, tag: int, multiple: bool, action: int, m: base.Frame | None) -> None:
+        """basic.ack, nack or reject (``m``; None: a basic.ack read on the hot path)."""
         taken = self.tags.take(tag, multiple)
         if not taken and not (multiple and tag == 0):
-            raise errors.PreconditionFailed(f"unknown delivery tag {tag}", *method_ids(m))
+            raise errors.PreconditionFailed(f"unknown delivery tag {tag}",
+                                            *(method_ids(m) if m is not None else _ACK_IDS))
         if self._trace is not None:
             self._trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
                                    _TRACE_OUTCOME[action])

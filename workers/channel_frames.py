@@ -29,6 +29,7 @@ from broker.errors import AMQPError
 from workers import codec
 from workers.content_assembler import PUBLISH_IDS, ContentAssembler, Place, Release
 from workers.events import (
+    AckReceived,
     ChannelClosed,
     ChannelOpened,
     Event,
@@ -155,6 +156,15 @@ class ChannelFrames:
         if chan is None or chan.state is not ChannelState.IDLE:
             return None
         return chan.content.whole(channel, method, header, body)
+
+    def whole_ack(self, channel: int, delivery_tag: int, multiple: bool) -> AckReceived | None:
+        """The ack hot path (FrameBuffer.next_ack): the ack, or None where the frame-by-frame
+        path must take the frame (a channel not open, or in the middle of a publish's
+        content: its answer is an error)."""
+        chan = self._channels.get(channel)
+        if chan is None or chan.state is not ChannelState.IDLE:
+            return None
+        return AckReceived(channel, delivery_tag, multiple)
 
     def body_room(self, channel: int, size: int) -> memoryview | None:
         """FrameBuffer.sink: where a big body frame on ``channel`` may be received, when the

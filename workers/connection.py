@@ -566,6 +566,14 @@ class AMQPConnection:
                         buffer.skip_to(end)
                         self._events.append(publish)
                         continue
+                ack = buffer.next_ack()
+                if ack is not None:  # the consumer's hot path: a basic.ack, read at once
+                    channel, tag, multiple, end = ack
+                    acked = self._channels.whole_ack(channel, tag, multiple)
+                    if acked is not None:
+                        buffer.skip_to(end)
+                        self._events.append(acked)
+                        continue
             frame = buffer.next_frame()
             if frame is None:
                 return

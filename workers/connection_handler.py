@@ -235,6 +235,12 @@ class ConnectionHandler:
     # ------------------------------------------------------ protocol events
 
     def handle(self, event: Any) -> None:
+        if type(event) is ev.AckReceived:  # the hot path: one per delivery, acked each
+            ch = self.channels.get(event.channel)
+            if ch is not None and not ch.closing:
+                self._guarded(ch, ch.on_ack, event.delivery_tag, event.multiple)
+            self.worker.dirty.add(self)
+            return
         match event:
             case ev.MethodReceived(channel=0, method=spec.Connection.UpdateSecret(reason=why)):
                 log.info("connection %s: user '%s' updated secret, reason: %s", self.label,

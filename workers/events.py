@@ -40,6 +40,17 @@ class MethodReceived:
     method: base.Frame
 
 
+class AckReceived(NamedTuple):
+    """basic.ack from a client, read on the consumer's hot path (``FrameBuffer.next_ack``):
+    what a ``MethodReceived`` with a ``Basic.Ack`` says, without the pamqp method (one is
+    made per delivery for a consumer that acks each message). A NamedTuple, as
+    ``PublishReceived``."""
+
+    channel: int
+    delivery_tag: int
+    multiple: bool
+
+
 class PublishReceived(NamedTuple):
     """A complete basic.publish: method, content header and all body frames.
 
@@ -90,6 +101,7 @@ Event = (
     ConnectionOpened
     | ChannelOpened
     | MethodReceived
+    | AckReceived
     | PublishReceived
     | ChannelClosed
     | ConnectionClosed

@@ -52,6 +52,10 @@ _PUBLISH_MIN = 9  # ids, ticket, two empty short strings, bits
 _HEADER_MIN = 14  # class, weight, body size, property flags
 # A frame at least this long that is not all here yet is assembled in its own buffer.
 _BIG_FRAME = 8192
+# basic.ack as a client sends it: type 1, channel, size 13, class 60, method 80, delivery tag,
+# bits, frame end (21 octets).
+_ACK_FRAME = struct.Struct(">BHIHHQBB")
+_ACK_SIZE = _ACK_FRAME.size
 
 
 class Frame:
@@ -78,7 +82,8 @@ class FrameBuffer:
 
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
         self.frame_max = frame_max
-        # False: next_publish always declines (every frame read on its own; tests compare both).
+        # False: next_publish and next_ack always decline (every frame read on its own; tests
+        # compare both).
         self.whole_publishes = True
         # Bytes being parsed (immutable, so payload views of it stay valid).
         self._data: bytes | bytearray | memoryview = b""
@@ -289,8 +294,28 @@ class FrameBuffer:
             return None
         return channel, view[pos + 7 : end1], view[header_at:end2], view[end2 + 8 : end3], end3 + 1
 
+    def next_ack(self) -> tuple[int, int, bool, int] | None:
+        """A basic.ack method frame at the read position, whole, or None.
+
+        The consumer's hot path (a consumer acking each message sends one per delivery): the
+        frame as every client sends it (a 13-octet payload, frame end in place) gives
+        ``(channel, delivery tag, multiple, end)`` without a ``Frame`` or a decoded method, and
+        without moving the read position (the caller calls ``skip_to(end)`` once it accepts
+        it). Anything else is None, and is read by ``next_frame`` with its every check.
+        """
+        if not self.whole_publishes or self._placed is not None:
+            return None
+        data, pos = self._data, self._pos
+        if len(data) - pos < _ACK_SIZE or data[pos] != FRAME_METHOD:
+            return None
+        _, channel, size, class_id, method_id, tag, bits, end = _ACK_FRAME.unpack_from(data, pos)
+        if size != 13 or class_id != 60 or method_id != 80 or end != FRAME_END or not channel:
+            return None
+        return channel, tag, bool(bits & 1), pos + _ACK_SIZE
+
     def skip_to(self, end: int) -> None:
-        """Consume everything before ``end`` (an offset ``next_publish`` returned)."""
+        """Consume everything before ``end`` (an offset ``next_publish`` or ``next_ack``
+        returned)."""
         self._pos = end
 
     def __iter__(self) -> Iterator[Frame]:

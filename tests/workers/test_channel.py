@@ -688,6 +688,21 @@ def test_empty_queue_name_after_pipelined_server_named_declare() -> None:
     assert [c.queue for c in consumes] == ["amq.gen-abc"]
 
 
+def test_an_ack_behind_an_unanswered_server_named_declare_waits_for_it() -> None:
+    """The channel is serial for acks too (read on the hot path, AckReceived): an ack after a
+    queue.declare whose name the supervisor has yet to give settles only after declare-ok."""
+    h = Harness()
+    _three_delivered(h)
+    h.client(1, commands.Queue.Declare(queue="", exclusive=True))
+    h.client(1, commands.Basic.Ack(delivery_tag=2))
+    assert [type(rec) for rec in h.take()] == [r.QueueDeclare]
+    h.supervisor(r.Reply(CONN, 1, "qdecl", queue="amq.gen-abc"))
+    assert h.take() == [r.Settle(CONN, 1, [12], r.ACK)]
+    assert [type(m) for _, m in h.frames()] == [commands.Queue.DeclareOk]
+    h.client(1, commands.Basic.Ack(delivery_tag=2))  # acked already: 406, as any unknown tag
+    assert only_channel_close(h).reply_code == 406
+
+
 # -- basic.return -----------------------------------------------------------------
 
 

@@ -17,6 +17,7 @@ from workers.connection import (
     UnexpectedMethod,
 )
 from workers.events import (
+    AckReceived,
     ChannelClosed,
     ChannelOpened,
     ConnectionClosed,
@@ -576,10 +577,9 @@ def test_publish_fed_one_byte_at_a_time() -> None:
     for i in range(len(wire)):
         events += conn.receive_data(wire[i : i + 1])
     published, acked = events
-    assert isinstance(published, PublishReceived) and isinstance(acked, MethodReceived)
+    assert isinstance(published, PublishReceived) and isinstance(acked, AckReceived)
     assert b"".join(bytes(c) for c in published.body) == data and published.channel == 2
-    ack: Any = acked.method
-    assert (type(ack), ack.delivery_tag) == (commands.Basic.Ack, 7)
+    assert acked == AckReceived(1, 7, False)
 
 
 def test_publish_with_empty_body() -> None:
@@ -884,9 +884,76 @@ def _comparable(events: list[Any]) -> list[Any]:
         (e.channel, e.exchange, e.routing_key, e.mandatory, bytes(e.header_payload), e.body_size,
          b"".join(bytes(c) for c in e.body)) if isinstance(e, PublishReceived)
         else (e.channel, e.method.name, sorted(vars(e.method).items())) if isinstance(e, MethodReceived)
+        else _comparable([MethodReceived(e.channel, commands.Basic.Ack(e.delivery_tag, e.multiple))])[0]
+        if isinstance(e, AckReceived)
         else e
         for e in events
     ]
+
+
+# -- basic.ack on the hot path (FrameBuffer.next_ack) --------------------------------------
+
+_ACK_STREAM = b"".join([
+    method(1, commands.Basic.Ack(1)),
+    method(2, commands.Basic.Ack(2**63 - 1, multiple=True)),
+    publish(1, b"between"),
+    method(1, commands.Basic.Ack(0, multiple=True)),
+    method(2, commands.Basic.Nack(3)),  # not an ack: read frame by frame
+    method(1, commands.Basic.Ack(4)),
+])
+
+
+def test_acks_on_the_hot_path_are_the_events_of_frame_by_frame_reading() -> None:
+    """Each basic.ack comes out as an AckReceived saying what the frame-by-frame path's
+    MethodReceived(Basic.Ack) says, in the same place among the other events."""
+    fast, slow = opened(channels=(1, 2)), _frame_by_frame(opened(channels=(1, 2)))
+    events = fast.receive_data(_ACK_STREAM)
+    assert [e for e in events if isinstance(e, AckReceived)] == [
+        AckReceived(1, 1, False), AckReceived(2, 2**63 - 1, True), AckReceived(1, 0, True),
+        AckReceived(1, 4, False)]
+    slow_events = slow.receive_data(_ACK_STREAM)
+    assert not any(isinstance(e, AckReceived) for e in slow_events)
+    assert _comparable(events) == _comparable(slow_events)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=len(_ACK_STREAM) - 1), max_size=6))
+def test_acks_split_anywhere_give_the_same_events(cuts: list[int]) -> None:
+    conn = opened(channels=(1, 2))
+    events: list[Any] = []
+    start = 0
+    for cut in [*sorted(set(cuts)), len(_ACK_STREAM)]:
+        events += conn.receive_data(_ACK_STREAM[start:cut])
+        start = cut
+    whole = opened(channels=(1, 2)).receive_data(_ACK_STREAM)
+    assert _comparable(events) == _comparable(whole)
+
+
+def test_an_ack_the_hot_path_declines_is_answered_as_frame_by_frame() -> None:
+    """Inside a publish's content an ack is 505 on the hot path too; on a channel never opened
+    it is 504; an ack whose payload is longer than its fields is read as any other ack."""
+    conn = opened()
+    conn.receive_data(method(1, commands.Basic.Publish(routing_key="q")) + content_header(1, 4)
+                      + method(1, commands.Basic.Ack(1)))
+    assert only_close(conn).reply_code == 505
+    conn = opened()
+    conn.receive_data(method(3, commands.Basic.Ack(1)))
+    assert only_close(conn).reply_code == 504
+    conn = opened()
+    long_ack = frame.marshal(commands.Basic.Ack(5), 1)
+    size = int.from_bytes(long_ack[3:7], "big")
+    padded = long_ack[:3] + (size + 2).to_bytes(4, "big") + long_ack[7:-1] + b"\0\0" + long_ack[-1:]
+    [event] = conn.receive_data(padded)
+    assert isinstance(event, MethodReceived) and event.method.delivery_tag == 5
+
+
+def test_an_ack_on_a_closing_channel_is_dropped() -> None:
+    """After the server's channel.close only close and close-ok count (AMQP 0-9-1 §4.2.6)."""
+    conn = opened(channels=(1, 2))
+    conn.close_channel(1, 406, "PRECONDITION_FAILED - x")
+    conn.data_to_send()
+    assert conn.receive_data(method(1, commands.Basic.Ack(1)) + method(2, commands.Basic.Ack(2))) == [
+        AckReceived(2, 2, False)]
 
 
 def test_whole_publish_gives_the_events_of_frame_by_frame_reading() -> None:
