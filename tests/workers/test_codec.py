@@ -170,6 +170,36 @@ def test_encode_deliver_matches_pamqp(size: int) -> None:
     assert got == expected
 
 
+@pytest.mark.parametrize("size", [0, 1, 128, 4088, 4089, 10000])
+@pytest.mark.parametrize("redelivered", [False, True])
+def test_deliver_into_matches_pamqp(size: int, redelivered: bool) -> None:
+    """The parts deliver_into appends (a small body joined with its frames in one step, a big
+    one as views) are pamqp's frames, byte for byte, with short strings of any UTF-8."""
+    data = bytes(i % 251 for i in range(size))
+    header_payload = _header_payload(size, PROPERTIES)
+    for ctag, exchange, key in [("ctag", "ex", "rk"), ("amq.ctag-é", "", "ключ"), ("c" * 255, "x" * 127, "")]:
+        expected = frame.marshal(commands.Basic.Deliver(ctag, 2**40, redelivered, exchange, key), 5)
+        expected += _pamqp_content(5, header_payload, data, 4096)
+        out: list[codec.Buffer] = []
+        n = codec.deliver_into(out, 5, ctag, 2**40, redelivered, exchange, key, header_payload,
+                               memoryview(data), 4096)
+        assert b"".join(bytes(part) for part in out) == expected and n == len(expected)
+
+
+def test_deliver_into_past_its_short_string_cache_stays_right() -> None:
+    """More distinct routing keys than the cache keeps: each still encoded as its own."""
+    header_payload = _header_payload(3, PROPERTIES)
+    for n in range(codec._SHORTSTRS_MAX + 100):
+        key = f"key.{n}"
+        out: list[codec.Buffer] = []
+        codec.deliver_into(out, 1, "c", n + 1, False, "", key, header_payload, b"abc", 131072)
+        expected = frame.marshal(commands.Basic.Deliver("c", n + 1, False, "", key), 1)
+        assert bytes(out[0]).startswith(expected)
+    assert len(codec._SHORTSTRS) <= codec._SHORTSTRS_MAX
+    with pytest.raises(ValueError):
+        codec.deliver_into([], 1, "c" * 256, 1, False, "", "q", header_payload, b"abc", 4096)
+
+
 def test_encode_deliver_empty_body_has_no_body_frame() -> None:
     """A zero-length body is a method frame and a header frame only."""
     header_payload = _header_payload(0, commands.Basic.Properties())
