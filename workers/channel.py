@@ -182,8 +182,18 @@ class Channel:
         ``Basic.Ack``, without making one unless it must wait in the inbox."""
         if self._inbox is not None:
             self._inbox.append(spec.Basic.Ack(delivery_tag, multiple))
-        else:
+        elif multiple or self.tx or self._trace is not None:
             self._settle_tags(delivery_tag, multiple, r.ACK, None)
+        else:  # one delivery, the common case: _settle_tags without its lists
+            held = self.tags.held.pop(delivery_tag, None)
+            if held is None:
+                raise errors.PreconditionFailed(f"unknown delivery tag {delivery_tag}", *_ACK_IDS)
+            entry, target = held
+            self._out.requests.append(r.Settle(self.conn_id, self.number, [entry], r.ACK))
+            if target is not None:
+                self.consuming.settled_one(target, self._out)
+            else:  # a basic.get's: no consumer's credit
+                self.consuming.settled([None], self._out)
         return self.take_output()
 
     def _dispatch(self, m: base.Frame) -> None:

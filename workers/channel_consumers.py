@@ -142,6 +142,14 @@ class ChannelConsumers:
         for target in self.by_tag.values():
             self.refresh(target, out)
 
+    def settled_one(self, target: ConsumerTarget, out: ChannelOutput) -> None:
+        """``settled`` for one delivery of ``target``."""
+        self.credit.settled(target)
+        if self.credit.global_prefetch:
+            self.refresh_all(out)
+        else:
+            self.refresh(target, out)
+
     def settled(self, targets: list[ConsumerTarget | None], out: ChannelOutput) -> None:
         """Deliveries of these targets were acked, rejected or nacked: their credit is back."""
         settled = self.credit.settled

@@ -238,7 +238,13 @@ class ConnectionHandler:
         if type(event) is ev.AckReceived:  # the hot path: one per delivery, acked each
             ch = self.channels.get(event.channel)
             if ch is not None and not ch.closing:
-                self._guarded(ch, ch.on_ack, event.delivery_tag, event.multiple)
+                try:  # _guarded, without its *args
+                    out = ch.on_ack(event.delivery_tag, event.multiple)
+                except AMQPError as exc:
+                    self.apply(ch, ch.take_output())
+                    self.fail(exc, ch)
+                else:
+                    self.apply(ch, out)
             self.worker.dirty.add(self)
             return
         match event:
