@@ -43,6 +43,11 @@ class ConsumerState(enum.Enum):
     NOTIFIED = "notified"
     NON_ACQUIRING = "non_acquiring"  # an interested browser
 
+    # Enum's own __hash__ is Python code (the name's hash); the states are tested against
+    # frozensets on every move (a few per message): the identity hash is C, and agrees with
+    # Enum's equality (identity).
+    __hash__ = object.__hash__
+
 
 REMOVED = ConsumerState.REMOVED
 NOT_INTERESTED = ConsumerState.NOT_INTERESTED
