@@ -48,6 +48,13 @@ from workers.transaction import Transaction
 _TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 _ACK_IDS = (codec.BASIC_CLASS, codec.BASIC_ACK)
 
+
+def _unknown_tag(tag: int, m: base.Frame | None) -> errors.PreconditionFailed:
+    """406 for an ack, nack or reject (``m``; None: a basic.ack read on the hot path) naming a
+    delivery tag the channel does not hold."""
+    return errors.PreconditionFailed(f"unknown delivery tag {tag}",
+                                     *(method_ids(m) if m is not None else _ACK_IDS))
+
 class _HeldPublish(NamedTuple):
     """A publish waiting in the channel's inbox (behind a server-named queue.declare)."""
 
@@ -187,9 +194,9 @@ class Channel:
         else:  # one delivery, the common case: _settle_tags without its lists
             held = self.tags.held.pop(delivery_tag, None)
             if held is None:
-                raise errors.PreconditionFailed(f"unknown delivery tag {delivery_tag}", *_ACK_IDS)
+                raise _unknown_tag(delivery_tag, None)
             entry, target = held
-            self._out.requests.append(r.Settle(self.conn_id, self.number, [entry], r.ACK))
+            self._settle([entry], r.ACK)
             if target is not None:
                 self.consuming.settled_one(target, self._out)
             else:  # a basic.get's: no consumer's credit
@@ -420,8 +427,7 @@ class Channel:
         """basic.ack, nack or reject (``m``; None: a basic.ack read on the hot path)."""
         taken = self.tags.take(tag, multiple)
         if not taken and not (multiple and tag == 0):
-            raise errors.PreconditionFailed(f"unknown delivery tag {tag}",
-                                            *(method_ids(m) if m is not None else _ACK_IDS))
+            raise _unknown_tag(tag, m)
         if self._trace is not None:
             self._trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
                                    _TRACE_OUTCOME[action])

@@ -192,10 +192,15 @@ class ConnectionHandler:
         try:
             out = call(*args)
         except AMQPError as exc:
-            self.apply(ch, ch.take_output())
-            self.fail(exc, ch)
+            self._channel_failed(ch, exc)
             return
         self.apply(ch, out)
+
+    def _channel_failed(self, ch: Channel, exc: AMQPError) -> None:
+        """A call on ``ch`` raised ``exc``: what it produced before the error is carried out,
+        then the error closes the channel (or the connection)."""
+        self.apply(ch, ch.take_output())
+        self.fail(exc, ch)
 
     def refresh_all(self) -> None:
         """Credit may have come back for every consumer of the connection."""
@@ -241,8 +246,7 @@ class ConnectionHandler:
                 try:  # _guarded, without its *args
                     out = ch.on_ack(event.delivery_tag, event.multiple)
                 except AMQPError as exc:
-                    self.apply(ch, ch.take_output())
-                    self.fail(exc, ch)
+                    self._channel_failed(ch, exc)
                 else:
                     self.apply(ch, out)
             self.worker.dirty.add(self)
