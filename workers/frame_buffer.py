@@ -82,9 +82,9 @@ class FrameBuffer:
 
     def __init__(self, frame_max: int = FRAME_MIN_SIZE) -> None:
         self.frame_max = frame_max
-        # False: next_publish and next_ack always decline (every frame read on its own; tests
-        # compare both).
-        self.whole_publishes = True
+        # The hot paths, next_publish and next_ack; False: they always decline (every frame is
+        # read on its own; tests compare both).
+        self.hot_paths = True
         # Bytes being parsed (immutable, so payload views of it stay valid).
         self._data: bytes | bytearray | memoryview = b""
         self._view = memoryview(self._data)
@@ -260,7 +260,7 @@ class FrameBuffer:
         incomplete, malformed, split bodies — is None, and is then read frame
         by frame with every check and error of ``next_frame``.
         """
-        if not self.whole_publishes or self._placed is not None:
+        if not self.hot_paths or self._placed is not None:
             return None
         data, pos = self._data, self._pos
         if len(data) - pos < 2 * FRAME_OVERHEAD + _PUBLISH_MIN:
@@ -303,7 +303,7 @@ class FrameBuffer:
         without moving the read position (the caller calls ``skip_to(end)`` once it accepts
         it). Anything else is None, and is read by ``next_frame`` with its every check.
         """
-        if not self.whole_publishes or self._placed is not None:
+        if not self.hot_paths or self._placed is not None:
             return None
         data, pos = self._data, self._pos
         if len(data) - pos < _ACK_SIZE or data[pos] != FRAME_METHOD:

@@ -875,7 +875,7 @@ def test_send_raw_checks_the_channel() -> None:
 
 
 def _frame_by_frame(conn: AMQPConnection) -> AMQPConnection:
-    conn._buffer.whole_publishes = False
+    conn._buffer.hot_paths = False
     return conn
 
 
