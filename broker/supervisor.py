@@ -45,6 +45,7 @@ from broker.dispatch_trace import DispatchTrace
 from broker.durability import Durability
 from broker.message_store import ArenasFull
 from broker.passwords import DEFAULT_USER, hashed
+from ipc import collector
 from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
@@ -223,6 +224,7 @@ class Supervisor:
                 os.unlink(self.config.ready_file)
 
     async def run(self) -> None:
+        collector.settle()  # set up (and recovered): what is alive now lives on
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._retry_backlog)
