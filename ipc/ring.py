@@ -61,6 +61,7 @@ _TAIL_OFFSET = 64
 _HEAD = _HEAD_OFFSET // 8
 _TAIL = _TAIL_OFFSET // 8
 _LEN = struct.Struct("<I")
+_READ_CHUNK = 32 << 10  # bytes get_all_nowait copies out of the ring at a time (at least a record)
 
 
 class RingFull(Exception):
@@ -156,22 +157,28 @@ class Ring:
         """Append as many records as fit, in order, publishing the head once.
 
         Returns how many were written (the first ``n`` of ``payloads``). Raises
-        ValueError, writing nothing, if any payload could never fit.
+        ValueError, writing nothing, if any payload could never fit. The records
+        and their length prefixes are joined and copied into the ring at once.
         """
         for payload in payloads:
             self._check_size(payload)
         head = self._head()
         room = self._capacity - (head - self._tail())
+        pack = _LEN.pack
+        parts: list[bytes] = []
         written = 0
         for payload in payloads:
             need = LENGTH_BYTES + len(payload)
             if need > room:
                 break
-            head = self._write_record(head, payload)
+            parts.append(pack(len(payload)))
+            parts.append(payload)
             room -= need
             written += 1
         if written:
-            self._counters[_HEAD] = head
+            data = b"".join(parts)
+            self._write_at(head, data)
+            self._counters[_HEAD] = head + len(data)
         return written
 
     def _check_size(self, payload: bytes) -> None:
@@ -212,17 +219,46 @@ class Ring:
 
     def get_all_nowait(self, max_records: int | None = None) -> list[bytes]:
         """Remove and return every record present (at most ``max_records``),
-        storing the tail once. An empty ring gives an empty list."""
+        storing the tail once. An empty ring gives an empty list.
+
+        The bytes in use are copied out a chunk (``_READ_CHUNK``, or one record
+        bigger than that) at a time and the records sliced from the copy: two
+        objects a record, where reading each length and each payload from the
+        shared buffer made five."""
         tail = self._tail()
         available = self._head() - tail
+        if not available:
+            return []
+        if available > self._capacity:
+            raise RingCorrupt(f"{available} bytes in use in a ring of {self._capacity} "
+                              f"(head {self._head()}, tail {tail})")
+        limit = available if max_records is None else max_records
+        unpack = _LEN.unpack_from
         records: list[bytes] = []
-        while available and (max_records is None or len(records) < max_records):
-            payload, new_tail = self._read_record(tail, available)
-            available -= new_tail - tail
-            tail = new_tail
-            records.append(payload)
-        if records:
-            self._counters[_TAIL] = tail
+        taken = 0  # bytes of the records taken so far
+        while taken < available and len(records) < limit:
+            left = available - taken
+            if left < LENGTH_BYTES:
+                raise RingCorrupt(f"{left} bytes left in use after the last whole record")
+            size = left if left < _READ_CHUNK else _READ_CHUNK
+            data = self._read_at(tail + taken, size)
+            pos = 0
+            while len(records) < limit and size - pos >= LENGTH_BYTES:
+                (length,) = unpack(data, pos)
+                end = pos + LENGTH_BYTES + length
+                if end > size:
+                    if taken + end > available:
+                        raise RingCorrupt(f"record of {length} bytes but only "
+                                          f"{available - taken - pos} in use")
+                    if pos:
+                        break  # it starts the next chunk
+                    # One record bigger than a chunk: read it whole.
+                    size = end
+                    data = self._read_at(tail + taken, size)
+                records.append(data[pos + LENGTH_BYTES : end])
+                pos = end
+            taken += pos
+        self._counters[_TAIL] = tail + taken
         return records
 
     def _read_record(self, tail: int, available: int) -> tuple[bytes, int]:

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Iterator
 
 import pytest
 
+from ipc import ring as ring_module
 from ipc.ring import HEADER_BYTES, LENGTH_BYTES, Ring, RingCorrupt, RingEmpty, RingFull
 
 
@@ -155,6 +157,47 @@ def test_batches_wrap_around() -> None:
         sent += batch
         got += ring.get_all_nowait()
     assert got == sent
+
+
+def test_get_all_reads_records_across_its_copy_chunks_and_bigger_than_one() -> None:
+    """get_all_nowait copies the ring out a chunk at a time: records cut by a chunk's end, records
+    bigger than a chunk and batches straddling the end of the data area come back intact."""
+    chunk = ring_module._READ_CHUNK
+    _, ring = make_ring(5 * chunk + 13)
+    rng = random.Random(7)
+    sent: list[bytes] = []
+    got: list[bytes] = []
+    for i in range(300):
+        batch = [rng.randbytes(rng.choice((0, 1, 9, chunk - 4, chunk, chunk + 1, 2 * chunk + 3,
+                                           rng.randrange(3 * chunk))))
+                 for _ in range(rng.randrange(1, 4))]
+        written = ring.put_many_nowait(batch)
+        sent += batch[:written]
+        got += ring.get_all_nowait(rng.choice((None, 1, 2, 1024)))
+    got += ring.get_all_nowait()
+    assert ring.is_empty()
+    assert got == sent
+
+
+def test_corrupt_counters_are_detected_by_get_all() -> None:
+    """get_all_nowait raises RingCorrupt, storing no tail, for a length prefix past the bytes in
+    use, a head further than the capacity from the tail, and a few bytes too short for a prefix."""
+    buf, ring = make_ring(64)
+    ring.put_many_nowait([b"ab", b"abcd"])
+    struct.pack_into("<I", buf, HEADER_BYTES + LENGTH_BYTES + 2, 1000)
+    with pytest.raises(RingCorrupt):
+        ring.get_all_nowait()
+    assert counters(buf)[1] == 0
+    buf, ring = make_ring(64)
+    struct.pack_into("<Q", buf, 0, 65)  # head 65, tail 0: more in use than the ring holds
+    with pytest.raises(RingCorrupt):
+        ring.get_all_nowait()
+    buf, ring = make_ring(64)
+    ring.put_nowait(b"ab")
+    struct.pack_into("<Q", buf, 0, LENGTH_BYTES + 2 + 3)  # 3 stray bytes after the record
+    with pytest.raises(RingCorrupt):
+        ring.get_all_nowait()
+    assert counters(buf)[1] == 0
 
 
 def test_reset_forgets_every_record() -> None:
