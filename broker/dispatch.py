@@ -104,6 +104,7 @@ class Dispatcher:
             r.Pull: self._pull,
             r.Get: self._get,
             r.Publish: self._publish,
+            r.PublishRun: self._publish_run,
             r.Settle: self._settle,
             r.Sync: self._sync,
             r.ArenaWait: self._arena_wait,
@@ -628,6 +629,29 @@ class Dispatcher:
                 _send_confirm(self.outbox[worker], confirm)
         if outcome.notify:
             self._wake(outcome.notify)
+
+    def _publish_run(self, worker: int, rec: r.PublishRun) -> None:
+        """A worker's run of publishes alike but for their bodies (``ipc.records.PublishRun``):
+        each applied as its own Publish, in order. One that fails (the exchange is gone, say)
+        ends the run as it would end the channel: the bodies after it are freed, and counted
+        for publish credit as the failed one is."""
+        bodies = rec.bodies
+        publish = self._publish
+        make = r.Publish
+        conn, ch, exchange, routing_key = rec.conn, rec.ch, rec.exchange, rec.routing_key
+        mandatory, confirm = rec.mandatory, rec.confirm
+        for i in range(0, len(bodies), 3):
+            offset, header_len, body_len = bodies[i], bodies[i + 1], bodies[i + 2]
+            try:
+                publish(worker, make(conn, ch, exchange, routing_key, mandatory, confirm, offset,
+                                     header_len, body_len, None))
+            except AMQPError:
+                due = self._credit.due
+                key = (worker, conn)
+                for j in range(i + 3, len(bodies), 3):
+                    due[key] = due.get(key, 0) + 1
+                    self._free(worker, bodies[j], bodies[j + 1] + bodies[j + 2])
+                raise
 
     def _settle(self, worker: int, rec: r.Settle) -> None:
         chan = self._channels.get((worker, rec.conn, rec.ch))

@@ -186,8 +186,8 @@ class Get(_Record, frozen=True, tag="get"):
     no_ack: bool
 
 
-class Publish(_Record, frozen=True, tag="pub"):
-    """A complete message whose header+body sit in this worker's arena."""
+class _Publishing(_Record, frozen=True):
+    """Where a publish goes and how: the fields a Publish and a PublishRun share (first)."""
 
     conn: int
     ch: int
@@ -195,6 +195,11 @@ class Publish(_Record, frozen=True, tag="pub"):
     routing_key: str
     mandatory: bool
     confirm: bool
+
+
+class Publish(_Publishing, frozen=True, tag="pub"):
+    """A complete message whose header+body sit in this worker's arena."""
+
     offset: int
     header_len: int
     body_len: int
@@ -204,6 +209,16 @@ class Publish(_Record, frozen=True, tag="pub"):
     # A persistent message (delivery_mode 2) with --data-dir: where the worker wrote its header
     # and body (ipc.logfile.BodyLog): (segment, offset, length) in this worker's body log.
     body_at: tuple[int, int, int] | None = None
+
+
+class PublishRun(_Publishing, frozen=True, tag="pubrun"):
+    """Publishes one after another on one channel, to one exchange and routing key, without
+    properties the supervisor reads (headers, expiration, priority) and not persistent: what a
+    publisher sending to one queue makes, one record instead of one each. ``bodies``: offset,
+    header length and body length of each, in publish order (flat). The supervisor applies
+    them as that many ``Publish`` records (``broker.dispatch.Dispatcher._publish_run``)."""
+
+    bodies: list[int]
 
 
 class ArenaWait(_Record, frozen=True, tag="arenawait"):
@@ -307,6 +322,7 @@ Request = (
     | Pull
     | Get
     | Publish
+    | PublishRun
     | Settle
     | Sync
     | ArenaWait
@@ -492,6 +508,7 @@ METHOD_IDS: dict[type, tuple[int, int]] = {
     Consume: (60, 20),
     Cancel: (60, 30),
     Publish: (60, 40),
+    PublishRun: (60, 40),
     Get: (60, 70),
 }
 

@@ -117,7 +117,7 @@ class _RoundFlush(trio.abc.Instrument):
         self.retrying = False  # the flusher task has the outbox until it is written
 
     def before_io_wait(self, timeout: float) -> None:
-        if not self.worker.outbox or self.retrying:
+        if not self.worker.has_requests or self.retrying:
             return
         try:
             if self.worker.flush_requests():

@@ -285,3 +285,38 @@ def test_a_publish_without_properties_is_stored_as_a_plain_message(h: Harness) -
     deliveries = h.pull(1, 3).deliveries
     assert [(d.region, d.offset, d.header_len, d.body_len) for d in deliveries] == [
         (W0, plain_at, 16, 100), (W0, 9000, 30, 7), (W0, 9500, 30, 7)]
+
+
+def _run(offsets: list[int], rk: str = "q", *, exchange: str = "", mandatory: bool = False,
+         confirm: bool = False) -> r.PublishRun:
+    bodies = [field for offset in offsets for field in (offset, 16, 100)]
+    return r.PublishRun(1, 1, exchange, rk, mandatory, confirm, bodies)
+
+
+def test_a_run_of_publishes_is_applied_as_its_publishes_in_order(h: Harness) -> None:
+    """PublishRun: each body queued in order, each confirmed, its consumer notified."""
+    h.declare("q")
+    h.consume("q", cid=1, slot=4)
+    h.send(W0, _run([256, 512, 768], confirm=True))
+    assert h.events(W0) == [r.Confirm(1, 1, True, 3)]
+    assert h.woken(W1) == [4]
+    pulled = h.pull(1, 10)
+    assert [d.offset for d in pulled.deliveries] == [256, 512, 768]
+    assert h.freed == []
+
+
+def test_an_unroutable_run_is_returned_message_by_message_or_freed(h: Harness) -> None:
+    h.send(W0, _run([256, 512], "nowhere", mandatory=True))
+    returned = h.events(W0)
+    assert [(e.code, e.offset) for e in returned] == [(312, 256), (312, 512)]
+    assert h.freed == []
+    h.send(W0, _run([768, 1024], "nowhere"))
+    assert h.freed == [(W0, 768), (W0, 1024)]
+
+
+def test_a_run_that_fails_frees_every_body_and_closes_the_channel_once(h: Harness) -> None:
+    """The exchange is gone: 404 on basic.publish, once; no body of the run is left behind."""
+    h.send(W0, _run([256, 512, 768], exchange="gone"))
+    (err,) = h.events(W0)
+    assert isinstance(err, r.Error) and (err.code, err.class_id, err.method_id) == (404, 60, 40)
+    assert sorted(h.freed) == [(W0, 256), (W0, 512), (W0, 768)]

@@ -167,7 +167,7 @@ def test_get_all_reads_records_across_its_copy_chunks_and_bigger_than_one() -> N
     rng = random.Random(7)
     sent: list[bytes] = []
     got: list[bytes] = []
-    for i in range(300):
+    for _ in range(300):
         batch = [rng.randbytes(rng.choice((0, 1, 9, chunk - 4, chunk, chunk + 1, 2 * chunk + 3,
                                            rng.randrange(3 * chunk))))
                  for _ in range(rng.randrange(1, 4))]

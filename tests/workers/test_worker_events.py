@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from broker import errors
@@ -185,3 +186,71 @@ def test_no_request_reaches_the_ring_before_dirty_output_is_sealed(worker: Worke
     worker.send(r.Settle(1, 1, [5], r.ACK))
     worker.flush_requests()
     assert handler.sealed == 1 and not worker.outbox
+
+
+def _publish(routing_key: str = "q", offset: int = 0, *, ch: int = 1, **fields: Any) -> r.Publish:
+    record = r.Publish(1, ch, "", routing_key, False, False, offset, 16, 128, None)
+    return msgspec.structs.replace(record, **fields) if fields else record
+
+
+def _ring(worker: Worker) -> list[Any]:
+    return [worker.codec.decode_request(raw) for raw in worker.region.request_ring.get_all_nowait()]
+
+
+def test_publishes_alike_but_for_their_bodies_join_into_one_run(worker: Worker) -> None:
+    """One channel publishing to one queue: one PublishRun for the run, bodies in order."""
+    for offset in (256, 512, 768):
+        worker.send(_publish(offset=offset))
+    assert worker.has_requests and not worker.outbox  # joined until something else is sent
+    assert worker.flush_requests()
+    assert _ring(worker) == [r.PublishRun(1, 1, "", "q", False, False,
+                                          [256, 16, 128, 512, 16, 128, 768, 16, 128])]
+
+
+def test_a_run_ends_where_a_publish_differs_or_another_record_comes(worker: Worker) -> None:
+    """What the supervisor must see separately stays separate, and nothing changes order; a
+    run of one is the Publish it was."""
+    worker.send(_publish(offset=1))
+    worker.send(_publish(offset=2))
+    worker.send(_publish("other", offset=3))  # another routing key
+    worker.send(_publish("other", offset=4, ch=2))  # another channel
+    worker.send(_publish("other", offset=5, ch=2, mandatory=True))
+    worker.send(_publish("other", offset=6, ch=2, mandatory=True, confirm=True))
+    worker.send(_publish("other", offset=7, ch=2, mandatory=True, confirm=True,
+                         headers={"h": 1}))  # headers: the supervisor reads them
+    worker.send(_publish("other", offset=8, ch=2, mandatory=True, confirm=True))
+    worker.send(r.Settle(1, 2, [9], r.ACK))
+    worker.send(_publish("other", offset=10, ch=2, mandatory=True, confirm=True))
+    worker.send(_publish("other", offset=11, ch=2, mandatory=True, confirm=True,
+                         body_at=(0, 0, 144)))  # persistent
+    worker.send(_publish("other", offset=12, ch=2, mandatory=True, confirm=True,
+                         expiration="5"))
+    worker.send(_publish("other", offset=13, ch=2, mandatory=True, confirm=True, priority=1))
+    worker.send(_publish("other", offset=14, ch=2, mandatory=True, confirm=True))
+    worker.send(_publish("other", offset=15, ch=2, mandatory=True, confirm=True))
+    assert worker.flush_requests()
+    got = _ring(worker)
+    assert [type(rec).__name__ for rec in got] == [
+        "PublishRun", "Publish", "Publish", "Publish", "Publish", "Publish", "Publish", "Settle",
+        "Publish", "Publish", "Publish", "Publish", "PublishRun"]
+    assert got[0].bodies == [1, 16, 128, 2, 16, 128]
+    assert [rec.offset for rec in got[1:7]] == [3, 4, 5, 6, 7, 8]
+    assert got[-1].bodies == [14, 16, 128, 15, 16, 128]
+
+
+def test_no_run_while_tracing(worker: Worker) -> None:
+    """Trace rows join the supervisor's to the worker's by counting Publish records."""
+    worker.trace = object()  # type: ignore[assignment]
+    worker.send(_publish(offset=1))
+    worker.send(_publish(offset=2))
+    worker.trace = None
+    assert worker.flush_requests()
+    assert [type(rec) for rec in _ring(worker)] == [r.Publish, r.Publish]
+
+
+def test_a_run_being_joined_asks_for_a_flush(worker: Worker) -> None:
+    flushes: list[bool] = []
+    worker.want_flush = lambda: flushes.append(True)
+    worker.send(_publish(offset=1))
+    worker.after_batch()
+    assert flushes == [True]
