@@ -56,7 +56,7 @@ from broker.message_journal import ConfirmGate
 from broker.open_channels import ChannelKey, Held, OpenChannels, Pin, Subscription
 from broker.paging import Pager
 from broker.queue import Queue, QueueEntry
-from broker.vhost import NO_ROUTE, VirtualHost
+from broker.vhost import NO_ROUTE, PublishOutcome, VirtualHost
 from ipc import records as r
 
 log = logging.getLogger("shoal.dispatch")
@@ -600,9 +600,18 @@ class Dispatcher:
             if message.stored is not None and journal is not None:
                 journal.body_dropped(message.stored)
             raise
+        self._published(worker, rec, message, outcome, rec.offset, rec.header_len, rec.body_len,
+                        pageable, mark, rec.expiration)
+
+    def _published(self, worker: int, rec: r.Publish | r.PublishRun, message: Message,
+                   outcome: PublishOutcome, offset: int, header_len: int, body_len: int,
+                   pageable: int, mark: int, expiration: str | None = None) -> None:
+        """A publish was routed (``outcome``): the arena's count, paging, a basic.return or
+        the free of an unroutable body, the confirm, the consumers to wake."""
+        journal = self.vhost.messages
         routed = outcome.routed
         if routed:
-            self.region_bytes[worker] += rec.header_len + rec.body_len
+            self.region_bytes[worker] += header_len + body_len
             if pageable:
                 self.pager.register(worker, message)
         elif message.stored is not None and journal is not None:
@@ -611,15 +620,15 @@ class Dispatcher:
             if rec.mandatory:
                 # Published with BCC: returned without it (re-encoded), as RabbitMQ returns it.
                 reheader = (
-                    (True, delivered_headers(message.headers or {}), rec.expiration)
+                    (True, delivered_headers(message.headers or {}), expiration)
                     if message.reheadered else ()
                 )
                 self.outbox[worker].append(r.Returned(
                     rec.conn, rec.ch, NO_ROUTE, "NO_ROUTE", rec.exchange, rec.routing_key,
-                    rec.offset, rec.header_len, rec.body_len, *reheader,
+                    offset, header_len, body_len, *reheader,
                 ))
             else:
-                self._free(worker, rec.offset, rec.header_len + rec.body_len)
+                self._free(worker, offset, header_len + body_len)
         if rec.confirm:  # a queue refusing it (x-overflow reject-publish) is a nack
             confirm = r.Confirm(rec.conn, rec.ch, not outcome.rejected)
             # Index records written for it: the confirm waits until they are on disk.
@@ -632,24 +641,49 @@ class Dispatcher:
 
     def _publish_run(self, worker: int, rec: r.PublishRun) -> None:
         """A worker's run of publishes alike but for their bodies (``ipc.records.PublishRun``):
-        each applied as its own Publish, in order. One that fails (the exchange is gone, say)
-        ends the run as it would end the channel: the bodies after it are freed, and counted
-        for publish credit as the failed one is."""
+        each routed and queued as its own Publish would be, in order, without a record each.
+        One that fails (the exchange is gone, say) ends the run as it ends the channel: its
+        body and those after it are freed (their publish credit was counted with the rest)."""
         bodies = rec.bodies
-        publish = self._publish
-        make = r.Publish
-        conn, ch, exchange, routing_key = rec.conn, rec.ch, rec.exchange, rec.routing_key
-        mandatory, confirm = rec.mandatory, rec.confirm
+        due = self._credit.due
+        key = (worker, rec.conn)
+        due[key] = due.get(key, 0) + len(bodies) // 3
+        if self.trace is not None:  # trace rows number each message's record: one at a time
+            self._publish_each(worker, rec)
+            return
+        exchange, routing_key = sys.intern(rec.exchange), sys.intern(rec.routing_key)
+        journal = self.vhost.messages
+        pager = self.pager
+        publish = self.vhost.publish
         for i in range(0, len(bodies), 3):
             offset, header_len, body_len = bodies[i], bodies[i + 1], bodies[i + 2]
+            mark = journal.mark if journal is not None else 0
+            pageable = pager.high and pager.registers(worker, header_len + body_len)
+            message = (PageableMessage if pageable else PlainMessage)(
+                exchange, routing_key, pack_body_ref(worker, offset, header_len, body_len),
+                body_len)
             try:
-                publish(worker, make(conn, ch, exchange, routing_key, mandatory, confirm, offset,
-                                     header_len, body_len, None))
+                outcome = publish(rec.exchange, message)
             except AMQPError:
-                due = self._credit.due
-                key = (worker, conn)
+                for j in range(i, len(bodies), 3):
+                    self._free(worker, bodies[j], bodies[j + 1] + bodies[j + 2])
+                raise
+            self._published(worker, rec, message, outcome, offset, header_len, body_len,
+                            pageable, mark)
+
+    def _publish_each(self, worker: int, rec: r.PublishRun) -> None:
+        """The run as one Publish record after another (their credit counted already)."""
+        bodies = rec.bodies
+        due = self._credit.due
+        key = (worker, rec.conn)
+        for i in range(0, len(bodies), 3):
+            due[key] -= 1  # _publish counts it again
+            try:
+                self._publish(worker, r.Publish(
+                    rec.conn, rec.ch, rec.exchange, rec.routing_key, rec.mandatory, rec.confirm,
+                    bodies[i], bodies[i + 1], bodies[i + 2], None))
+            except AMQPError:
                 for j in range(i + 3, len(bodies), 3):
-                    due[key] = due.get(key, 0) + 1
                     self._free(worker, bodies[j], bodies[j + 1] + bodies[j + 2])
                 raise
 

@@ -320,3 +320,29 @@ def test_a_run_that_fails_frees_every_body_and_closes_the_channel_once(h: Harnes
     (err,) = h.events(W0)
     assert isinstance(err, r.Error) and (err.code, err.class_id, err.method_id) == (404, 60, 40)
     assert sorted(h.freed) == [(W0, 256), (W0, 512), (W0, 768)]
+
+
+class _AnyTrace:
+    """A trace whose every hook does nothing (the dispatcher only calls them)."""
+
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: None
+
+
+def test_a_traced_run_numbers_each_message_as_its_own_publish(h: Harness) -> None:
+    """While tracing, each message of a run carries the trace key a Publish record of its own
+    would have (the rows join on it); bodies, order and credit are the same."""
+    h.d.trace = _AnyTrace()  # type: ignore[assignment]
+    h.declare("q")
+    h.send(W0, _run([256, 512, 768]))
+    messages = [entry.message for entry in h.d.vhost.queues["q"].available_entries()]
+    assert [m.trace[2] for m in messages] == [1, 2, 3]
+    assert [unpack_body_ref(m.body_ref)[1] for m in messages] == [256, 512, 768]
+    assert h.d._credit.due == {(W0, 1): 3}
+
+
+def test_a_run_counts_publish_credit_for_each_message_even_when_it_fails(h: Harness) -> None:
+    h.declare("q")
+    h.send(W0, _run([256, 512]))
+    h.send(W0, _run([768, 1024, 1280], exchange="gone"))
+    assert h.d._credit.due == {(W0, 1): 5}
