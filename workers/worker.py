@@ -65,6 +65,9 @@ class Worker:
         self._urgent = False  # the outbox holds a record that must wake the supervisor
         self.lazy_pending = False  # acks in the ring that no wake-up announced yet
         self.want_lazy_wake: Callable[[], object] = self.wake_supervisor  # the server defers it
+        # Called when an ack is sent: the server arms the timer that announces unannounced acks
+        # within LAZY_SETTLE_DELAY (Server._lazy_waker); nothing without one.
+        self.want_lazy_timer: Callable[[], object] = lambda: None
         self.handlers: dict[int, ConnectionHandler] = {}
         self.targets = ConsumerTargets(len(region.slots))
         self.conn_ids = itertools.count(1)
@@ -109,6 +112,8 @@ class Worker:
             self._send_settle(rec)
             if rec.action != r.ACK:
                 self._urgent = True  # a requeue is for other consumers, now
+            else:
+                self.want_lazy_timer()
             return
         self._urgent = True
         self.outbox.append(self._encode(rec))

@@ -3,6 +3,10 @@ that drives a connection handler over an opened AMQPConnection (model: h2's test
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -10,6 +14,8 @@ from pamqp import base, body, commands, frame, header
 
 from ipc import records as r
 from ipc.logfile import BodyLog
+from ipc.region import Region
+from ipc.wakeup import EventFd
 from workers import events as ev
 from workers.channel import Channel
 from workers.channel_config import ChannelResources
@@ -262,3 +268,21 @@ def pulls(records: list[Any]) -> list[r.Pull]:
 
 def interests(records: list[Any]) -> list[r.Interest]:
     return [rec for rec in records if isinstance(rec, r.Interest)]
+
+
+@contextlib.contextmanager
+def worker_region() -> Iterator[tuple[r.WorkerConfig, Region]]:
+    """A worker's small region and eventfds, and the config that names them (removed after)."""
+    name = f"/shoaltest.{os.getpid()}-{secrets.token_hex(4)}.w0"
+    region = Region.create(name, ring_bytes=1 << 16, slots=64, arena_bytes=1 << 16)
+    request, event = EventFd(), EventFd()
+    try:
+        yield r.WorkerConfig(
+            index=0, instance=f"{os.getpid()}-00", regions=[name], listen_fd=-1,
+            request_fd=request.fileno(), event_fd=event.fileno(), alive_fd=-1,
+        ), region
+    finally:
+        region.close()
+        region.unlink()
+        request.close()
+        event.close()

@@ -3,8 +3,6 @@ connection (541 INTERNAL_ERROR), never the worker or the other connections."""
 
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,8 +12,7 @@ import pytest
 from broker import errors
 from broker.errors import AMQPError
 from ipc import records as r
-from ipc.region import Region
-from ipc.wakeup import EventFd
+from tests.workers.helpers import worker_region
 from workers.worker import Worker
 
 INTERNAL_ERROR = errors.InternalError.reply_code
@@ -43,20 +40,8 @@ class StubHandler:
 
 @pytest.fixture
 def worker() -> Iterator[Worker]:
-    name = f"/shoaltest.{os.getpid()}-{secrets.token_hex(4)}.w0"
-    region = Region.create(name, ring_bytes=1 << 16, slots=64, arena_bytes=1 << 16)
-    request, event = EventFd(), EventFd()
-    config = r.WorkerConfig(
-        index=0, instance=f"{os.getpid()}-00", regions=[name], listen_fd=-1,
-        request_fd=request.fileno(), event_fd=event.fileno(), alive_fd=-1,
-    )
-    try:
+    with worker_region() as (config, region):
         yield Worker(config, region)
-    finally:
-        region.close()
-        region.unlink()
-        request.close()
-        event.close()
 
 
 def _send(worker: Worker, *events: Any) -> None:
