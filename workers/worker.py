@@ -56,12 +56,12 @@ class Worker:
         self.codec = r.Codec()
         self._encode = self.codec.encode
         self.outbox: list[bytes] = []
-        # Publishes being joined into one PublishRun (_send_publish): the first one's record and
-        # the run's bodies so far; encoded, last in the outbox, once something else is sent.
-        self._run: r.Publish | None = None
+        # The record being joined, after the outbox's last: a Settle that later acks of its
+        # channel extend (_send_settle), or the first Publish of a run (_send_publish) and the
+        # run's bodies so far. Encoded into the outbox once something else is sent, and before
+        # the outbox is written (seal_requests).
+        self._open: r.Settle | r.Publish | None = None
         self._run_bodies: list[int] = []
-        self._last_settle: r.Settle | None = None  # the last Settle sent, and its encoding
-        self._last_settle_bytes = b""
         self._urgent = False  # the outbox holds a record that must wake the supervisor
         self.lazy_pending = False  # acks in the ring that no wake-up announced yet
         self.want_lazy_wake: Callable[[], object] = self.wake_supervisor  # the server defers it
@@ -106,8 +106,6 @@ class Worker:
             self._urgent = True
             self._send_publish(rec)
             return
-        if self._run is not None:
-            self._end_run()
         if kind is r.Settle:
             self._send_settle(rec)
             if rec.action != r.ACK:
@@ -115,6 +113,8 @@ class Worker:
             else:
                 self.want_lazy_timer()
             return
+        if self._open is not None:
+            self.seal_requests()
         self._urgent = True
         self.outbox.append(self._encode(rec))
 
@@ -122,54 +122,58 @@ class Worker:
         """A publisher sending to one queue fills a read with publishes alike but for their
         bodies: a Publish that directly follows one of the same channel, exchange, routing key,
         mandatory and confirm flags, neither with properties the supervisor reads nor
-        persistent, joins it in a PublishRun (encoded once it is over: ``_end_run``). The
-        supervisor decodes, dispatches and reads one record for the run instead of one a
-        message. Not while tracing, whose rows count Publish records."""
-        run = self._run
+        persistent, joins it in a PublishRun (encoded once it is over). The supervisor
+        decodes, dispatches and reads one record for the run instead of one a message. Not
+        while tracing, whose rows count Publish records."""
+        run = self._open
         if (rec.headers is None and rec.expiration is None and rec.priority is None
                 and rec.body_at is None and self.trace is None):
-            if (run is not None and run.ch == rec.ch and run.conn == rec.conn
+            if (type(run) is r.Publish and run.ch == rec.ch and run.conn == rec.conn
                     and run.routing_key == rec.routing_key and run.exchange == rec.exchange
                     and run.mandatory == rec.mandatory and run.confirm == rec.confirm):
                 self._run_bodies += (rec.offset, rec.header_len, rec.body_len)
                 return
             if run is not None:
-                self._end_run()
-            self._run = rec
+                self.seal_requests()
+            self._open = rec
             self._run_bodies = [rec.offset, rec.header_len, rec.body_len]
             return
         if run is not None:
-            self._end_run()
+            self.seal_requests()
         self.outbox.append(self._encode(rec))
-
-    def _end_run(self) -> None:
-        """The run being joined is over: its record goes to the outbox (a run of one as the
-        Publish it is)."""
-        first, bodies = self._run, self._run_bodies
-        assert first is not None
-        self._run = None
-        if len(bodies) == 3:
-            self.outbox.append(self._encode(first))
-            return
-        self.outbox.append(self._encode(r.PublishRun(
-            first.conn, first.ch, first.exchange, first.routing_key, first.mandatory,
-            first.confirm, bodies)))
 
     def _send_settle(self, rec: r.Settle) -> None:
         """A client acking each message sends its acks in bursts, and one read holds many:
-        a Settle that directly follows one of the same channel and action joins it (only
-        while that one is the outbox's last record, so nothing changes order), and the
-        supervisor gets one record instead of one per ack."""
-        last = self._last_settle
-        outbox = self.outbox
-        if (last is not None and outbox and outbox[-1] is self._last_settle_bytes
-                and last.ch == rec.ch and last.conn == rec.conn and last.action == rec.action):
+        a Settle that directly follows one of the same channel and action joins it (nothing
+        changes order), and the supervisor gets one record instead of one per ack, encoded
+        once."""
+        last = self._open
+        if (type(last) is r.Settle and last.ch == rec.ch and last.conn == rec.conn
+                and last.action == rec.action):
             last.entries.extend(rec.entries)
-            outbox[-1] = self._last_settle_bytes = self._encode(last)
             return
-        encoded = self._encode(rec)
-        outbox.append(encoded)
-        self._last_settle, self._last_settle_bytes = rec, encoded
+        if last is not None:
+            self.seal_requests()
+        self._open = rec
+
+    def seal_requests(self) -> None:
+        """The record being joined goes to the outbox, encoded (a run of one publish as the
+        Publish it is); later records start afresh."""
+        last = self._open
+        if last is None:
+            return
+        self._open = None
+        if type(last) is r.Settle:
+            self.outbox.append(self._encode(last))
+            return
+        assert type(last) is r.Publish
+        bodies = self._run_bodies
+        if len(bodies) == 3:
+            self.outbox.append(self._encode(last))
+            return
+        self.outbox.append(self._encode(r.PublishRun(
+            last.conn, last.ch, last.exchange, last.routing_key, last.mandatory, last.confirm,
+            bodies)))
 
     def flush_requests(self) -> bool:
         """Write the outbox to the request ring; True when it all fitted. A sleeping
@@ -179,8 +183,8 @@ class Worker:
         body_log = self.body_log
         if body_log is not None and body_log.pending:
             self.write_bodies()
-        if self._run is not None:
-            self._end_run()
+        if self._open is not None:
+            self.seal_requests()
         if self.outbox:
             # No Settle reaches the supervisor while a body it frees is still viewed by
             # unsent output (after_batch sends or copies it; this is the backstop).
@@ -199,7 +203,7 @@ class Worker:
     @property
     def has_requests(self) -> bool:
         """Records wait for the request ring (the outbox, or a run of publishes being joined)."""
-        return bool(self.outbox) or self._run is not None
+        return bool(self.outbox) or self._open is not None
 
     def wake_supervisor(self) -> None:
         self.lazy_pending = False
@@ -439,7 +443,7 @@ class Worker:
                 handler.wake_writer()
         if self.dirty:
             self.seal_output()
-        if self.outbox or self._run is not None:
+        if self.outbox or self._open is not None:
             self.want_flush()
 
     def seal_output(self) -> None:

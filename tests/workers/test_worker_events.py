@@ -72,6 +72,7 @@ def test_a_failing_event_for_a_finished_connection_is_only_logged(worker: Worker
 
 
 def _requests(worker: Worker) -> list[Any]:
+    worker.seal_requests()  # the record being joined, too
     return [worker.codec.decode_request(raw) for raw in worker.outbox]
 
 
@@ -86,6 +87,21 @@ def test_consecutive_settles_of_a_channel_join_into_one_record(worker: Worker) -
     assert _requests(worker) == [
         r.Settle(1, 1, [10, 11], r.ACK), r.Settle(1, 2, [12], r.ACK),
         r.Settle(1, 2, [13], r.REQUEUE), r.Pull(5, 1), r.Settle(1, 2, [14], r.REQUEUE)]
+
+
+def test_a_settle_being_joined_is_encoded_once_with_every_entry(worker: Worker) -> None:
+    """The joined Settle waits, unencoded, until another record or the flush: a burst of n acks
+    is one encoding, not n of a growing record."""
+    encoded: list[Any] = []
+    encode = worker._encode
+    worker._encode = lambda rec: encoded.append(rec) or encode(rec)  # type: ignore[method-assign]
+    for entry in range(10, 60):
+        worker.send(r.Settle(1, 1, [entry], r.ACK))
+    assert worker.has_requests and not worker.outbox and not encoded
+    assert worker.flush_requests()
+    assert [type(rec) for rec in encoded] == [r.Settle]
+    assert [worker.codec.decode_request(raw) for raw in worker.region.request_ring.get_all_nowait()
+            ] == [r.Settle(1, 1, list(range(10, 60)), r.ACK)]
 
 
 def test_a_settle_already_on_the_ring_is_not_joined(worker: Worker) -> None:
