@@ -643,14 +643,14 @@ class Dispatcher:
         """A worker's run of publishes alike but for their bodies (``ipc.records.PublishRun``):
         each routed and queued as its own Publish would be, in order, without a record each.
         One that fails (the exchange is gone, say) ends the run as it ends the channel: its
-        body and those after it are freed (their publish credit was counted with the rest)."""
+        body and those after it are freed, their publish credit counted as the rest's."""
         bodies = rec.bodies
-        due = self._credit.due
-        key = (worker, rec.conn)
-        due[key] = due.get(key, 0) + len(bodies) // 3
         if self.trace is not None:  # trace rows number each message's record: one at a time
             self._publish_each(worker, rec)
             return
+        due = self._credit.due  # counted first, as _publish counts each
+        key = (worker, rec.conn)
+        due[key] = due.get(key, 0) + len(bodies) // 3
         exchange, routing_key = sys.intern(rec.exchange), sys.intern(rec.routing_key)
         journal = self.vhost.messages
         pager = self.pager
@@ -665,27 +665,31 @@ class Dispatcher:
             try:
                 outcome = publish(rec.exchange, message)
             except AMQPError:
-                for j in range(i, len(bodies), 3):
-                    self._free(worker, bodies[j], bodies[j + 1] + bodies[j + 2])
+                self._drop_run(worker, rec, i)
                 raise
             self._published(worker, rec, message, outcome, offset, header_len, body_len,
                             pageable, mark)
 
     def _publish_each(self, worker: int, rec: r.PublishRun) -> None:
-        """The run as one Publish record after another (their credit counted already)."""
+        """The run as one Publish record after another."""
         bodies = rec.bodies
-        due = self._credit.due
-        key = (worker, rec.conn)
         for i in range(0, len(bodies), 3):
-            due[key] -= 1  # _publish counts it again
             try:
                 self._publish(worker, r.Publish(
                     rec.conn, rec.ch, rec.exchange, rec.routing_key, rec.mandatory, rec.confirm,
                     bodies[i], bodies[i + 1], bodies[i + 2], None))
-            except AMQPError:
-                for j in range(i + 3, len(bodies), 3):
-                    self._free(worker, bodies[j], bodies[j + 1] + bodies[j + 2])
+            except AMQPError:  # _publish freed this one's body and counted its credit
+                due = self._credit.due
+                key = (worker, rec.conn)
+                due[key] = due.get(key, 0) + (len(bodies) - i) // 3 - 1
+                self._drop_run(worker, rec, i + 3)
                 raise
+
+    def _drop_run(self, worker: int, rec: r.PublishRun, start: int) -> None:
+        """Free the bodies of ``rec`` from flat index ``start`` on (its publish failed)."""
+        bodies = rec.bodies
+        for j in range(start, len(bodies), 3):
+            self._free(worker, bodies[j], bodies[j + 1] + bodies[j + 2])
 
     def _settle(self, worker: int, rec: r.Settle) -> None:
         chan = self._channels.get((worker, rec.conn, rec.ch))

@@ -346,3 +346,12 @@ def test_a_run_counts_publish_credit_for_each_message_even_when_it_fails(h: Harn
     h.send(W0, _run([256, 512]))
     h.send(W0, _run([768, 1024, 1280], exchange="gone"))
     assert h.d._credit.due == {(W0, 1): 5}
+
+
+def test_a_traced_run_that_fails_frees_every_body_and_counts_each_credit(h: Harness) -> None:
+    h.d.trace = _AnyTrace()  # type: ignore[assignment]
+    h.send(W0, _run([256, 512, 768], exchange="gone"))
+    (err,) = h.events(W0)
+    assert isinstance(err, r.Error) and err.code == 404
+    assert sorted(h.freed) == [(W0, 256), (W0, 512), (W0, 768)]
+    assert h.d._credit.due == {(W0, 1): 3}
