@@ -1,0 +1,274 @@
+"""The floor of a process layout at a light load (`python -m perf.floor`).
+
+How little a broker shaped like Shoal could spend per message at 1,000 msg/s if its processes did
+nothing but pass bytes along: no AMQP, no queue, no arena. Each layout below is a chain of trio
+processes joined by pipes (a pipe write is a copy and a wake-up, as Shoal's ring record and
+eventfd are), fed by a publisher and drained by a consumer over loopback TCP, as a broker is:
+
+- **1 process** (RabbitMQ's shape for this load: one OS process reads the publisher's socket,
+  writes the consumer's and reads its acks);
+- **3 processes** (Shoal's: the publisher's worker reads the socket and hands the message to the
+  supervisor, which hands it to the consumer's worker, which writes it to the consumer's socket
+  and reads the consumer's acks, passing them on to the supervisor 50 at a time).
+
+The publisher sends 128-byte messages at `--rate`, each with its send time
+(CLOCK_MONOTONIC); the consumer acks each one on its own (8 bytes) and records the latency.
+Printed per layout and round: the relays' CPU per message (user + system, `/proc`, over the
+whole run) and the latency p50 / p99. What Shoal spends above the 3-process figure is its own
+work and the cost of waking processes that do it (`python -m perf.idle_cost` prints Shoal's
+and RabbitMQ's whole figures).
+
+    python -m perf.floor                      # 1 and 3 processes, 2 rounds, 6 s each
+    python -m perf.floor --rounds 3 --seconds 10
+
+Every process it starts is a child it ends by PID and waits for; the sockets are connected
+pairs made on 127.0.0.1 and closed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+
+import trio
+
+MESSAGE = 128
+ACK = 8
+ACKS_PER_RECORD = 50  # the consumer's worker passes acks on in batches (Shoal's lazy settle)
+
+
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected loopback TCP pair: (client end, broker end)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        client = socket.create_connection(listener.getsockname())
+        broker, _ = listener.accept()
+    for sock in (client, broker):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client, broker
+
+
+async def _forward(read_fd: int, write_fd: int) -> None:
+    """Wait for bytes on ``read_fd`` and write them to ``write_fd`` until end of file."""
+    os.set_blocking(read_fd, False)
+    while True:
+        await trio.lowlevel.wait_readable(read_fd)
+        try:
+            data = os.read(read_fd, 65536)
+        except BlockingIOError:
+            continue
+        if not data:
+            return
+        os.write(write_fd, data)
+
+
+async def _read_socket(sock: socket.socket, write_fd: int) -> None:
+    """The publisher's worker: messages from the socket to the next process."""
+    sock.setblocking(False)
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            data = sock.recv(65536)
+        except BlockingIOError:
+            continue
+        if not data:
+            return
+        os.write(write_fd, data)
+
+
+async def _deliver(read_fd: int, sock: socket.socket, acks_fd: int | None) -> None:
+    """The consumer's worker: messages from the previous process to the socket; the
+    consumer's acks read and passed on ``ACKS_PER_RECORD`` at a time (dropped if ``acks_fd``
+    is None: one process settles them itself)."""
+    sock.setblocking(False)
+    os.set_blocking(read_fd, False)
+
+    async def acks() -> None:
+        held = 0
+        while True:
+            await trio.lowlevel.wait_readable(sock)
+            try:
+                data = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                return
+            held += len(data) // ACK
+            if acks_fd is not None and held >= ACKS_PER_RECORD:
+                os.write(acks_fd, struct.pack("q", held))
+                held = 0
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(acks)
+        while True:
+            await trio.lowlevel.wait_readable(read_fd)
+            try:
+                data = os.read(read_fd, 65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                nursery.cancel_scope.cancel()
+                return
+            sock.send(data)
+
+
+async def _one_process(pub: socket.socket, con: socket.socket) -> None:
+    """RabbitMQ's shape: one process reads the publisher and writes the consumer."""
+    read_fd, write_fd = os.pipe()  # never used: the message goes straight to the socket
+    os.close(write_fd)
+    pub.setblocking(False)
+    con.setblocking(False)
+
+    async def acks() -> None:
+        while True:
+            await trio.lowlevel.wait_readable(con)
+            try:
+                if not con.recv(65536):
+                    return
+            except BlockingIOError:
+                continue
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(acks)
+        while True:
+            await trio.lowlevel.wait_readable(pub)
+            try:
+                data = pub.recv(65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                nursery.cancel_scope.cancel()
+                os.close(read_fd)
+                return
+            con.send(data)
+
+
+async def _supervisor(read_fd: int, write_fd: int, acks_fd: int) -> None:
+    """The middle process: forwards messages, takes the consumer worker's ack batches."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_forward, acks_fd, os.open(os.devnull, os.O_WRONLY))
+        await _forward(read_fd, write_fd)
+        nursery.cancel_scope.cancel()
+
+
+def _child(target: object, *args: object) -> int:
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            trio.run(target, *args)  # type: ignore[arg-type]
+        except BaseException:  # noqa: BLE001 -- a child reports and exits, never returns
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    return pid
+
+
+def _consumer(sock: socket.socket, count: int, result_fd: int) -> int:
+    """Receive ``count`` messages, ack each on its own, write p50 and p99 (µs) to ``result_fd``."""
+    pid = os.fork()
+    if pid != 0:
+        return pid
+    latencies = []
+    buffered = b""
+    ack = b"a" * ACK
+    while len(latencies) < count:
+        data = sock.recv(65536)
+        if not data:
+            break
+        buffered += data
+        while len(buffered) >= MESSAGE:
+            (sent,) = struct.unpack_from("q", buffered)
+            latencies.append(time.monotonic_ns() - sent)
+            buffered = buffered[MESSAGE:]
+            sock.sendall(ack)
+    latencies.sort()
+    n = len(latencies)
+    os.write(result_fd, struct.pack("ddq", latencies[n // 2] / 1e3 if n else 0.0,
+                                    latencies[int(n * 0.99)] / 1e3 if n else 0.0, n))
+    os._exit(0)
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_layout(processes: int, rate: float, seconds: float) -> dict[str, float]:
+    """One run of a layout: relays' µs of CPU per message, latency p50 / p99 in µs."""
+    count = int(rate * seconds)
+    pub_client, pub_broker = _tcp_pair()
+    con_client, con_broker = _tcp_pair()
+    result_r, result_w = os.pipe()
+    consumer = _consumer(con_client, count, result_w)
+    con_client.close()
+    os.close(result_w)
+    relays: list[int] = []
+    if processes == 1:
+        relays.append(_child(_one_process, pub_broker, con_broker))
+    else:
+        to_sup_r, to_sup_w = os.pipe()
+        to_con_r, to_con_w = os.pipe()
+        acks_r, acks_w = os.pipe()
+        relays.append(_child(_read_socket, pub_broker, to_sup_w))
+        relays.append(_child(_supervisor, to_sup_r, to_con_w, acks_r))
+        relays.append(_child(_deliver, to_con_r, con_broker, acks_w))
+        for fd in (to_sup_r, to_sup_w, to_con_r, to_con_w, acks_r, acks_w):
+            os.close(fd)
+    pub_broker.close()
+    con_broker.close()
+    time.sleep(0.3)  # the children are up and waiting
+    cpu0 = sum(_cpu_s(pid) for pid in relays)
+    padding = b"p" * (MESSAGE - 8)
+    start = time.monotonic()
+    for i in range(count):
+        due = start + i / rate
+        delay = due - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        pub_client.sendall(struct.pack("q", time.monotonic_ns()) + padding)
+    result = b""
+    deadline = time.monotonic() + 10.0
+    while len(result) < 24 and time.monotonic() < deadline:
+        chunk = os.read(result_r, 24 - len(result))
+        if not chunk:
+            break
+        result += chunk
+    cpu1 = sum(_cpu_s(pid) for pid in relays)
+    pub_client.close()
+    for pid in relays:  # each holds the others' descriptors too: ended by PID, not end of file
+        os.kill(pid, signal.SIGTERM)
+    for pid in [*relays, consumer]:
+        os.waitpid(pid, 0)
+    os.close(result_r)
+    p50, p99, received = struct.unpack("ddq", result) if len(result) == 24 else (0.0, 0.0, 0)
+    return {"processes": processes, "us_per_msg": (cpu1 - cpu0) / max(received, 1) * 1e6,
+            "p50_us": p50, "p99_us": p99, "received": received, "sent": count}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m perf.floor", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=1000.0, help="msg/s (1000)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="per layout and round (6)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, the layouts alternating (2)")
+    args = parser.parse_args(argv)
+    for round_no in range(1, args.rounds + 1):
+        for processes in (1, 3) if round_no % 2 else (3, 1):
+            res = run_layout(processes, args.rate, args.seconds)
+            print(f"round {round_no}  {processes} process{'es' if processes > 1 else ''}: "
+                  f"{res['us_per_msg']:6.1f} us of CPU a message   p50 {res['p50_us']:6.1f} us"
+                  f"   p99 {res['p99_us']:6.1f} us   ({res['received']:,} of {res['sent']:,} received)")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
