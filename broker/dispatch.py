@@ -129,7 +129,8 @@ class Dispatcher:
         self.listings = Listings()  # shoal list-connections requests in progress
         # Message bodies paged out of arenas past their mark (--data-dir; broker.paging).
         self.pager = Pager(self.region_bytes, self._free,
-                           lambda message: drop_reference(message, self._drop), self._paged_body)
+                           lambda message: drop_reference(message, self._drop), self._paged_body,
+                           self._channels.viewed)
 
     # ------------------------------------------------------------------ entry
 
@@ -380,6 +381,7 @@ class Dispatcher:
         for held in chan.acquired.values():
             if self.trace is not None and isinstance(held, QueueEntry):
                 self.trace.requeued(held, key[0])
+            self._channels.released(held)
             self._requeue(held)
 
     def _requeue(self, held: Held) -> None:
@@ -699,6 +701,7 @@ class Dispatcher:
             held = chan.acquired.pop(entry_id, None)
             if held is None:
                 continue  # the worker validates delivery tags; a stale id is harmless
+            self._channels.released(held)
             if self.trace is not None and not isinstance(held, Pin):
                 self.trace.settled(worker, held, rec.action)
             if isinstance(held, Pin):

@@ -65,10 +65,14 @@ class Channel:
 class OpenChannels:
     """Every worker's open channels and their consumers, and each connection's channels."""
 
-    __slots__ = ("_channels", "_conns", "_pin_ids", "subs")
+    __slots__ = ("_channels", "_conns", "_pin_ids", "_viewed", "subs")
 
     def __init__(self) -> None:
         self.subs: dict[tuple[int, int], Subscription] = {}  # (worker, consumer id) →
+        # Deliveries held of each message with a body of VIEWED_BODY_MIN octets or more (by
+        # the id() of the message that owns the body): a worker's unsent output may view its
+        # arena block, so the pager leaves it there (``viewed``).
+        self._viewed: dict[int, int] = {}
         self._channels: dict[ChannelKey, Channel] = {}
         self._conns: dict[Owner, set[int]] = {}  # the channel numbers each connection used
         self._pin_ids = itertools.count(-1, -1)
@@ -128,16 +132,42 @@ class OpenChannels:
     # ----------------------------------------------------------- deliveries
 
     def acquire(self, chan: Channel, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
-        """``chan`` holds ``entry`` until it is settled; the delivery to send."""
+        """``chan`` holds ``entry`` until it is settled (``released``); the delivery to send."""
         chan.acquired[entry.id] = entry
+        message = entry.message
+        if message.body_size >= r.VIEWED_BODY_MIN:
+            self._view(message)
         return delivery(entry.id, entry, basic_get=basic_get)
 
     def pin(self, chan: Channel, entry: QueueEntry) -> r.Delivery:
         """A browser's delivery: ``chan`` holds a reference to the message until settled."""
         pin_id = next(self._pin_ids)
-        entry.message.refs += 1
-        chan.acquired[pin_id] = Pin(entry.message)
+        message = entry.message
+        message.refs += 1
+        chan.acquired[pin_id] = Pin(message)
+        if message.body_size >= r.VIEWED_BODY_MIN:
+            self._view(message)
         return delivery(pin_id, entry)
+
+    def released(self, held: Held) -> None:
+        """A channel no longer holds ``held`` (settled, or requeued as its channel closed)."""
+        message = held.message
+        if message.body_size >= r.VIEWED_BODY_MIN:
+            key = id(message.origin or message)
+            left = self._viewed[key] - 1
+            if left:
+                self._viewed[key] = left
+            else:
+                del self._viewed[key]
+
+    def _view(self, message: Message) -> None:
+        key = id(message.origin or message)
+        self._viewed[key] = self._viewed.get(key, 0) + 1
+
+    def viewed(self, message: Message) -> bool:
+        """A channel holds a delivery of ``message``'s body (of it or of a copy sharing it):
+        its worker's unsent output may still view the arena block, which must stay."""
+        return id(message.origin or message) in self._viewed
 
     def held_offsets(self, region: int) -> Iterator[int]:
         """Arena offsets in ``region`` of the messages the channels hold."""

@@ -47,15 +47,19 @@ class Pager:
     transient ones being written out, and the marks between which bodies are paged out."""
 
     __slots__ = ("_account", "_compact_at", "_free", "_in_flight", "_leaving", "_pageable",
-                 "_unpin", "high", "low", "paged", "paging", "region_bytes")
+                 "_unpin", "_viewed", "high", "low", "paged", "paging", "region_bytes")
 
     def __init__(self, region_bytes: list[int], free: Callable[[int, int, int], None],
                  unpin: Callable[[Message], None] = lambda m: None,
-                 account: Callable[[int, int], None] = lambda worker, segment: None) -> None:
+                 account: Callable[[int, int], None] = lambda worker, segment: None,
+                 viewed: Callable[[Message], bool] = lambda m: False) -> None:
         self.region_bytes = region_bytes  # the dispatcher's: bytes of messages held per arena
         self._free = free  # (region, offset, size): hand an arena block back
         self._unpin = unpin  # drop the reference a transient page-out held
         self._account = account  # (worker, segment): a message now lives in that segment
+        # A delivery of the message is held (broker.open_channels): its block stays, as a
+        # worker's unsent output may view it (ipc.records.VIEWED_BODY_MIN); paged later.
+        self._viewed = viewed
         # Messages registered per arena, oldest first (some since gone or paged: dropped when
         # the list doubles since it was last compacted).
         self._pageable: list[deque[Message]] = [deque() for _ in region_bytes]
@@ -124,11 +128,16 @@ class Pager:
         region_bytes = self.region_bytes
         leaving = self._leaving
         writes: list[tuple[int, int, int]] = []
+        viewed = self._viewed
+        delivering: list[Message] = []  # passed over this time, looked at again next time
         while (region_bytes[region] - leaving[region] > self.low and pageable
                and len(writes) < PAGE_OUT_BATCH):
             message = pageable.pop()
             ref = message.body_ref
             if message.refs <= 0 or ref < 0:  # gone already, or paged
+                continue
+            if viewed(message):
+                delivering.append(message)
                 continue
             _, offset, header_len, body_len = unpack_body_ref(ref)
             stored = message.stored
@@ -139,6 +148,7 @@ class Pager:
             self._in_flight[(region, offset)] = message
             leaving[region] += header_len + body_len
             writes.append((offset, header_len, body_len))
+        pageable.extendleft(delivering)  # the oldest end: the last to be looked at again
         return writes
 
     def _release(self, region: int, message: Message, worker: int, segment: int,
@@ -159,7 +169,11 @@ class Pager:
                 continue
             _, _, header_len, body_len = unpack_body_ref(message.body_ref)
             self._leaving[region] -= header_len + body_len
-            if segment >= 0 and message.refs > 1:  # still queued (or delivered) besides our pin
+            if message.refs > 1 and self._viewed(message):
+                # Delivered meanwhile: a worker's output may view the block. What was written
+                # is not used; the message is paged again later if it stays queued.
+                self._pageable[region].appendleft(message)
+            elif segment >= 0 and message.refs > 1:  # still queued besides our pin
                 self._account(region, segment)
                 self._release(region, message, region, segment, at)
             elif segment < 0:

@@ -287,6 +287,13 @@ class Sync(_Record, frozen=True, tag="sync"):
     ch: int
 
 
+# A delivery of a body this big (octets) goes out as views of its arena block, which the
+# delivering worker may hold in unsent output until the socket takes it (workers.codec's
+# ZEROCOPY_MIN). The supervisor frees such a block only through that worker's Settle, ChanClose
+# or ConnClose, which the worker sends after copying what it still viewed of it, and the pager
+# leaves such a message in its arena while a channel holds a delivery of it.
+VIEWED_BODY_MIN = 4096
+
 # Settle actions.
 ACK = 0
 REQUEUE = 1

@@ -19,6 +19,8 @@ from typing import Any
 
 from pamqp import base, commands, decode, frame, header
 
+from ipc.records import VIEWED_BODY_MIN
+
 Buffer = bytes | bytearray | memoryview
 
 # Class 60 (basic) method ids, AMQP 0-9-1 §1.8.
@@ -43,7 +45,7 @@ HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 # (``content_into``): the runtime sends them from the arena with sendmsg. Smaller ones cost
 # less copied than as more iovecs: the crossing is near 2 KiB (measured: sendmsg of views vs
 # the two joins, 1.47 vs 1.41 µs a message at 1 KiB, 1.74 vs 2.01 at 4 KiB, 20.5 vs 30.1 at 256 KiB).
-ZEROCOPY_MIN = 4096
+ZEROCOPY_MIN = VIEWED_BODY_MIN  # ipc.records: what the supervisor and the pager count on
 
 _FRAME_HEADER = struct.Struct(">BHI")
 _FRAME_END = b"\xce"

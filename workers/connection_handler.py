@@ -23,6 +23,7 @@ from broker.errors import AMQPError
 from ipc import records as r
 from ipc.arena import Arena
 from ipc.logfile import BodyLog
+from ipc.records import VIEWED_BODY_MIN
 from workers import codec
 from workers import events as ev
 from workers.channel import Channel
@@ -68,6 +69,9 @@ class HandlerWorker(Protocol):
     def after_body_sync(self, call: Callable[[], object]) -> None: ...
 
 
+_UNWRITTEN = 1 << 62  # a delivery's place in the output stream until its frames are queued
+
+
 class ConnectionHandler:
     """One client connection on this worker: owns its ``AMQPConnection`` (the protocol) and
     its ``Channel`` objects (the AMQP channels, the seed's Sessions), routes protocol events
@@ -94,6 +98,15 @@ class ConnectionHandler:
         self.output_bound = OUTPUT_BOUND
         self.wake_writer = lambda: None
         self.wake_reader = lambda: None  # the reader may be waiting for credit or output room
+        # Deliveries (entry id → where their frames end in our output stream) whose bodies
+        # are big enough to go out as views of their arena blocks (VIEWED_BODY_MIN), until the
+        # socket has taken them. Such a view may wait for the socket: the supervisor frees a
+        # block only on our Settle, ChanClose or ConnClose, and the worker seals (copies) what
+        # still views a block before one that could free it leaves (``Worker.send``).
+        self.held: dict[int, int] = {}
+        self.taken_bytes = 0  # output handed to the socket's writer so far (take_*)
+        self.sent_bytes = 0  # of that, what the socket took (``sent``)
+        self.seal_writer = lambda: None  # the writer copies the views it holds (SocketWriter.seal)
         self.closed_ticks = 0  # heartbeat ticks seen since the protocol closed (workers.server)
         # The runtime's view of the socket's kernel queues (unread input, unacknowledged output).
         self.socket_queues: Callable[[], object] = _no_queues
@@ -211,19 +224,60 @@ class ConnectionHandler:
         """All queued output, as one bytes (body views copied): it may wait for the socket."""
         data = self.proto.data_to_send()
         self.in_flight = len(data)
+        self.taken_bytes += len(data)
         return data
 
     def take_parts(self) -> list[bytes | bytearray | memoryview]:
         """All queued output as parts (``AMQPConnection.output_parts``): big bodies as views of
-        their arena blocks, to be sent before the caller's step ends, or copied."""
+        their arena blocks, held (``held``) until the socket took them or ``seal_held``."""
         size = self.proto.unsent_bytes
         parts = self.proto.output_parts()
         self.in_flight = size
+        self.taken_bytes += size
         return parts
 
+    def sent(self, n: int) -> None:
+        """The socket took ``n`` more octets of what ``take_parts`` / ``take_output`` gave."""
+        self.sent_bytes += n
+
     def seal_output(self) -> None:
-        """Copy queued body views into bytes: the output waits for the writer task."""
+        """Copy queued body views into bytes (``AMQPConnection.seal_output``)."""
         self.proto.seal_output()
+
+    @property
+    def holds_views(self) -> bool:
+        """Output not yet taken by the socket may view arena blocks of deliveries."""
+        return bool(self.held)
+
+    def views(self, entries: list[int]) -> bool:
+        """Output not yet taken by the socket may view the block of one of these deliveries."""
+        held = self.held
+        sent = self.sent_bytes
+        while held:  # in output order: forget those the socket took
+            first = next(iter(held))
+            if held[first] > sent:
+                break
+            del held[first]
+        for entry in entries:
+            if entry in held:
+                return True
+        return False
+
+    def seal_held(self) -> None:
+        """Copy every body view our output holds (queued, or the writer's) into bytes: a record
+        that may free one of their blocks is about to go to the supervisor."""
+        self.proto.seal_output()
+        self.seal_writer()
+        self.held.clear()
+
+    def _hold(self, entries: list[int]) -> None:
+        """These deliveries' frames are queued now: held until the socket took up to here
+        (unless sealed meanwhile: a no-ack delivery's Settle goes with its frames)."""
+        end = self.taken_bytes + self.proto.unsent_bytes
+        held = self.held
+        for entry in entries:
+            if entry in held:
+                held[entry] = end
 
     def proto_has_output(self) -> bool:
         return self.proto.has_data_to_send
@@ -437,7 +491,14 @@ class ConnectionHandler:
         if ch is None or ch.closing:
             return
         match event:
-            case r.Reply() | r.GetOk() | r.GetEmpty():
+            case r.GetOk(delivery=d):
+                if d.body_len < VIEWED_BODY_MIN:
+                    self._guarded(ch, ch.on_reply, event)
+                else:
+                    self.held[d.entry] = _UNWRITTEN
+                    self._guarded(ch, ch.on_reply, event)
+                    self._hold([d.entry])
+            case r.Reply() | r.GetEmpty():
                 self._guarded(ch, ch.on_reply, event)
             case r.Confirm():
                 self.apply(ch, ch.on_confirm(event))
@@ -455,7 +516,14 @@ class ConnectionHandler:
         at again (they may back the output up)."""
         ch = self._channel_of(target)
         if ch is not None:
+            big: list[int] = []
+            for d in event.deliveries:
+                if d.body_len >= VIEWED_BODY_MIN:
+                    big.append(d.entry)
+                    self.held[d.entry] = _UNWRITTEN
             self.apply(ch, ch.on_pulled(target, event))
+            if big:
+                self._hold(big)
             self.apply(ch, ch.after_pull(target))
 
     def on_cancelled(self, target: ConsumerTarget) -> None:

@@ -6,7 +6,9 @@ the caller, on the non-blocking socket: a delivery then costs no task switch and
 trio's ``send_all``. What the socket does not take, and all output while the writer is sending,
 goes to the writer task (``run``), which sends it as trio's ``send_all`` would; ``drain`` lets it finish
 when the reader is done. Big message bodies reach the socket from their arena blocks (sendmsg),
-copied only where the writer task must send them (``send_now``).
+also when they wait for the writer task: the views are held until the socket took them, and
+copied (``seal``) only if a record that may free one of those blocks is about to go to the
+supervisor (``ConnectionHandler.seal_held``, called from ``Worker.send``).
 """
 
 from __future__ import annotations
@@ -60,14 +62,13 @@ def unsent(parts: list[Buffer], sent: int) -> list[Buffer]:
     return []
 
 
-def remainder(parts: list[Buffer], sent: int) -> Buffer:
-    """What of ``parts`` follows the first ``sent`` octets, copied into one bytes, unless it is
-    the end of the last part and that part is bytes (then that, or a view of it): it holds no
-    view of a buffer that ``parts`` only viewed (an arena block)."""
-    rest = unsent(parts, sent)
-    if len(rest) == 1 and type(parts[-1]) is bytes:
-        return rest[0]
-    return b"".join(rest)
+
+
+def _copied(parts: list[Buffer]) -> list[Buffer]:
+    """``parts`` as one bytes (views copied), unless they are that already."""
+    if len(parts) == 1 and type(parts[0]) is bytes:
+        return parts
+    return [b"".join(parts)]
 
 
 class Doorbell:
@@ -98,6 +99,8 @@ class SocketWriter:
         "drained",
         "last_call",
         "pending",
+        "pending_size",
+        "sending",
     )
 
     def __init__(self, sock: socket.socket, handler: ConnectionHandler,
@@ -109,19 +112,23 @@ class SocketWriter:
         self.last_call = False  # the reader is done: drain, then stop
         self.drained = trio.Event()
         self.busy = True  # the writer is not waiting for a ring (sending, or not started)
-        self.pending: memoryview | None = None  # what a direct send left for the writer
+        self.pending: list[Buffer] | None = None  # what a direct send left for the writer
+        self.pending_size = 0
+        self.sending: list[Buffer] | None = None  # what the writer is sending (_send_all)
+        handler.seal_writer = self.seal
 
     def send_now(self) -> None:
         """The handler has output: while the writer is idle, send it from here (the socket
         is non-blocking) and wake the writer only for what the socket did not take.
 
-        Big bodies come as views of their arena blocks (``ConnectionHandler.take_parts``),
-        which may be freed once this step is over (a settled delivery): they go to the kernel
-        with sendmsg, not copied, and what it did not take is copied into bytes for the
-        writer. While the writer is busy the output is copied (``seal_output``) at once."""
+        Big bodies come as views of their arena blocks (``ConnectionHandler.take_parts``):
+        they go to the kernel with sendmsg, not copied, and what it did not take waits for the
+        writer as it is, views and all (the handler's ``held``; ``seal`` copies them if need
+        be). While the writer is busy the output waits in the protocol's buffer."""
         handler = self._handler
         if self.busy or self.last_call:
-            handler.seal_output()  # the writer takes it later: no body view may wait for it
+            if self.last_call:
+                handler.seal_output()  # the connection is ending: nothing is held past it
             self.bell.ring()  # the writer is sending: it looks again before it sleeps
             return
         parts = handler.take_parts()
@@ -129,12 +136,22 @@ class SocketWriter:
             return
         size = handler.in_flight
         sent = send_parts(self._sock, parts, size)
+        handler.sent(sent)
         if sent < size:
-            self.pending = memoryview(remainder(parts, sent))  # bytes: no arena view kept
+            self.pending = unsent(parts, sent)
+            self.pending_size = size - sent
             self.busy = True  # until the writer runs: nothing may overtake the rest
             self.bell.ring()
             return
         handler.written()
+
+    def seal(self) -> None:
+        """Copy into bytes what the writer holds (a direct send's rest, or what it is sending):
+        it may view arena blocks the supervisor is about to be allowed to free."""
+        if self.pending is not None:
+            self.pending = _copied(self.pending)
+        if self.sending is not None:
+            self.sending = _copied(self.sending)
 
     async def run(self) -> None:
         """The writer task: sends what the direct send left, or all output while busy."""
@@ -148,11 +165,8 @@ class SocketWriter:
                 pending = self.pending
                 if pending is not None:
                     self.pending = None
-                    await self._send_all([pending], len(pending))
+                    await self._send_all(pending, self.pending_size)
                 else:
-                    # Copied when it was queued (send_now while busy): sealing again is a
-                    # no-op, and the backstop of the rule that no body view waits here.
-                    handler.seal_output()
                     parts = handler.take_parts()
                     if parts:
                         await self._send_all(parts, handler.in_flight)
@@ -166,20 +180,26 @@ class SocketWriter:
             self.drained.set()
 
     async def _send_all(self, parts: list[Buffer], size: int) -> None:
-        """trio's ``send_all`` for parts (none of them a view of an arena block): sendmsg what
-        the socket takes, wait until it is writable, on until all is sent. An error is trio's
-        BrokenResourceError (the connection ends)."""
+        """trio's ``send_all`` for parts: sendmsg what the socket takes, wait until it is
+        writable, on until all is sent. What is left is ``sending`` meanwhile, which ``seal``
+        may replace with a copy. An error is trio's BrokenResourceError (the connection ends)."""
         sock = self._sock
-        while True:
-            try:
-                sent = send_parts(sock, parts, size, errors=True)
-            except OSError as exc:
-                raise trio.BrokenResourceError(str(exc)) from exc
-            if sent >= size:
-                return
-            parts = unsent(parts, sent)
-            size -= sent
-            await trio.lowlevel.wait_writable(sock)
+        self.sending = parts
+        try:
+            while True:
+                parts = self.sending
+                try:
+                    sent = send_parts(sock, parts, size, errors=True)
+                except OSError as exc:
+                    raise trio.BrokenResourceError(str(exc)) from exc
+                self._handler.sent(sent)
+                if sent >= size:
+                    return
+                self.sending = unsent(parts, sent)
+                size -= sent
+                await trio.lowlevel.wait_writable(sock)
+        finally:
+            self.sending = None
 
     async def drain(self, grace: float) -> None:
         """The reader is done: let the writer send what is left (close-ok, connection.close),

@@ -107,12 +107,24 @@ class Worker:
             self._send_publish(rec)
             return
         if kind is r.Settle:
+            # Output not written yet may view the blocks of these deliveries, which the Settle
+            # lets the supervisor free (an ack of a delivery the client has not read all of):
+            # copied first. An honest client acks what it has; then this is a set lookup.
+            handler = self.handlers.get(rec.conn)
+            if handler is not None and handler.holds_views and handler.views(rec.entries):
+                handler.seal_held()
             self._send_settle(rec)
             if rec.action != r.ACK:
                 self._urgent = True  # a requeue is for other consumers, now
             else:
                 self.want_lazy_timer()
             return
+        if kind is r.ChanClose or kind is r.ConnClose:
+            # The supervisor requeues what the channel or connection held, and another
+            # consumer may settle it: nothing of ours may still view those blocks.
+            handler = self.handlers.get(rec.conn)
+            if handler is not None and handler.holds_views:
+                handler.seal_held()
         if self._open is not None:
             self.seal_requests()
         self._urgent = True
@@ -186,10 +198,6 @@ class Worker:
         if self._open is not None:
             self.seal_requests()
         if self.outbox:
-            # No Settle reaches the supervisor while a body it frees is still viewed by
-            # unsent output (after_batch sends or copies it; this is the backstop).
-            if self.dirty:
-                self.seal_output()
             written = self.region.request_ring.put_many_nowait(self.outbox)
             del self.outbox[:written]
             if self._urgent or self.outbox:
@@ -441,14 +449,5 @@ class Worker:
             dirty, self.dirty = self.dirty, set()
             for handler in dirty:
                 handler.wake_writer()
-        if self.dirty:
-            self.seal_output()
         if self.outbox or self._open is not None:
             self.want_flush()
-
-    def seal_output(self) -> None:
-        """Output not handed to a socket in this step (handlers left dirty) holds no view of an
-        arena block after it: copied (``AMQPConnection.seal_output``). The block may be freed
-        once the supervisor reads a Settle of its delivery, or a client's ack of it."""
-        for handler in self.dirty:
-            handler.seal_output()

@@ -180,3 +180,56 @@ def test_a_channel_closed_by_the_broker_mid_body_frees_its_segment_and_the_rest_
         assert bytes(got.value) == small
     assert not _large_segments(broker)
 
+
+
+@pytest.mark.deadline(120)
+def test_an_ack_ahead_of_the_read_changes_no_byte_the_client_gets(broker: Broker, names: Names) -> None:
+    """A client acks deliveries whose 256 KiB bodies it has not read yet: their frames still
+    wait in the broker's output as views of the arena blocks (sent with sendmsg, not copied)
+    when the ack lets the supervisor free those blocks, and the next publishes reuse them. The
+    worker copies what it still views before the Settle goes: every body the client then
+    reads is the one that was published."""
+    queue = names("ahead")
+    publisher = broker.connect()
+    pch = publisher.channel()
+    pch.confirm_delivery()
+    pch.queue_declare(queue)
+    count, size = 40, 256 << 10
+    with RawClient.opened(broker.port) as consumer:
+        consumer.send_method(1, commands.Basic.Qos(prefetch_count=count))
+        consumer.read_until(commands.Basic.QosOk)
+        consumer.send_method(1, commands.Basic.Consume(queue=queue, consumer_tag="c"))
+        consumer.read_until(commands.Basic.ConsumeOk)
+        bodies = [os.urandom(size) for _ in range(count)]
+        for body in bodies:
+            pch.basic_publish("", queue, body)  # confirmed: in its block before the next
+        # Delivered as far as the worker's output bound lets it (more than the sockets hold:
+        # the rest waits in the worker), then nothing moves while the client reads nothing.
+        counts: list[int] = []
+
+        def settled() -> bool:
+            counts.append(pch.queue_declare(queue, passive=True).method.message_count)
+            return len(counts) > 3 and counts[-1] == counts[-4] < count
+
+        wait_until(settled, 20, "deliveries waiting for the client")
+        delivered = count - counts[-1]
+        consumer.send_method(1, commands.Basic.Ack(delivery_tag=delivered, multiple=True))
+        more = [os.urandom(size) for _ in range(count)]
+        for body in more:
+            pch.basic_publish("", queue, body)  # into the blocks the ack freed
+        got: list[bytes] = []
+        current = bytearray()
+        while len(got) < 2 * count:
+            frame = consumer.read_frame(30)
+            assert frame is not None, "the broker closed the connection"
+            if isinstance(frame.value, pamqp_body.ContentBody):
+                current += frame.value.value
+                if len(current) == size:
+                    got.append(bytes(current))
+                    current.clear()
+                    if len(got) > delivered:  # acked ahead up to there
+                        consumer.send_method(1, commands.Basic.Ack(delivery_tag=len(got)))
+    assert [hashlib.sha256(b).hexdigest() for b in got] == [
+        hashlib.sha256(b).hexdigest() for b in bodies + more]
+    pch.queue_delete(queue)
+    publisher.close()

@@ -231,6 +231,7 @@ class Harness:
     def frames(self) -> list[tuple[int, Any]]:
         """What the handler wrote (the writer took it and the socket accepted it)."""
         data = self.handler.take_output()
+        self.handler.sent(len(data))
         self.handler.written()
         return decode(data)
 

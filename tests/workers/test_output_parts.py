@@ -1,7 +1,8 @@
 """Big message bodies go to the socket from their arena blocks (``AMQPConnection.output_parts``,
-``SocketWriter``), never copied in user space, and no view of a block outlives the step that
-queued it: what the socket does not take, and what waits for a busy writer, is copied at once,
-so a block freed and reused after that step changes nothing on the wire."""
+``SocketWriter``), never copied in user space while nothing could free a block: what the socket
+does not take, and what waits for a busy writer, keeps its views until written. Once they are
+sealed (``ConnectionHandler.seal_held``: a record that may free a block is about to go), they
+are copies, so a block freed and reused after that changes nothing on the wire."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from workers import codec
 from workers.codec import Buffer
 from workers.connection import AMQPConnection
 from workers.outgoing import Ack, DeclareOk, Deliveries, GetOk, Method, Return
-from workers.socket_writer import IOV_MAX, SocketWriter, remainder, send_parts, unsent
+from workers.socket_writer import IOV_MAX, SocketWriter, send_parts, unsent
 
 BIG = codec.ZEROCOPY_MIN
 
@@ -182,9 +183,16 @@ def _handler_with_output(arena: Arena, count: int = 8) -> tuple[Harness, bytes]:
     return h, expected
 
 
-def test_send_now_leaves_a_copy_for_the_writer(pair: tuple[socket.socket, socket.socket]) -> None:
-    """The socket takes part: the rest waits for the writer as bytes of its own, counted in
-    flight; the blocks freed and reused after send_now change nothing that is sent."""
+def _views_arena(parts: list[Any], arena: Arena) -> bool:
+    return any(isinstance(p, memoryview) and p.obj is arena.memory for p in parts)
+
+
+def test_send_now_leaves_the_rest_to_the_writer_as_views(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """The socket takes part: the rest waits for the writer as it is, arena views and all
+    (no copy), counted in flight; sealed, it is a copy: the blocks freed and reused after
+    that change nothing that is sent."""
     a, b = pair
     arena = Arena()
     h, expected = _handler_with_output(arena)
@@ -193,35 +201,41 @@ def test_send_now_leaves_a_copy_for_the_writer(pair: tuple[socket.socket, socket
     writer.send_now()
     pending = writer.pending
     assert pending is not None and writer.busy
-    assert isinstance(pending.obj, bytes)
+    assert _views_arena(pending, arena)
     assert h.handler.in_flight == len(expected) and h.proto.unsent_bytes == 0
     assert not h.proto.holds_views and not h.proto.has_data_to_send
+    h.handler.seal_held()  # as Worker.send does before a Settle naming one of them
+    sealed = writer.pending
+    assert sealed is not None and len(sealed) == 1 and type(sealed[0]) is bytes
     arena.scribble()
     got = _drain(b)
     assert 0 < len(got) < len(expected)
-    assert got + bytes(pending) == expected
+    assert got + sealed[0] == expected
 
 
-def test_send_now_while_the_writer_is_busy_copies_at_once(
+def test_send_now_while_the_writer_is_busy_leaves_the_views_queued(
     pair: tuple[socket.socket, socket.socket],
 ) -> None:
-    """The writer is sending: the output waits for it, copied before send_now returns."""
+    """The writer is sending: the output waits for it in the protocol's buffer, views and
+    all; sealing copies them."""
     a, b = pair
     arena = Arena()
     h, expected = _handler_with_output(arena, 2)
     writer = SocketWriter(a, h.handler, lambda: None)
     assert writer.busy  # not started: as while sending
     writer.send_now()
-    assert not h.proto.holds_views and h.proto.unsent_bytes == len(expected)
+    assert h.proto.holds_views and h.proto.unsent_bytes == len(expected)
     assert _drain(b) == b""
+    h.handler.seal_held()
+    assert not h.proto.holds_views
     arena.scribble()
     assert h.handler.take_output() == expected
 
 
 def test_the_writer_task_sends_all_in_order(pair: tuple[socket.socket, socket.socket]) -> None:
     """Direct sends, their rests and output queued while the writer is busy reach the peer
-    whole and in order, though every block is reused as soon as each step that queued it is
-    over."""
+    whole and in order, the views held until written, and every block reused as soon as the
+    output is sealed (every other step: what the writer is sending is copied too)."""
     a, b = pair
     arena = Arena(32 << 20)
     h = Harness()
@@ -245,8 +259,12 @@ def test_the_writer_task_sends_all_in_order(pair: tuple[socket.socket, socket.so
                                          for m in messages))
                 h.handler.send(Deliveries(1, "c", messages))
                 writer.send_now()
-                assert not h.proto.holds_views  # sent, or copied for the writer
-                arena.scribble()  # freed and reused once this step is over
+                if batch % 2:
+                    h.handler.seal_held()  # a Settle that may free these blocks goes next
+                    assert not h.proto.holds_views
+                    assert writer.sending is None or not _views_arena(writer.sending, arena)
+                    assert writer.pending is None or not _views_arena(writer.pending, arena)
+                    arena.scribble()  # freed and reused once sealed
                 await trio.sleep(0)
             nursery.start_soon(read, len(expected))
             with trio.fail_after(10):
@@ -276,19 +294,15 @@ def test_send_parts_takes_more_than_iov_max_buffers() -> None:
         b.close()
 
 
-def test_remainder_and_unsent() -> None:
-    """What follows the octets sent: the tail of a last bytes part as it is, else a copy."""
+def test_unsent() -> None:
+    """What follows the octets sent, sliced, not copied."""
     block = bytearray(b"0123456789")
     parts: list[Any] = [b"ab", memoryview(block)[2:6], b"xyz"]
     assert b"".join(unsent(parts, 3)) == b"345xyz"
-    rest = remainder(parts, 3)
-    assert rest == b"345xyz" and type(rest) is bytes
-    block[:] = b"-" * 10
-    assert rest == b"345xyz"
-    tail = remainder(parts, 7)
-    assert bytes(tail) == b"yz" and isinstance(tail, memoryview) and tail.obj is parts[2]
-    assert remainder(parts, 6) is parts[2]
-    assert remainder(parts, 9) == b""
+    rest = unsent(parts, 7)
+    assert len(rest) == 1 and bytes(rest[0]) == b"yz" and rest[0].obj is parts[2]
+    assert unsent(parts, 6) == [parts[2]]
+    assert unsent(parts, 9) == []
 
 
 def test_deliveries_that_cannot_be_encoded_queue_nothing() -> None:

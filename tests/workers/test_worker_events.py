@@ -155,38 +155,68 @@ def test_a_requeue_or_any_other_request_wakes_the_supervisor_and_carries_the_ack
             ] == [r.Settle(1, 2, [9], r.ACK), urgent]
 
 
-class SealingHandler:
-    """Records seal_output calls; its writer, woken, leaves it dirty (``sticky``) or not."""
+class ViewingHandler:
+    """A connection whose unwritten output views the blocks of ``held`` deliveries; records
+    each seal_held."""
 
-    def __init__(self, worker: Worker, sticky: bool = False) -> None:
+    def __init__(self, worker: Worker, conn: int, held: set[int], sticky: bool = False) -> None:
         self.worker = worker
+        self.held = set(held)
         self.sticky = sticky
         self.sealed = 0
+        worker.handlers[conn] = self  # type: ignore[assignment]
+
+    @property
+    def holds_views(self) -> bool:
+        return bool(self.held)
+
+    def views(self, entries: list[int]) -> bool:
+        return any(e in self.held for e in entries)
+
+    def seal_held(self) -> None:
+        self.sealed += 1
+        self.held.clear()
 
     def wake_writer(self) -> None:
         if self.sticky:  # more output each time: still dirty after after_batch's rounds
             self.worker.dirty.add(self)  # type: ignore[arg-type]
 
-    def seal_output(self) -> None:
-        self.sealed += 1
+
+def test_a_settle_naming_a_delivery_still_viewed_seals_the_output_first(worker: Worker) -> None:
+    """An ack of a delivery whose body our output still views (the client acked what it has
+    not read all of) lets the supervisor free the block: the views are copied before the
+    Settle is sent; an ack of what was written copies nothing."""
+    handler = ViewingHandler(worker, 1, {7, 8})
+    other = ViewingHandler(worker, 2, {5})
+    worker.send(r.Settle(1, 1, [3, 4], r.ACK))
+    assert handler.sealed == 0
+    worker.send(r.Settle(2, 1, [7], r.ACK))  # another connection's entry 7: not ours
+    assert handler.sealed == 0 and other.sealed == 0
+    worker.send(r.Settle(1, 1, [6, 8], r.REQUEUE))
+    assert handler.sealed == 1 and not handler.held and other.sealed == 0
+    worker.flush_requests()
+    assert [rec.entries for rec in _ring(worker)] == [[3, 4], [7], [6, 8]]
 
 
-def test_output_left_dirty_after_a_batch_is_sealed(worker: Worker) -> None:
-    """A handler still dirty after after_batch's rounds holds no arena view past the step."""
-    quiet, sticky = SealingHandler(worker), SealingHandler(worker, sticky=True)
-    worker.dirty.update((quiet, sticky))  # type: ignore[arg-type]
+@pytest.mark.parametrize("closing", [r.ChanClose(1, 1), r.ConnClose(1)])
+def test_a_closing_channel_or_connection_seals_its_views(worker: Worker, closing: Any) -> None:
+    """The supervisor requeues what a closing channel or connection held, and another consumer
+    may settle it: nothing of the connection's output may view those blocks by then."""
+    handler = ViewingHandler(worker, 1, {7})
+    bystander = ViewingHandler(worker, 2, {9})
+    worker.send(closing)
+    assert handler.sealed == 1 and bystander.sealed == 0
+
+
+def test_output_left_dirty_after_a_batch_keeps_its_views(worker: Worker) -> None:
+    """A handler still dirty after after_batch's rounds is not copied: its views are held
+    (and sealed only when a record that may free a block goes)."""
+    sticky = ViewingHandler(worker, 1, {7}, sticky=True)
+    worker.dirty.add(sticky)  # type: ignore[arg-type]
     worker.after_batch()
-    assert quiet.sealed == 0 and sticky.sealed == 1
-
-
-def test_no_request_reaches_the_ring_before_dirty_output_is_sealed(worker: Worker) -> None:
-    """flush_requests, the backstop: a Settle that lets the supervisor free a block goes to
-    the ring only after output still viewing such blocks is copied."""
-    handler = SealingHandler(worker)
-    worker.dirty.add(handler)  # type: ignore[arg-type]
     worker.send(r.Settle(1, 1, [5], r.ACK))
     worker.flush_requests()
-    assert handler.sealed == 1 and not worker.outbox
+    assert sticky.sealed == 0 and sticky.held == {7}
 
 
 def _publish(routing_key: str = "q", offset: int = 0, *, ch: int = 1, **fields: Any) -> r.Publish:
