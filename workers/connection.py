@@ -373,9 +373,10 @@ class AMQPConnection:
         messages cost less joined than as many buffers), else the queued parts as they are, big
         bodies as views of their arena blocks (not copied) or as ``seal_output`` copied them.
 
-        The caller must be done with the views before it returns to its event loop: send
-        them, and copy what the socket did not take. The block under a view may be freed once
-        the delivery is settled (a no-ack consumer's at once), or reused after that."""
+        The views may wait for the socket as long as nothing lets the supervisor free the
+        blocks under them: the runtime copies them (``seal_output``, and its writer's) before
+        a Settle naming one of their deliveries, a ChanClose or a ConnClose leaves
+        (``ConnectionHandler.held``, ``workers.worker.Worker.send``)."""
         if not self._big:
             data = self.data_to_send()
             return [data] if data else []
@@ -394,8 +395,8 @@ class AMQPConnection:
 
     def seal_output(self) -> None:
         """Copy the body views queued since the last call (with the parts after them) into
-        bytes: the output may then wait for the socket (the runtime's writer task) past the
-        point where the arena blocks under them may be freed."""
+        bytes: the output may then wait for the socket past the point where the arena blocks
+        under them may be freed (a record that allows it is about to go)."""
         start = self._views_at
         if start < 0:
             return
