@@ -28,12 +28,14 @@ pairs made on 127.0.0.1 and closed at the end.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -54,105 +56,56 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
     return client, broker
 
 
-async def _forward(read_fd: int, write_fd: int) -> None:
-    """Wait for bytes on ``read_fd`` and write them to ``write_fd`` until end of file."""
-    os.set_blocking(read_fd, False)
+async def _pump(source: int | socket.socket, handle: Callable[[bytes], object]) -> None:
+    """Wait for bytes on a pipe end or socket and hand each read to ``handle``, until end of
+    file: a relay's whole loop."""
+    if isinstance(source, socket.socket):
+        source.setblocking(False)
+        read: Callable[[int], bytes] = source.recv
+    else:
+        os.set_blocking(source, False)
+        read = functools.partial(os.read, source)
     while True:
-        await trio.lowlevel.wait_readable(read_fd)
+        await trio.lowlevel.wait_readable(source)
         try:
-            data = os.read(read_fd, 65536)
+            data = read(65536)
         except BlockingIOError:
             continue
         if not data:
             return
-        os.write(write_fd, data)
+        handle(data)
 
 
-async def _read_socket(sock: socket.socket, write_fd: int) -> None:
-    """The publisher's worker: messages from the socket to the next process."""
-    sock.setblocking(False)
-    while True:
-        await trio.lowlevel.wait_readable(sock)
-        try:
-            data = sock.recv(65536)
-        except BlockingIOError:
-            continue
-        if not data:
-            return
-        os.write(write_fd, data)
+async def _forward(source: int | socket.socket, write_fd: int) -> None:
+    """The publisher's worker (from its socket), or the supervisor (from a pipe): on to the
+    next process."""
+    await _pump(source, functools.partial(os.write, write_fd))
 
 
-async def _deliver(read_fd: int, sock: socket.socket, acks_fd: int | None) -> None:
-    """The consumer's worker: messages from the previous process to the socket; the
-    consumer's acks read and passed on ``ACKS_PER_RECORD`` at a time (dropped if ``acks_fd``
-    is None: one process settles them itself)."""
-    sock.setblocking(False)
-    os.set_blocking(read_fd, False)
+async def _deliver(read_fd: int | socket.socket, sock: socket.socket, acks_fd: int | None) -> None:
+    """The consumer's worker (``read_fd`` from the previous process), or one process doing
+    all (``read_fd`` the publisher's socket): messages to the consumer's socket; its acks read
+    and passed on ``ACKS_PER_RECORD`` at a time (dropped if ``acks_fd`` is None: one process
+    settles them itself)."""
+    held = 0
 
-    async def acks() -> None:
-        held = 0
-        while True:
-            await trio.lowlevel.wait_readable(sock)
-            try:
-                data = sock.recv(65536)
-            except BlockingIOError:
-                continue
-            if not data:
-                return
-            held += len(data) // ACK
-            if acks_fd is not None and held >= ACKS_PER_RECORD:
-                os.write(acks_fd, struct.pack("q", held))
-                held = 0
+    def acked(data: bytes) -> None:
+        nonlocal held
+        held += len(data) // ACK
+        if acks_fd is not None and held >= ACKS_PER_RECORD:
+            os.write(acks_fd, struct.pack("q", held))
+            held = 0
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(acks)
-        while True:
-            await trio.lowlevel.wait_readable(read_fd)
-            try:
-                data = os.read(read_fd, 65536)
-            except BlockingIOError:
-                continue
-            if not data:
-                nursery.cancel_scope.cancel()
-                return
-            sock.send(data)
-
-
-async def _one_process(pub: socket.socket, con: socket.socket) -> None:
-    """RabbitMQ's shape: one process reads the publisher and writes the consumer."""
-    read_fd, write_fd = os.pipe()  # never used: the message goes straight to the socket
-    os.close(write_fd)
-    pub.setblocking(False)
-    con.setblocking(False)
-
-    async def acks() -> None:
-        while True:
-            await trio.lowlevel.wait_readable(con)
-            try:
-                if not con.recv(65536):
-                    return
-            except BlockingIOError:
-                continue
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(acks)
-        while True:
-            await trio.lowlevel.wait_readable(pub)
-            try:
-                data = pub.recv(65536)
-            except BlockingIOError:
-                continue
-            if not data:
-                nursery.cancel_scope.cancel()
-                os.close(read_fd)
-                return
-            con.send(data)
+        nursery.start_soon(_pump, sock, acked)
+        await _pump(read_fd, sock.send)
+        nursery.cancel_scope.cancel()
 
 
 async def _supervisor(read_fd: int, write_fd: int, acks_fd: int) -> None:
     """The middle process: forwards messages, takes the consumer worker's ack batches."""
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_forward, acks_fd, os.open(os.devnull, os.O_WRONLY))
+        nursery.start_soon(_pump, acks_fd, len)
         await _forward(read_fd, write_fd)
         nursery.cancel_scope.cancel()
 
@@ -214,12 +167,12 @@ def run_layout(processes: int, rate: float, seconds: float) -> dict[str, float]:
     os.close(result_w)
     relays: list[int] = []
     if processes == 1:
-        relays.append(_child(_one_process, pub_broker, con_broker))
+        relays.append(_child(_deliver, pub_broker, con_broker, None))
     else:
         to_sup_r, to_sup_w = os.pipe()
         to_con_r, to_con_w = os.pipe()
         acks_r, acks_w = os.pipe()
-        relays.append(_child(_read_socket, pub_broker, to_sup_w))
+        relays.append(_child(_forward, pub_broker, to_sup_w))
         relays.append(_child(_supervisor, to_sup_r, to_con_w, acks_r))
         relays.append(_child(_deliver, to_con_r, con_broker, acks_w))
         for fd in (to_sup_r, to_sup_w, to_con_r, to_con_w, acks_r, acks_w):

@@ -5,29 +5,25 @@ page-out and when one comes back; settled, the message is freed or paged as any 
 
 from __future__ import annotations
 
-from broker.dispatch import Dispatcher
-from broker.message_journal import MessageJournal
 from ipc import records as r
 from ipc.logfile import BODY_OVERHEAD
+from tests.broker import test_paging as paging
 
-W0, W1 = 0, 1
+W0, W1 = paging.W0, paging.W1
 BIG = r.VIEWED_BODY_MIN
 SIZE = 16 + BIG
 
 
-class Harness:
+class Harness(paging.Harness):
+    """test_paging's harness, its queue holding bodies of ``body`` octets, the mark at two."""
+
     def __init__(self, body: int = BIG) -> None:
+        super().__init__()
         self.body = body
-        self.freed: list[tuple[int, int]] = []
-        self.d = Dispatcher(2, lambda region, offset: self.freed.append((region, offset)))
-        self.d.vhost.messages = MessageJournal()
-        size = 16 + body
-        self.d.pager.set_marks(high_watermark=4 * size, ratio=0.5)  # page above 2, down to 1.8
-        self.d.handle(W0, r.QueueDeclare(1, 1, "d", False, True, False, False, {}, False))
-        self.d.outbox[W0].clear()
+        self.d.pager.set_marks(high_watermark=4 * (16 + body), ratio=0.5)  # down to 1.8
         self.published = 0
 
-    def publish(self, n: int, *, persistent: bool = True) -> list[int]:
+    def publish(self, n: int, *, persistent: bool = True) -> list[int]:  # type: ignore[override]
         offsets = []
         for _ in range(n):
             self.published += 1
@@ -38,13 +34,6 @@ class Harness:
             offsets.append(offset)
         self.d.end_batch()
         return offsets
-
-    def get(self) -> r.Delivery:
-        self.d.handle(W1, r.Get(5, 1, "d", False))
-        (ok,) = self.d.outbox[W1]
-        self.d.outbox[W1].clear()
-        assert isinstance(ok, r.GetOk)
-        return ok.delivery
 
     def page_outs(self) -> list[list[tuple[int, int, int]]]:
         outs = [e.bodies for e in self.d.outbox[W0] if isinstance(e, r.PageOut)]
