@@ -492,11 +492,11 @@ class ConnectionHandler:
             return
         match event:
             case r.GetOk(delivery=d):
-                if d.body_len < VIEWED_BODY_MIN:
-                    self._guarded(ch, ch.on_reply, event)
-                else:
+                big = d.body_len >= VIEWED_BODY_MIN
+                if big:
                     self.held[d.entry] = _UNWRITTEN
-                    self._guarded(ch, ch.on_reply, event)
+                self._guarded(ch, ch.on_reply, event)
+                if big:
                     self._hold([d.entry])
             case r.Reply() | r.GetEmpty():
                 self._guarded(ch, ch.on_reply, event)

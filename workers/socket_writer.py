@@ -62,8 +62,6 @@ def unsent(parts: list[Buffer], sent: int) -> list[Buffer]:
     return []
 
 
-
-
 def _copied(parts: list[Buffer]) -> list[Buffer]:
     """``parts`` as one bytes (views copied), unless they are that already."""
     if len(parts) == 1 and type(parts[0]) is bytes:
@@ -99,7 +97,6 @@ class SocketWriter:
         "drained",
         "last_call",
         "pending",
-        "pending_size",
         "sending",
     )
 
@@ -113,7 +110,6 @@ class SocketWriter:
         self.drained = trio.Event()
         self.busy = True  # the writer is not waiting for a ring (sending, or not started)
         self.pending: list[Buffer] | None = None  # what a direct send left for the writer
-        self.pending_size = 0
         self.sending: list[Buffer] | None = None  # what the writer is sending (_send_all)
         handler.seal_writer = self.seal
 
@@ -139,7 +135,6 @@ class SocketWriter:
         handler.sent(sent)
         if sent < size:
             self.pending = unsent(parts, sent)
-            self.pending_size = size - sent
             self.busy = True  # until the writer runs: nothing may overtake the rest
             self.bell.ring()
             return
@@ -165,7 +160,7 @@ class SocketWriter:
                 pending = self.pending
                 if pending is not None:
                     self.pending = None
-                    await self._send_all(pending, self.pending_size)
+                    await self._send_all(pending, sum(map(len, pending)))
                 else:
                     parts = handler.take_parts()
                     if parts:

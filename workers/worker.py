@@ -107,12 +107,9 @@ class Worker:
             self._send_publish(rec)
             return
         if kind is r.Settle:
-            # Output not written yet may view the blocks of these deliveries, which the Settle
-            # lets the supervisor free (an ack of a delivery the client has not read all of):
-            # copied first. An honest client acks what it has; then this is a set lookup.
-            handler = self.handlers.get(rec.conn)
-            if handler is not None and handler.holds_views and handler.views(rec.entries):
-                handler.seal_held()
+            # An ack of a delivery the client has not read all of: copied first. An honest
+            # client acks what it has; then this is a set lookup.
+            self._unview(rec.conn, rec.entries)
             self._send_settle(rec)
             if rec.action != r.ACK:
                 self._urgent = True  # a requeue is for other consumers, now
@@ -122,13 +119,20 @@ class Worker:
         if kind is r.ChanClose or kind is r.ConnClose:
             # The supervisor requeues what the channel or connection held, and another
             # consumer may settle it: nothing of ours may still view those blocks.
-            handler = self.handlers.get(rec.conn)
-            if handler is not None and handler.holds_views:
-                handler.seal_held()
+            self._unview(rec.conn, None)
         if self._open is not None:
             self.seal_requests()
         self._urgent = True
         self.outbox.append(self._encode(rec))
+
+    def _unview(self, conn: int, entries: list[int] | None) -> None:
+        """A record about to go lets the supervisor free the blocks of these deliveries of
+        ``conn`` (None: any it holds): what of its output not written yet views one of them
+        is copied first (``ConnectionHandler.seal_held``)."""
+        handler = self.handlers.get(conn)
+        if handler is not None and handler.holds_views and (
+                entries is None or handler.views(entries)):
+            handler.seal_held()
 
     def _send_publish(self, rec: r.Publish) -> None:
         """A publisher sending to one queue fills a read with publishes alike but for their
@@ -449,5 +453,5 @@ class Worker:
             dirty, self.dirty = self.dirty, set()
             for handler in dirty:
                 handler.wake_writer()
-        if self.outbox or self._open is not None:
+        if self.has_requests:
             self.want_flush()
