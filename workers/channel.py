@@ -517,6 +517,7 @@ class Channel:
         """Deliveries from a pull: the seed's step 12, onto the IO buffer. The target's credit
         is looked at again in :meth:`after_pull`, once the owner has handed the deliveries
         to the connection (whose back-pressure they may turn on)."""
+        asked = target.pulling
         self.credit.pull_answered(target, ev.open)
         if self.closing:  # ChanClose requeues whatever this pull acquired
             return self.take_output()
@@ -551,7 +552,12 @@ class Channel:
         target.more = ev.more
         # A standing pull that stays open covers every later notification: the supervisor
         # runs it instead of setting our slot, and one set before it ran is answered here.
-        target.notified = ev.more or (target.renotified and not ev.open)
+        # One that deliveries used up is asked for again as soon as there is credit
+        # (ConsumerTarget.renew; at 1,000 msg/s with prefetch 100, every hundredth message
+        # waited for a notification and a pull).
+        target.renew = (0 < asked == len(ev.deliveries) and not ev.open
+                        and not self.credit.global_prefetch)
+        target.notified = ev.more or target.renew or (target.renotified and not ev.open)
         target.renotified = False
         return self.take_output()
 

@@ -119,8 +119,8 @@ class ChannelConsumers:
             target.interested = credit > 0
             if not target.interested:
                 target.notified = target.renotified = False  # the supervisor hands the work on
-            elif target.more and not self.credit.global_prefetch:
-                # Pull at once (ConsumerTarget.more). Not under global qos: there the
+            elif (target.more or target.renew) and not self.credit.global_prefetch:
+                # Pull at once (ConsumerTarget.more, .renew). Not under global qos: there the
                 # channel's consumers share the credit, and the supervisor's notification
                 # decides which of them takes it.
                 target.notified = True

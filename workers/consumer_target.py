@@ -97,6 +97,7 @@ class ConsumerTarget:
         "prefetch",
         "pulling",
         "queue",
+        "renew",
         "renotified",
         "reserved",
         "slot",
@@ -134,6 +135,10 @@ class ConsumerTarget:
         # returns (an ack), we pull with our Interest instead of waiting to be notified: a
         # consumer acking each message from a backlog saves a round trip per message.
         self.more = False
+        # The last pull was standing and its deliveries used it up (the queue had no more): when
+        # credit returns we pull again with our Interest, so that the queue's next message finds
+        # a pull open instead of costing a notification and a pull (two more hops).
+        self.renew = False
         # Credit to wait for before pulling from a backlog: half the prefetch. A consumer acking
         # each message would otherwise pull one message per ack (Interest, Pull, deliveries,
         # Interest again: four records a message); it waits at most PULL_DEFER for it (``due``

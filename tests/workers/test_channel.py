@@ -80,12 +80,42 @@ def test_prefetch_exhausted_makes_consumer_uninterested_and_ack_restores() -> No
                         r.Pull(target.id, 1, True)]
 
 
-def test_an_ack_after_a_pull_that_emptied_the_queue_only_restores_interest() -> None:
-    """Without "more" from the queue the consumer waits to be notified (no spurious pull)."""
+def test_an_ack_after_a_standing_pull_was_used_up_pulls_again() -> None:
+    """A standing pull that its deliveries used up (the queue had no more) is asked for again
+    with the credit the ack gives back: the queue's next message finds it open instead of
+    waiting for a notification and a pull."""
     h = Harness()
     target = with_prefetch(h, 1)
     h.notify(target)
     assert h.take() == [r.Pull(target.id, 1, True)]
+    deliver(h, target, [11], more=False)
+    assert h.take() == [r.Interest(target.id, False)]
+    h.client(1, commands.Basic.Ack(delivery_tag=1))
+    assert h.take() == [r.Settle(CONN, 1, [11], r.ACK), r.Interest(target.id, True),
+                        r.Pull(target.id, 1, True)]
+
+
+def test_a_used_up_standing_pull_is_renewed_at_once_with_the_credit_left() -> None:
+    """Prefetch 4, a standing pull of 4 used up while two of them are acked already: the
+    answer's 2 of credit are pulled again at once (standing), without a notification."""
+    h = Harness()
+    target = with_prefetch(h, 4)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 4, True)]
+    deliver(h, target, [1, 2], more=False, still_open=2)
+    h.client(1, commands.Basic.Ack(delivery_tag=2, multiple=True))
+    assert pulls(h.take()) == []  # the rest of the pull stays open
+    deliver(h, target, [3, 4], more=False)
+    assert pulls(h.take()) == [r.Pull(target.id, 2, True)]
+
+
+def test_an_ack_after_a_pull_that_emptied_the_queue_only_restores_interest() -> None:
+    """Under basic.qos global=true pulls are not standing: without "more" from the queue the
+    consumer waits to be notified (no spurious pull)."""
+    h = Harness()
+    target = with_prefetch(h, 1, global_=True)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 1, False)]
     deliver(h, target, [11], more=False)
     assert h.take() == [r.Interest(target.id, False)]
     h.client(1, commands.Basic.Ack(delivery_tag=1))
@@ -197,13 +227,30 @@ def test_the_timer_pulls_what_came_back_meanwhile() -> None:
 
 
 def test_without_a_backlog_credit_is_used_at_once() -> None:
-    """The wait is for a queue that said it has more: a notification pulls whatever credit."""
+    """The wait is for a queue that said it has more: after a standing pull the queue's
+    messages used up, the first credit back is pulled at once (ConsumerTarget.renew)."""
     h = Harness()
     target, armed = _all_taken(h, more=False)
     h.client(1, commands.Basic.Ack(delivery_tag=1))
+    assert _not_settles(h) == [r.Interest(target.id, True), r.Pull(target.id, 1, True)]
+    assert armed == []
+
+
+def test_without_a_backlog_a_notification_pulls_whatever_credit() -> None:
+    """A pull that ended with credit left (not used up: a non-standing pull, under global
+    qos) waits for a notification, which pulls whatever credit there is, no timer."""
+    armed: list[bool] = []
+    h = Harness()
+    h.handler.worker.targets.arm_defer = lambda: armed.append(True)
+    target = with_prefetch(h, 10, global_=True)
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 10, False)]
+    deliver(h, target, list(range(11, 21)), more=False)
+    assert h.take() == [r.Interest(target.id, False)]
+    h.client(1, commands.Basic.Ack(delivery_tag=1))
     assert _not_settles(h) == [r.Interest(target.id, True)]
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 1, True)]
+    assert h.take() == [r.Pull(target.id, 1, False)]
     assert armed == []
 
 
@@ -226,7 +273,9 @@ def test_a_standing_pull_left_open_asks_for_nothing_more() -> None:
     assert delivery_tags(h.frames()) == [(1, 1), (1, 2)]
 
 
-def test_a_standing_pull_that_ends_leaves_the_consumer_waiting_for_a_notification() -> None:
+def test_a_standing_pull_used_up_is_asked_for_again_when_credit_returns() -> None:
+    """Its deliveries used the pull up while both credits are out: the ack that gives them
+    back brings the Interest and a new standing pull, no notification needed."""
     h = Harness()
     target = with_prefetch(h, 2)
     h.notify(target)
@@ -236,7 +285,24 @@ def test_a_standing_pull_that_ends_leaves_the_consumer_waiting_for_a_notificatio
     assert target.pulling == 0
     assert h.take() == [r.Interest(target.id, False)]  # both credits are out
     h.client(1, commands.Basic.Ack(delivery_tag=2, multiple=True))
-    assert h.take() == [r.Settle(CONN, 1, [11, 12], r.ACK), r.Interest(target.id, True)]
+    assert h.take() == [r.Settle(CONN, 1, [11, 12], r.ACK), r.Interest(target.id, True),
+                        r.Pull(target.id, 2, True)]
+
+
+def test_a_standing_pull_ended_by_the_supervisor_waits_for_a_notification() -> None:
+    """An empty answer ends a standing pull (the queue went away, the consumer lost its
+    interest): nothing is renewed until the consumer is notified again."""
+    h = Harness()
+    target = with_prefetch(h, 2)
+    h.notify(target)
+    h.take()
+    deliver(h, target, [], still_open=2)
+    deliver(h, target, [])
+    assert target.pulling == 0
+    h.refresh()
+    assert h.take() == []
+    h.notify(target)
+    assert h.take() == [r.Pull(target.id, 2, True)]
 
 
 def test_a_cancelled_consumer_is_kept_until_its_standing_pull_is_ended() -> None:
