@@ -127,8 +127,10 @@ class DeliveryParser:
 
     Per publisher (ids 0..len(capacities)-1) a bytearray with one byte per possible sequence
     number marks what arrived; a sequence seen twice is a duplicate, a sequence below the highest
-    one already seen from that publisher (and not a duplicate) is a reordering. Each message's
-    latency (microseconds, `now_ns` given per parse call) goes to `latencies_us`.
+    one already seen from that publisher (and not a duplicate) is a reordering. A message counts
+    (`received`, `last_tag`: what the consumer may ack) once its last body frame is in, as a
+    client library hands it over; its latency (microseconds, `now_ns` given per parse call, the
+    sender's stamp from its first body frame) goes to `latencies_us`.
     """
 
     def __init__(self, capacities: list[int]):
@@ -144,6 +146,8 @@ class DeliveryParser:
         self.other: list[Any] = []  # pamqp objects of any other method frame
         self._body_left = 0
         self._first_body = False
+        self._tag = 0  # the delivery tag of the message whose content is coming
+        self._stamp: tuple[int, int, int, int] | None = None  # its first body frame's payload
 
     def parse(self, buf: bytearray | memoryview, pos: int, end: int, now_ns: int) -> int:
         """Consume complete frames of buf[pos:end]; return the offset of the first incomplete one."""
@@ -163,37 +167,42 @@ class DeliveryParser:
             if ftype == 3:
                 if self._first_body:
                     self._first_body = False
+                    self._stamp = unpack_payload(buf, p) if size >= 20 else None
+                self._body_left -= size
+                if self._body_left <= 0:
                     self.received += 1
-                    if size >= 20:
-                        magic, pub, seq, ts = unpack_payload(buf, p)
-                        if magic == MAGIC and pub < npub and seq < len(seen[pub]):
-                            marks = seen[pub]
-                            if marks[seq]:
-                                self.duplicates += 1
-                            else:
-                                marks[seq] = 1
-                                if seq < highest[pub]:
-                                    self.reordered += 1
-                                else:
-                                    highest[pub] = seq
-                            lat_append((now_ns - ts) // 1000)
+                    self.last_tag = self._tag
+                    stamp = self._stamp
+                    if stamp is not None and stamp[0] == MAGIC and stamp[1] < npub \
+                            and stamp[2] < len(seen[stamp[1]]):
+                        _magic, pub, seq, ts = stamp
+                        marks = seen[pub]
+                        if marks[seq]:
+                            self.duplicates += 1
                         else:
-                            self.foreign += 1
+                            marks[seq] = 1
+                            if seq < highest[pub]:
+                                self.reordered += 1
+                            else:
+                                highest[pub] = seq
+                        lat_append((now_ns - ts) // 1000)
                     else:
                         self.foreign += 1
             elif ftype == 1:
                 if buf[p + 1] == 60 and buf[p + 3] == 60:  # Basic.Deliver (60, 60)
                     tag_at = p + 5 + buf[p + 4]
-                    self.last_tag = unpack_q(">Q", buf, tag_at)[0]
+                    self._tag = unpack_q(">Q", buf, tag_at)[0]
                     if buf[tag_at + 8] & 1:
                         self.redelivered += 1
                 else:
                     self.other.append(frame.unmarshal(bytes(buf[pos:fend]))[2])
             elif ftype == 2:
                 size_left = unpack_q(">Q", buf, p + 4)[0]
+                self._body_left = size_left
                 self._first_body = size_left > 0
                 if not size_left:
                     self.received += 1
+                    self.last_tag = self._tag
                     self.foreign += 1
             elif ftype != 8:
                 raise ProtocolError(f"unknown frame type {ftype}")

@@ -143,6 +143,21 @@ def test_parser_reads_pamqp_deliveries_split_anywhere(body_size: int) -> None:
     assert len(parser.other) == 1 and isinstance(parser.other[0], commands.Basic.CancelOk)
 
 
+def test_parser_counts_a_message_once_its_last_body_frame_is_in() -> None:
+    """What the consumer may ack (`received`, `last_tag`) is whole messages, as a client library
+    hands them over: not a delivery whose first body frame is in and the rest still coming."""
+    stream = delivery(1, payload_body(0, 0, 1_000_000, 300_000)) + delivery(2, payload_body(0, 1, 1_000_000, 300_000))
+    second_starts = len(delivery(1, payload_body(0, 0, 1_000_000, 300_000)))
+    parser = DeliveryParser([10])
+    buf = bytearray(stream[: second_starts + 200_000])  # message 2's first body frame and part of its second
+    used = parser.parse(buf, 0, len(buf), 2_000_000)
+    assert (parser.received, parser.last_tag) == (1, 1)
+    buf = buf[used:] + stream[second_starts + 200_000 :]
+    parser.parse(buf, 0, len(buf), 2_000_000)
+    assert (parser.received, parser.last_tag) == (2, 2)
+    assert list(parser.latencies_us) == [1000, 1000]
+
+
 def test_parser_counts_duplicates_reordering_redelivery_and_foreign_bodies() -> None:
     order = [(0, 0), (0, 2), (0, 1), (0, 2), (1, 0), (1, 1)]  # 1 reordered, 1 duplicate
     stream = b"".join(delivery(i + 1, payload_body(pub, seq, 0)) for i, (pub, seq) in enumerate(order))
