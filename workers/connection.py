@@ -205,6 +205,9 @@ class AMQPConnection:
         self._buffer = FrameBuffer(FRAME_MIN_SIZE)
         self._out: list[bytes | bytearray | memoryview] = []
         self.unsent_bytes = 0  # queued in _out (bounded by the runtime: it stops reading)
+        # Set by the runtime around a pull's deliveries: where each message's frames end
+        # (octets from the start of its Deliveries event), for the body views it holds.
+        self.message_ends: list[int] | None = None
         # Index in _out of the first part that may be a view of a body (an arena block,
         # codec.content_into) not yet sent or copied; -1: none (see output_parts).
         self._views_at = -1
@@ -420,10 +423,13 @@ class AMQPConnection:
             # Parts, not joined: a big body stays a view of its arena block (output_parts).
             out = self._out
             start = len(out)
+            ends = self.message_ends
             try:
-                self.unsent_bytes += deliveries_into(out, event, self.frame_max)
+                self.unsent_bytes += deliveries_into(out, event, self.frame_max, ends)
             except BaseException:  # nothing of the event is queued (unsent_bytes is right)
                 del out[start:]
+                if ends is not None:
+                    ends.clear()
                 raise
             # A message copied whole is one part; one with its body as views is more.
             if len(out) - start > len(event.messages) and self._views_at < 0:

@@ -279,6 +279,21 @@ class ConnectionHandler:
             if entry in held:
                 held[entry] = end
 
+    def _hold_each(self, deliveries: list[r.Delivery], ends: list[int]) -> None:
+        """A pull's deliveries were queued, their Deliveries last: each big one is held until
+        the socket took its own frames' last octet (``ends``: where each message's frames end
+        in that event), not the whole batch's: a client acking the first of a batch while the
+        rest is still being written then frees its block without a copy of the rest. If not
+        every delivery was queued (a body lost), the batch's end for all."""
+        if len(ends) != len(deliveries):
+            self._hold([d.entry for d in deliveries])
+            return
+        start = self.taken_bytes + self.proto.unsent_bytes - ends[-1]
+        held = self.held
+        for d, end in zip(deliveries, ends, strict=True):
+            if d.entry in held:
+                held[d.entry] = start + end
+
     def proto_has_output(self) -> bool:
         return self.proto.has_data_to_send
 
@@ -516,14 +531,22 @@ class ConnectionHandler:
         at again (they may back the output up)."""
         ch = self._channel_of(target)
         if ch is not None:
-            big: list[int] = []
+            big = False
             for d in event.deliveries:
                 if d.body_len >= VIEWED_BODY_MIN:
-                    big.append(d.entry)
+                    big = True
                     self.held[d.entry] = _UNWRITTEN
-            self.apply(ch, ch.on_pulled(target, event))
             if big:
-                self._hold(big)
+                proto = self.proto
+                ends: list[int] = []
+                proto.message_ends = ends
+                try:
+                    self.apply(ch, ch.on_pulled(target, event))
+                finally:
+                    proto.message_ends = None
+                self._hold_each(event.deliveries, ends)
+            else:
+                self.apply(ch, ch.on_pulled(target, event))
             self.apply(ch, ch.after_pull(target))
 
     def on_cancelled(self, target: ConsumerTarget) -> None:

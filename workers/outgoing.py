@@ -116,15 +116,19 @@ def encode(event: Outgoing, frame_max: int) -> bytes:
     return codec.encode_nack(*event)
 
 
-def deliveries_into(out: list[Buffer], event: Deliveries, frame_max: int) -> int:
+def deliveries_into(out: list[Buffer], event: Deliveries, frame_max: int,
+                    ends: list[int] | None = None) -> int:
     """Each message's frames appended to ``out`` (``codec.content_into``: a big body as
-    views of it, not copied); the octets appended."""
+    views of it, not copied); the octets appended. With ``ends``, where each message's frames
+    end is appended to it too (octets from the event's start)."""
     channel, consumer_tag, messages = event
     deliver_into = codec.deliver_into
     size = 0
     for tag, redelivered, exchange, routing_key, header, body in messages:
         size += deliver_into(out, channel, consumer_tag, tag, redelivered, exchange,
                              routing_key, header, body, frame_max)
+        if ends is not None:
+            ends.append(size)
     return size
 
 

@@ -39,6 +39,27 @@ def test_big_deliveries_are_held_until_the_socket_took_their_frames() -> None:
     assert not handler.holds_views
 
 
+def test_each_delivery_of_a_pull_is_held_until_its_own_frames_are_taken() -> None:
+    """Not until the whole pull's are: a client acking the first of three 256 KiB deliveries
+    while the other two are being written must not make the worker copy those two."""
+    h = Harness(arena_size=1 << 22)
+    consumer(h)
+    handler: ConnectionHandler = h.handler
+    _deliver(h, [1, 2, 3], 16 * BIG)
+    handler.take_parts()
+    one = handler.in_flight // 3  # the same frames but for the delivery tag's value
+    handler.sent(one)
+    assert not handler.views([1])
+    assert handler.views([2]) and handler.views([3])
+    handler.sent(one - 1)
+    assert handler.views([2])
+    handler.sent(1)
+    assert not handler.views([2]) and handler.views([3])
+    handler.sent(one)
+    assert not handler.views([3])
+    assert not handler.holds_views
+
+
 def test_sealing_copies_what_is_queued_and_forgets_every_delivery() -> None:
     h = Harness(arena_size=1 << 22)
     consumer(h)
