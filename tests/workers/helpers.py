@@ -82,12 +82,15 @@ class FakeArena:
 
 
 class FakeArenas:
-    """``workers.arenas.Arenas`` over one FakeArena: every delivery's body is in it."""
+    """``workers.arenas.Arenas`` over one FakeArena: every delivery's body is in it, but a
+    paged-out one (``stored``), which cannot be read back (no body log)."""
 
     def __init__(self, arena: FakeArena) -> None:
         self.arena = arena
 
-    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview]:
+    def body(self, d: r.Delivery) -> tuple[memoryview, memoryview] | None:
+        if d.stored is not None:
+            return None
         return self.own_body(d.offset, d.header_len, d.body_len)
 
     def own_body(self, offset: int, header_len: int, body_len: int) -> tuple[memoryview, memoryview]:

@@ -5,6 +5,7 @@ their frames end in its output stream (``ConnectionHandler.held``, ``views``), a
 
 from __future__ import annotations
 
+import msgspec
 from pamqp import commands
 
 from ipc import records as r
@@ -58,6 +59,24 @@ def test_each_delivery_of_a_pull_is_held_until_its_own_frames_are_taken() -> Non
     handler.sent(one)
     assert not handler.views([3])
     assert not handler.holds_views
+
+
+def test_a_pull_with_a_lost_body_holds_each_delivery_until_the_whole_pull_is_written() -> None:
+    """A paged-out body that cannot be read back is not delivered (it is settled): the ends the
+    protocol gave no longer line up with the pull's deliveries, so each is held to the pull's end."""
+    h = Harness(arena_size=1 << 22)
+    consumer(h)
+    handler: ConnectionHandler = h.handler
+    target = h.channel().consumers["c1"]
+    lost = msgspec.structs.replace(h.delivery(2, b"x" * BIG), stored=(0, 0, 0, BIG))
+    h.supervisor(r.Pulled(target.id, [h.delivery(1, b"x" * BIG), lost, h.delivery(3, b"x" * BIG)], False))
+    assert r.Settle(CONN, 1, [2], r.ACK) in h.take()
+    handler.take_parts()
+    whole = handler.in_flight
+    handler.sent(whole // 2 + 1)  # past the first delivery's frames
+    assert handler.views([1])
+    handler.sent(whole - whole // 2 - 1)
+    assert not handler.views([1]) and not handler.views([3])
 
 
 def test_sealing_copies_what_is_queued_and_forgets_every_delivery() -> None:
