@@ -37,6 +37,12 @@ EVENT_BATCH = 1024
 # supervisor (prefetch credit is the worker's); what waits is freeing the body, and a
 # consumer acking each delivery at a steady rate saves the supervisor a wake-up per message.
 LAZY_SETTLE_DELAY = 0.005
+# Entries per Settle record. One basic.ack (or nack, or basic.recover) with multiple=true can
+# settle everything a channel without prefetch holds, a million deliveries and more; as one
+# record that would outgrow the request ring (it could never be written) and hold the
+# supervisor for seconds. Records of this size are a bounded step each (4,096 entry ids are
+# at most 37 KB; the smallest ring, --ring-kb 64, takes one).
+SETTLE_MAX = 4096
 
 
 class Worker:
@@ -162,11 +168,18 @@ class Worker:
         """A client acking each message sends its acks in bursts, and one read holds many:
         a Settle that directly follows one of the same channel and action joins it (nothing
         changes order), and the supervisor gets one record instead of one per ack, encoded
-        once."""
+        once. No record carries more than SETTLE_MAX entries: a longer settle goes as several,
+        in order."""
+        entries = rec.entries
+        if len(entries) > SETTLE_MAX:
+            for start in range(0, len(entries), SETTLE_MAX):
+                self._send_settle(r.Settle(rec.conn, rec.ch, entries[start:start + SETTLE_MAX],
+                                           rec.action))
+            return
         last = self._open
         if (type(last) is r.Settle and last.ch == rec.ch and last.conn == rec.conn
-                and last.action == rec.action):
-            last.entries.extend(rec.entries)
+                and last.action == rec.action and len(last.entries) + len(entries) <= SETTLE_MAX):
+            last.entries.extend(entries)
             return
         if last is not None:
             self.seal_requests()

@@ -1,5 +1,6 @@
 """Overload, with real clients: purging and deleting a large queue answer at once, other clients
-keep being served, and every body is freed (its arena space is used again).
+keep being served, and every body is freed (its arena space is used again); one ack, nack or
+channel close settling tens of thousands of deliveries at once works like a small one.
 
 The supervisor frees a purged or deleted queue's bodies a slice at a time between other work
 (broker.vhost, "bounded steps"); this checks what a client can see of that, never a time:
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pika
 import pytest
 
 from tests.integration.harness import close_quietly, finish, start_broker, wait_until
@@ -72,5 +74,64 @@ def test_purging_and_deleting_a_large_queue_answer_at_once_and_free_every_body(t
         publisher.close()
         close_quietly(bystander)
         close_quietly(admin)
+    finally:
+        finish(broker)
+
+
+SETTLED = 30_000  # entry ids of 3 and 5 octets: one Settle of them all would outgrow a 64 KiB ring
+
+
+@pytest.mark.deadline(300)
+def test_one_ack_nack_or_close_settling_tens_of_thousands_of_deliveries(tmp_path: Path) -> None:
+    """A consumer without prefetch holds every message of a queue; a single basic.nack with
+    multiple=true requeues them all, a single basic.ack with multiple=true settles them all
+    and a channel close requeues them all. The worker sends such a settle as several bounded
+    records (the smallest request ring, 64 KiB, could not hold it as one: the worker failed
+    and its clients were disconnected); the connection carries on, and nothing is lost."""
+    broker = start_broker(tmp_path / "broker", extra_args=["--ring-kb", "64"])
+    queue = unique_name("held")
+    try:
+        publisher = RawClient.opened(broker.port)
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.queue_declare(queue)
+        publisher.send(b"".join(publish_frames(1, "", queue, BODY)) * SETTLED)
+
+        def depth() -> int:
+            return channel.queue_declare(queue, passive=True).method.message_count
+
+        wait_until(lambda: depth() == SETTLED, 60, f"{SETTLED} messages in the queue")
+
+        def take_all(expect_redelivered: bool) -> int:
+            """Consume everything without prefetch, then cancel; the last delivery tag."""
+            tags: list[int] = []
+
+            def on_message(ch: object, method: pika.spec.Basic.Deliver, props: object, body: bytes) -> None:
+                assert method.redelivered == expect_redelivered and body == BODY
+                tags.append(method.delivery_tag)
+
+            tag = channel.basic_consume(queue, on_message)
+            wait_until(lambda: connection.process_data_events(0.05) or len(tags) >= SETTLED, 60,
+                       f"{SETTLED} deliveries")
+            channel.basic_cancel(tag)
+            assert len(tags) == SETTLED and tags == sorted(set(tags))
+            return tags[-1]
+
+        channel.basic_nack(take_all(False), multiple=True, requeue=True)
+        wait_until(lambda: depth() == SETTLED, 60, "every delivery requeued by one nack")
+
+        take_all(True)
+        channel.close()  # the channel's unacked deliveries go back, a slice per step
+        channel = connection.channel()
+        wait_until(lambda: depth() == SETTLED, 60, "every delivery requeued by the close")
+
+        channel.basic_ack(take_all(True), multiple=True)
+        wait_until(lambda: depth() == 0, 60, "nothing left after one ack")
+        channel.close()
+        channel = connection.channel()
+        assert depth() == 0, "an acked message came back"
+        assert connection.is_open
+        publisher.close()
+        close_quietly(connection)
     finally:
         finish(broker)

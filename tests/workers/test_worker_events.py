@@ -13,7 +13,7 @@ from broker import errors
 from broker.errors import AMQPError
 from ipc import records as r
 from tests.workers.helpers import worker_region
-from workers.worker import Worker
+from workers.worker import SETTLE_MAX, Worker
 
 INTERNAL_ERROR = errors.InternalError.reply_code
 
@@ -111,6 +111,37 @@ def test_a_settle_already_on_the_ring_is_not_joined(worker: Worker) -> None:
     assert _requests(worker) == [r.Settle(1, 1, [11], r.ACK)]
     assert [worker.codec.decode_request(raw) for raw in worker.region.request_ring.get_all_nowait()
             ] == [r.Settle(1, 1, [10], r.ACK)]
+
+
+def test_a_settle_of_more_than_settle_max_entries_goes_as_several_records_in_order(
+        worker: Worker) -> None:
+    """One basic.ack with multiple=true over a channel without prefetch can settle a million
+    deliveries: as one record it would outgrow the request ring (never written; the worker
+    failed) and hold the supervisor for seconds. It goes as records of SETTLE_MAX entries,
+    in order, before what follows it."""
+    entries = list(range(1, 2 * SETTLE_MAX + 100))
+    worker.send(r.Settle(1, 1, entries, r.ACK))
+    worker.send(r.Pull(5, 1))
+    requests = _requests(worker)
+    assert [type(rec) for rec in requests] == [r.Settle, r.Settle, r.Settle, r.Pull]
+    assert [len(rec.entries) for rec in requests[:3]] == [SETTLE_MAX, SETTLE_MAX, 99]
+    assert [e for rec in requests[:3] for e in rec.entries] == entries
+
+
+def test_settles_stop_joining_at_settle_max_entries(worker: Worker) -> None:
+    """A burst of acks joins one record only up to SETTLE_MAX entries; the next starts another."""
+    for entry in range(SETTLE_MAX + 5):
+        worker.send(r.Settle(1, 1, [entry], r.ACK))
+    requests = _requests(worker)
+    assert [len(rec.entries) for rec in requests] == [SETTLE_MAX, 5]
+    assert [e for rec in requests for e in rec.entries] == list(range(SETTLE_MAX + 5))
+
+
+def test_the_largest_settle_record_fits_the_smallest_ring(worker: Worker) -> None:
+    """SETTLE_MAX entry ids of the largest size msgpack gives them fit a ring of the smallest
+    size `shoal serve --ring-kb` allows (64 KiB)."""
+    biggest = worker.codec.encode(r.Settle(2**31, 2**31, [2**63 - 1] * SETTLE_MAX, r.REQUEUE))
+    assert len(biggest) < 64 * 1024 - 16
 
 
 def _supervisor_sleeps(worker: Worker) -> None:
