@@ -53,13 +53,18 @@ from broker.message import (
     drop_reference,
 )
 from broker.message_journal import ConfirmGate
-from broker.open_channels import ChannelKey, Held, OpenChannels, Pin, Subscription
+from broker.open_channels import ChannelKey, Held, OpenChannels, Pin, Returning, Subscription
 from broker.paging import Pager
 from broker.queue import Queue, QueueEntry
 from broker.vhost import NO_ROUTE, PublishOutcome, VirtualHost
 from ipc import records as r
 
 log = logging.getLogger("shoal.dispatch")
+
+# Deliveries of closed channels requeued (or unpinned) per step (Overload: no single operation
+# holds the supervisor for long). A channel without prefetch can hold a million; what a step
+# leaves goes back over the next timer ticks, which come at once (``next_deadline``).
+RETURN_SLICE = 1000
 
 
 __all__ = ["CREDIT_CHUNK", "FLOW_BACKLOG", "Dispatcher", "Listing"]
@@ -79,6 +84,9 @@ class Dispatcher:
         self.notify: list[list[int]] = [[] for _ in range(workers)]
         self._channels = OpenChannels()  # consumers and unsettled deliveries per channel
         self._subs = self._channels.subs  # (worker, consumer id) → Subscription, on the hot path
+        self._returning = self._channels.returning  # closed channels' deliveries still held
+        self.return_slice = RETURN_SLICE
+        self._return_budget = RETURN_SLICE  # what is left of it in this step
         # Standing pulls (r.Pull.standing): (worker, consumer id) → how many deliveries are
         # still asked for; those of them woken meanwhile are run before the flush.
         self._standing: dict[tuple[int, int], int] = {}
@@ -150,8 +158,10 @@ class Dispatcher:
             self.outbox[worker].append(r.Blocked(True, self.alarms.reason()))
 
     def begin_batch(self, now: float) -> None:
-        """Requests of one ring batch happen at ``now`` (TTL, x-expires, x-death time)."""
+        """Requests of one ring batch happen at ``now`` (TTL, x-expires, x-death time); the
+        batch is a step (``return_slice``)."""
         self.vhost.advance(now)
+        self._return_budget = self.return_slice
 
     def end_batch(self) -> None:
         """Route the dead letters the batch made (pull, get, release, discard can);
@@ -205,10 +215,19 @@ class Dispatcher:
         (broker.step_host). Returns the next deadline (None: nothing pending; ``now`` or
         earlier: more to do at once)."""
         self.vhost.advance(now)
+        self._return_budget = self.return_slice
+        self._return_some()
         outcome = self.vhost.tick(now)
         self._wake(outcome.notify)
         self._cancel_all(outcome.cancelled)
         self.flow_tick(all_credit=True)
+        return self.next_deadline()
+
+    def next_deadline(self) -> float | None:
+        """When the runtime's timer should next call :meth:`tick`: ``now`` while closed
+        channels' deliveries are still to requeue, else the virtual host's next deadline."""
+        if self._returning:
+            return self.vhost.now
         return self.vhost.next_deadline()
 
     def internal_error(self, worker: int, rec: r.Request) -> None:
@@ -377,12 +396,29 @@ class Dispatcher:
         for sub in self._channels.unsubscribe_all(key[0], chan):
             self._end_standing(key[0], sub.consumer.key[1], answer=False)
             self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
-        # AMQP 0-9-1 §4.7: unacknowledged messages of a closed channel are requeued.
-        for held in chan.acquired.values():
-            if self.trace is not None and isinstance(held, QueueEntry):
-                self.trace.requeued(held, key[0])
-            self._channels.released(held)
-            self._requeue(held)
+        # AMQP 0-9-1 §4.7: unacknowledged messages of a closed channel are requeued (to their
+        # original positions): as many as this step allows now, the rest over the next steps.
+        if chan.acquired:
+            self._returning.append(Returning(key[0], chan.acquired))
+            self._return_some()
+
+    def _return_some(self) -> None:
+        """Requeue (or unpin) what closed channels held, oldest channel first and each in
+        delivery order, while this step's ``return_slice`` lasts."""
+        returning = self._returning
+        budget = self._return_budget
+        while returning and budget > 0:
+            ret = returning[0]
+            for held in itertools.islice(ret.rest, budget):
+                budget -= 1
+                ret.done += 1
+                if self.trace is not None and isinstance(held, QueueEntry):
+                    self.trace.requeued(held, ret.worker)
+                self._channels.released(held)
+                self._requeue(held)
+            if ret.done == len(ret.held):
+                returning.popleft()
+        self._return_budget = budget
 
     def _requeue(self, held: Held) -> None:
         if isinstance(held, Pin):

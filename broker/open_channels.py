@@ -7,7 +7,9 @@ browsers' pins (a browsed message's body, kept until the worker has copied it). 
 the entry ids for acquired entries and negative numbers for pins, so one map holds both.
 
 The dispatcher holds one :class:`OpenChannels` and does what closing means to the domain
-(removing consumers, requeueing, unpinning); this module only keeps the books.
+(removing consumers, requeueing, unpinning); this module only keeps the books. That includes
+what closed channels held and the dispatcher has not requeued yet (:class:`Returning`): a
+channel without prefetch can hold millions of deliveries, and they go back a slice per step.
 
 Called from: the supervisor process (``broker.dispatch``).
 """
@@ -15,7 +17,8 @@ Called from: the supervisor process (``broker.dispatch``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from broker.body_ref import arena_block, body_log_at, unpack_body_ref, unpack_paged_ref
@@ -62,10 +65,28 @@ class Channel:
         self.consumers: set[int] = set()
 
 
+class Returning:
+    """What a closed channel held (its ``acquired``, no longer changed by anyone), going back
+    in delivery order: ``rest`` iterates what is still to requeue or unpin, ``done`` counts
+    what went."""
+
+    __slots__ = ("done", "held", "rest", "worker")
+
+    def __init__(self, worker: int, held: dict[int, Held]) -> None:
+        self.worker = worker
+        self.held = held
+        self.rest = iter(held.values())
+        self.done = 0
+
+    def left(self) -> Iterator[Held]:
+        """What is still to go (without taking it)."""
+        return itertools.islice(self.held.values(), self.done, None)
+
+
 class OpenChannels:
     """Every worker's open channels and their consumers, and each connection's channels."""
 
-    __slots__ = ("_channels", "_conns", "_pin_ids", "_viewed", "subs")
+    __slots__ = ("_channels", "_conns", "_pin_ids", "_viewed", "returning", "subs")
 
     def __init__(self) -> None:
         self.subs: dict[tuple[int, int], Subscription] = {}  # (worker, consumer id) →
@@ -76,6 +97,9 @@ class OpenChannels:
         self._channels: dict[ChannelKey, Channel] = {}
         self._conns: dict[Owner, set[int]] = {}  # the channel numbers each connection used
         self._pin_ids = itertools.count(-1, -1)
+        # Closed channels' deliveries still held, oldest channel first (the dispatcher
+        # requeues them a slice per step): they count as held until they have gone.
+        self.returning: deque[Returning] = deque()
 
     def channel(self, key: ChannelKey) -> Channel:
         """Channel ``key``, opened here on its first use."""
@@ -170,13 +194,15 @@ class OpenChannels:
         return id(message.origin or message) in self._viewed
 
     def held_offsets(self, region: int) -> Iterator[int]:
-        """Arena offsets in ``region`` of the messages the channels hold."""
-        for chan in self._channels.values():
-            for held in chan.acquired.values():
-                message = held.message
-                block = arena_block((message.origin or message).body_ref)  # None: paged out
-                if block is not None and block[0] == region:
-                    yield block[1]
+        """Arena offsets in ``region`` of the messages the channels hold, closed channels'
+        not yet returned included."""
+        helds: list[Iterable[Held]] = [chan.acquired.values() for chan in self._channels.values()]
+        helds += [ret.left() for ret in self.returning]
+        for held in itertools.chain.from_iterable(helds):
+            message = held.message
+            block = arena_block((message.origin or message).body_ref)  # None: paged out
+            if block is not None and block[0] == region:
+                yield block[1]
 
 
 def delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:

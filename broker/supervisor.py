@@ -57,6 +57,10 @@ log = logging.getLogger("shoal.supervisor")
 
 SHUTDOWN_GRACE = 5.0
 BATCH = 1024
+# The most a worker's records may ask of one step (then the other tasks have a turn): one unit
+# per record, or per message of a PublishRun, or per entry of a Settle (workers.worker.SETTLE_MAX
+# bounds one record). A few milliseconds of work; a busy broker's batches are smaller.
+STEP_WORK = 2048
 RESTART_BACKOFF = 1.0
 USERS_ENV = "SHOAL_USERS"  # shoal serve reads --user values from it (cli.main); workers never see it
 USERS_PIPE_MAX = 60_000  # bytes: what a pipe takes without a reader (Linux: 64 KiB)
@@ -112,6 +116,9 @@ class _WorkerSlot:
         self.process: trio.Process | None = None
         self.ready = False
         self.pending: list[bytes] = []  # encoded events that did not fit the ring
+        # Requests taken from the ring that a step's STEP_WORK left for the next: they come
+        # before whatever is still in the ring.
+        self.unapplied: list[bytes] = []
 
 
 class Supervisor:
@@ -267,10 +274,7 @@ class Supervisor:
         # synced: after a clean stop no acked message comes back.
         for w in self.workers:
             with contextlib.suppress(RingCorrupt):
-                batch = w.region.request_ring.get_all_nowait(BATCH)
-                while batch:
-                    self._apply(w, batch)
-                    batch = w.region.request_ring.get_all_nowait(BATCH)
+                self._apply_all(w)
         self.flush()
         if self.durability is not None:
             await self.durability.sync_now()
@@ -352,11 +356,12 @@ class Supervisor:
             w.region.connections = NOT_ACCEPTING
         # Records it finished writing still count: acks settle, publishes route.
         try:
-            self._apply(w, w.region.request_ring.get_all_nowait())
+            self._apply_all(w)
         except RingCorrupt as exc:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
         w.pending.clear()
+        w.unapplied.clear()
         w.region.request_ring.reset()
         w.region.event_ring.reset()
         w.region.clear_slots()
@@ -391,24 +396,32 @@ class Supervisor:
 
         while True:
             try:
-                batch = ring.get_all_nowait(BATCH)
+                batch = w.unapplied or ring.get_all_nowait(BATCH)
             except RingCorrupt as exc:
                 log.error("worker %d: request ring: %s", w.index, exc)
                 await self._corrupt(w)
                 continue
             if batch:
-                self._apply(w, batch)
+                self._apply(w, batch, STEP_WORK)
                 self.flush()
-                if not ring.is_empty():
+                if w.unapplied or not ring.is_empty():
                     await trio.sleep(0)  # more is waiting: let the other tasks run first
                     continue
             await wait_for_work(flag, w.request_efd, has_work)
 
-    def _apply(self, w: _WorkerSlot, batch: list[bytes]) -> None:
+    def _apply_all(self, w: _WorkerSlot) -> None:
+        """Everything worker k's ring holds, what a step left over first."""
+        while batch := w.unapplied or w.region.request_ring.get_all_nowait(BATCH):
+            self._apply(w, batch)
+
+    def _apply(self, w: _WorkerSlot, batch: list[bytes], work: int | None = None) -> None:
+        """Apply ``batch`` (one step) in order; with ``work``, only until that much is done
+        (STEP_WORK), keeping the rest in ``w.unapplied`` for the next step."""
         decode = self.codec.decode_request
         handle = self.dispatcher.handle
         self.dispatcher.begin_batch(time.monotonic())
-        for raw in batch:
+        w.unapplied = []
+        for i, raw in enumerate(batch):
             rec = decode(raw)
             if isinstance(rec, r.Hello):
                 self._hello(w, rec)
@@ -417,8 +430,13 @@ class Supervisor:
             except Exception:
                 log.exception("worker %d: failed to apply %r", w.index, rec)
                 self.dispatcher.internal_error(w.index, rec)
+            if work is not None:
+                work -= _work(rec)
+                if work <= 0:
+                    w.unapplied = batch[i + 1:]
+                    break
         self.dispatcher.end_batch()
-        deadline = self.dispatcher.vhost.next_deadline()
+        deadline = self.dispatcher.next_deadline()
         if deadline is not None and (self._deadline is None or deadline < self._deadline):
             self._deadline_changed.set()  # the timer sleeps too long for this one
 
@@ -513,6 +531,16 @@ class Supervisor:
         with open(tmp, "w") as f:
             json.dump(info, f)
         os.replace(tmp, path)
+
+
+def _work(rec: r.Request) -> int:
+    """What a request asks of a step (STEP_WORK): its messages or entries, else 1."""
+    kind = type(rec)
+    if kind is r.Settle:
+        return len(rec.entries)  # type: ignore[union-attr]
+    if kind is r.PublishRun:
+        return len(rec.bodies) // 3  # type: ignore[union-attr]
+    return 1
 
 
 def run(config: ServeConfig) -> int:

@@ -9,6 +9,8 @@ slices here are made small so that a few dozen messages take several steps; noth
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from broker.dispatch import Dispatcher
@@ -267,3 +269,136 @@ def test_a_browser_sees_the_survivors_of_a_large_expiry_in_order(vhost: VirtualH
         if not more:
             break
     assert seen == survivors
+
+
+class _Returns:
+    """A dispatcher with worker 0 publishing N messages to ``q`` and a consumer on worker 1
+    (connection 7, channel 1, no prefetch) holding all of them unacknowledged."""
+
+    def __init__(self, *, exclusive: bool = False, browse: bool = False) -> None:
+        self.freed: list[tuple[int, int]] = []
+        self.d = Dispatcher(2, lambda region, offset: self.freed.append((region, offset)))
+        self.d.return_slice = K
+        self.now = 1.0
+        self.d.begin_batch(self.now)
+        owner_worker, owner_conn = (1, 7) if exclusive else (0, 1)
+        self.d.handle(owner_worker, r.QueueDeclare(owner_conn, 1, "q", False, False, exclusive,
+                                                   False, {}, False))
+        self.offsets = [256 * (i + 1) for i in range(N)]
+        for offset in self.offsets:
+            self.d.handle(0, r.Publish(1, 1, "", "q", False, False, offset, 16, 100, None))
+        self.queue = self.d.vhost.queues["q"]
+        self.consume(7, 1, cid=1, browse=browse)
+        held = self.pull(1, N)
+        assert [d.offset for d in held] == self.offsets
+        self.clear()
+
+    def clear(self) -> None:
+        for box in (*self.d.outbox, *self.d.notify):
+            box.clear()
+
+    def consume(self, conn: int, ch: int, cid: int, *, browse: bool = False) -> None:
+        self.d.handle(1, r.Consume(conn, ch, cid, cid, "q", f"c{cid}", False, False, 0, browse,
+                                   True, False))
+
+    def pull(self, cid: int, n: int) -> list[r.Delivery]:
+        self.d.handle(1, r.Pull(cid, n))
+        pulled = [e for e in self.d.outbox[1] if isinstance(e, r.Pulled)]
+        self.d.outbox[1].clear()
+        return [d for p in pulled for d in p.deliveries]
+
+    def step(self) -> None:
+        """The next batch of requests: a new step, with a fresh budget."""
+        self.now += 1e-6
+        self.d.begin_batch(self.now)
+
+    def tick_all(self) -> list[int]:
+        """The timer, while the dispatcher says there is work now; ready messages after each."""
+        ready = []
+        while (deadline := self.d.tick(self.now)) is not None and deadline <= self.now:
+            ready.append(self.queue.message_count)
+            assert len(ready) < 1000, "the returns never end"
+        ready.append(self.queue.message_count)
+        return ready
+
+
+def test_a_closed_channels_unacked_deliveries_go_back_a_slice_per_step() -> None:
+    """A channel without prefetch holding N deliveries closes: K go back to the queue at once,
+    the rest a slice per timer tick (the timer comes back at once), each to its original
+    position and redelivered; no body is freed and nothing is lost or doubled."""
+    t = _Returns()
+    t.step()
+    t.d.handle(1, r.ChanClose(7, 1))
+    assert t.d.outbox[1] == [r.Reply(7, 1, "chclose")]
+    assert t.queue.message_count == K
+    assert t.d.next_deadline() == t.d.vhost.now, "the timer must come back at once"
+    ready = t.tick_all()
+    assert ready[-1] == N and all(b - a <= K for a, b in itertools.pairwise([K, *ready]))
+    assert len(ready) >= N // K
+    assert (t.d.next_deadline() or float("inf")) > t.now, "nothing left to do now"
+    t.consume(8, 1, cid=2)
+    again = t.pull(2, N)
+    assert [d.offset for d in again] == t.offsets and all(d.redelivered for d in again)
+    assert t.freed == []
+
+
+def test_a_consumer_pulling_between_the_steps_gets_the_head_first() -> None:
+    """What goes back first is what was delivered first: a consumer pulling while the rest
+    are still on their way gets the queue's head, in order."""
+    t = _Returns()
+    t.step()
+    t.d.handle(1, r.ChanClose(7, 1))
+    assert t.queue.message_count == K
+    t.consume(8, 1, cid=2)
+    first = t.pull(2, K)
+    assert [d.offset for d in first] == t.offsets[:K] and all(d.redelivered for d in first)
+    t.tick_all()
+    rest = t.pull(2, N)
+    assert [d.offset for d in rest] == t.offsets[K:]
+
+
+def test_live_offsets_count_deliveries_of_closed_channels_not_yet_returned() -> None:
+    """An arena sweep (a worker died) must not free the block of a delivery still on its way
+    back to the queue."""
+    t = _Returns()
+    t.step()
+    t.d.handle(1, r.ChanClose(7, 1))
+    assert t.queue.message_count < N
+    assert t.d.live_offsets(0) == set(t.offsets)
+    t.tick_all()
+    assert t.d.live_offsets(0) == set(t.offsets)
+
+
+def test_a_dead_workers_unacked_deliveries_go_back_in_slices() -> None:
+    """worker_died closes each of its connections: the same bounded returns."""
+    t = _Returns()
+    t.step()
+    t.d.worker_died(1)
+    assert t.queue.message_count == K
+    assert t.tick_all()[-1] == N and t.freed == []
+
+
+def test_an_exclusive_queue_going_with_its_connection_frees_each_unacked_body_once() -> None:
+    """The connection that owns the queue and holds its deliveries closes: the queue is gone
+    at once, and each delivery still on its way back frees its body, exactly once."""
+    t = _Returns(exclusive=True)
+    t.step()
+    t.d.handle(1, r.ConnClose(7))
+    assert "q" not in t.d.vhost.queues and len(t.freed) <= K
+    while (deadline := t.d.tick(t.now)) is not None and deadline <= t.now:
+        pass
+    assert sorted(offset for _, offset in t.freed) == t.offsets
+    assert t.d.live_offsets(0) == set()
+
+
+def test_a_browsers_pins_are_let_go_in_slices_and_free_nothing() -> None:
+    """A browser's deliveries hold their messages (pins): closing its channel lets go of them
+    a slice per step; the messages stay queued."""
+    t = _Returns(browse=True)
+    assert t.queue.message_count == N
+    t.step()
+    t.d.handle(1, r.ChanClose(7, 1))
+    assert t.d.next_deadline() == t.d.vhost.now
+    t.tick_all()
+    assert t.queue.message_count == N and t.freed == []
+    assert (t.d.next_deadline() or float("inf")) > t.now

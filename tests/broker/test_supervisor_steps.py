@@ -1,0 +1,127 @@
+"""How the supervisor applies a worker's request ring: in steps of bounded work (STEP_WORK),
+with a flush and a turn for its other tasks between them, in ring order; what a step left over
+is applied before anything else of that worker, also when the worker dies.
+
+A real supervisor over real regions (shared memory), without worker processes: the records are
+written to a request ring as a worker writes them. They are Settles of channels nobody opened
+(the dispatcher passes over them), so only the stepping is looked at; nothing is timed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import trio
+
+from broker.supervisor import STEP_WORK, ServeConfig, Supervisor
+from ipc import records as r
+
+ENTRIES = 1000  # per Settle: the work of a thousand acks
+RECORDS = 10  # several steps' worth
+
+
+@pytest.fixture
+def supervisor() -> Iterator[Supervisor]:
+    sup = Supervisor(ServeConfig(port=0, workers=2, arena_mb=4, ring_kb=64))
+    sup.setup()
+    yield sup
+    sup.cleanup()
+
+
+def _settles() -> list[r.Settle]:
+    return [r.Settle(1, ch, list(range(ch * ENTRIES, (ch + 1) * ENTRIES)), r.ACK)
+            for ch in range(1, RECORDS + 1)]
+
+
+def _write(sup: Supervisor, records: list[r.Settle]) -> None:
+    ring = sup.workers[0].region.request_ring
+    assert ring.put_many_nowait([sup.codec.encode(rec) for rec in records]) == len(records)
+
+
+def _watch(sup: Supervisor) -> list[object]:
+    """What the supervisor does, in order: each request applied (its channel), each flush."""
+    seen: list[object] = []
+    handle, flush = sup.dispatcher.handle, sup.flush
+
+    def watched_handle(worker: int, rec: r.Request) -> None:
+        seen.append(rec.ch if isinstance(rec, r.Settle) else type(rec).__name__)
+        handle(worker, rec)
+
+    def watched_flush() -> None:
+        seen.append("flush")
+        flush()
+
+    sup.dispatcher.handle = watched_handle  # type: ignore[method-assign]
+    sup.flush = watched_flush  # type: ignore[method-assign]
+    return seen
+
+
+def _steps(seen: list[object]) -> list[list[object]]:
+    """The requests applied between flushes (and other tasks' turns, marked "turn")."""
+    steps: list[list[object]] = [[]]
+    for item in seen:
+        if item in ("flush", "turn"):
+            if steps[-1]:
+                steps.append([])
+        else:
+            steps[-1].append(item)
+    return [s for s in steps if s]
+
+
+async def test_a_ring_batch_is_applied_in_steps_with_turns_for_the_other_tasks(
+        supervisor: Supervisor) -> None:
+    """Ten Settles of a thousand entries sit in the ring (five steps' work): they are applied
+    in ring order, at most STEP_WORK entries and one record past it per step, each step
+    followed by a flush, and another task runs between the steps."""
+    sup = supervisor
+    seen = _watch(sup)
+    _write(sup, _settles())
+
+    async def other_task() -> None:
+        while True:
+            seen.append("turn")
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sup._drain, sup.workers[0])
+        nursery.start_soon(other_task)
+        while sum(isinstance(item, int) for item in seen) < RECORDS:
+            await trio.sleep(0)
+        nursery.cancel_scope.cancel()
+
+    applied = [item for item in seen if isinstance(item, int)]
+    assert applied == list(range(1, RECORDS + 1)), "every record once, in ring order"
+    steps = _steps(seen)
+    assert len(steps) >= RECORDS * ENTRIES // STEP_WORK
+    assert all((len(step) - 1) * ENTRIES < STEP_WORK for step in steps)
+    # Each step ends with a flush; trio runs each ready task once a round, in any order, so
+    # the other task has a turn in each round the steps take.
+    ends = [seen.index(step[-1]) for step in steps]
+    assert all(seen[end + 1] == "flush" for end in ends)
+    turns = seen[seen.index(steps[0][0]):ends[-1]].count("turn")
+    assert turns >= len(steps) - 2 and turns >= 1
+    assert sup.workers[0].unapplied == []
+
+
+def test_what_a_step_left_is_applied_before_a_dead_worker_is_forgotten(
+        supervisor: Supervisor) -> None:
+    """A worker dies while records taken from its ring wait for the next step: they are applied,
+    in order and before what is still in the ring, before its channels are closed."""
+    sup = supervisor
+    w = sup.workers[0]
+    seen = _watch(sup)
+    records = _settles()
+    _write(sup, records[:6])
+    sup._apply(w, w.region.request_ring.get_all_nowait(), STEP_WORK)
+    assert w.unapplied, "the step left records over"
+    _write(sup, records[6:])
+    died = sup.dispatcher.worker_died
+
+    def watched_died(worker: int) -> None:
+        seen.append("died")
+        died(worker)
+
+    sup.dispatcher.worker_died = watched_died  # type: ignore[method-assign]
+    sup._forget(w)
+    assert [item for item in seen if item != "flush"] == [*range(1, RECORDS + 1), "died"]
+    assert w.unapplied == []
