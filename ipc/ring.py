@@ -20,6 +20,15 @@ Records are packed back to back and a record may straddle the end of the data
 area: both the length and the payload are then copied in two pieces (no skip
 marker, so no space is wasted at the end).
 
+A record of any size goes through (``put_many_nowait``): one bigger than a quarter
+of the capacity is written as fragments of at most that size, each with the top
+bit of its length set (``MORE``) but the last, as room frees up; the consumer
+keeps the fragments it has read and hands the record over once the last is in.
+(A pull of 128 dead-lettered messages whose headers are a few KiB each is a
+record bigger than the smallest ring: written whole it could never fit.) The
+producer remembers how far it got into a record (``_partial``, ``_sent``): the
+next call must start with the same payload, as both users' outboxes do.
+
 Publication order is what makes this safe without locks: the producer copies
 the payload first and stores ``head`` last; the consumer reads ``head``
 first, then the payload, then stores ``tail``. Each counter is one aligned
@@ -61,6 +70,8 @@ _TAIL_OFFSET = 64
 _HEAD = _HEAD_OFFSET // 8
 _TAIL = _TAIL_OFFSET // 8
 _LEN = struct.Struct("<I")
+MORE = 0x8000_0000  # in a length prefix: a fragment; the record goes on in the next one
+_LENGTH_MASK = MORE - 1  # the length itself: a record is at most 2 GiB - 1
 _READ_CHUNK = 32 << 10  # bytes get_all_nowait copies out of the ring at a time (at least a record)
 
 
@@ -90,7 +101,7 @@ def _byte_view(buf: memoryview | bytearray) -> memoryview:
 class Ring:
     """SPSC ring over ``buf``; ``init=True`` for the creator, ``False`` to attach."""
 
-    __slots__ = ("_buf", "_capacity", "_counters")
+    __slots__ = ("_assembling", "_buf", "_capacity", "_counters", "_fragment", "_partial", "_sent")
 
     def __init__(self, buf: memoryview | bytearray, *, init: bool) -> None:
         view = _byte_view(buf)
@@ -99,6 +110,11 @@ class Ring:
         self._buf = view
         self._capacity = len(view) - HEADER_BYTES
         self._counters = view[:HEADER_BYTES].cast("Q")
+        # Records bigger than this go in fragments of this size (module docstring).
+        self._fragment = max(1, self._capacity // 4 - LENGTH_BYTES)
+        self._partial: bytes | None = None  # producer: the record being written in fragments
+        self._sent = 0  # producer: how much of it is written
+        self._assembling: list[bytes] = []  # consumer: the fragments read of the next record
         if init:
             self.reset()
 
@@ -115,7 +131,7 @@ class Ring:
 
     @property
     def max_payload(self) -> int:
-        """The largest payload that can ever fit."""
+        """The largest payload ``put_nowait`` takes (``put_many_nowait`` takes any size)."""
         return self._capacity - LENGTH_BYTES
 
     def _head(self) -> int:
@@ -139,15 +155,22 @@ class Ring:
 
     def reset(self) -> None:
         """Forget every record: head = tail = 0. Only while the peer is not running
-        (at creation, or when a crashed peer is replaced)."""
+        (at creation, or when a crashed peer is replaced). A record this side was writing
+        or reading in fragments is forgotten too."""
         self._counters[_TAIL] = 0
         self._counters[_HEAD] = 0
+        self._partial = None
+        self._sent = 0
+        self._assembling = []
 
     # ------------------------------------------------------------- producer
 
     def put_nowait(self, payload: bytes) -> None:
-        """Append one record, or raise RingFull having written nothing."""
+        """Append one record whole, or raise RingFull having written nothing (ValueError
+        if it could never fit whole)."""
         self._check_size(payload)
+        if self._partial is not None:
+            raise ValueError("a record is being written in fragments (put_many_nowait)")
         head = self._head()
         if self._capacity - (head - self._tail()) < LENGTH_BYTES + len(payload):
             raise RingFull(f"{len(payload)}-byte record, {self.free()} bytes free")
@@ -156,26 +179,50 @@ class Ring:
     def put_many_nowait(self, payloads: Sequence[bytes]) -> int:
         """Append as many records as fit, in order, publishing the head once.
 
-        Returns how many were written (the first ``n`` of ``payloads``). Raises
-        ValueError, writing nothing, if any payload could never fit. The records
-        and their length prefixes are joined and copied into the ring at once.
+        Returns how many were written whole (the first ``n`` of ``payloads``). A record
+        bigger than a quarter of the capacity goes in fragments, as many as fit now; the
+        next call must then start with the same payload, and goes on where this one
+        stopped. The records and their length prefixes are joined and copied into the ring
+        at once.
         """
-        for payload in payloads:
-            self._check_size(payload)
+        partial = self._partial
+        if partial is not None and payloads and payloads[0] is not partial:
+            raise ValueError("the record being written in fragments must come first")
         head = self._head()
         room = self._capacity - (head - self._tail())
         pack = _LEN.pack
-        parts: list[bytes] = []
+        fragment = self._fragment
+        parts: list[bytes | memoryview] = []
         written = 0
         for payload in payloads:
-            need = LENGTH_BYTES + len(payload)
+            size = len(payload)
+            if size > fragment:
+                if size > _LENGTH_MASK:
+                    raise ValueError(f"a {size}-byte record is over the ring's 2 GiB limit")
+                sent = self._sent if payload is partial else 0
+                view = memoryview(payload)
+                while sent < size:
+                    n = min(fragment, size - sent)
+                    if LENGTH_BYTES + n > room:
+                        break
+                    parts.append(pack(n if sent + n == size else n | MORE))
+                    parts.append(view[sent : sent + n])
+                    room -= LENGTH_BYTES + n
+                    sent += n
+                if sent < size:
+                    self._partial, self._sent = payload, sent
+                    break
+                self._partial, self._sent = None, 0
+                written += 1
+                continue
+            need = LENGTH_BYTES + size
             if need > room:
                 break
-            parts.append(pack(len(payload)))
+            parts.append(pack(size))
             parts.append(payload)
             room -= need
             written += 1
-        if written:
+        if parts:
             data = b"".join(parts)
             self._write_at(head, data)
             self._counters[_HEAD] = head + len(data)
@@ -208,14 +255,12 @@ class Ring:
     # ------------------------------------------------------------- consumer
 
     def get_nowait(self) -> bytes:
-        """Remove and return the oldest record, or raise RingEmpty."""
-        tail = self._tail()
-        available = self._head() - tail
-        if available == 0:
+        """Remove and return the oldest record, or raise RingEmpty (also while only some
+        fragments of it are in: those are kept)."""
+        records = self.get_all_nowait(1)
+        if not records:
             raise RingEmpty
-        payload, tail = self._read_record(tail, available)
-        self._counters[_TAIL] = tail
-        return payload
+        return records[0]
 
     def get_all_nowait(self, max_records: int | None = None) -> list[bytes]:
         """Remove and return every record present (at most ``max_records``),
@@ -224,7 +269,7 @@ class Ring:
         The bytes in use are copied out a chunk (``_READ_CHUNK``, or one record
         bigger than that) at a time and the records sliced from the copy: two
         objects a record, where reading each length and each payload from the
-        shared buffer made five."""
+        shared buffer made five. Fragments are kept until their record's last one is in."""
         tail = self._tail()
         available = self._head() - tail
         if not available:
@@ -235,6 +280,7 @@ class Ring:
         limit = available if max_records is None else max_records
         unpack = _LEN.unpack_from
         records: list[bytes] = []
+        assembling = self._assembling
         taken = 0  # bytes of the records taken so far
         while taken < available and len(records) < limit:
             left = available - taken
@@ -244,7 +290,8 @@ class Ring:
             data = self._read_at(tail + taken, size)
             pos = 0
             while len(records) < limit and size - pos >= LENGTH_BYTES:
-                (length,) = unpack(data, pos)
+                (word,) = unpack(data, pos)
+                length = word & _LENGTH_MASK
                 end = pos + LENGTH_BYTES + length
                 if end > size:
                     if taken + end > available:
@@ -255,22 +302,18 @@ class Ring:
                     # One record bigger than a chunk: read it whole.
                     size = end
                     data = self._read_at(tail + taken, size)
-                records.append(data[pos + LENGTH_BYTES : end])
+                if word & MORE:
+                    assembling.append(data[pos + LENGTH_BYTES : end])
+                elif assembling:
+                    assembling.append(data[pos + LENGTH_BYTES : end])
+                    records.append(b"".join(assembling))
+                    assembling.clear()
+                else:
+                    records.append(data[pos + LENGTH_BYTES : end])
                 pos = end
             taken += pos
         self._counters[_TAIL] = tail + taken
         return records
-
-    def _read_record(self, tail: int, available: int) -> tuple[bytes, int]:
-        """Read the record at ``tail``; return it and the tail past it."""
-        if available < LENGTH_BYTES or available > self._capacity:
-            raise RingCorrupt(f"{available} bytes in use in a ring of {self._capacity} "
-                              f"(head {self._head()}, tail {tail})")
-        (length,) = _LEN.unpack(self._read_at(tail, LENGTH_BYTES))
-        if LENGTH_BYTES + length > available:
-            raise RingCorrupt(f"record of {length} bytes but only {available} in use")
-        end = tail + LENGTH_BYTES + length
-        return self._read_at(tail + LENGTH_BYTES, length), end
 
     def _read_at(self, counter: int, length: int) -> bytes:
         start = counter % self._capacity

@@ -71,16 +71,110 @@ def test_full_ring_raises_ring_full_and_writes_nothing() -> None:
     assert ring.get_all_nowait() == [b"x" * 20, b"z" * 4]
 
 
-def test_record_larger_than_capacity_is_a_value_error() -> None:
-    """A payload over capacity - 4 can never fit: ValueError, not RingFull."""
+def test_put_nowait_takes_a_record_whole_or_raises() -> None:
+    """put_nowait writes a record whole: one over capacity - 4 can never fit (ValueError, not
+    RingFull); put_many_nowait takes it in fragments."""
     _, ring = make_ring(32)
     ring.put_nowait(b"m" * 28)  # the largest possible, into an empty ring
     ring.get_nowait()
     with pytest.raises(ValueError):
         ring.put_nowait(b"m" * 29)
-    with pytest.raises(ValueError):
-        ring.put_many_nowait([b"ok", b"m" * 29])
     assert ring.is_empty()
+
+
+def _pass_through(capacity: int, sent: list[bytes], batch: int = 5, take: int | None = 3) -> list[bytes]:
+    """A producer and a consumer Ring over one buffer exchange ``sent``; returns what came out.
+    The consumer never sees part of a record."""
+    buf = bytearray(HEADER_BYTES + capacity)
+    producer = Ring(memoryview(buf), init=True)
+    consumer = Ring(memoryview(buf), init=False)
+    got: list[bytes] = []
+    pending = list(sent)
+    rounds = 0
+    while pending or not consumer.is_empty():
+        del pending[: producer.put_many_nowait(pending[:batch])]
+        got += consumer.get_all_nowait(take)
+        assert got == sent[: len(got)]
+        rounds += 1
+        assert rounds < 100_000, "no progress"
+    return got
+
+
+def test_a_record_bigger_than_the_ring_goes_in_fragments_as_room_frees_up() -> None:
+    """A pull of many dead-lettered messages with big headers can be a record bigger than the
+    whole ring: put_many_nowait writes it in fragments as the reader makes room, the reader
+    hands it over once whole, and the records around it keep their order."""
+    big = random.Random(7).randbytes(1000)
+    _, ring = make_ring(64)
+    assert ring.put_many_nowait([b"before", big, b"after"]) == 1  # some fragments went
+    assert ring.get_all_nowait() == [b"before"]  # not the fragments: the record is not whole
+    assert _pass_through(64, [b"a", big, b"b", big[::-1], b"c"]) == [b"a", big, b"b", big[::-1], b"c"]
+
+
+def test_only_records_over_a_quarter_of_the_ring_are_fragmented() -> None:
+    """A record of up to a quarter of the capacity is one length prefix, as before; a bigger
+    one is fragments of at most that size, the MORE bit set on all but the last."""
+    buf, ring = make_ring(256)
+    quarter = 256 // 4 - LENGTH_BYTES
+    ring.put_many_nowait([b"q" * quarter])
+    assert struct.unpack_from("<I", buf, HEADER_BYTES)[0] == quarter
+    assert ring.get_all_nowait() == [b"q" * quarter]
+    buf, ring = make_ring(256)
+    ring.put_many_nowait([b"x" * (quarter + 1)])
+    first = struct.unpack_from("<I", buf, HEADER_BYTES)[0]
+    second = struct.unpack_from("<I", buf, HEADER_BYTES + LENGTH_BYTES + quarter)[0]
+    assert (first, second) == (quarter | ring_module.MORE, 1)
+    assert ring.get_all_nowait() == [b"x" * (quarter + 1)]
+
+
+def test_the_record_being_fragmented_must_come_first() -> None:
+    """The next call goes on with the record it left half written; anything else first would
+    interleave two records' fragments: a ValueError, nothing written."""
+    buf, ring = make_ring(64)
+    big = b"b" * 200
+    assert ring.put_many_nowait([big]) == 0
+    before = bytes(buf)
+    with pytest.raises(ValueError):
+        ring.put_many_nowait([b"other", big])
+    with pytest.raises(ValueError):
+        ring.put_nowait(b"other")
+    assert bytes(buf) == before
+    reader = Ring(buf, init=False)
+    got: list[bytes] = []
+    while not got:
+        got = reader.get_all_nowait()
+        ring.put_many_nowait([big])
+    assert got == [big]
+
+
+def test_max_records_and_get_nowait_count_whole_records() -> None:
+    """Fragments do not count as records: get_all_nowait(1) and get_nowait give the next
+    whole one; what is read of an unfinished one waits, even across calls."""
+    buf, ring = make_ring(256)
+    big = bytes(range(256)) * 2
+    ring.put_many_nowait([b"one", big])  # big: only partly in
+    reader = Ring(buf, init=False)
+    assert reader.get_all_nowait(1) == [b"one"]
+    assert reader.get_all_nowait() == []
+    with pytest.raises(RingEmpty):
+        reader.get_nowait()
+    while ring.put_many_nowait([big, b"two"]) < 2:
+        assert reader.get_all_nowait(1) in ([], [big])
+    assert reader.get_nowait() in (big, b"two")
+
+
+def test_reset_forgets_a_record_half_written_or_half_read() -> None:
+    """A replaced peer starts afresh: reset drops the producer's place in a fragmented record
+    and the fragments the consumer holds."""
+    buf = bytearray(HEADER_BYTES + 64)
+    producer = Ring(memoryview(buf), init=True)
+    consumer = Ring(memoryview(buf), init=False)
+    producer.put_many_nowait([b"z" * 300])
+    assert consumer.get_all_nowait() == []
+    producer.reset()
+    consumer.reset()
+    assert producer.put_many_nowait([b"fresh"]) == 1
+    assert consumer.get_all_nowait() == [b"fresh"]
 
 
 def test_records_straddling_the_end_wrap_around() -> None:
@@ -167,15 +261,18 @@ def test_get_all_reads_records_across_its_copy_chunks_and_bigger_than_one() -> N
     rng = random.Random(7)
     sent: list[bytes] = []
     got: list[bytes] = []
-    for _ in range(300):
-        batch = [rng.randbytes(rng.choice((0, 1, 9, chunk - 4, chunk, chunk + 1, 2 * chunk + 3,
-                                           rng.randrange(3 * chunk))))
-                 for _ in range(rng.randrange(1, 4))]
-        written = ring.put_many_nowait(batch)
-        sent += batch[:written]
+    outbox: list[bytes] = []  # what did not fit yet is offered again first, as the users do
+    for i in range(330):
+        if i < 300:
+            outbox += [rng.randbytes(rng.choice((0, 1, 9, chunk - 4, chunk, chunk + 1, 2 * chunk + 3,
+                                                 rng.randrange(3 * chunk))))
+                       for _ in range(rng.randrange(1, 4))]
+        written = ring.put_many_nowait(outbox)
+        sent += outbox[:written]
+        del outbox[:written]
         got += ring.get_all_nowait(rng.choice((None, 1, 2, 1024)))
     got += ring.get_all_nowait()
-    assert ring.is_empty()
+    assert not outbox and ring.is_empty()
     assert got == sent
 
 
@@ -236,6 +333,15 @@ def test_producer_and_consumer_are_separate_objects_over_one_buffer() -> None:
         got += consumer.get_all_nowait(3)
     assert got == sent
     assert producer.free() == producer.capacity
+
+
+def test_records_of_every_size_pass_through_in_order_across_many_laps() -> None:
+    """Small records and records up to three times the ring, mixed, through separate producer
+    and consumer objects: all come out whole and in order."""
+    rng = random.Random(11)
+    sent = [rng.randbytes(rng.choice([0, 3, 20, 24, 25, 60, 97, 150, 300])) for _ in range(400)]
+    assert _pass_through(97, sent) == sent
+    assert _pass_through(97, sent, batch=1, take=None) == sent
 
 
 def test_corrupt_length_prefix_is_detected() -> None:
