@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Final
 
 __all__ = [
     "HEADER_BYTES",
@@ -57,22 +58,23 @@ __all__ = [
     "RingFull",
 ]
 
-HEADER_BYTES = 128
-LENGTH_BYTES = 4
+HEADER_BYTES: Final = 128
+LENGTH_BYTES: Final = 4
 
-_HEAD_OFFSET = 0
-_TAIL_OFFSET = 64
+_HEAD_OFFSET: Final = 0
+_TAIL_OFFSET: Final = 64
 # The counters are read and written through a memoryview cast to 'Q' (native
 # order: little-endian on the x86-64 hosts this targets), never with struct:
 # CPython's Struct.pack_into memsets its destination before writing the value,
 # so a peer process could read a transient 0 (seen as a negative fill, or as
 # room that is not there). Item assignment on a 'Q' view is one 8-byte copy.
-_HEAD = _HEAD_OFFSET // 8
-_TAIL = _TAIL_OFFSET // 8
+_HEAD: Final = _HEAD_OFFSET // 8
+_TAIL: Final = _TAIL_OFFSET // 8
 _LEN = struct.Struct("<I")
-MORE = 0x8000_0000  # in a length prefix: a fragment; the record goes on in the next one
-_LENGTH_MASK = MORE - 1  # the length itself: a record is at most 2 GiB - 1
-_READ_CHUNK = 32 << 10  # bytes get_all_nowait copies out of the ring at a time (at least a record)
+# (Final: compiled, these are constants, not a module dictionary's items looked up per record.)
+MORE: Final = 0x8000_0000  # in a length prefix: a fragment; the record goes on in the next one
+_LENGTH_MASK: Final = 0x7FFF_FFFF  # the length itself: a record is at most 2 GiB - 1
+_READ_CHUNK: Final = 32 << 10  # bytes get_all_nowait copies out of the ring at a time (at least a record)
 
 
 class RingFull(Exception):
