@@ -61,26 +61,26 @@ import mmap
 import struct
 from collections.abc import Callable, Iterator
 from enum import IntEnum
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from ipc import segment
 
 __all__ = ["ALIGN", "HEADER_BYTES", "LARGE_FRACTION", "Arena", "ArenaCorrupt", "Block", "BlockState"]
 
-HEADER_BYTES = 16
-ALIGN = 16
+HEADER_BYTES: Final = 16
+ALIGN: Final = 16
 # How far allocation may run ahead before looking back at the start of the arena:
 # keeps a steady pipeline in its first pages instead of cycling through all of them.
-RECHECK_BYTES = 1 << 20
+RECHECK_BYTES: Final = 1 << 20
 # A body of more than capacity // LARGE_FRACTION bytes gets a segment of its own.
-LARGE_FRACTION = 16
+LARGE_FRACTION: Final = 16
 # Arena.trim hands back the whole pages of a FREE run once they come to this much.
-TRIM_MIN = 64 << 10
-PAGE = mmap.PAGESIZE
+TRIM_MIN: Final = 64 << 10
+PAGE: Final = mmap.PAGESIZE
 
-_HEADER = struct.Struct("<QB7x")
-_SIZE = struct.Struct("<Q")
-_STATE_OFFSET = 8
+_HEADER: Final = struct.Struct("<QB7x")
+_SIZE: Final = struct.Struct("<Q")
+_STATE_OFFSET: Final = 8
 
 
 class BlockState(IntEnum):
@@ -89,9 +89,9 @@ class BlockState(IntEnum):
     LARGE = ord("L")  # in use; the body is in the block's own segment
 
 
-_FREE = BlockState.FREE.value
-_USED = BlockState.USED.value
-_LARGE = BlockState.LARGE.value
+_FREE: Final = BlockState.FREE.value
+_USED: Final = BlockState.USED.value
+_LARGE: Final = BlockState.LARGE.value
 
 
 class ArenaCorrupt(Exception):

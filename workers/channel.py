@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from pamqp import base
 from pamqp import commands as spec
@@ -45,8 +45,8 @@ from workers.outgoing import DeclareOk, Deliveries, Delivery, GetOk, Method, Out
 from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
 
-_TRACE_OUTCOME = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
-_ACK_IDS = (codec.BASIC_CLASS, codec.BASIC_ACK)
+_TRACE_OUTCOME: Final = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
+_ACK_IDS: Final = (codec.BASIC_CLASS, codec.BASIC_ACK)
 
 
 def _unknown_tag(tag: int, m: base.Frame | None) -> errors.PreconditionFailed:

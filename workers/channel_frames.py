@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable
+from typing import Final
 
 from pamqp import base, commands
 
@@ -70,9 +71,9 @@ class _ChannelFraming:
         self.handlers = _CHANNEL_ROWS[state]
 
 
-_ACK_IDS = (codec.BASIC_CLASS, codec.BASIC_ACK)
+_ACK_IDS: Final = (codec.BASIC_CLASS, codec.BASIC_ACK)
 # RabbitMQ's rabbit_command_assembler texts for a frame the state does not expect.
-_UNEXPECTED_FRAME_TEXT = {
+_UNEXPECTED_FRAME_TEXT: Final = {
     ChannelState.UNOPENED: "expected method frame, got non method frame instead",
     ChannelState.IDLE: "expected method frame, got non method frame instead",
     ChannelState.AWAIT_HEADER: (
@@ -82,7 +83,7 @@ _UNEXPECTED_FRAME_TEXT = {
 }
 
 # Methods a client may send on an open channel and the runtime handles.
-_CLIENT_METHODS = frozenset(
+_CLIENT_METHODS: Final = frozenset(
     getattr(getattr(commands, class_name), method_name).index
     for class_name, method_names in {
         "Channel": "Flow FlowOk",
@@ -95,7 +96,7 @@ _CLIENT_METHODS = frozenset(
     for method_name in method_names.split()
 )
 
-_IDS = struct.Struct(">HH")
+_IDS: Final = struct.Struct(">HH")
 
 
 class ChannelFrames:
@@ -310,7 +311,7 @@ _CHANNEL_ROWS: dict[ChannelState, dict[int, _ChannelHandler]] = {
     }
     for state in ChannelState
 }
-_UNOPENED = _ChannelFraming(ContentAssembler(0), ChannelState.UNOPENED)  # shared, never mutated
+_UNOPENED: Final = _ChannelFraming(ContentAssembler(0), ChannelState.UNOPENED)  # shared, never mutated
 
 
 def method_ids(method: base.Frame) -> tuple[int, int]:

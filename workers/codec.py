@@ -15,7 +15,7 @@ or memoryview), starting with the class and method ids for method frames.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Final
 
 from pamqp import base, commands, decode, frame, header
 
@@ -24,41 +24,41 @@ from ipc.records import VIEWED_BODY_MIN
 Buffer = bytes | bytearray | memoryview
 
 # Class 60 (basic) method ids, AMQP 0-9-1 §1.8.
-BASIC_CLASS = 60
-BASIC_PUBLISH = 40
-BASIC_RETURN = 50
-BASIC_DELIVER = 60
-BASIC_GET_OK = 71
-BASIC_ACK = 80
-BASIC_NACK = 120
+BASIC_CLASS: Final = 60
+BASIC_PUBLISH: Final = 40
+BASIC_RETURN: Final = 50
+BASIC_DELIVER: Final = 60
+BASIC_GET_OK: Final = 71
+BASIC_ACK: Final = 80
+BASIC_NACK: Final = 120
 
-HEADERS_FLAG = commands.Basic.Properties.flags["headers"]
-_CONTENT_TYPE_FLAG = commands.Basic.Properties.flags["content_type"]
-_CONTENT_ENCODING_FLAG = commands.Basic.Properties.flags["content_encoding"]
+HEADERS_FLAG: Final = commands.Basic.Properties.flags["headers"]
+_CONTENT_TYPE_FLAG: Final = commands.Basic.Properties.flags["content_type"]
+_CONTENT_ENCODING_FLAG: Final = commands.Basic.Properties.flags["content_encoding"]
 # delivery_mode's flag is a bit of the flag word's first octet (content header offset 12).
-_DELIVERY_MODE_BIT = commands.Basic.Properties.flags["delivery_mode"] >> 8
-PERSISTENT = 2  # delivery_mode of a persistent message
+_DELIVERY_MODE_BIT: Final = commands.Basic.Properties.flags["delivery_mode"] >> 8
+PERSISTENT: Final = 2  # delivery_mode of a persistent message
 
-HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+HEARTBEAT_FRAME: Final = b"\x08\x00\x00\x00\x00\x00\x00\xce"
 
 # Bodies of at least this many octets are not copied into the frames that carry them
 # (``content_into``): the runtime sends them from the arena with sendmsg. Smaller ones cost
 # less copied than as more iovecs: the crossing is near 2 KiB (measured: sendmsg of views vs
 # the two joins, 1.47 vs 1.41 µs a message at 1 KiB, 1.74 vs 2.01 at 4 KiB, 20.5 vs 30.1 at 256 KiB).
-ZEROCOPY_MIN = VIEWED_BODY_MIN  # ipc.records: what the supervisor and the pager count on
+ZEROCOPY_MIN: Final = VIEWED_BODY_MIN  # ipc.records: what the supervisor and the pager count on
 
-_FRAME_HEADER = struct.Struct(">BHI")
-_FRAME_END = b"\xce"
-_IDS = struct.Struct(">HH")
-_CONTENT_HEADER = struct.Struct(">HHQH")
-_TAG_BITS = struct.Struct(">QB")
-_DELIVER_IDS = _IDS.pack(BASIC_CLASS, BASIC_DELIVER)
-_GET_OK_IDS = _IDS.pack(BASIC_CLASS, BASIC_GET_OK)
-_RETURN_IDS = _IDS.pack(BASIC_CLASS, BASIC_RETURN)
-_ACK_IDS = _IDS.pack(BASIC_CLASS, BASIC_ACK)
-_NACK_IDS = _IDS.pack(BASIC_CLASS, BASIC_NACK)
-_UINT16 = struct.Struct(">H")
-_UINT32 = struct.Struct(">I")
+_FRAME_HEADER: Final = struct.Struct(">BHI")
+_FRAME_END: Final = b"\xce"
+_IDS: Final = struct.Struct(">HH")
+_CONTENT_HEADER: Final = struct.Struct(">HHQH")
+_TAG_BITS: Final = struct.Struct(">QB")
+_DELIVER_IDS: Final = _IDS.pack(BASIC_CLASS, BASIC_DELIVER)
+_GET_OK_IDS: Final = _IDS.pack(BASIC_CLASS, BASIC_GET_OK)
+_RETURN_IDS: Final = _IDS.pack(BASIC_CLASS, BASIC_RETURN)
+_ACK_IDS: Final = _IDS.pack(BASIC_CLASS, BASIC_ACK)
+_NACK_IDS: Final = _IDS.pack(BASIC_CLASS, BASIC_NACK)
+_UINT16: Final = struct.Struct(">H")
+_UINT32: Final = struct.Struct(">I")
 
 
 class DecodeError(ValueError):
@@ -176,7 +176,7 @@ def is_persistent(payload: Buffer) -> bool:
         raise DecodeError("cannot decode delivery_mode: content header truncated") from exc
 
 
-_PUBLISH_FLAGS = (
+_PUBLISH_FLAGS: Final = (
     HEADERS_FLAG
     | commands.Basic.Properties.flags["expiration"]
     | commands.Basic.Properties.flags["priority"]
@@ -359,7 +359,7 @@ def encode_return(
     return _with_content(channel, method, header_payload, body, frame_max)
 
 
-_DECLARE_OK_IDS = _IDS.pack(50, 11)
+_DECLARE_OK_IDS: Final = _IDS.pack(50, 11)
 
 
 def encode_declare_ok(channel: int, queue: str, message_count: int, consumer_count: int) -> bytes:
@@ -426,7 +426,7 @@ def deliver_into(
 
 
 _SHORTSTRS: dict[str, bytes] = {}
-_SHORTSTRS_MAX = 1024  # consumer tags, exchanges and routing keys seen; then no more are kept
+_SHORTSTRS_MAX: Final = 1024  # consumer tags, exchanges and routing keys seen; then no more are kept
 
 
 def _cached_shortstr(value: str) -> bytes:

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from pamqp import base, commands
 
@@ -172,7 +172,7 @@ class UnexpectedMethod(errors.ChannelError):
 
 # Accepted protocol headers.  RabbitMQ also takes the 0-9 header (AMQP 1 1 0 9)
 # as 0-9-1 (rabbit_reader version_negotiation); anything else is refused.
-ACCEPTED_PROTOCOL_HEADERS = frozenset((PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"))
+ACCEPTED_PROTOCOL_HEADERS: Final = frozenset((PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"))
 
 
 class AMQPConnection:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from pamqp import commands as spec
 
@@ -36,14 +36,14 @@ log = logging.getLogger("shoal.connection")
 
 # Output buffered for one connection beyond which its consumers stop pulling
 # (seed: TCP back-pressure turns into setNotifyWorkDesired(false)).
-HIGH_WATER = 4 << 20
+HIGH_WATER: Final = 4 << 20
 # Unsent output beyond which the worker stops reading the connection, whatever produced
 # it (replies to a pipelined method flood, say): a client that does not read cannot make
 # the worker hold more than this for it.
-OUTPUT_BOUND = 2 * HIGH_WATER
+OUTPUT_BOUND: Final = 2 * HIGH_WATER
 # Publishes a connection may have on the request ring that the supervisor has not given
 # back as credit (RabbitMQ's credit flow: reader -> channel -> queue, initial credit 400).
-PUBLISH_CREDIT = 400
+PUBLISH_CREDIT: Final = 400
 
 
 class HandlerWorker(Protocol):
@@ -69,7 +69,7 @@ class HandlerWorker(Protocol):
     def after_body_sync(self, call: Callable[[], object]) -> None: ...
 
 
-_UNWRITTEN = 1 << 62  # a delivery's place in the output stream until its frames are queued
+_UNWRITTEN: Final = 1 << 62  # a delivery's place in the output stream until its frames are queued
 
 
 class ConnectionHandler:

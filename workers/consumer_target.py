@@ -20,13 +20,14 @@ the targets by slot (a set slot is a notification for the target that holds it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 # Most messages one Pull may ask for: bounds the burst one consumer can take
 # from the supervisor in one turn when it has unlimited credit.
-PULL_BATCH = 128
+PULL_BATCH: Final = 128
 # Longest a consumer with a backlog waits for half its prefetch to come back before it pulls
 # what it has (ConsumerTarget.top_up; the worker's timer, ConsumerTargets.defer).
-PULL_DEFER = 0.001
+PULL_DEFER: Final = 0.001
 
 
 class Backpressure:

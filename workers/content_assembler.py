@@ -13,20 +13,21 @@ RabbitMQ's texts (rabbit_command_assembler, rabbit_channel:check_msg_size).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from broker import errors
 from workers import codec
 from workers.events import PublishReceived
 
-PUBLISH_IDS = (codec.BASIC_CLASS, codec.BASIC_PUBLISH)
+PUBLISH_IDS: Final = (codec.BASIC_CLASS, codec.BASIC_PUBLISH)
 # RabbitMQ's own limit; its text then says "max size", not "configured max size".
-_RABBITMQ_MAX_BODY = 512 << 20
+_RABBITMQ_MAX_BODY: Final = 512 << 20
 # tuple.__new__ skips NamedTuple's Python-level __new__: one PublishReceived per message.
 _new_publish = tuple.__new__
 # A body at least this big is assembled where it will be stored, when the connection can place
 # it (``place``): its arena block is taken when the content header comes, and its big body frames
 # are received straight into it (FrameBuffer.sink) instead of being copied there at the end.
-PLACE_MIN = 32 << 10
+PLACE_MIN: Final = 32 << 10
 
 # place(content header payload, body size) -> (the view its body goes to, its block's offset,
 # the stored header's length), or None (assemble it in pieces); release(offset) frees the block.

@@ -24,38 +24,39 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from broker.errors import (
     FrameError,  # malformed frames: connection.close 501 FRAME_ERROR
 )
 
-PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
-PROTOCOL_HEADER_SIZE = 8
+PROTOCOL_HEADER: Final = b"AMQP\x00\x00\x09\x01"
+PROTOCOL_HEADER_SIZE: Final = 8
 
-FRAME_METHOD = 1
-FRAME_HEADER = 2
-FRAME_BODY = 3
-FRAME_HEARTBEAT = 8
-FRAME_END = 0xCE
-FRAME_HEADER_SIZE = 7
+FRAME_METHOD: Final = 1
+FRAME_HEADER: Final = 2
+FRAME_BODY: Final = 3
+FRAME_HEARTBEAT: Final = 8
+FRAME_END: Final = 0xCE
+FRAME_HEADER_SIZE: Final = 7
 # 7 octets of header plus the frame-end octet.
-FRAME_OVERHEAD = 8
+FRAME_OVERHEAD: Final = 8
 # AMQP 0-9-1 §4.2.3: frame-min-size; also the limit before tuning completes.
-FRAME_MIN_SIZE = 4096
+FRAME_MIN_SIZE: Final = 4096
 
-_KNOWN_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
-_FRAME_HEADER = struct.Struct(">BHI")
+_KNOWN_TYPES: Final = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
+_FRAME_HEADER: Final = struct.Struct(">BHI")
 _unpack_header = _FRAME_HEADER.unpack_from
-_BODY_SIZE = struct.Struct(">Q")
-_PUBLISH_IDS = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
-_PUBLISH_MIN = 9  # ids, ticket, two empty short strings, bits
-_HEADER_MIN = 14  # class, weight, body size, property flags
+_BODY_SIZE: Final = struct.Struct(">Q")
+_PUBLISH_IDS: Final = b"\x00\x3c\x00\x28"  # basic.publish: class 60, method 40
+_PUBLISH_MIN: Final = 9  # ids, ticket, two empty short strings, bits
+_HEADER_MIN: Final = 14  # class, weight, body size, property flags
 # A frame at least this long that is not all here yet is assembled in its own buffer.
-_BIG_FRAME = 8192
+_BIG_FRAME: Final = 8192
 # basic.ack as a client sends it: type 1, channel, size 13, class 60, method 80, delivery tag,
 # bits, frame end (21 octets).
-_ACK_FRAME = struct.Struct(">BHIHHQBB")
-_ACK_SIZE = _ACK_FRAME.size
+_ACK_FRAME: Final = struct.Struct(">BHIHHQBB")
+_ACK_SIZE: Final = _ACK_FRAME.size
 
 
 class Frame:
