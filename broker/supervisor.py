@@ -360,6 +360,7 @@ class Supervisor:
         except RingCorrupt as exc:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
+        self._check_deadline()  # its channels' deliveries go back over the timer's next ticks
         w.pending.clear()
         w.unapplied.clear()
         w.region.request_ring.reset()
@@ -436,6 +437,11 @@ class Supervisor:
                     w.unapplied = batch[i + 1:]
                     break
         self.dispatcher.end_batch()
+        self._check_deadline()
+
+    def _check_deadline(self) -> None:
+        """Wake the timer if the dispatcher's next deadline is earlier than the one it sleeps
+        until (a request, or a dead worker's requeue, left work for it)."""
         deadline = self.dispatcher.next_deadline()
         if deadline is not None and (self._deadline is None or deadline < self._deadline):
             self._deadline_changed.set()  # the timer sleeps too long for this one

@@ -125,3 +125,28 @@ def test_what_a_step_left_is_applied_before_a_dead_worker_is_forgotten(
     sup._forget(w)
     assert [item for item in seen if item != "flush"] == [*range(1, RECORDS + 1), "died"]
     assert w.unapplied == []
+
+
+def test_a_dead_workers_deliveries_going_back_in_steps_wake_the_timer(supervisor: Supervisor) -> None:
+    """A worker dies holding more unacknowledged deliveries than a step requeues: one slice goes
+    back at once, and the timer, asleep until a later deadline, is woken for the rest."""
+    sup = supervisor
+    d = sup.dispatcher
+    d.return_slice = 10
+    d.begin_batch(1.0)
+    d.handle(0, r.QueueDeclare(1, 1, "q", False, False, False, False, {}, False))
+    for i in range(50):
+        d.handle(0, r.Publish(1, 1, "", "q", False, False, 256 * (i + 1), 16, 100, None))
+    d.handle(1, r.Consume(7, 1, 1, 1, "q", "c1", False, False, 0, False, True, False))
+    d.handle(1, r.Pull(1, 50))
+    queue = d.vhost.queues["q"]
+    assert queue.message_count == 0
+    sup._deadline = 1e9  # the timer sleeps until then
+    d.begin_batch(2.0)
+    sup._forget(sup.workers[1])
+    assert queue.message_count == 10
+    assert sup._deadline_changed.is_set()
+    now = d.vhost.now  # the supervisor's clock (its steps read time.monotonic())
+    while (deadline := d.tick(now)) is not None and deadline <= now:
+        pass
+    assert queue.message_count == 50
