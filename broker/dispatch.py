@@ -85,6 +85,14 @@ class Dispatcher:
         self._channels = OpenChannels()  # consumers and unsettled deliveries per channel
         self._subs = self._channels.subs  # (worker, consumer id) → Subscription, on the hot path
         self._returning = self._channels.returning  # closed channels' deliveries still held
+        # Work done since the runtime last set it to 0 (a settled entry, a routed copy of a
+        # message; other requests are bounded by the batch), and the most a step may do
+        # (None: no limit): the runtime's
+        # bounded steps (broker.supervisor.STEP_WORK). A PublishRun that reaches the limit
+        # stops; what is left of it waits here, per worker, for the worker's next step.
+        self.work = 0
+        self.work_limit: int | None = None
+        self._runs: dict[int, tuple[r.PublishRun, int]] = {}
         self.return_slice = RETURN_SLICE
         self._return_budget = RETURN_SLICE  # what is left of it in this step
         # Standing pulls (r.Pull.standing): (worker, consumer id) → how many deliveries are
@@ -146,6 +154,19 @@ class Dispatcher:
         """Apply one request from ``worker``'s ring (in ring order)."""
         try:
             self._handlers[type(rec)](worker, rec)
+        except AMQPError as exc:
+            self._fail(worker, rec, exc)
+
+    def run_pending(self, worker: int) -> bool:
+        """A PublishRun of ``worker`` stopped at the step's limit: it goes on (``resume_run``)
+        before any later request of that worker."""
+        return worker in self._runs
+
+    def resume_run(self, worker: int) -> None:
+        """Go on with ``worker``'s PublishRun where the last step's limit stopped it."""
+        rec, start = self._runs.pop(worker)
+        try:
+            self._run_publishes(worker, rec, start)
         except AMQPError as exc:
             self._fail(worker, rec, exc)
 
@@ -251,6 +272,7 @@ class Dispatcher:
         for key in [k for k in self._standing if k[0] == worker]:
             del self._standing[key]
         self._credit.forget_worker(worker)
+        self._runs.pop(worker, None)  # its ring was lost before the run was done: so is the run
         self.pager.worker_gone(worker)
         self.confirms.forget(lambda key: key[0] == worker)
         self._arena_need[worker] = 0
@@ -640,6 +662,7 @@ class Dispatcher:
             if message.stored is not None and journal is not None:
                 journal.body_dropped(message.stored)
             raise
+        self.work += outcome.routed
         self._published(worker, rec, message, outcome, rec.offset, rec.header_len, rec.body_len,
                         pageable, mark, rec.expiration)
 
@@ -691,11 +714,24 @@ class Dispatcher:
         due = self._credit.due  # counted first, as _publish counts each
         key = (worker, rec.conn)
         due[key] = due.get(key, 0) + len(bodies) // 3
+        self._run_publishes(worker, rec, 0)
+
+    def _run_publishes(self, worker: int, rec: r.PublishRun, start: int) -> None:
+        """The run's publishes from flat index ``start`` on, until the step's ``work_limit``
+        (a fanout to thousands of queues makes each of them thousands of copies): then the
+        rest waits in ``_runs`` for the worker's next step."""
+        bodies = rec.bodies
         exchange, routing_key = sys.intern(rec.exchange), sys.intern(rec.routing_key)
         journal = self.vhost.messages
         pager = self.pager
         publish = self.vhost.publish
-        for i in range(0, len(bodies), 3):
+        limit = self.work_limit
+        work = self.work  # kept here, written back when the run stops or ends
+        for i in range(start, len(bodies), 3):
+            if limit is not None and work >= limit and i > start:
+                self._runs[worker] = (rec, i)
+                self.work = work
+                return
             offset, header_len, body_len = bodies[i], bodies[i + 1], bodies[i + 2]
             mark = journal.mark if journal is not None else 0
             pageable = pager.high and pager.registers(worker, header_len + body_len)
@@ -705,10 +741,13 @@ class Dispatcher:
             try:
                 outcome = publish(rec.exchange, message)
             except AMQPError:
+                self.work = work
                 self._drop_run(worker, rec, i)
                 raise
+            work += outcome.routed
             self._published(worker, rec, message, outcome, offset, header_len, body_len,
                             pageable, mark)
+        self.work = work
 
     def _publish_each(self, worker: int, rec: r.PublishRun) -> None:
         """The run as one Publish record after another."""
@@ -732,6 +771,7 @@ class Dispatcher:
             self._free(worker, bodies[j], bodies[j + 1] + bodies[j + 2])
 
     def _settle(self, worker: int, rec: r.Settle) -> None:
+        self.work += len(rec.entries)
         chan = self._channels.get((worker, rec.conn, rec.ch))
         if chan is None:
             return

@@ -57,9 +57,11 @@ log = logging.getLogger("shoal.supervisor")
 
 SHUTDOWN_GRACE = 5.0
 BATCH = 1024
-# The most a worker's records may ask of one step (then the other tasks have a turn): one unit
-# per record, or per message of a PublishRun, or per entry of a Settle (workers.worker.SETTLE_MAX
-# bounds one record). A few milliseconds of work; a busy broker's batches are smaller.
+# The most a worker's records may ask of one step (then the other tasks have a turn), in the
+# dispatcher's units (Dispatcher.work): an entry of a Settle (workers.worker.SETTLE_MAX bounds
+# one record), a routed copy of a message (a PublishRun to a fanout of thousands of queues stops
+# within a message of it); the other requests are bounded by BATCH. A few milliseconds of work;
+# a busy broker's batches are smaller.
 STEP_WORK = 2048
 RESTART_BACKOFF = 1.0
 USERS_ENV = "SHOAL_USERS"  # shoal serve reads --user values from it (cli.main); workers never see it
@@ -395,6 +397,7 @@ class Supervisor:
         def has_work() -> bool:
             return not ring.is_empty()
 
+        run_pending = self.dispatcher.run_pending
         while True:
             try:
                 batch = w.unapplied or ring.get_all_nowait(BATCH)
@@ -402,41 +405,45 @@ class Supervisor:
                 log.error("worker %d: request ring: %s", w.index, exc)
                 await self._corrupt(w)
                 continue
-            if batch:
+            if batch or run_pending(w.index):
                 self._apply(w, batch, STEP_WORK)
                 self.flush()
-                if w.unapplied or not ring.is_empty():
+                if w.unapplied or run_pending(w.index) or not ring.is_empty():
                     await trio.sleep(0)  # more is waiting: let the other tasks run first
                     continue
             await wait_for_work(flag, w.request_efd, has_work)
 
     def _apply_all(self, w: _WorkerSlot) -> None:
         """Everything worker k's ring holds, what a step left over first."""
-        while batch := w.unapplied or w.region.request_ring.get_all_nowait(BATCH):
+        while True:
+            batch = w.unapplied or w.region.request_ring.get_all_nowait(BATCH)
+            if not batch and not self.dispatcher.run_pending(w.index):
+                return
             self._apply(w, batch)
 
     def _apply(self, w: _WorkerSlot, batch: list[bytes], work: int | None = None) -> None:
-        """Apply ``batch`` (one step) in order; with ``work``, only until that much is done
-        (STEP_WORK), keeping the rest in ``w.unapplied`` for the next step."""
+        """Apply ``batch`` (one step) in order, after what is left of a PublishRun the last
+        step stopped; with ``work``, only until that much is done (STEP_WORK), keeping the rest
+        in ``w.unapplied`` (and the dispatcher) for the next step."""
         decode = self.codec.decode_request
-        handle = self.dispatcher.handle
-        self.dispatcher.begin_batch(time.monotonic())
-        w.unapplied = []
+        d = self.dispatcher
+        d.begin_batch(time.monotonic())
+        d.work = 0
+        d.work_limit = work
+        w.unapplied = batch
+        if d.run_pending(w.index):
+            self._apply_one(w, None)
         for i, raw in enumerate(batch):
+            if d.run_pending(w.index) or (work is not None and d.work >= work):
+                w.unapplied = batch[i:]
+                break
             rec = decode(raw)
             if isinstance(rec, r.Hello):
                 self._hello(w, rec)
-            try:
-                handle(w.index, rec)
-            except Exception:
-                log.exception("worker %d: failed to apply %r", w.index, rec)
-                self.dispatcher.internal_error(w.index, rec)
-            if work is not None:
-                work -= _work(rec)
-                if work <= 0:
-                    w.unapplied = batch[i + 1:]
-                    break
-        self.dispatcher.end_batch()
+            self._apply_one(w, rec)
+        else:
+            w.unapplied = []
+        d.end_batch()
         self._check_deadline()
 
     def _check_deadline(self) -> None:
@@ -445,6 +452,19 @@ class Supervisor:
         deadline = self.dispatcher.next_deadline()
         if deadline is not None and (self._deadline is None or deadline < self._deadline):
             self._deadline_changed.set()  # the timer sleeps too long for this one
+
+    def _apply_one(self, w: _WorkerSlot, rec: r.Request | None) -> None:
+        """Apply ``rec`` (None: go on with the worker's stopped PublishRun); a bug is logged
+        and costs the request's connection, never the supervisor."""
+        try:
+            if rec is None:
+                self.dispatcher.resume_run(w.index)
+            else:
+                self.dispatcher.handle(w.index, rec)
+        except Exception:
+            log.exception("worker %d: failed to apply %r", w.index, rec)
+            if rec is not None:
+                self.dispatcher.internal_error(w.index, rec)
 
     def flush(self) -> None:
         """Move every outbox into its event ring and set notify slots; wake
@@ -537,16 +557,6 @@ class Supervisor:
         with open(tmp, "w") as f:
             json.dump(info, f)
         os.replace(tmp, path)
-
-
-def _work(rec: r.Request) -> int:
-    """What a request asks of a step (STEP_WORK): its messages or entries, else 1."""
-    kind = type(rec)
-    if kind is r.Settle:
-        return len(rec.entries)  # type: ignore[union-attr]
-    if kind is r.PublishRun:
-        return len(rec.bodies) // 3  # type: ignore[union-attr]
-    return 1
 
 
 def run(config: ServeConfig) -> int:

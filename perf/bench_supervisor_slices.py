@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from broker.dispatch import Dispatcher
+from broker.supervisor import STEP_WORK
 from ipc import records as r
 
 W = 0
@@ -188,6 +189,43 @@ def unacked_on_close(n: int) -> Bench:
     return b
 
 
+def fanout_wide(n: int) -> Bench:
+    """Runs of 64 publishes to a fanout exchange bound to 1,000 queues: n routed copies in all
+    (n // 1,000 messages), each timed call one step of the runtime's (STEP_WORK)."""
+    queues = 1000
+    b = Bench(n)
+    b.batch([r.ExchangeDeclare(CONN, CH, "fx", "fanout", False, False, False, False, {}, False)],
+            b.t0)
+    for i in range(queues):
+        b.declare(f"q{i}")
+        b.batch([r.QueueBind(CONN, CH, f"q{i}", "fx", "", {}, False)], b.t0)
+    b.ready()
+    d = b.d
+    messages = max(1, n // queues)
+    runs = [r.PublishRun(CONN, CH, "fx", "", False, False,
+                         [x for i in range(start, min(start + 64, messages))
+                          for x in ((i + 1) << 8, 16, 128)])
+            for start in range(0, messages, 64)]
+
+    def step(rec: r.PublishRun | None) -> None:
+        d.begin_batch(b.t0)
+        d.work, d.work_limit = 0, STEP_WORK
+        if rec is None:
+            d.resume_run(W)
+        else:
+            d.handle(W, rec)
+        d.end_batch()
+        d.outbox[W].clear()
+        d.notify[W].clear()
+
+    for run in runs:
+        b.timed(lambda run=run: step(run))  # type: ignore[misc]
+        while d.run_pending(W):
+            b.timed(lambda: step(None))
+    assert d.vhost.queues["q999"].message_count == messages
+    return b
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # name: (run, whether every body ends up freed)
     "purge-plain": (lambda n: purge(n, None), True),
@@ -198,6 +236,7 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     "ttl-burst": (lambda n: ttl_burst(n, False), True),
     "ttl-burst-dead-letter": (lambda n: ttl_burst(n, True), False),
     "unacked-on-close": (unacked_on_close, False),
+    "fanout-wide": (fanout_wide, False),
 }
 
 

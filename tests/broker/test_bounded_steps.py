@@ -402,3 +402,48 @@ def test_a_browsers_pins_are_let_go_in_slices_and_free_nothing() -> None:
     t.tick_all()
     assert t.queue.message_count == N and t.freed == []
     assert (t.d.next_deadline() or float("inf")) > t.now
+
+
+def _wide_fanout(queues: int) -> Dispatcher:
+    d = Dispatcher(1, lambda region, offset: None)
+    d.begin_batch(1.0)
+    d.handle(0, r.ExchangeDeclare(1, 1, "fx", "fanout", False, False, False, False, {}, False))
+    for i in range(queues):
+        d.handle(0, r.QueueDeclare(1, 1, f"q{i}", False, False, False, False, {}, False))
+        d.handle(0, r.QueueBind(1, 1, f"q{i}", "fx", "", {}, False))
+    d.outbox[0].clear()
+    return d
+
+
+def test_a_run_of_publishes_to_a_wide_fanout_stops_at_the_steps_limit() -> None:
+    """Each message of a run to a fanout of Q queues is Q copies: a step stops the run once
+    its work limit is reached (at least one message a step); the rest goes on in the worker's
+    next steps, in order, and its publish credit is counted once."""
+    queues, n = 20, 10
+    d = _wide_fanout(queues)
+    bodies = [x for i in range(n) for x in (256 * (i + 1), 16, 100)]
+    d.work, d.work_limit = 0, 50
+    d.handle(0, r.PublishRun(1, 1, "fx", "", False, False, bodies))
+    assert d.run_pending(0)
+    counts = [d.vhost.queues["q0"].message_count]
+    while d.run_pending(0):
+        d.work = 0
+        d.resume_run(0)
+        counts.append(d.vhost.queues["q0"].message_count)
+    assert counts[0] < n and counts[-1] == n and len(counts) >= 3
+    assert all(b - a <= 3 for a, b in itertools.pairwise([0, *counts]))
+    for i in range(queues):
+        q = d.vhost.queues[f"q{i}"]
+        assert [e.message.body_ref for e in q.available_entries()] == \
+            [e.message.body_ref for e in d.vhost.queues["q0"].available_entries()]
+    d.flow_tick(all_credit=True)
+    assert [e for e in d.outbox[0] if isinstance(e, r.Credit)] == [r.Credit([1], [n])]
+
+
+def test_without_a_limit_a_run_goes_through_at_once() -> None:
+    """The work limit is the runtime's: with none (a dead worker's last records, a stop), a run
+    to the same fanout is applied whole."""
+    d = _wide_fanout(20)
+    bodies = [x for i in range(10) for x in (256 * (i + 1), 16, 100)]
+    d.handle(0, r.PublishRun(1, 1, "fx", "", False, False, bodies))
+    assert not d.run_pending(0) and d.vhost.queues["q19"].message_count == 10

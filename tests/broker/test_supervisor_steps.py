@@ -8,7 +8,7 @@ written to a request ring as a worker writes them. They are Settles of channels 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import trio
@@ -56,6 +56,23 @@ def _watch(sup: Supervisor) -> list[object]:
     return seen
 
 
+async def _drain_until(sup: Supervisor, seen: list[object], done: Callable[[], bool]) -> None:
+    """Run worker 0's drain task beside another task that notes each of its turns ("turn"),
+    until ``done()``."""
+
+    async def other_task() -> None:
+        while True:
+            seen.append("turn")
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sup._drain, sup.workers[0])
+        nursery.start_soon(other_task)
+        while not done():
+            await trio.sleep(0)
+        nursery.cancel_scope.cancel()
+
+
 def _steps(seen: list[object]) -> list[list[object]]:
     """The requests applied between flushes (and other tasks' turns, marked "turn")."""
     steps: list[list[object]] = [[]]
@@ -76,18 +93,7 @@ async def test_a_ring_batch_is_applied_in_steps_with_turns_for_the_other_tasks(
     sup = supervisor
     seen = _watch(sup)
     _write(sup, _settles())
-
-    async def other_task() -> None:
-        while True:
-            seen.append("turn")
-            await trio.sleep(0)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sup._drain, sup.workers[0])
-        nursery.start_soon(other_task)
-        while sum(isinstance(item, int) for item in seen) < RECORDS:
-            await trio.sleep(0)
-        nursery.cancel_scope.cancel()
+    await _drain_until(sup, seen, lambda: sum(isinstance(item, int) for item in seen) == RECORDS)
 
     applied = [item for item in seen if isinstance(item, int)]
     assert applied == list(range(1, RECORDS + 1)), "every record once, in ring order"
@@ -150,3 +156,36 @@ def test_a_dead_workers_deliveries_going_back_in_steps_wake_the_timer(supervisor
     while (deadline := d.tick(now)) is not None and deadline <= now:
         pass
     assert queue.message_count == 50
+
+
+async def test_a_run_to_a_wide_fanout_goes_over_several_steps_before_the_next_request(
+        supervisor: Supervisor) -> None:
+    """A PublishRun of 64 messages to a fanout of 100 queues is 6,400 copies, three steps'
+    work: it goes on over several steps, the other task has turns in between, and the
+    request after it in the ring is applied only once the run is done."""
+    sup = supervisor
+    d = sup.dispatcher
+    d.begin_batch(1.0)
+    d.handle(0, r.ExchangeDeclare(1, 1, "fx", "fanout", False, False, False, False, {}, False))
+    for i in range(100):
+        d.handle(0, r.QueueDeclare(1, 1, f"q{i}", False, False, False, False, {}, False))
+        d.handle(0, r.QueueBind(1, 1, f"q{i}", "fx", "", {}, False))
+    seen = _watch(sup)
+    resume = d.resume_run
+
+    def watched_resume(worker: int) -> None:
+        seen.append(("resumed", d.vhost.queues["q99"].message_count))
+        resume(worker)
+
+    d.resume_run = watched_resume  # type: ignore[method-assign]
+    bodies = [x for i in range(64) for x in (256 * (i + 1), 16, 100)]
+    _write(sup, [r.PublishRun(1, 1, "fx", "", False, False, bodies), r.Settle(1, 5, [1], r.ACK)])
+    await _drain_until(sup, seen, lambda: 5 in seen)
+
+    resumed = [item for item in seen if isinstance(item, tuple)]
+    assert len(resumed) >= 6400 // STEP_WORK
+    assert all(0 < count < 64 for _, count in resumed), "each step ended within the run"
+    assert all(d.vhost.queues[f"q{i}"].message_count == 64 for i in range(100))
+    first, last, settle = seen.index(resumed[0]), seen.index(resumed[-1]), seen.index(5)
+    assert "turn" in seen[first:last], "the other task ran while the run went on"
+    assert last < settle, "the request after the run waited for it"
