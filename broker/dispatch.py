@@ -85,11 +85,10 @@ class Dispatcher:
         self._channels = OpenChannels()  # consumers and unsettled deliveries per channel
         self._subs = self._channels.subs  # (worker, consumer id) → Subscription, on the hot path
         self._returning = self._channels.returning  # closed channels' deliveries still held
-        # Work done since the runtime last set it to 0 (a settled entry, a routed copy of a
-        # message; other requests are bounded by the batch), and the most a step may do
-        # (None: no limit): the runtime's
-        # bounded steps (broker.supervisor.STEP_WORK). A PublishRun that reaches the limit
-        # stops; what is left of it waits here, per worker, for the worker's next step.
+        # The runtime's bounded steps (broker.supervisor.STEP_WORK): work done since it last set
+        # this to 0 (a settled entry, a routed copy of a message; other requests are bounded by
+        # the batch), and the most a step may do (None: no limit). A PublishRun that reaches
+        # the limit stops; what is left of it waits here, per worker, for its next step.
         self.work = 0
         self.work_limit: int | None = None
         self._runs: dict[int, tuple[r.PublishRun, int]] = {}

@@ -443,6 +443,7 @@ class Supervisor:
             self._apply_one(w, rec)
         else:
             w.unapplied = []
+        d.work_limit = None  # what else runs meanwhile (a dead worker's requeue) is not a step
         d.end_batch()
         self._check_deadline()
 

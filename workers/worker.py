@@ -39,9 +39,9 @@ EVENT_BATCH = 1024
 LAZY_SETTLE_DELAY = 0.005
 # Entries per Settle record. One basic.ack (or nack, or basic.recover) with multiple=true can
 # settle everything a channel without prefetch holds, a million deliveries and more; as one
-# record that would outgrow the request ring (it could never be written) and hold the
-# supervisor for seconds. Records of this size are a bounded step each (4,096 entry ids are
-# at most 37 KB; the smallest ring, --ring-kb 64, takes one).
+# record it outgrew the request ring (it could never be written whole; the ring now takes such
+# records in fragments) and held the supervisor for seconds. Records of at most 4,096 entry ids
+# (37 KB) are a bounded step each.
 SETTLE_MAX = 4096
 
 
