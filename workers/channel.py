@@ -47,6 +47,9 @@ from workers.transaction import Transaction
 
 _TRACE_OUTCOME: Final = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
 _ACK_IDS: Final = (codec.BASIC_CLASS, codec.BASIC_ACK)
+# What the ack path reads of ipc.records (not compiled): bound once, read as C statics.
+_ACK: Final = r.ACK
+_Settle: Final = r.Settle
 
 
 def _unknown_tag(tag: int, m: base.Frame | None) -> errors.PreconditionFailed:
@@ -163,7 +166,7 @@ class Channel:
 
     def _settle(self, entries: list[int], action: int) -> None:
         if entries:
-            self._out.requests.append(r.Settle(self.conn_id, self.number, entries, action))
+            self._out.requests.append(_Settle(self.conn_id, self.number, entries, action))
 
     def _queue_name(self, name: str, method: base.Frame) -> str:
         if name:
@@ -196,7 +199,7 @@ class Channel:
             if held is None:
                 raise _unknown_tag(delivery_tag, None)
             entry, target = held
-            self._settle([entry], r.ACK)
+            self._settle([entry], _ACK)
             if target is not None:
                 self.consuming.settled_one(target, self._out)
             else:  # a basic.get's: no consumer's credit
