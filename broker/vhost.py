@@ -76,6 +76,34 @@ class PublishOutcome(NamedTuple):
     notify: list[QueueConsumer]  # consumers to notifyWork
     rejected: tuple[str, ...] = ()  # queues that refused it (x-overflow reject-publish*): nack
     dead_lettered: int = 0  # dead-letter copies made on the way (drop-head, reject-publish-dlx)
+    # Set when the publish is routed to more queues than ``publish``'s ``limit``: the queues
+    # still to come (``VirtualHost.route_on``). ``notify`` is then this slice's only, and the
+    # other fields are the last slice's outcome's.
+    routing: Routing | None = None
+
+
+class Routing:
+    """A publish routed to more queues than one bounded step offers it to (a fanout to
+    thousands): the queues still to come, ``limit`` at a time (``VirtualHost.route_on``).
+
+    The queues were chosen when it was published; one deleted meanwhile gets nothing, one bound
+    meanwhile gets nothing either. The message holds one reference of its own until the last
+    queue is offered it, so that a queue acking or dropping it meanwhile does not free it.
+    """
+
+    __slots__ = ("dead_lettered", "destinations", "message", "next", "now", "offered", "rejected",
+                 "routed")
+
+    def __init__(self, message: Message, destinations: list[Any], now: float | None) -> None:
+        self.message = message
+        # Queue names (the fast path's, looked up as they come) or Queue objects.
+        self.destinations = destinations
+        self.next = 0  # index of the next destination
+        self.now = now
+        self.offered = 0  # destinations offered it in the last slice: the step's work
+        self.routed = 0
+        self.rejected: list[str] = []
+        self.dead_lettered = 0
 
 
 # tuple.__new__ with every field skips the NamedTuple's generated __new__ (defaults, keywords):
@@ -494,7 +522,8 @@ class VirtualHost(StepHost):
 
     # ------------------------------------------------------------------ publishing
 
-    def publish(self, exchange_name: str, message: Message, *, now: float | None = None) -> PublishOutcome:
+    def publish(self, exchange_name: str, message: Message, *, now: float | None = None,
+                limit: int | None = None) -> PublishOutcome:
         """basic.publish: enqueue on every matched queue once; what happened (PublishOutcome).
 
         With 0 queues nothing references the message and ``on_drop`` is not called: the runtime
@@ -515,31 +544,82 @@ class VirtualHost(StepHost):
             raise AccessRefused(f"cannot publish to internal {exchange.description}")
         if message.expiration is not None:
             parse_expiration(message.expiration)
-            return self._deliver(self._router.route_published(exchange, message), message, now)
+            return self._deliver(self._router.route_published(exchange, message), message, now,
+                                 limit)
         headers = message.headers
         if headers is not None and has_routing_headers(headers):
-            return self._deliver(self._router.route_published(exchange, message), message, now)
+            return self._deliver(self._router.route_published(exchange, message), message, now,
+                                 limit)
         if exchange_name == "":
             # Hot path: the default exchange's bindings are exactly "each queue by its name".
             queue = self._queues.get(message.routing_key)
             if queue is None:
-                return _outcome(PublishOutcome, (0, [], (), 0))
+                return _outcome(PublishOutcome, (0, [], (), 0, None))
             if queue.plain:
-                return _outcome(PublishOutcome, (1, queue.enqueue(message), (), 0))
+                return _outcome(PublishOutcome, (1, queue.enqueue(message), (), 0, None))
             return self._deliver([queue], message, now)
         if not exchange.routes_only_to_queues or self._featured_queues:
-            return self._deliver(self._router.route(exchange, message), message, now)
+            return self._deliver(self._router.route(exchange, message), message, now, limit)
         notify: list[QueueConsumer] = []
         routed = 0
-        for destination in exchange.route(message.routing_key, message.headers):
+        destinations = exchange.route(message.routing_key, message.headers)
+        if limit is not None and len(destinations) > limit:
+            return self._begin_routing(list(destinations), message, now, limit)
+        for destination in destinations:
             queue = self._queues.get(destination)  # type: ignore[call-overload]
             if queue is not None:
                 notify += queue.enqueue(message)
                 routed += 1
-        return _outcome(PublishOutcome, (routed, notify, (), 0))
+        return _outcome(PublishOutcome, (routed, notify, (), 0, None))
 
-    def _deliver(self, queues: list[Queue], message: Message, now: float | None) -> PublishOutcome:
+    def _begin_routing(self, destinations: list[Any], message: Message, now: float | None,
+                       limit: int) -> PublishOutcome:
+        message.refs += 1  # the routing's own, dropped when the last queue has been offered it
+        return self.route_on(Routing(message, destinations, now), limit)
+
+    def route_on(self, routing: Routing, limit: int | None) -> PublishOutcome:
+        """Offer ``routing``'s message to its next ``limit`` queues (None: all that are left),
+        as ``publish`` would have. The outcome's ``routing`` is ``routing`` while queues are
+        left; the last slice's outcome is the whole publish's."""
+        message, now = routing.message, routing.now
+        if now is not None:
+            self.advance(now)
+        before = self.dead_lettered
+        destinations = routing.destinations
+        start = routing.next
+        end = len(destinations) if limit is None else min(start + limit, len(destinations))
+        queues = self._queues
+        notify: list[QueueConsumer] = []
+        for destination in destinations[start:end]:
+            queue = queues.get(destination) if type(destination) is str else destination
+            if queue is None or queue.deleted:
+                continue  # deleted since it was published
+            if message.expiration is not None and queue.plain:
+                upgrade(queue)
+                self._featured_queues += 1
+            taken = queue.offer(message, now)
+            if taken is None:
+                routing.rejected.append(queue.name)
+            else:
+                notify += taken
+            routing.routed += 1
+        notify += self.drain()
+        routing.next, routing.offered = end, end - start
+        routing.dead_lettered += self.dead_lettered - before
+        if end < len(destinations):
+            return PublishOutcome(0, notify, (), 0, routing)
+        if routing.routed:
+            drop_reference(message, self._on_drop)
+        else:
+            message.refs -= 1  # every queue went meanwhile: the runtime returns or frees it
+        return PublishOutcome(routing.routed, notify, tuple(routing.rejected),
+                              routing.dead_lettered)
+
+    def _deliver(self, queues: list[Queue], message: Message, now: float | None,
+                 limit: int | None = None) -> PublishOutcome:
         """Offer to queues that may refuse, drop or dead-letter it at once; then drain."""
+        if limit is not None and len(queues) > limit:
+            return self._begin_routing(queues, message, now, limit)
         if now is not None:
             self.advance(now)
         before = self.dead_lettered

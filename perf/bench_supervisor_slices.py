@@ -189,10 +189,10 @@ def unacked_on_close(n: int) -> Bench:
     return b
 
 
-def fanout_wide(n: int) -> Bench:
-    """Runs of 64 publishes to a fanout exchange bound to 1,000 queues: n routed copies in all
-    (n // 1,000 messages), each timed call one step of the runtime's (STEP_WORK)."""
-    queues = 1000
+def fanout_wide(n: int, queues: int = 1000, per_run: int = 64) -> Bench:
+    """Runs of ``per_run`` publishes to a fanout exchange bound to ``queues`` queues: n routed
+    copies in all (n // queues messages), each timed call one step of the runtime's
+    (STEP_WORK). With ``per_run`` 1, each message is a Publish record of its own."""
     b = Bench(n)
     b.batch([r.ExchangeDeclare(CONN, CH, "fx", "fanout", False, False, False, False, {}, False)],
             b.t0)
@@ -202,12 +202,15 @@ def fanout_wide(n: int) -> Bench:
     b.ready()
     d = b.d
     messages = max(1, n // queues)
-    runs = [r.PublishRun(CONN, CH, "fx", "", False, False,
-                         [x for i in range(start, min(start + 64, messages))
-                          for x in ((i + 1) << 8, 16, 128)])
-            for start in range(0, messages, 64)]
+    runs: list[r.Publish | r.PublishRun] = [
+        r.PublishRun(CONN, CH, "fx", "", False, False,
+                     [x for i in range(start, min(start + per_run, messages))
+                      for x in ((i + 1) << 8, 16, 128)])
+        if per_run > 1 else r.Publish(CONN, CH, "fx", "", False, False, (start + 1) << 8, 16, 128,
+                                      None)
+        for start in range(0, messages, per_run)]
 
-    def step(rec: r.PublishRun | None) -> None:
+    def step(rec: r.Publish | r.PublishRun | None) -> None:
         d.begin_batch(b.t0)
         d.work, d.work_limit = 0, STEP_WORK
         if rec is None:
@@ -222,7 +225,7 @@ def fanout_wide(n: int) -> Bench:
         b.timed(lambda run=run: step(run))  # type: ignore[misc]
         while d.run_pending(W):
             b.timed(lambda: step(None))
-    assert d.vhost.queues["q999"].message_count == messages
+    assert d.vhost.queues[f"q{queues - 1}"].message_count == messages
     return b
 
 
@@ -237,6 +240,8 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     "ttl-burst-dead-letter": (lambda n: ttl_burst(n, True), False),
     "unacked-on-close": (unacked_on_close, False),
     "fanout-wide": (fanout_wide, False),
+    # One message at a time to a fanout of 10,000 queues: each is offered to them in slices.
+    "fanout-single": (lambda n: fanout_wide(n, 10_000, 1), False),
 }
 
 

@@ -447,3 +447,183 @@ def test_without_a_limit_a_run_goes_through_at_once() -> None:
     bodies = [x for i in range(10) for x in (256 * (i + 1), 16, 100)]
     d.handle(0, r.PublishRun(1, 1, "fx", "", False, False, bodies))
     assert not d.run_pending(0) and d.vhost.queues["q19"].message_count == 10
+
+
+class _Split:
+    """A fanout of Q queues and a step that may offer a message to S of them (a work limit of
+    2 S: a split publish's copy counts twice): one publish is offered in slices."""
+
+    Q, S = 23, 5
+
+    def __init__(self, *, confirm: bool = False, arguments: dict | None = None) -> None:
+        self.freed: list[int] = []
+        self.d = d = Dispatcher(2, lambda region, offset: self.freed.append(offset))
+        d.route_slice_min = 1
+        d.begin_batch(1.0)
+        d.handle(0, r.ExchangeDeclare(1, 1, "fx", "fanout", False, False, False, False, {}, False))
+        for i in range(self.Q):
+            d.handle(0, r.QueueDeclare(1, 1, f"q{i}", False, False, False, False,
+                                       arguments or {}, False))
+            d.handle(0, r.QueueBind(1, 1, f"q{i}", "fx", "", {}, False))
+        self.confirm = confirm
+        self.clear()
+
+    def clear(self) -> None:
+        for box in (*self.d.outbox, *self.d.notify):
+            box.clear()
+
+    def step(self, rec: r.Request | None = None) -> list[int]:
+        """One step with a fresh budget: ``rec``, or what was left; the queues' counts after."""
+        self.d.begin_batch(1.0)
+        self.d.work, self.d.work_limit = 0, 2 * self.S
+        if rec is None:
+            self.d.resume_run(0)
+        else:
+            self.d.handle(0, rec)
+        assert self.d.work <= 2 * self.S
+        self.d.work_limit = None
+        self.d.end_batch()
+        return self.counts()
+
+    def counts(self) -> list[int]:
+        return [self.d.vhost.queues[f"q{i}"].message_count if f"q{i}" in self.d.vhost.queues
+                else -1 for i in range(self.Q)]
+
+    def publish(self, offset: int, *, mandatory: bool = False) -> r.Publish:
+        return r.Publish(1, 1, "fx", "", mandatory, self.confirm, offset, 16, 100, None)
+
+    def until_done(self) -> list[list[int]]:
+        steps = []
+        while self.d.run_pending(0):
+            steps.append(self.step())
+            assert len(steps) < 100, "the publish never ends"
+        return steps
+
+
+def test_a_publish_to_a_fanout_wider_than_a_step_is_offered_in_slices() -> None:
+    """One message to Q queues, a step with room for S: S queues have it after the first step,
+    S more after each next, all Q at the end; the worker's later requests wait for it
+    (run_pending), its confirm comes once, at the end, and its credit is counted once."""
+    t = _Split(confirm=True)
+    first = t.step(t.publish(256))
+    assert sorted(first) == [0] * (t.Q - t.S) + [1] * t.S
+    assert t.d.run_pending(0)
+    assert not [e for e in t.d.outbox[0] if isinstance(e, r.Confirm)], "confirmed too early"
+    steps = t.until_done()
+    assert [sum(c) for c in steps] == [min(t.Q, t.S * k) for k in range(2, len(steps) + 2)]
+    assert steps[-1] == [1] * t.Q
+    assert [e for e in t.d.outbox[0] if isinstance(e, r.Confirm)] == [r.Confirm(1, 1, True)]
+    t.d.flow_tick(all_credit=True)
+    assert [e for e in t.d.outbox[0] if isinstance(e, r.Credit)] == [r.Credit([1], [1])]
+    assert t.freed == []
+
+
+def test_consumers_are_woken_slice_by_slice() -> None:
+    """The consumers of the queues a slice reached are notified in that step, not at the end."""
+    t = _Split()
+    for i in range(t.Q):  # consumer i + 1 of queue i, notify slot 100 + i
+        t.d.handle(1, r.Consume(7, 1, i + 1, 100 + i, f"q{i}", f"c{i}", False, False, 0, False,
+                                True, False))
+    t.clear()
+    first = t.step(t.publish(256))
+    assert sorted(t.d.notify[1]) == [100 + i for i in range(t.Q) if first[i]]
+    t.until_done()
+    assert sorted(t.d.notify[1]) == [100 + i for i in range(t.Q)]
+
+
+def test_an_early_queues_ack_does_not_free_the_body_under_the_rest() -> None:
+    """A consumer acks the message on a queue of the first slice before the others are offered
+    it: the body stays until the last queue lets go of it, then is freed once."""
+    t = _Split()
+    for i in range(t.Q):
+        t.d.handle(1, r.Consume(7, 1, i + 1, 100 + i, f"q{i}", f"c{i}", False, False, 0, False,
+                                True, False))
+    t.clear()
+    first = t.step(t.publish(256))
+    reached = first.index(1)
+    t.d.handle(1, r.Pull(reached + 1, 10))
+    (pulled,) = [e for e in t.d.outbox[1] if isinstance(e, r.Pulled)]
+    (delivery,) = pulled.deliveries
+    t.d.handle(1, r.Settle(7, 1, [delivery.entry], r.ACK))
+    assert t.freed == []
+    t.until_done()
+    assert t.freed == [] and t.counts() == [int(i != reached) for i in range(t.Q)]
+    for i in range(t.Q):
+        t.d.handle(0, r.QueuePurge(1, 1, f"q{i}", False))
+    while (deadline := t.d.tick(1.0)) is not None and deadline <= 1.0:
+        pass
+    assert t.freed == [256]
+
+
+def test_queues_deleted_between_the_slices_get_nothing() -> None:
+    """Queues deleted while a publish is on its way to them are skipped; when every queue went,
+    the body is freed once, after the last slice (not under it), and a mandatory message is
+    not returned: it was routed."""
+    t = _Split()
+    first = t.step(t.publish(256))
+    for i in range(t.Q):
+        if not first[i]:
+            t.d.handle(0, r.QueueDelete(1, 1, f"q{i}", False, False, False))
+    t.until_done()
+    assert t.counts() == [1 if n else -1 for n in first] and t.freed == []
+
+    t = _Split()
+    t.clear()
+    t.step(t.publish(512, mandatory=True))
+    for i in range(t.Q):
+        t.d.handle(0, r.QueueDelete(1, 1, f"q{i}", False, False, False))
+    t.until_done()
+    while (deadline := t.d.tick(1.0)) is not None and deadline <= 1.0:
+        pass
+    assert t.freed == [512]
+    assert not [e for e in t.d.outbox[0] if isinstance(e, r.Returned)]
+
+
+def test_a_split_publish_in_a_run_is_followed_by_the_rest_of_the_run_in_order() -> None:
+    """A PublishRun whose first message is split: the run's next messages reach each queue
+    after it, in order."""
+    t = _Split()
+    bodies = [x for i in range(3) for x in (256 * (i + 1), 16, 100)]
+    t.step(r.PublishRun(1, 1, "fx", "", False, False, bodies))
+    t.until_done()
+    for i in range(t.Q):
+        q = t.d.vhost.queues[f"q{i}"]
+        assert [e.message.body_ref for e in q.available_entries()] == \
+            [e.message.body_ref for e in t.d.vhost.queues["q0"].available_entries()]
+        assert q.message_count == 3
+
+
+def test_a_queue_refusing_a_split_publish_nacks_its_confirm() -> None:
+    """Queues with x-overflow reject-publish, full: the confirm at the end is a nack, as for
+    a publish offered to all of them at once."""
+    t = _Split(confirm=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"})
+    t.step(t.publish(256))
+    t.until_done()
+    assert [e for e in t.d.outbox[0] if isinstance(e, r.Confirm)] == [r.Confirm(1, 1, True)]
+    t.clear()
+    t.step(t.publish(512))
+    t.until_done()
+    assert [e for e in t.d.outbox[0] if isinstance(e, r.Confirm)] == [r.Confirm(1, 1, False)]
+    assert t.counts() == [1] * t.Q
+
+
+def test_a_dead_workers_split_publish_reaches_the_rest_of_its_queues() -> None:
+    """The publishing worker dies while its publish is on its way: the publish was taken, so
+    the rest of its queues are offered it at once (no step is waiting for that worker), and
+    its confirm goes nowhere (the worker's next incarnation has other connections)."""
+    t = _Split(confirm=True)
+    t.step(t.publish(256))
+    t.d.worker_died(0)
+    assert not t.d.run_pending(0) and t.counts() == [1] * t.Q and t.freed == []
+    assert t.d.outbox[0] == []
+
+
+def test_a_publish_narrower_than_the_minimum_slice_is_never_split() -> None:
+    """With the runtime's minimum slice (256 queues), a fanout of Q is offered whole even when
+    the step has no room left."""
+    t = _Split()
+    t.d.route_slice_min = 256
+    t.d.begin_batch(1.0)
+    t.d.work, t.d.work_limit = 100, 10
+    t.d.handle(0, t.publish(256))
+    assert not t.d.run_pending(0) and t.counts() == [1] * t.Q

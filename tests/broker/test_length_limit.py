@@ -105,8 +105,8 @@ def test_publish_reports_nothing_rejected_for_plain_queues(vhost: VirtualHost) -
     q = vhost.declare_queue("q", owner=ME)
     c = consumer("c")
     attach(q, c)
-    assert tuple(vhost.publish("", message())) == (1, [c], (), 0)
-    assert tuple(vhost.publish("", message("nowhere"))) == (0, [], (), 0)
+    assert tuple(vhost.publish("", message())) == (1, [c], (), 0, None)
+    assert tuple(vhost.publish("", message("nowhere"))) == (0, [], (), 0, None)
 
 
 def test_max_length_zero_with_drop_head_drops_everything(vhost: VirtualHost, dropped: list[Message]) -> None:

@@ -135,3 +135,57 @@ def test_one_ack_nack_or_close_settling_tens_of_thousands_of_deliveries(tmp_path
         close_quietly(connection)
     finally:
         finish(broker)
+
+
+FANOUT = 3000  # queues: a publish to them is offered to them in three steps (broker.dispatch)
+
+
+@pytest.mark.deadline(300)
+def test_publishes_to_a_fanout_of_thousands_of_queues_reach_every_queue_in_order(tmp_path: Path) -> None:
+    """A fanout exchange bound to 3,000 queues: each message is offered to them a slice per
+    supervisor step (a step holding the supervisor for all 3,000 held every other client up).
+    Published with confirms and mandatory, each is confirmed (an ack, after its last queue),
+    none is returned, every queue holds every message in publish order, and a consumer acking
+    the first copies at once does not lose the others'."""
+    broker = start_broker(tmp_path / "broker")
+    exchange = unique_name("wide")
+    queues = [unique_name(f"w{i}") for i in range(FANOUT)]
+    try:
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "fanout")
+        for name in queues:
+            channel.queue_declare(name)
+            channel.queue_bind(name, exchange)
+        consumer_conn = broker.connect()
+        consumer = consumer_conn.channel()
+        acked: list[bytes] = []
+
+        def on_message(ch: object, method: pika.spec.Basic.Deliver, props: object, body: bytes) -> None:
+            consumer.basic_ack(method.delivery_tag)
+            acked.append(body)
+
+        consumer.basic_consume(queues[0], on_message)
+        returned: list[bytes] = []
+        channel.add_on_return_callback(lambda ch, method, props, body: returned.append(body))
+        channel.confirm_delivery()
+        bodies = [f"m{i}".encode() for i in range(5)]
+        for body in bodies:
+            channel.basic_publish(exchange, "", body, mandatory=True)  # raises if nacked
+        wait_until(lambda: consumer_conn.process_data_events(0.05) or len(acked) == len(bodies),
+                   60, "the first queue's copies consumed")
+        assert acked == bodies and returned == []
+        counts = [channel.queue_declare(name, passive=True).method.message_count
+                  for name in queues[1:]]
+        assert counts == [len(bodies)] * (FANOUT - 1)
+        for name in (queues[1], queues[FANOUT // 2], queues[-1]):
+            got = []
+            for _ in bodies:
+                method, _, body = channel.basic_get(name, auto_ack=True)
+                assert method is not None
+                got.append(body)
+            assert got == bodies
+        close_quietly(consumer_conn)
+        close_quietly(connection)
+    finally:
+        finish(broker)
