@@ -10,8 +10,6 @@ Called from: the supervisor process (``broker.vhost``).
 
 from __future__ import annotations
 
-from broker.exchange import Exchange, ExchangeDestination
-
 
 class BindingIndex:
     """Destination name → the names of the exchanges holding a binding to it."""
@@ -34,16 +32,6 @@ class BindingIndex:
         sources = self._index(to_exchange).get(destination)
         if sources is not None:
             sources.pop(source, None)
-
-    def source_removed(self, exchange: Exchange) -> None:
-        """``exchange`` is deleted: it is a source of none of its destinations any more."""
-        for destination in exchange.destinations():
-            if type(destination) is ExchangeDestination:
-                sources = self._to_exchange.get(destination.name)
-            else:
-                sources = self._to_queue.get(str(destination))
-            if sources is not None:
-                sources.pop(exchange.name, None)
 
     def pop_sources(self, destination: str, *, to_exchange: bool) -> dict[str, None]:
         """The exchanges bound to ``destination``, which is deleted: forgotten here."""

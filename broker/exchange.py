@@ -407,16 +407,34 @@ class Exchange:
             self._forget(key)
         return len(keys)
 
+    def unbind_some(self, n: int) -> tuple[int, list[Hashable]]:
+        """Remove up to ``n`` bindings, newest first (a deleted exchange's go a slice per step);
+        returns how many went, and the destinations left with none."""
+        bindings = self._bindings
+        count = min(n, len(bindings))
+        unbound: list[Hashable] = []
+        for _ in range(count):
+            key, binding = bindings.popitem()
+            if self._unindex(key, binding):
+                unbound.append(binding.destination)
+        return count, unbound
+
     def _forget(self, key: BindingKey) -> None:
-        binding = self._bindings.pop(key)
+        self._unindex(key, self._bindings.pop(key))
+
+    def _unindex(self, key: BindingKey, binding: Binding) -> bool:
+        """``binding`` (``key``) was taken out of ``_bindings``: out of the router and the
+        destination index too. Whether its destination is left with no binding."""
         self._router.remove(key, binding.destination, binding.routing_key)
         if type(binding.destination) is ExchangeDestination:
             self.exchange_bindings -= 1
             self.routes_only_to_queues = not self.exchange_bindings and self.alternate is None
         keys = self._by_destination[binding.destination]
         del keys[key]
-        if not keys:
-            del self._by_destination[binding.destination]
+        if keys:
+            return False
+        del self._by_destination[binding.destination]
+        return True
 
     @property
     def has_bindings(self) -> bool:

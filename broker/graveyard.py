@@ -68,6 +68,11 @@ class Graveyard:
         if container:
             self._graves.append([container, None, 0, None, None])
 
+    def defer(self, job: Callable[[int], int]) -> None:
+        """Take other work to do a slice at a time (a deleted exchange's bindings): ``job(n)``
+        does at most ``n`` units of it and returns how many it did; fewer: it is done."""
+        self._graves.append([job, None, 0, None, None])
+
     def reap(self, limit: int) -> int:
         """Drop at most ``limit`` entries (dismantling counts ``1/DISMANTLE_PER_DROP`` each),
         oldest burial first; returns the work done in those units."""
@@ -76,7 +81,13 @@ class Graveyard:
         while graves and done < limit:
             grave = graves[0]
             items, pick, start, on_drop, words = grave
-            if on_drop is None:  # dismantle only
+            if callable(items):  # deferred work (defer)
+                budget = limit - done
+                n = items(budget)
+                if n < budget:
+                    graves.popleft()
+                done += n
+            elif on_drop is None:  # dismantle only
                 n = min((limit - done) * DISMANTLE_PER_DROP, len(items))
                 if isinstance(items, dict):
                     popitem = items.popitem

@@ -105,6 +105,12 @@ class StepHost:
         self._graveyard.discard(container)
         self._reap()
 
+    def defer(self, job: Callable[[int], int]) -> None:
+        """Do ``job`` (``Graveyard.defer``) as this step's budget allows, the rest over the
+        next steps, among the graveyard's other work and in its order."""
+        self._graveyard.defer(job)
+        self._reap()
+
     def _reap(self) -> None:
         if self._reap_budget > 0 and self._graveyard:
             self._reap_budget -= self._graveyard.reap(self._reap_budget)

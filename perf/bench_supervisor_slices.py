@@ -229,6 +229,23 @@ def fanout_wide(n: int, queues: int = 1000, per_run: int = 64) -> Bench:
     return b
 
 
+def exchange_delete(n: int) -> Bench:
+    """exchange.delete of a direct exchange bound to n // 20 queues (one key each): the
+    request, then the timer's ticks while its bindings go."""
+    b = Bench(n)
+    b.batch([r.ExchangeDeclare(CONN, CH, "dx", "direct", False, False, False, False, {}, False)],
+            b.t0)
+    for i in range(n // 20):
+        b.declare(f"q{i}")
+        b.batch([r.QueueBind(CONN, CH, f"q{i}", "dx", f"k{i}", {}, False)], b.t0)
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.ExchangeDelete(CONN, CH, "dx", False, False), now)
+    b.run_timer(now)
+    assert "dx" not in b.d.vhost.exchanges
+    return b
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # name: (run, whether every body ends up freed)
     "purge-plain": (lambda n: purge(n, None), True),
@@ -242,6 +259,7 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     "fanout-wide": (fanout_wide, False),
     # One message at a time to a fanout of 10,000 queues: each is offered to them in slices.
     "fanout-single": (lambda n: fanout_wide(n, 10_000, 1), False),
+    "exchange-delete": (exchange_delete, False),
 }
 
 

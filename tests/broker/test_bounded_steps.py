@@ -14,6 +14,7 @@ import itertools
 import pytest
 
 from broker.dispatch import Dispatcher
+from broker.errors import NotFound
 from broker.message import Message
 from broker.queue import DEAD_LETTER_COST, Queue
 from broker.vhost import VirtualHost
@@ -627,3 +628,84 @@ def test_a_publish_narrower_than_the_minimum_slice_is_never_split() -> None:
     t.d.work, t.d.work_limit = 100, 10
     t.d.handle(0, t.publish(256))
     assert not t.d.run_pending(0) and t.counts() == [1] * t.Q
+
+
+def _bound_exchange(vhost: VirtualHost, name: str, queues: int, kind: str = "direct",
+                    **kw: object) -> None:
+    vhost.declare_exchange(name, kind, **kw)  # type: ignore[arg-type]
+    for i in range(queues):
+        if f"q{i}" not in vhost.queues:
+            vhost.declare_queue(f"q{i}", owner=ME)
+        vhost.bind_queue(f"q{i}", name, f"k{i}", owner=ME)
+
+
+def _sources(vhost: VirtualHost, queue: str) -> set[str]:
+    """The exchanges the reverse binding index names as bound to ``queue``."""
+    return set(vhost._bindings._to_queue.get(queue, {}))
+
+
+def test_a_deleted_exchanges_bindings_go_a_slice_per_step(sliced: VirtualHost) -> None:
+    """exchange.delete of an exchange bound N times: the exchange is gone at once (a publish to
+    it is 404), its bindings go K per step, and at the end the reverse index names it for no
+    queue."""
+    vhost = sliced
+    _bound_exchange(vhost, "x", N)
+    old = vhost.exchanges["x"]
+    vhost.delete_exchange("x")
+    assert "x" not in vhost.exchanges
+    with pytest.raises(NotFound):
+        vhost.publish("x", message("k1"))
+    assert len(old.bindings()) == N - K
+    assert vhost.next_deadline() == vhost.now, "the timer must come back at once"
+    ticks = 0
+    while (deadline := vhost.next_deadline()) is not None and deadline <= vhost.now:
+        before = len(old.bindings())
+        vhost.tick(vhost.now)
+        assert before - len(old.bindings()) <= K
+        ticks += 1
+    assert ticks >= N // K - 1 and not old.has_bindings
+    assert all(_sources(vhost, f"q{i}") == {""} for i in range(N))  # the default exchange's
+
+
+def test_an_exchange_declared_again_meanwhile_keeps_its_own_bindings(sliced: VirtualHost) -> None:
+    """The exchange is declared again under its name and bound to some of the same queues while
+    the old one's bindings are still going: the new bindings stay indexed and route; deleting a
+    queue the old one was bound to does not auto-delete the new (auto-delete) exchange, which has
+    no binding to it; deleting one the new one is bound to does."""
+    vhost = sliced
+    _bound_exchange(vhost, "x", N)
+    vhost.delete_exchange("x")
+    vhost.declare_exchange("x", "direct", auto_delete=True)
+    vhost.bind_queue("q0", "x", "k0", owner=ME)
+    vhost.bind_queue(f"q{N - 1}", "x", "again", owner=ME)
+    vhost.delete_queue("q1", owner=ME)  # the old exchange's binding to it is still there
+    assert "x" in vhost.exchanges, "auto-deleted for a binding it never had"
+    _reap_all(vhost, [], vhost.now)
+    assert _sources(vhost, "q0") == {"", "x"} and _sources(vhost, f"q{N - 1}") == {"", "x"}
+    assert _sources(vhost, "q2") == {""}
+    assert vhost.publish("x", message("again")).routed == 1
+    assert vhost.publish("x", message("k2")).routed == 0
+    vhost.delete_queue("q0", owner=ME)
+    assert "x" in vhost.exchanges
+    vhost.delete_queue(f"q{N - 1}", owner=ME)
+    assert "x" not in vhost.exchanges, "its last binding went: auto-delete"
+
+
+def test_a_deleted_exchanges_bindings_to_exchanges_go_too(sliced: VirtualHost) -> None:
+    """A deleted exchange bound to other exchanges: those bindings go in slices as well; a
+    destination exchange deleted meanwhile finds nothing to undo; nothing routes through the
+    deleted one."""
+    vhost = sliced
+    vhost.declare_queue("sink", owner=ME)
+    for i in range(N):
+        vhost.declare_exchange(f"d{i}", "fanout")
+        vhost.bind_queue("sink", f"d{i}", "", owner=ME)
+    vhost.declare_exchange("x", "direct")
+    for i in range(N):
+        vhost.bind_exchange(f"d{i}", "x", f"k{i}")
+    vhost.delete_exchange("x")
+    vhost.delete_exchange("d3")
+    _reap_all(vhost, [], vhost.now)
+    assert all(not vhost._bindings._to_exchange.get(f"d{i}") for i in range(N))
+    vhost.declare_exchange("x", "direct")
+    assert vhost.publish("x", message("k5")).routed == 0

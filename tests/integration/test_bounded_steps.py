@@ -189,3 +189,51 @@ def test_publishes_to_a_fanout_of_thousands_of_queues_reach_every_queue_in_order
         close_quietly(connection)
     finally:
         finish(broker)
+
+
+BOUND = 5000  # bindings of one exchange: they go over several supervisor steps once it is deleted
+
+
+@pytest.mark.deadline(300)
+def test_an_exchange_bound_thousands_of_times_is_deleted_at_once_and_can_be_declared_again(
+        tmp_path: Path) -> None:
+    """exchange.delete of a direct exchange bound to 5,000 queues answers at once and the
+    exchange is gone (passive declare: 404); declared again at once as auto-delete and bound to
+    two of the same queues, it routes by its own bindings only; deleting a queue only the old
+    exchange was bound to leaves it, deleting the two it is bound to auto-deletes it."""
+    broker = start_broker(tmp_path / "broker")
+    exchange = unique_name("bound")
+    queues = [unique_name(f"b{i}") for i in range(BOUND)]
+    try:
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "direct")
+        for i, name in enumerate(queues):
+            channel.queue_declare(name)
+            channel.queue_bind(name, exchange, f"k{i}")
+        channel.exchange_delete(exchange)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            channel.exchange_declare(exchange, passive=True)
+        assert closed.value.reply_code == 404
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "direct", auto_delete=True)
+        channel.queue_bind(queues[0], exchange, "new")
+        channel.queue_bind(queues[-1], exchange, "new")
+        channel.confirm_delivery()
+        channel.basic_publish(exchange, "new", b"by the new bindings", mandatory=True)
+        with pytest.raises(pika.exceptions.UnroutableError):
+            channel.basic_publish(exchange, "k7", b"by an old binding", mandatory=True)
+        for name in (queues[0], queues[-1]):
+            method, _, body = channel.basic_get(name, auto_ack=True)
+            assert method is not None and body == b"by the new bindings"
+        assert channel.queue_declare(queues[7], passive=True).method.message_count == 0
+        channel.queue_delete(queues[1])
+        channel.exchange_declare(exchange, passive=True)  # still there
+        channel.queue_delete(queues[0])
+        channel.queue_delete(queues[-1])
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+            channel.exchange_declare(exchange, passive=True)
+        assert closed.value.reply_code == 404
+        close_quietly(connection)
+    finally:
+        finish(broker)
