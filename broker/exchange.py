@@ -29,6 +29,7 @@ Called from: the supervisor process, through :class:`broker.vhost.VirtualHost`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from itertools import islice
 from typing import Any, NamedTuple, Protocol
 
 from broker.errors import CommandInvalid, PreconditionFailed
@@ -400,12 +401,21 @@ class Exchange:
         self._forget(key)
         return True
 
-    def unbind_destination(self, destination: Hashable) -> int:
-        """Remove every binding to ``destination`` (its queue was deleted); returns how many."""
-        keys = list(self._by_destination.get(destination, ()))
-        for key in keys:
+    def unbind_destination(self, destination: Hashable, limit: int | None = None) -> int:
+        """Remove every binding to ``destination`` (its queue was deleted), or at most
+        ``limit`` of them (a queue bound thousands of times: a slice per step); returns how
+        many."""
+        keys = self._by_destination.get(destination)
+        if not keys:
+            return 0
+        doomed = list(keys) if limit is None or limit >= len(keys) else list(islice(keys, limit))
+        for key in doomed:
             self._forget(key)
-        return len(keys)
+        return len(doomed)
+
+    def bindings_to(self, destination: Hashable) -> int:
+        """How many bindings lead to ``destination``."""
+        return len(self._by_destination.get(destination, ()))
 
     def unbind_some(self, n: int) -> tuple[int, list[Hashable]]:
         """Remove up to ``n`` bindings, newest first (a deleted exchange's go a slice per step);

@@ -246,6 +246,23 @@ def exchange_delete(n: int) -> Bench:
     return b
 
 
+def queue_delete(n: int) -> Bench:
+    """queue.delete of a queue bound n // 20 times to a topic exchange: the request, then the
+    timer's ticks while the bindings go."""
+    b = Bench(n)
+    b.batch([r.ExchangeDeclare(CONN, CH, "tx", "topic", False, False, False, False, {}, False)],
+            b.t0)
+    b.declare("q")
+    for i in range(n // 20):
+        b.batch([r.QueueBind(CONN, CH, "q", "tx", f"a.b{i}.#", {}, False)], b.t0)
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.QueueDelete(CONN, CH, "q", False, False, False), now)
+    b.run_timer(now)
+    assert "q" not in b.d.vhost.queues and not b.d.vhost.exchanges["tx"].has_bindings
+    return b
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # name: (run, whether every body ends up freed)
     "purge-plain": (lambda n: purge(n, None), True),
@@ -260,6 +277,7 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # One message at a time to a fanout of 10,000 queues: each is offered to them in slices.
     "fanout-single": (lambda n: fanout_wide(n, 10_000, 1), False),
     "exchange-delete": (exchange_delete, False),
+    "queue-delete-bound": (queue_delete, False),
 }
 
 

@@ -709,3 +709,68 @@ def test_a_deleted_exchanges_bindings_to_exchanges_go_too(sliced: VirtualHost) -
     assert all(not vhost._bindings._to_exchange.get(f"d{i}") for i in range(N))
     vhost.declare_exchange("x", "direct")
     assert vhost.publish("x", message("k5")).routed == 0
+
+
+def _topic_bound_queue(vhost: VirtualHost, exchange: str = "t", **kw: object) -> None:
+    """Queue q bound N times to the topic exchange ``exchange``."""
+    vhost.declare_exchange(exchange, "topic", **kw)  # type: ignore[arg-type]
+    vhost.declare_queue("q", owner=ME)
+    for i in range(N):
+        vhost.bind_queue("q", exchange, f"a.b{i}.#", owner=ME)
+
+
+@pytest.fixture
+def unbinding(sliced: VirtualHost) -> VirtualHost:
+    """An exchange's bindings to a deleted queue go K per step once there are more than 10."""
+    sliced.unbind_at_once = 10
+    return sliced
+
+
+def test_a_queue_bound_many_times_is_deleted_at_once_its_bindings_in_slices(
+        unbinding: VirtualHost) -> None:
+    """queue.delete of a queue bound N times: it is gone at once, a message matching its keys
+    is routed nowhere, and its bindings go K per step."""
+    vhost = unbinding
+    _topic_bound_queue(vhost)
+    exchange = vhost.exchanges["t"]
+    vhost.delete_queue("q", owner=ME)
+    assert "q" not in vhost.queues
+    assert vhost.publish("t", message("a.b3.c")).routed == 0
+    left = [exchange.bindings_to("q")]
+    assert left[0] == N - K
+    while (deadline := vhost.next_deadline()) is not None and deadline <= vhost.now:
+        vhost.tick(vhost.now)
+        left.append(exchange.bindings_to("q"))
+    assert left[-1] == 0 and all(a - b <= K for a, b in itertools.pairwise(left))
+    assert not exchange.has_bindings
+
+
+def test_a_queue_declared_again_gets_nothing_through_the_old_bindings(unbinding: VirtualHost) -> None:
+    """Declared again under its name before the old bindings are gone: they go at once, so the
+    new queue gets only what its own bindings route."""
+    vhost = unbinding
+    _topic_bound_queue(vhost)
+    vhost.delete_queue("q", owner=ME)
+    vhost.declare_queue("q", owner=ME)
+    assert vhost.exchanges["t"].bindings_to("q") == 0
+    assert vhost.publish("t", message("a.b3.c")).routed == 0
+    vhost.bind_queue("q", "t", "new", owner=ME)
+    assert vhost.publish("t", message("new")).routed == 1
+    _reap_all(vhost, [], vhost.now)
+    assert vhost.exchanges["t"].bindings_to("q") == 1, "the new binding went with the old"
+
+
+def test_an_auto_delete_exchange_goes_once_the_last_old_binding_has(unbinding: VirtualHost) -> None:
+    """An auto-delete exchange whose only bindings were to the deleted queue goes when the last
+    of them does; exchange.delete if-unused meanwhile does not count them."""
+    vhost = unbinding
+    _topic_bound_queue(vhost, auto_delete=True)
+    vhost.delete_queue("q", owner=ME)
+    assert "t" in vhost.exchanges
+    _reap_all(vhost, [], vhost.now)
+    assert "t" not in vhost.exchanges
+
+    _topic_bound_queue(vhost, "u")
+    vhost.delete_queue("q", owner=ME)
+    vhost.delete_exchange("u", if_unused=True)  # its only bindings lead to a deleted queue
+    assert "u" not in vhost.exchanges

@@ -237,3 +237,39 @@ def test_an_exchange_bound_thousands_of_times_is_deleted_at_once_and_can_be_decl
         close_quietly(connection)
     finally:
         finish(broker)
+
+
+@pytest.mark.deadline(300)
+def test_a_queue_bound_thousands_of_times_is_deleted_at_once_and_can_be_declared_again(
+        tmp_path: Path) -> None:
+    """queue.delete of a queue bound 5,000 times to a topic exchange answers at once; declared
+    again at once under its name, the queue gets nothing through the old bindings (a mandatory
+    publish matching one comes back) and what its new binding routes; the exchange keeps
+    working for the other queues."""
+    broker = start_broker(tmp_path / "broker")
+    exchange, queue, other = unique_name("topic"), unique_name("many"), unique_name("other")
+    try:
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "topic")
+        channel.queue_declare(queue)
+        channel.queue_declare(other)
+        channel.queue_bind(other, exchange, "other.#")
+        for i in range(BOUND):
+            channel.queue_bind(queue, exchange, f"a.b{i}.#")
+        assert channel.queue_delete(queue).method.message_count == 0
+        channel.queue_declare(queue)
+        channel.queue_bind(queue, exchange, "new")
+        channel.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            channel.basic_publish(exchange, "a.b7.c", b"by an old binding", mandatory=True)
+        channel.basic_publish(exchange, "new", b"by the new binding", mandatory=True)
+        channel.basic_publish(exchange, "other.x", b"to the other queue", mandatory=True)
+        method, _, body = channel.basic_get(queue, auto_ack=True)
+        assert method is not None and body == b"by the new binding"
+        assert channel.queue_declare(queue, passive=True).method.message_count == 0
+        method, _, body = channel.basic_get(other, auto_ack=True)
+        assert method is not None and body == b"to the other queue"
+        close_quietly(connection)
+    finally:
+        finish(broker)
