@@ -91,16 +91,19 @@ class Routing:
     """A publish routed to more queues than one bounded step offers it to (a fanout to
     thousands): the queues still to come, ``limit`` at a time (``VirtualHost.route_on``).
 
-    The queues were chosen when it was published; one deleted meanwhile gets nothing, one bound
-    meanwhile gets nothing either. The message holds one reference of its own until the last
-    queue is offered it, so that a queue acking or dropping it meanwhile does not free it.
+    The queues were chosen when it was published; one deleted meanwhile gets nothing (nor does one
+    declared again under its name), one bound meanwhile gets nothing either. The message holds
+    one reference of its own until the last queue is offered it, so that a queue acking or
+    dropping it meanwhile does not free it.
     """
 
-    __slots__ = ("dead_lettered", "destinations", "message", "next", "now", "offered", "rejected",
-                 "routed")
+    __slots__ = ("dead_lettered", "declared", "destinations", "message", "next", "now", "offered",
+                 "rejected", "routed")
 
-    def __init__(self, message: Message, destinations: list[Any], now: float | None) -> None:
+    def __init__(self, message: Message, destinations: list[Any], now: float | None,
+                 declared: int) -> None:
         self.message = message
+        self.declared = declared  # queues declared before it was published: a later one is new
         # Queue names (the fast path's, looked up as they come) or Queue objects.
         self.destinations = destinations
         self.next = 0  # index of the next destination
@@ -146,6 +149,7 @@ class VirtualHost(StepHost):
         # slice per step (_unbind_gone_queue); meanwhile, by the deleted queue's name, the
         # exchanges still holding some (_finish_unbinding).
         self.unbind_at_once = UNBIND_AT_ONCE
+        self._declared = 0  # queues declared, ever (Queue.declared)
         self._unbinding: dict[str, list[Exchange]] = {}
         # Changes to durable topology for the runtime to write (shoal serve --data-dir);
         # None: nothing is kept (and nothing recorded).
@@ -399,6 +403,8 @@ class VirtualHost(StepHost):
             host=self,
         )
         self._queues[name] = queue
+        self._declared += 1
+        queue.declared = self._declared
         self._featured_queues += not queue.plain
         if durable and self.messages is not None:
             queue.store = self.messages
@@ -646,7 +652,7 @@ class VirtualHost(StepHost):
     def _begin_routing(self, destinations: list[Any], message: Message, now: float | None,
                        limit: int) -> PublishOutcome:
         message.refs += 1  # the routing's own, dropped when the last queue has been offered it
-        return self.route_on(Routing(message, destinations, now), limit)
+        return self.route_on(Routing(message, destinations, now, self._declared), limit)
 
     def route_on(self, routing: Routing, limit: int | None) -> PublishOutcome:
         """Offer ``routing``'s message to its next ``limit`` queues (None: all that are left),
@@ -663,8 +669,8 @@ class VirtualHost(StepHost):
         notify: list[QueueConsumer] = []
         for destination in destinations[start:end]:
             queue = queues.get(destination) if type(destination) is str else destination
-            if queue is None or queue.deleted:
-                continue  # deleted since it was published
+            if queue is None or queue.deleted or queue.declared > routing.declared:
+                continue  # deleted since it was published (and maybe declared again)
             if message.expiration is not None and queue.plain:
                 upgrade(queue)
                 self._featured_queues += 1

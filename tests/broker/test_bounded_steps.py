@@ -557,7 +557,8 @@ def test_an_early_queues_ack_does_not_free_the_body_under_the_rest() -> None:
 
 
 def test_queues_deleted_between_the_slices_get_nothing() -> None:
-    """Queues deleted while a publish is on its way to them are skipped; when every queue went,
+    """Queues deleted while a publish is on its way to them are skipped (also when declared
+    again under their names: the new queues are not bound); when every queue went,
     the body is freed once, after the last slice (not under it), and a mandatory message is
     not returned: it was routed."""
     t = _Split()
@@ -567,6 +568,15 @@ def test_queues_deleted_between_the_slices_get_nothing() -> None:
             t.d.handle(0, r.QueueDelete(1, 1, f"q{i}", False, False, False))
     t.until_done()
     assert t.counts() == [1 if n else -1 for n in first] and t.freed == []
+
+    t = _Split()  # deleted and declared again under the name: a new queue, not bound
+    first = t.step(t.publish(256))
+    for i in range(t.Q):
+        if not first[i]:
+            t.d.handle(0, r.QueueDelete(1, 1, f"q{i}", False, False, False))
+            t.d.handle(0, r.QueueDeclare(1, 1, f"q{i}", False, False, False, False, {}, False))
+    t.until_done()
+    assert t.counts() == first
 
     t = _Split()
     t.clear()
