@@ -212,12 +212,10 @@ class Dispatcher:
         routing = stop.routing
         assert routing is not None
         outcome = self.vhost.route_on(routing, None if whole else self._route_limit())
-        self.work += routing.offered * ROUTE_COPY_WORK
         if outcome.routing is not None:
-            if outcome.notify:
-                self._wake(outcome.notify)
-            self._runs[worker] = stop
+            self._stop_routing(worker, stop, outcome)
             return False
+        self.work += routing.offered * ROUTE_COPY_WORK
         message, offset, header_len, body_len, pageable, mark, expiration = stop.published
         self._published(worker, stop.rec, message, outcome, offset, header_len, body_len,
                         pageable, mark, expiration)
@@ -722,8 +720,9 @@ class Dispatcher:
                 journal.body_dropped(message.stored)
             raise
         if outcome.routing is not None:  # to more queues than the step has left: the rest later
-            self._stop_routing(worker, rec, None, outcome, (
-                message, rec.offset, rec.header_len, rec.body_len, pageable, mark, rec.expiration))
+            self._stop_routing(worker, _Stopped(rec, None, outcome.routing, (
+                message, rec.offset, rec.header_len, rec.body_len, pageable, mark, rec.expiration)),
+                outcome)
             return
         self.work += outcome.routed
         self._published(worker, rec, message, outcome, rec.offset, rec.header_len, rec.body_len,
@@ -765,16 +764,13 @@ class Dispatcher:
         if outcome.notify:
             self._wake(outcome.notify)
 
-    def _stop_routing(self, worker: int, rec: r.Publish | r.PublishRun, start: int | None,
-                      outcome: PublishOutcome, published: tuple[Any, ...]) -> None:
-        """A publish was offered to the first of its queues only: the rest wait for the next
-        step, and so does what follows it (``start``: the run's next publish)."""
-        routing = outcome.routing
-        assert routing is not None
-        self.work += routing.offered * ROUTE_COPY_WORK
+    def _stop_routing(self, worker: int, stop: _Stopped, outcome: PublishOutcome) -> None:
+        """A publish was offered to some of its queues only (``outcome``, one slice): the rest
+        wait for the next step, and so does what follows it (``stop.start``)."""
+        self.work += outcome.routing.offered * ROUTE_COPY_WORK  # type: ignore[union-attr]
         if outcome.notify:
             self._wake(outcome.notify)
-        self._runs[worker] = _Stopped(rec, start, routing, published)
+        self._runs[worker] = stop
 
     def _publish_run(self, worker: int, rec: r.PublishRun) -> None:
         """A worker's run of publishes alike but for their bodies (``ipc.records.PublishRun``):
@@ -823,8 +819,8 @@ class Dispatcher:
                 raise
             if outcome.routing is not None:
                 self.work = work
-                self._stop_routing(worker, rec, i + 3, outcome, (
-                    message, offset, header_len, body_len, pageable, mark, None))
+                self._stop_routing(worker, _Stopped(rec, i + 3, outcome.routing, (
+                    message, offset, header_len, body_len, pageable, mark, None)), outcome)
                 return
             work += outcome.routed
             self._published(worker, rec, message, outcome, offset, header_len, body_len,

@@ -247,7 +247,7 @@ class VirtualHost(StepHost):
         # supervisor 54 ms): nothing routes through it from now on, and until then the reverse
         # index may still name it as a source of its destinations (see _unbind_deleted).
         if exchange.has_bindings:
-            self.defer(lambda n: self._unbind_deleted(exchange, n))
+            self.defer(partial(self._unbind_deleted, exchange))
         # RabbitMQ remove_for_destination: bindings to it go too, and may auto-delete sources.
         as_destination = ExchangeDestination(exchange.name)
         for source_name in self._bindings.pop_sources(exchange.name, to_exchange=True):
@@ -665,21 +665,13 @@ class VirtualHost(StepHost):
         destinations = routing.destinations
         start = routing.next
         end = len(destinations) if limit is None else min(start + limit, len(destinations))
-        queues = self._queues
-        notify: list[QueueConsumer] = []
-        for destination in destinations[start:end]:
-            queue = queues.get(destination) if type(destination) is str else destination
-            if queue is None or queue.deleted or queue.declared > routing.declared:
-                continue  # deleted since it was published (and maybe declared again)
-            if message.expiration is not None and queue.plain:
-                upgrade(queue)
-                self._featured_queues += 1
-            taken = queue.offer(message, now)
-            if taken is None:
-                routing.rejected.append(queue.name)
-            else:
-                notify += taken
-            routing.routed += 1
+        queues, declared = self._queues, routing.declared
+        # Those deleted since it was published (and maybe declared again) are left out.
+        live = [queue for destination in destinations[start:end]
+                if (queue := queues.get(destination) if type(destination) is str else destination)
+                is not None and not queue.deleted and queue.declared <= declared]
+        notify = self._offer(live, message, now, routing.rejected)
+        routing.routed += len(live)
         notify += self.drain()
         routing.next, routing.offered = end, end - start
         routing.dead_lettered += self.dead_lettered - before
@@ -691,6 +683,23 @@ class VirtualHost(StepHost):
             message.refs -= 1  # every queue went meanwhile: the runtime returns or frees it
         return PublishOutcome(routing.routed, notify, tuple(routing.rejected),
                               routing.dead_lettered)
+
+    def _offer(self, queues: list[Queue], message: Message, now: float | None,
+               rejected: list[str]) -> list[QueueConsumer]:
+        """Offer ``message`` to each of ``queues`` (a plain queue meeting its first expiration
+        is upgraded); the names of those that refuse it go to ``rejected``. Returns whom to
+        wake."""
+        notify: list[QueueConsumer] = []
+        for queue in queues:
+            if message.expiration is not None and queue.plain:
+                upgrade(queue)
+                self._featured_queues += 1
+            taken = queue.offer(message, now)
+            if taken is None:
+                rejected.append(queue.name)
+            else:
+                notify += taken
+        return notify
 
     def _deliver(self, queues: list[Queue], message: Message, now: float | None,
                  limit: int | None = None) -> PublishOutcome:
@@ -704,16 +713,7 @@ class VirtualHost(StepHost):
         # Held while routing: a queue dropping it (drop-head, TTL) must not free it under the
         # queues still to come.
         message.refs += 1
-        notify: list[QueueConsumer] = []
-        for queue in queues:
-            if message.expiration is not None and queue.plain:
-                upgrade(queue)
-                self._featured_queues += 1
-            taken = queue.offer(message, now)
-            if taken is None:
-                rejected.append(queue.name)
-            else:
-                notify += taken
+        notify = self._offer(queues, message, now, rejected)
         if queues:
             drop_reference(message, self._on_drop)
         else:
