@@ -94,7 +94,10 @@ class Router:
             destinations: Iterable[Any] = (
                 current.route(routing_key, headers) if keys is None else current.route_keys(keys, headers)
             )
-            if not destinations and current.alternate is not None:
+            if current.alternate is not None and not any(
+                    type(d) is ExchangeDestination or d in self._queues for d in destinations):
+                # Nothing, or only bindings of a deleted queue still going (broker.vhost
+                # _unbind_gone_queue), which RabbitMQ would have removed with it.
                 destinations = (ExchangeDestination(current.alternate),)
             for destination in destinations:
                 if type(destination) is not ExchangeDestination:

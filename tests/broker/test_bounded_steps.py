@@ -784,3 +784,20 @@ def test_an_auto_delete_exchange_goes_once_the_last_old_binding_has(unbinding: V
     vhost.delete_queue("q", owner=ME)
     vhost.delete_exchange("u", if_unused=True)  # its only bindings lead to a deleted queue
     assert "u" not in vhost.exchanges
+
+
+def test_while_a_deleted_queues_bindings_go_its_matches_go_to_the_alternate_exchange(
+        unbinding: VirtualHost) -> None:
+    """An exchange with an alternate exchange whose only match is a binding of the deleted
+    queue still going hands the message to its alternate, as RabbitMQ (whose bindings go with
+    the queue) does."""
+    vhost = unbinding
+    vhost.declare_exchange("ae", "fanout")
+    vhost.declare_queue("aeq", owner=ME)
+    vhost.bind_queue("aeq", "ae", "", owner=ME)
+    _topic_bound_queue(vhost, arguments={"alternate-exchange": "ae"})
+    vhost.delete_queue("q", owner=ME)
+    assert vhost.exchanges["t"].bindings_to("q") > 0, "the bindings should still be going"
+    assert vhost.exchanges["t"].route(f"a.b{N - 1}.c") == {"q"}  # one of those left
+    assert vhost.publish("t", message(f"a.b{N - 1}.c")).routed == 1
+    assert vhost.queues["aeq"].message_count == 1
