@@ -72,6 +72,9 @@ ROUTE_SLICE_MIN = 256
 # to thousands are cold in the cache, ~2.4 µs a copy at 10,000 queues against ~0.6 µs at 1,000
 # (perf.bench_supervisor_slices, fanout-single and fanout-wide).
 ROUTE_COPY_WORK = 2
+# How often (seconds of the runtime's clock, at most) the messages queued in all queues are
+# counted for the supervisor's memory alarm (Alarms.check_queued): O(queues) each time.
+QUEUED_CHECK_INTERVAL = 0.1
 
 
 class _Stopped:
@@ -160,6 +163,7 @@ class Dispatcher:
         # are blocked at high_watermark and unblocked below low_watermark (hysteresis).
         self.alarms = Alarms(workers)  # broker.alarms: memory per arena, disk
         self.region_bytes = self.alarms.region_bytes  # kept here, on the hot path
+        self._queued_checked = float("-inf")  # when queued_messages was last counted
         # A worker whose arena had no room for a publish: bytes it waits for, bytes freed since.
         self._arena_need = [0] * workers
         self._arena_freed = [0] * workers
@@ -254,6 +258,14 @@ class Dispatcher:
                 self.outbox[region].append(r.PageOut(bodies))
         if self.alarms.high_watermark:
             self.alarms.check_memory(self.outbox)
+        if self.alarms.queued_high and self.vhost.now >= self._queued_checked + QUEUED_CHECK_INTERVAL:
+            self._queued_checked = self.vhost.now
+            self.alarms.check_queued(self.queued_messages(), self.outbox)
+
+    def queued_messages(self) -> int:
+        """Messages waiting in all queues, each queue's copy counted (the supervisor's memory
+        alarm)."""
+        return sum(q.message_count for q in self.vhost.queues.values())
 
     @property
     def behind(self) -> bool:

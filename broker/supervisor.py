@@ -67,6 +67,11 @@ RESTART_BACKOFF = 1.0
 USERS_ENV = "SHOAL_USERS"  # shoal serve reads --user values from it (cli.main); workers never see it
 USERS_PIPE_MAX = 60_000  # bytes: what a pipe takes without a reader (Linux: 64 KiB)
 IDLE_TICK = 1.0  # the timer's longest sleep
+# The supervisor's memory alarm by default (ServeConfig.queued_high_watermark): RabbitMQ's
+# vm_memory_high_watermark (0.4) of the machine's memory, at the most a queued copy costs the
+# supervisor (a featured queue's entry object, ~200 B; a plain queue's copy is ~30-60 B).
+QUEUED_MEMORY_FRACTION = 0.4
+QUEUED_BYTES = 200
 FORGET_PAGES_INTERVAL = 1.0  # s between dropping the arenas' pages from the supervisor's RSS
 SHM_DIR = "/dev/shm"
 
@@ -90,6 +95,10 @@ class ServeConfig:
     # (0: 90% of the high watermark).
     memory_high_watermark: int = 0
     memory_low_watermark: int = 0
+    # The supervisor's memory alarm: messages queued in all queues (each copy counted) at which
+    # every publisher is blocked (0: 40% of the machine's memory at QUEUED_BYTES a copy; -1:
+    # never), unblocked below 90% of it.
+    queued_high_watermark: int = 0
     # With a data dir, persistent bodies are paged out of an arena holding more than this
     # fraction of the high watermark (RabbitMQ's vm_memory_high_watermark_paging_ratio).
     memory_paging_ratio: float = 0.5
@@ -178,6 +187,12 @@ class Supervisor:
         high = c.memory_high_watermark or (c.arena_mb << 20) * 4 // 5
         self.dispatcher.high_watermark = high
         self.dispatcher.low_watermark = min(c.memory_low_watermark or high * 9 // 10, high)
+        queued = c.queued_high_watermark or int(
+            os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * QUEUED_MEMORY_FRACTION
+        ) // QUEUED_BYTES
+        if queued > 0:
+            self.dispatcher.alarms.queued_high = queued
+            self.dispatcher.alarms.queued_low = queued * 9 // 10
         if self.durability is not None:  # paging reads bodies back from the data dir
             self.dispatcher.pager.set_marks(high, c.memory_paging_ratio)
             self.durability.recover_messages([w.region.arena for w in self.workers], c.arena_mb)

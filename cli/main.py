@@ -94,6 +94,11 @@ def main() -> None:
 @click.option("--memory-low-watermark", default=0, show_default="90% of the high watermark",
               type=click.IntRange(0), help="Bytes of messages held in a blocked worker's arena "
               "below which its publishers are unblocked (0: the default).")
+@click.option("--queued-high-watermark", default=0, type=click.IntRange(-1),
+              show_default="40% of the machine's memory at 200 bytes a message",
+              help="Messages queued in all queues (a fanout's copies each count) at which every "
+              "publisher gets connection.blocked: the supervisor's own memory, which the arenas' "
+              "watermarks do not bound (unblocked below 90% of it; -1: never).")
 @click.option("--memory-paging-ratio", default=0.5, show_default=True,
               type=click.FloatRange(0, 1), help="With a data directory: persistent messages' "
               "bodies are paged out to disk from an arena holding more than this fraction of the "

@@ -1,9 +1,11 @@
 """Resource alarms (broker.alarms): the disk alarm blocks every worker, the memory alarm its own
-worker, and each worker hears only about changes of its blocked state."""
+worker, the queued-messages alarm (the supervisor's memory) every worker, and each worker hears
+only about changes of its blocked state."""
 
 from __future__ import annotations
 
 from broker.alarms import Alarms
+from broker.dispatch import QUEUED_CHECK_INTERVAL, Dispatcher
 from ipc import records as r
 
 
@@ -37,3 +39,45 @@ def test_a_worker_under_both_alarms_stays_blocked_until_both_clear() -> None:
     assert told(outbox) == [[], []]
     alarms.set_disk(False, outbox)
     assert told(outbox) == [[r.Blocked(False)], [r.Blocked(False)]]
+
+
+def test_the_queued_messages_alarm_blocks_every_worker_with_hysteresis() -> None:
+    """The supervisor's own memory: messages queued in all queues past the high mark block every
+    worker (low on memory), and only falling below the low mark unblocks them."""
+    alarms, outbox = Alarms(2), [[], []]
+    alarms.queued_high, alarms.queued_low = 1000, 900
+    alarms.check_queued(999, outbox)
+    assert told(outbox) == [[], []]
+    alarms.check_queued(1000, outbox)
+    assert told(outbox) == [[r.Blocked(True, "low on memory")]] * 2
+    alarms.check_queued(950, outbox)  # between the marks: still blocked, nothing said
+    assert told(outbox) == [[], []] and alarms.queued_full
+    alarms.check_queued(899, outbox)
+    assert told(outbox) == [[r.Blocked(False)]] * 2
+
+
+def test_the_dispatcher_counts_every_queues_copies_for_the_queued_alarm() -> None:
+    """A fanout's copies each count; the count is taken at most every QUEUED_CHECK_INTERVAL of
+    the runtime's clock, after a batch or on the timer's tick."""
+    d = Dispatcher(1, lambda region, offset: None)
+    d.alarms.queued_high, d.alarms.queued_low = 30, 20
+    d.begin_batch(1.0)
+    d.handle(0, r.ExchangeDeclare(1, 1, "fx", "fanout", False, False, False, False, {}, False))
+    for i in range(10):
+        d.handle(0, r.QueueDeclare(1, 1, f"q{i}", False, False, False, False, {}, False))
+        d.handle(0, r.QueueBind(1, 1, f"q{i}", "fx", "", {}, False))
+    for n in range(3):
+        d.handle(0, r.Publish(1, 1, "fx", "", False, False, 256 * (n + 1), 16, 100, None))
+    d.outbox[0].clear()
+    d.flow_tick()
+    assert d.queued_messages() == 30
+    assert [e for e in d.outbox[0] if isinstance(e, r.Blocked)] == [r.Blocked(True, "low on memory")]
+    d.outbox[0].clear()
+    for i in range(5):
+        d.handle(0, r.QueuePurge(1, 1, f"q{i}", False))
+    d.outbox[0].clear()
+    d.flow_tick()  # the same instant: not counted again yet
+    assert not [e for e in d.outbox[0] if isinstance(e, r.Blocked)]
+    d.begin_batch(1.0 + QUEUED_CHECK_INTERVAL)
+    d.flow_tick()
+    assert [e for e in d.outbox[0] if isinstance(e, r.Blocked)] == [r.Blocked(False)]

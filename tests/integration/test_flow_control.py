@@ -297,3 +297,49 @@ def test_publishes_pipelined_before_connection_close_are_all_taken(broker: Broke
     assert count() == total
     channel.queue_delete(queue)
     close_quietly(admin)
+
+
+@pytest.mark.deadline(120)
+def test_a_publisher_to_a_wide_fanout_is_blocked_before_the_supervisor_grows_without_bound(
+        tmp_path: Path) -> None:
+    """Each message to a fanout of 100 queues is 100 queued copies held by the supervisor, while
+    its body takes one small block of an arena: the arenas' watermarks never trip, and the
+    supervisor grew by a gigabyte in 40 s (1,000 queues). Past --queued-high-watermark copies in
+    all queues, the publisher gets connection.blocked; purging the queues unblocks it."""
+    broker = start_broker(tmp_path / "broker", extra_args=["--queued-high-watermark", "20000"])
+    exchange = unique_name("wide")
+    queues = [unique_name(f"w{i}") for i in range(100)]
+    events: list[str] = []
+    try:
+        connection = broker.connect()
+        connection.add_on_connection_blocked_callback(lambda *_: events.append("blocked"))
+        connection.add_on_connection_unblocked_callback(lambda *_: events.append("unblocked"))
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "fanout")
+        for name in queues:
+            channel.queue_declare(name)
+            channel.queue_bind(name, exchange)
+        sent = 0
+        deadline = time.monotonic() + 30
+        while "blocked" not in events and sent < 1000 and time.monotonic() < deadline:
+            channel.basic_publish(exchange, "", b"%06d" % sent)
+            sent += 1
+            if sent % 10 == 0:
+                connection.process_data_events(0.01)
+        connection.process_data_events(0.5)
+        assert "blocked" in events, f"{sent} messages to 100 queues and no connection.blocked"
+        assert 200 <= sent < 1000  # 20,000 copies are 200 messages; some cross before the block
+
+        admin = broker.connect()
+        admin_channel = admin.channel()
+        for name in queues:
+            admin_channel.queue_purge(name)
+        deadline = time.monotonic() + 10
+        while "unblocked" not in events and time.monotonic() < deadline:
+            connection.process_data_events(0.1)
+        assert events[-1] == "unblocked", events
+        assert connection_states(broker)  # the broker still answers list-connections
+        close_quietly(admin)
+        close_quietly(connection)
+    finally:
+        finish(broker)
