@@ -263,9 +263,11 @@ class Dispatcher:
             self.alarms.check_queued(self.queued_messages(), self.outbox)
 
     def queued_messages(self) -> int:
-        """Messages waiting in all queues, each queue's copy counted (the supervisor's memory
-        alarm)."""
-        return sum(q.message_count for q in self.vhost.queues.values())
+        """Messages waiting in all queues, each queue's copy counted, and deliveries not
+        settled yet (the supervisor's memory alarm: a consumer without prefetch that never acks
+        holds them all)."""
+        return (sum(q.message_count for q in self.vhost.queues.values())
+                + self._channels.held_count())
 
     @property
     def behind(self) -> bool:

@@ -112,6 +112,10 @@ class OpenChannels:
     def get(self, key: ChannelKey) -> Channel | None:
         return self._channels.get(key)
 
+    def held_count(self) -> int:
+        """Deliveries not settled yet, in every open channel (O(channels))."""
+        return sum(len(chan.acquired) for chan in self._channels.values())
+
     def connection_opened(self, owner: Owner) -> None:
         self._conns.setdefault(owner, set())
 

@@ -81,3 +81,18 @@ def test_the_dispatcher_counts_every_queues_copies_for_the_queued_alarm() -> Non
     d.begin_batch(1.0 + QUEUED_CHECK_INTERVAL)
     d.flow_tick()
     assert [e for e in d.outbox[0] if isinstance(e, r.Blocked)] == [r.Blocked(False)]
+
+
+def test_unsettled_deliveries_count_for_the_queued_alarm() -> None:
+    """A consumer without prefetch that never acks takes every message out of its queue: what it
+    holds still counts."""
+    d = Dispatcher(2, lambda region, offset: None)
+    d.begin_batch(1.0)
+    d.handle(0, r.QueueDeclare(1, 1, "q", False, False, False, False, {}, False))
+    for n in range(5):
+        d.handle(0, r.Publish(1, 1, "", "q", False, False, 256 * (n + 1), 16, 100, None))
+    d.handle(1, r.Consume(7, 1, 1, 3, "q", "c", False, False, 0, False, True, False))
+    d.handle(1, r.Pull(1, 10))
+    assert d.vhost.queues["q"].message_count == 0
+    assert d.queued_messages() == 5
+
