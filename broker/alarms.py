@@ -36,9 +36,10 @@ class Alarms:
         self.blocked = [False] * workers  # the memory alarm, per worker arena
         self.disk = False  # the data directory's free space is below its limit
         # The supervisor's own memory: messages queued in all queues (a fanout's copies each
-        # count) at which every publisher is blocked, and below which they are unblocked; 0:
-        # never. What it holds per queued copy does not scale with the bodies (those are in the
-        # arenas): a publisher to a fanout of 1,000 queues grew it by a gigabyte in 40 s.
+        # count) and deliveries not settled (Dispatcher.queued_messages), at which every
+        # publisher is blocked, and below which they are unblocked; 0: never. What it holds
+        # per queued copy does not scale with the bodies (those are in the arenas): a
+        # publisher to a fanout of 1,000 queues grew it by a gigabyte in 40 s.
         self.queued_high = 0
         self.queued_low = 0
         self.queued_full = False
