@@ -95,9 +95,10 @@ class Router:
                 current.route(routing_key, headers) if keys is None else current.route_keys(keys, headers)
             )
             if current.alternate is not None and not any(
-                    type(d) is ExchangeDestination or d in self._queues for d in destinations):
-                # Nothing, or only bindings of a deleted queue still going (broker.vhost
-                # _unbind_gone_queue), which RabbitMQ would have removed with it.
+                    d.name in self._exchanges if type(d) is ExchangeDestination else d in self._queues
+                    for d in destinations):
+                # Nothing, or only bindings of a deleted queue or exchange still going
+                # (broker.vhost _unbind_destination), which RabbitMQ would have removed with it.
                 destinations = (ExchangeDestination(current.alternate),)
             for destination in destinations:
                 if type(destination) is not ExchangeDestination:

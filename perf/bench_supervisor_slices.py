@@ -263,6 +263,40 @@ def queue_delete(n: int) -> Bench:
     return b
 
 
+def queue_delete_sources(n: int) -> Bench:
+    """queue.delete of a queue bound once by each of n // 20 fanout exchanges."""
+    b = Bench(n)
+    b.declare("q")
+    for i in range(n // 20):
+        b.batch([r.ExchangeDeclare(CONN, CH, f"fx{i}", "fanout", False, False, False, False, {}, False),
+                 r.QueueBind(CONN, CH, "q", f"fx{i}", "", {}, False)], b.t0)
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.QueueDelete(CONN, CH, "q", False, False, False), now)
+    b.run_timer(now)
+    assert not any(x.is_bound("q") for x in b.d.vhost.exchanges.values())
+    return b
+
+
+def exchange_delete_destination(n: int, sources: int) -> Bench:
+    """exchange.delete of an exchange that n // 20 exchange-to-exchange bindings lead to, from
+    ``sources`` direct exchanges (keys k0, k1, ... each)."""
+    b = Bench(n)
+    b.batch([r.ExchangeDeclare(CONN, CH, "dest", "fanout", False, False, False, False, {}, False)],
+            b.t0)
+    per_source = max(1, n // 20 // sources)
+    for i in range(sources):
+        b.batch([r.ExchangeDeclare(CONN, CH, f"sx{i}", "direct", False, False, False, False, {}, False)]
+                + [r.ExchangeBind(CONN, CH, "dest", f"sx{i}", f"k{j}", {}, False) for j in range(per_source)],
+                b.t0)
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.ExchangeDelete(CONN, CH, "dest", False, False), now)
+    b.run_timer(now)
+    assert not any(x.has_bindings for name, x in b.d.vhost.exchanges.items() if name.startswith("sx"))
+    return b
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # name: (run, whether every body ends up freed)
     "purge-plain": (lambda n: purge(n, None), True),
@@ -278,6 +312,10 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     "fanout-single": (lambda n: fanout_wide(n, 10_000, 1), False),
     "exchange-delete": (exchange_delete, False),
     "queue-delete-bound": (queue_delete, False),
+    "queue-delete-sources": (queue_delete_sources, False),
+    # The destination of exchange-to-exchange bindings: from one exchange, and one each.
+    "exchange-delete-destination": (lambda n: exchange_delete_destination(n, 1), False),
+    "exchange-delete-destinations": (lambda n: exchange_delete_destination(n, n // 20), False),
 }
 
 

@@ -10,11 +10,13 @@ slices here are made small so that a few dozen messages take several steps; noth
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 
 from broker.dispatch import Dispatcher
 from broker.errors import NotFound
+from broker.exchange import ExchangeDestination
 from broker.message import Message
 from broker.queue import DEAD_LETTER_COST, Queue
 from broker.vhost import VirtualHost
@@ -739,7 +741,8 @@ def unbinding(sliced: VirtualHost) -> VirtualHost:
 def test_a_queue_bound_many_times_is_deleted_at_once_its_bindings_in_slices(
         unbinding: VirtualHost) -> None:
     """queue.delete of a queue bound N times: it is gone at once, a message matching its keys
-    is routed nowhere, and its bindings go K per step."""
+    is routed nowhere, and its bindings go: 10 in the call, then K per step (the first slice in
+    the same step, as the graveyard's work)."""
     vhost = unbinding
     _topic_bound_queue(vhost)
     exchange = vhost.exchanges["t"]
@@ -747,7 +750,7 @@ def test_a_queue_bound_many_times_is_deleted_at_once_its_bindings_in_slices(
     assert "q" not in vhost.queues
     assert vhost.publish("t", message("a.b3.c")).routed == 0
     left = [exchange.bindings_to("q")]
-    assert left[0] == N - K
+    assert left[0] == N - 10 - K
     while (deadline := vhost.next_deadline()) is not None and deadline <= vhost.now:
         vhost.tick(vhost.now)
         left.append(exchange.bindings_to("q"))
@@ -801,3 +804,117 @@ def test_while_a_deleted_queues_bindings_go_its_matches_go_to_the_alternate_exch
     assert vhost.exchanges["t"].route(f"a.b{N - 1}.c") == {"q"}  # one of those left
     assert vhost.publish("t", message(f"a.b{N - 1}.c")).routed == 1
     assert vhost.queues["aeq"].message_count == 1
+
+
+def _ticks_until_idle(vhost: VirtualHost, measure: Callable[[], int]) -> list[int]:
+    """``measure()`` now and after each tick while the virtual host has work now."""
+    seen = [measure()]
+    while (deadline := vhost.next_deadline()) is not None and deadline <= vhost.now:
+        vhost.tick(vhost.now)
+        seen.append(measure())
+        assert len(seen) < 1000, "the work never ends"
+    return seen
+
+
+def test_a_queue_bound_by_many_exchanges_is_unbound_in_slices(unbinding: VirtualHost) -> None:
+    """queue.delete of a queue bound once by each of N exchanges (RabbitMQ walks them all in
+    the call): 10 go at once, the rest K per step; auto-delete exchanges go with their last
+    binding; the reverse index names the queue for nobody at the end."""
+    vhost = unbinding
+    vhost.declare_queue("q", owner=ME)
+    for i in range(N):
+        vhost.declare_exchange(f"x{i}", "fanout", auto_delete=i % 2 == 0)
+        vhost.bind_queue("q", f"x{i}", "", owner=ME)
+    vhost.delete_queue("q", owner=ME)
+    assert all(vhost.publish(f"x{i}", message("")).routed == 0 for i in range(1, N, 2))
+
+    def bound() -> int:
+        return sum(1 for x in vhost.exchanges.values() if x.is_bound("q"))
+
+    left = _ticks_until_idle(vhost, bound)
+    assert N - 10 - K <= left[0] <= N - 10 and left[-1] == 0  # 10 in the call, <= K in its step
+    assert all(a - b <= K for a, b in itertools.pairwise(left))
+    assert not any(f"x{i}" in vhost.exchanges for i in range(0, N, 2)), "auto-delete"
+    assert all(f"x{i}" in vhost.exchanges for i in range(1, N, 2))
+    assert not vhost._bindings._to_queue.get("q")
+
+
+def _exchange_bound_exchange(vhost: VirtualHost, sources: int, keys: int, **kw: object) -> None:
+    """Exchange "d" (fanout to queue "sink") bound ``keys`` times by each of ``sources``
+    direct exchanges s0, s1, ... (keys k0, k1, ...)."""
+    vhost.declare_queue("sink", owner=ME)
+    vhost.declare_exchange("d", "fanout")
+    vhost.bind_queue("sink", "d", "", owner=ME)
+    for i in range(sources):
+        vhost.declare_exchange(f"s{i}", "direct", **kw)  # type: ignore[arg-type]
+        for j in range(keys):
+            vhost.bind_exchange("d", f"s{i}", f"k{j}")
+
+
+@pytest.mark.parametrize(("sources", "keys"), [(1, N), (N, 1), (5, 10)])
+def test_a_deleted_exchanges_bindings_from_other_exchanges_go_a_slice_per_step(
+        unbinding: VirtualHost, sources: int, keys: int) -> None:
+    """exchange.delete of an exchange that N exchange-to-exchange bindings lead to (from one
+    exchange, from N, or a mix): it is gone at once and nothing reaches its queue through them;
+    10 go in the call, then K per step, until no exchange is bound to it."""
+    vhost = unbinding
+    _exchange_bound_exchange(vhost, sources, keys)
+    vhost.delete_exchange("d")
+    assert all(vhost.publish(f"s{i}", message(f"k{keys - 1}")).routed == 0 for i in range(sources))
+    destination = ExchangeDestination("d")
+
+    def bindings() -> int:
+        return sum(x.bindings_to(destination) for x in vhost.exchanges.values())
+
+    left = _ticks_until_idle(vhost, bindings)
+    assert N - 10 - K <= left[0] <= N - 10 and left[-1] == 0  # 10 in the call, <= K in its step
+    assert all(a - b <= K for a, b in itertools.pairwise(left))
+    assert not vhost._bindings._to_exchange.get("d")
+    assert all(not vhost.exchanges[f"s{i}"].has_bindings for i in range(sources))
+    assert vhost.queues["sink"].message_count == 0
+
+
+def test_an_exchange_declared_again_gets_nothing_through_the_old_bindings(unbinding: VirtualHost) -> None:
+    """Declared again under its name before the old bindings to it are gone: they go at once,
+    so the new exchange gets only what its own bindings route."""
+    vhost = unbinding
+    _exchange_bound_exchange(vhost, 1, N)
+    vhost.delete_exchange("d")
+    vhost.declare_exchange("d", "fanout")
+    vhost.bind_queue("sink", "d", "", owner=ME)
+    assert vhost.exchanges["s0"].bindings_to(ExchangeDestination("d")) == 0
+    assert vhost.publish("s0", message(f"k{N - 1}")).routed == 0
+    vhost.bind_exchange("d", "s0", "new")
+    assert vhost.publish("s0", message("new")).routed == 1
+    _reap_all(vhost, [], vhost.now)
+    assert vhost.exchanges["s0"].bindings_to(ExchangeDestination("d")) == 1, "the new binding went"
+
+
+def test_auto_delete_sources_go_once_their_last_binding_to_a_deleted_exchange_has(
+        unbinding: VirtualHost) -> None:
+    """An auto-delete exchange whose only bindings led to the deleted exchange goes when the
+    last of them does; exchange.delete if-unused meanwhile does not count them."""
+    vhost = unbinding
+    _exchange_bound_exchange(vhost, 2, N, auto_delete=True)
+    vhost.delete_exchange("d")
+    assert "s0" in vhost.exchanges and "s1" in vhost.exchanges
+    vhost.delete_exchange("s1", if_unused=True)  # its only bindings lead to a deleted exchange
+    assert "s1" not in vhost.exchanges
+    _reap_all(vhost, [], vhost.now)
+    assert "s0" not in vhost.exchanges
+
+
+def test_while_a_deleted_exchanges_bindings_go_matches_go_to_the_alternate_exchange(
+        unbinding: VirtualHost) -> None:
+    """A source with an alternate exchange whose only match is a binding to the deleted
+    exchange still going hands the message to its alternate (RabbitMQ removed the binding with
+    the exchange)."""
+    vhost = unbinding
+    vhost.declare_exchange("ae", "fanout")
+    vhost.declare_queue("aeq", owner=ME)
+    vhost.bind_queue("aeq", "ae", "", owner=ME)
+    _exchange_bound_exchange(vhost, 1, N, arguments={"alternate-exchange": "ae"})
+    vhost.delete_exchange("d")
+    assert vhost.exchanges["s0"].route(f"k{N - 1}") == {ExchangeDestination("d")}, "still going"
+    assert vhost.publish("s0", message(f"k{N - 1}")).routed == 1
+    assert vhost.queues["aeq"].message_count == 1 and vhost.queues["sink"].message_count == 0

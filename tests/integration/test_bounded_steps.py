@@ -273,3 +273,49 @@ def test_a_queue_bound_thousands_of_times_is_deleted_at_once_and_can_be_declared
         close_quietly(connection)
     finally:
         finish(broker)
+
+
+@pytest.mark.deadline(300)
+def test_an_exchange_thousands_of_exchanges_are_bound_to_is_deleted_at_once(tmp_path: Path) -> None:
+    """exchange.delete of a fanout exchange that 5,000 exchange-to-exchange bindings lead to
+    (2,500 keys from one direct exchange, one from each of 2,500 more) answers at once; a
+    mandatory publish through one of the old bindings comes back meanwhile, the auto-delete
+    sources go with their only binding, and the exchange declared again at once under its name
+    gets only what its new binding routes."""
+    broker = start_broker(tmp_path / "broker")
+    target, sink = unique_name("dest"), unique_name("sink")
+    wide = unique_name("wide")
+    sources = [unique_name(f"s{i}") for i in range(BOUND // 2)]
+    try:
+        connection = broker.connect()
+        channel = connection.channel()
+        channel.exchange_declare(target, "fanout")
+        channel.queue_declare(sink)
+        channel.queue_bind(sink, target)
+        channel.exchange_declare(wide, "direct")
+        for i in range(BOUND // 2):
+            channel.exchange_bind(target, wide, f"k{i}")
+        for name in sources:
+            channel.exchange_declare(name, "fanout", auto_delete=True)
+            channel.exchange_bind(target, name)
+        channel.exchange_delete(target)
+        channel.confirm_delivery()
+        with pytest.raises(pika.exceptions.UnroutableError):
+            channel.basic_publish(wide, "k7", b"by an old binding", mandatory=True)
+        channel.exchange_declare(target, "fanout")
+        channel.queue_bind(sink, target)
+        channel.exchange_bind(target, wide, "new")
+        with pytest.raises(pika.exceptions.UnroutableError):
+            channel.basic_publish(wide, "k8", b"by an old binding", mandatory=True)
+        channel.basic_publish(wide, "new", b"by the new binding", mandatory=True)
+        method, _, body = channel.basic_get(sink, auto_ack=True)
+        assert method is not None and body == b"by the new binding"
+        assert channel.queue_declare(sink, passive=True).method.message_count == 0
+        for name in (sources[0], sources[-1]):
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as closed:
+                channel.exchange_declare(name, passive=True)
+            assert closed.value.reply_code == 404, "an auto-delete source outlived its only binding"
+            channel = connection.channel()
+        close_quietly(connection)
+    finally:
+        finish(broker)
