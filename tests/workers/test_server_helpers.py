@@ -1,10 +1,17 @@
-"""The worker runtime's pure helpers: which peers count as loopback (RabbitMQ's loopback_users)."""
+"""The worker runtime's pure helpers: which peers count as loopback (RabbitMQ's loopback_users),
+how much a connection's next read asks for."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.server import _is_loopback
+from workers.server import (
+    RECEIVE_BIG,
+    RECEIVE_SIZE,
+    RECEIVE_SMALL,
+    _is_loopback,
+    _next_ask,
+)
 
 
 @pytest.mark.parametrize(("host", "loopback"), [
@@ -14,3 +21,23 @@ from workers.server import _is_loopback
 ])
 def test_loopback_peers(host: str, loopback: bool) -> None:
     assert _is_loopback(host) is loopback
+
+
+def test_reads_grow_while_they_fill_and_shrink_after_a_pause() -> None:
+    """A read that filled its ask is followed by a bigger one; a short one (the client paused)
+    by a small one."""
+    assert _next_ask(RECEIVE_SMALL, RECEIVE_SMALL, 400) == RECEIVE_SIZE
+    assert _next_ask(RECEIVE_SIZE, RECEIVE_SIZE - 1, 1) == RECEIVE_SMALL
+    assert _next_ask(RECEIVE_BIG, 100, 0) == RECEIVE_SMALL
+
+
+def test_only_a_stream_of_big_messages_is_read_a_megabyte_at_a_time() -> None:
+    """256 KiB bodies (one publish a full 256 KiB read, four a megabyte) go on at RECEIVE_BIG;
+    128-byte or 4 KiB publishes (thousands, or 64, a read) stay at RECEIVE_SIZE, so credit flow
+    stops a publisher within a read's worth of them."""
+    assert _next_ask(RECEIVE_SIZE, RECEIVE_SIZE, 1) == RECEIVE_BIG
+    assert _next_ask(RECEIVE_BIG, RECEIVE_BIG, 4) == RECEIVE_BIG
+    assert _next_ask(RECEIVE_SIZE, RECEIVE_SIZE, 1800) == RECEIVE_SIZE
+    assert _next_ask(RECEIVE_SIZE, RECEIVE_SIZE, 64) == RECEIVE_SIZE
+    assert _next_ask(RECEIVE_BIG, RECEIVE_BIG, 7000) == RECEIVE_SIZE
+    assert _next_ask(RECEIVE_SMALL, RECEIVE_SMALL, 0) == RECEIVE_SIZE  # not yet: first 256 KiB
