@@ -336,7 +336,7 @@ class Dispatcher:
             if isinstance(owner, tuple) and owner[0] == worker:
                 owners.add(owner)
         for owner in sorted(owners):
-            self._conn_close(worker, r.ConnClose(conn=owner[1]))
+            self._conn_close(worker, r.ConnClose(conn=owner[1]), worker_died=True)
         self.outbox[worker].clear()
         self.notify[worker].clear()
         for key in [k for k in self._standing if k[0] == worker]:
@@ -466,12 +466,12 @@ class Dispatcher:
     def _conn_open(self, worker: int, rec: r.ConnOpen) -> None:
         self._channels.connection_opened((worker, rec.conn))
 
-    def _conn_close(self, worker: int, rec: r.ConnClose) -> None:
+    def _conn_close(self, worker: int, rec: r.ConnClose, *, worker_died: bool = False) -> None:
         owner = (worker, rec.conn)
         self.confirms.forget(lambda key: key[:2] == owner)
         for ch in self._channels.close_connection(owner):
             self._release_channel((worker, rec.conn, ch))
-        self._cancel_all(self.vhost.delete_owned_queues(owner))
+        self._cancel_all(self.vhost.delete_owned_queues(owner, self._cancel_all, at_once=worker_died))
 
     def _chan_close(self, worker: int, rec: r.ChanClose) -> None:
         key = (worker, rec.conn, rec.ch)

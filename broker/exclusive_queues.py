@@ -11,7 +11,7 @@ Called from: the supervisor process (``broker.vhost``).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Collection, Hashable
 
 from broker.errors import ResourceLocked
 from broker.queue import Queue
@@ -36,7 +36,7 @@ class ExclusiveQueues:
         if not owned:
             self._owned.pop(queue.exclusive_owner, None)
 
-    def names(self, owner: Hashable) -> Iterable[str]:
+    def names(self, owner: Hashable) -> Collection[str]:
         """The exclusive queues ``owner`` declared (still there)."""
         return self._owned.get(owner, ())
 

@@ -75,6 +75,7 @@ class StepHost:
         self.expire_budget = EXPIRE_SLICE
         self._reap_budget = REAP_SLICE
         self._graveyard = Graveyard()
+        self._reaping = False  # _reap is not re-entered (see there)
         # The runtime's (broker.dispatch): lets plain queues keep a waiting message as its
         # body handle alone (broker.fifo_entries). None: they never do.
         self.body_codec: BodyCodec | None = None
@@ -112,8 +113,16 @@ class StepHost:
         self._reap()
 
     def _reap(self) -> None:
-        if self._reap_budget > 0 and self._graveyard:
-            self._reap_budget -= self._graveyard.reap(self._reap_budget)
+        # Deferred work may bury or defer more (a queue deleted a slice at a time buries its
+        # messages; an exchange auto-deleted with its last binding defers the bindings to it):
+        # that goes to the end of the graveyard, which the reap under way reaches as its budget
+        # allows -- never a reap inside a reap, which would run the same job twice at once.
+        if self._reap_budget > 0 and self._graveyard and not self._reaping:
+            self._reaping = True
+            try:
+                self._reap_budget -= self._graveyard.reap(self._reap_budget)
+            finally:
+                self._reaping = False
 
     @property
     def buried(self) -> int:

@@ -297,6 +297,19 @@ def exchange_delete_destination(n: int, sources: int) -> Bench:
     return b
 
 
+def close_exclusive_many(n: int) -> Bench:
+    """A connection owning n // 50 exclusive queues closes."""
+    b = Bench(n)
+    for i in range(n // 50):
+        b.declare(f"e{i}", exclusive=True, conn=2)
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.ConnClose(2), now)
+    b.run_timer(now)
+    assert not b.d.vhost.queues_owned_by((W, 2))
+    return b
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # name: (run, whether every body ends up freed)
     "purge-plain": (lambda n: purge(n, None), True),
@@ -316,6 +329,7 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # The destination of exchange-to-exchange bindings: from one exchange, and one each.
     "exchange-delete-destination": (lambda n: exchange_delete_destination(n, 1), False),
     "exchange-delete-destinations": (lambda n: exchange_delete_destination(n, n // 20), False),
+    "close-exclusive-many": (close_exclusive_many, False),
 }
 
 

@@ -14,8 +14,9 @@ from collections.abc import Callable
 
 import pytest
 
+from broker.consumer_manager import QueueConsumer
 from broker.dispatch import Dispatcher
-from broker.errors import NotFound
+from broker.errors import NotFound, ResourceLocked
 from broker.exchange import ExchangeDestination
 from broker.message import Message
 from broker.queue import DEAD_LETTER_COST, Queue
@@ -25,6 +26,7 @@ from tests.broker.conftest import ME
 from tests.broker.support import attach, consumer, message
 
 K = 7  # entries let go of per step
+OTHER = ("w1", 2)  # another connection
 N = 50  # messages per queue: several steps' worth
 
 
@@ -918,3 +920,79 @@ def test_while_a_deleted_exchanges_bindings_go_matches_go_to_the_alternate_excha
     assert vhost.exchanges["s0"].route(f"k{N - 1}") == {ExchangeDestination("d")}, "still going"
     assert vhost.publish("s0", message(f"k{N - 1}")).routed == 1
     assert vhost.queues["aeq"].message_count == 1 and vhost.queues["sink"].message_count == 0
+
+
+def _exclusive_queues(vhost: VirtualHost, n: int) -> list[Message]:
+    """n exclusive queues of ME, e0, e1, ..., each holding one message."""
+    for i in range(n):
+        vhost.declare_queue(f"e{i}", owner=ME, exclusive=True)
+    return [m for i in range(n) for m in _publish(vhost, f"e{i}", 1)]
+
+
+def test_a_closed_connections_many_exclusive_queues_go_a_slice_per_step(
+        sliced: VirtualHost, dropped: list[Message]) -> None:
+    """A connection owning N exclusive queues closes (more than close_at_once): they go a
+    slice per step, at most K units of 4 a queue; meanwhile another connection using one gets
+    405 RESOURCE_LOCKED (RabbitMQ's answer until the queue has seen its owner go); every
+    queue and every message goes, each body once."""
+    vhost = sliced
+    vhost.close_at_once = 10
+    messages = _exclusive_queues(vhost, N)
+    assert vhost.delete_owned_queues(ME) == []
+    left = [sum(1 for i in range(N) if f"e{i}" in vhost.queues)]
+    assert N - 10 <= left[0] < N, "some go in the closing step, at most its slice"
+    with pytest.raises(ResourceLocked):
+        vhost.queue(f"e{N - 1}", owner=OTHER)
+    with pytest.raises(ResourceLocked):
+        vhost.declare_queue(f"e{N - 1}", owner=OTHER, exclusive=True)
+    per_step = -(-K // 4)
+    while (deadline := vhost.next_deadline()) is not None and deadline <= vhost.now:
+        vhost.tick(vhost.now)
+        left.append(sum(1 for i in range(N) if f"e{i}" in vhost.queues))
+        assert len(left) < 1000
+    assert left[-1] == 0 and all(a - b <= per_step for a, b in itertools.pairwise(left))
+    assert vhost.queues_owned_by(ME) == []
+    _reap_all(vhost, dropped, vhost.now)
+    _exactly_once(dropped, messages)
+
+
+def test_a_few_exclusive_queues_go_with_the_close_itself(sliced: VirtualHost,
+                                                         dropped: list[Message]) -> None:
+    """close_at_once or fewer: gone in the call, as always."""
+    vhost = sliced
+    vhost.close_at_once = N
+    _exclusive_queues(vhost, N)
+    vhost.delete_owned_queues(ME)
+    assert not any(f"e{i}" in vhost.queues for i in range(N))
+
+
+def test_consumers_of_exclusive_queues_going_in_slices_are_cancelled_as_they_go(
+        sliced: VirtualHost) -> None:
+    """The consumers of queues deleted in later steps reach ``on_cancel`` then."""
+    vhost = sliced
+    vhost.close_at_once = 10
+    _exclusive_queues(vhost, N)
+    consumers = [consumer(f"c{i}") for i in range(N)]
+    for i, c in enumerate(consumers):
+        vhost.queues[f"e{i}"].add_consumer(c)
+    cancelled: list[QueueConsumer] = []
+    cancelled += vhost.delete_owned_queues(ME, cancelled.extend)
+    _reap_all(vhost, [], vhost.now)
+    assert sorted(c.tag for c in cancelled) == sorted(c.tag for c in consumers)
+
+
+def test_a_dead_workers_exclusive_queues_go_at_once_even_while_others_go_in_slices() -> None:
+    """worker_died deletes its connections' exclusive queues in the call (its replacement
+    numbers its connections from 1 again: a new connection must not own one of them), those of a
+    connection closed just before included."""
+    d = Dispatcher(2, lambda region, offset: None)
+    d.vhost.close_at_once = 10
+    d.vhost.reap_slice = K
+    d.begin_batch(1.0)
+    for conn in (1, 2):
+        for i in range(N):
+            d.handle(1, r.QueueDeclare(conn, 1, f"c{conn}e{i}", False, False, True, False, {}, False))
+    d.handle(1, r.ConnClose(1))
+    assert sum(1 for name in d.vhost.queues if name.startswith("c1e")) > 0, "still going"
+    d.worker_died(1)
+    assert not [name for name in d.vhost.queues if name.startswith(("c1e", "c2e"))]

@@ -319,3 +319,46 @@ def test_an_exchange_thousands_of_exchanges_are_bound_to_is_deleted_at_once(tmp_
         close_quietly(connection)
     finally:
         finish(broker)
+
+
+EXCLUSIVE = 1000  # exclusive queues of one connection: more than a closing step deletes
+
+
+@pytest.mark.deadline(300)
+def test_a_connection_with_a_thousand_exclusive_queues_closes(tmp_path: Path) -> None:
+    """A connection holding 1,000 exclusive queues, a message in each, closes: another
+    connection finds every queue gone soon after (passive declare: 404; meanwhile 405
+    RESOURCE_LOCKED, as from RabbitMQ until a queue has seen its owner go, never the queue as
+    its own), then declares the same names as its own exclusive queues, empty."""
+    broker = start_broker(tmp_path / "broker")
+    names = [unique_name(f"x{i}") for i in range(EXCLUSIVE)]
+    try:
+        owner = broker.connect()
+        channel = owner.channel()
+        for name in names:
+            channel.queue_declare(name, exclusive=True)
+            channel.basic_publish("", name, b"held by an exclusive queue")
+        channel.queue_declare(names[-1], passive=True)  # a round trip: all declared and routed
+        owner.close()
+
+        other = broker.connect()
+        answers: set[int] = set()
+
+        def gone(name: str) -> bool:
+            probe = other.channel()
+            try:
+                probe.queue_declare(name, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as closed:
+                answers.add(closed.reply_code)
+                return closed.reply_code == 404
+            raise AssertionError(f"{name} is still there, and this connection may use it")
+
+        for name in (names[-1], names[EXCLUSIVE // 2], names[0]):
+            wait_until(lambda name=name: gone(name), timeout=30)
+        assert answers <= {404, 405}
+        channel = other.channel()
+        for name in names[:10] + names[-10:]:
+            assert channel.queue_declare(name, exclusive=True).method.message_count == 0
+        close_quietly(other)
+    finally:
+        finish(broker)
