@@ -65,7 +65,7 @@ _DEFAULT_EXCHANGE_REFUSED = "operation not permitted on the default exchange"
 # slice per step (a queue bound 50,000 times to a topic exchange held the supervisor 81 ms).
 UNBIND_AT_ONCE = 256
 # A closed connection's exclusive queues are deleted at once up to this many; more go a slice per
-# step (20,000 held the supervisor 66 ms), each queue counting this many units of the step's work
+# step (20,000 held the supervisor 58 ms), each queue counting this many units of the step's work
 # (~3 µs a queue against ~1 µs a binding).
 CLOSE_AT_ONCE = 256
 QUEUE_DELETE_WORK = 4
