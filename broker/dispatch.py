@@ -27,6 +27,7 @@ import logging
 import secrets
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,7 +54,15 @@ from broker.message import (
     drop_reference,
 )
 from broker.message_journal import ConfirmGate
-from broker.open_channels import ChannelKey, Held, OpenChannels, Pin, Returning, Subscription
+from broker.open_channels import (
+    ChannelKey,
+    Detaching,
+    Held,
+    OpenChannels,
+    Pin,
+    Returning,
+    Subscription,
+)
 from broker.paging import Pager
 from broker.queue import Queue, QueueEntry
 from broker.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
@@ -65,6 +74,12 @@ log = logging.getLogger("shoal.dispatch")
 # holds the supervisor for long). A channel without prefetch can hold a million; what a step
 # leaves goes back over the next timer ticks, which come at once (``next_deadline``).
 RETURN_SLICE = 1000
+# Consumers of closed channels taken off their queues per step (~1.2 µs each warm, ~2.3 µs
+# cold: a channel with 20,000 consumers held the supervisor 25-46 ms in one call). Meanwhile
+# the rest stay on their queues, closed (``Channel.closed``): a standing pull of theirs is
+# never served, and what their queue notified them of goes on to another consumer as each
+# is taken off.
+DETACH_SLICE = 512
 # A publish routed to more queues than a step has left to do is offered to at least this many
 # of them in the step (and to the rest in later ones): a publish to fewer is never split.
 ROUTE_SLICE_MIN = 256
@@ -122,6 +137,9 @@ class Dispatcher:
         self.return_slice = RETURN_SLICE
         self.route_slice_min = ROUTE_SLICE_MIN
         self._return_budget = RETURN_SLICE  # what is left of it in this step
+        self.detach_slice = DETACH_SLICE
+        self._detach_budget = DETACH_SLICE
+        self._detaching: deque[Detaching] = deque()  # closed channels' consumers still on queues
         # Standing pulls (r.Pull.standing): (worker, consumer id) → how many deliveries are
         # still asked for; those of them woken meanwhile are run before the flush.
         self._standing: dict[tuple[int, int], int] = {}
@@ -238,6 +256,7 @@ class Dispatcher:
         batch is a step (``return_slice``)."""
         self.vhost.advance(now)
         self._return_budget = self.return_slice
+        self._detach_budget = self.detach_slice
 
     def end_batch(self) -> None:
         """Route the dead letters the batch made (pull, get, release, discard can);
@@ -302,6 +321,8 @@ class Dispatcher:
         earlier: more to do at once)."""
         self.vhost.advance(now)
         self._return_budget = self.return_slice
+        self._detach_budget = self.detach_slice
+        self._detach_some()
         self._return_some()
         outcome = self.vhost.tick(now)
         self._wake(outcome.notify)
@@ -312,7 +333,7 @@ class Dispatcher:
     def next_deadline(self) -> float | None:
         """When the runtime's timer should next call :meth:`tick`: ``now`` while closed
         channels' deliveries are still to requeue, else the virtual host's next deadline."""
-        if self._returning:
+        if self._returning or self._detaching:
             return self.vhost.now
         return self.vhost.next_deadline()
 
@@ -337,6 +358,8 @@ class Dispatcher:
                 owners.add(owner)
         for owner in sorted(owners):
             self._conn_close(worker, r.ConnClose(conn=owner[1]), worker_died=True)
+        # Its closed channels' consumers all go now: its replacement numbers consumers from 1.
+        self._detach_some(worker)
         self.outbox[worker].clear()
         self.notify[worker].clear()
         for key in [k for k in self._standing if k[0] == worker]:
@@ -485,14 +508,45 @@ class Dispatcher:
         chan = self._channels.close(key)
         if chan is None:
             return
-        for sub in self._channels.unsubscribe_all(key[0], chan):
-            self._end_standing(key[0], sub.consumer.key[1], answer=False)
-            self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
+        # Its consumers leave their queues as many as this step allows now, the rest over the
+        # next steps (DETACH_SLICE), before what it held goes back.
+        if chan.consumers:
+            self._detaching.append(Detaching(key[0], chan))
+            self._detach_some()
         # AMQP 0-9-1 §4.7: unacknowledged messages of a closed channel are requeued (to their
         # original positions): as many as this step allows now, the rest over the next steps.
         if chan.acquired:
             self._returning.append(Returning(key[0], chan.acquired))
             self._return_some()
+
+    def _detach_some(self, worker: int | None = None) -> None:
+        """Take closed channels' consumers off their queues, oldest channel first, while this
+        step's ``detach_slice`` lasts; with ``worker`` (it died), all of that worker's."""
+        detaching = self._detaching
+        if worker is not None:
+            for job in [job for job in detaching if job.worker == worker]:
+                self._detach(job, len(job.cids))
+                detaching.remove(job)
+            return
+        budget = self._detach_budget
+        while detaching and budget > 0:
+            job = detaching[0]
+            budget -= self._detach(job, budget)
+            if job.at == len(job.cids):
+                detaching.popleft()
+        self._detach_budget = budget
+
+    def _detach(self, job: Detaching, n: int) -> int:
+        """Take the next ``n`` of ``job``'s consumers off their queues; how many there were."""
+        worker, chan = job.worker, job.chan
+        cids = job.cids[job.at:job.at + n]
+        job.at += len(cids)
+        for cid in cids:
+            sub = self._channels.forget(worker, cid, chan)
+            if sub is not None:
+                self._end_standing(worker, cid, answer=False)
+                self._wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
+        return len(cids)
 
     def _return_some(self) -> None:
         """Requeue (or unpin) what closed channels held, oldest channel first and each in
@@ -527,7 +581,11 @@ class Dispatcher:
         """The broker cancels consumers whose queue went away (consumer_cancel_notify)."""
         for c in consumers:
             worker, cid, _ = c.key
-            if self._channels.unsubscribe(worker, cid) is None:
+            sub = self._channels.unsubscribe(worker, cid)
+            if sub is None:
+                continue
+            if sub.chan.closed:  # its channel is gone, the worker forgot it: nothing to say
+                self._end_standing(worker, cid, answer=False)
                 continue
             self._end_standing(worker, cid, answer=True)
             self.outbox[worker].append(r.Cancelled(cid))
@@ -661,13 +719,15 @@ class Dispatcher:
         if sub is None:  # cancelled while the pull was in flight
             self.outbox[worker].append(r.Pulled(cid, [], False))
             return
+        chan = sub.chan
+        if chan.closed:  # a standing pull of a closed channel's consumer not yet detached
+            return
         entries, more = sub.queue.pull(sub.consumer, max_n)
         still_open = max_n - len(entries) if standing and not more else 0
         if still_open:
             self._standing[(worker, cid)] = still_open
             if not entries:
                 return  # nothing to say: the pull stays open as it was
-        chan = self._channels.channel(sub.channel)
         deliveries = []
         store = sub.queue.store
         for entry in entries:

@@ -44,25 +44,46 @@ class Pin:
 Held = QueueEntry | Pin  # what a channel holds per delivery id
 
 
-class Subscription:
-    """A consumer on a queue, and the channel it was started on."""
+class Channel:
+    """One channel's unsettled deliveries (delivery id → what it holds) and consumer ids;
+    ``closed`` once the channel is (its consumers may still be on their queues, going a slice
+    per step: see :class:`Detaching`)."""
 
-    __slots__ = ("channel", "consumer", "queue")
+    __slots__ = ("acquired", "closed", "consumers")
+
+    def __init__(self) -> None:
+        self.acquired: dict[int, Held] = {}
+        self.consumers: set[int] = set()
+        self.closed = False
+
+
+class Subscription:
+    """A consumer on a queue, the channel it was started on, and that channel's books
+    (``chan``: set by :meth:`OpenChannels.subscribe`)."""
+
+    __slots__ = ("chan", "channel", "consumer", "queue")
 
     def __init__(self, consumer: QueueConsumer, queue: Queue, channel: ChannelKey) -> None:
         self.consumer = consumer
         self.queue = queue
         self.channel = channel
+        self.chan: Channel = _NO_CHANNEL
 
 
-class Channel:
-    """One channel's unsettled deliveries (delivery id → what it holds) and consumer ids."""
+_NO_CHANNEL = Channel()  # a Subscription's until it is subscribed
 
-    __slots__ = ("acquired", "consumers")
 
-    def __init__(self) -> None:
-        self.acquired: dict[int, Held] = {}
-        self.consumers: set[int] = set()
+class Detaching:
+    """A closed channel's consumers still on their queues, which the dispatcher takes off a
+    slice per step: ``cids[at:]`` are still to go (:meth:`OpenChannels.forget`)."""
+
+    __slots__ = ("at", "chan", "cids", "worker")
+
+    def __init__(self, worker: int, chan: Channel) -> None:
+        self.worker = worker
+        self.chan = chan
+        self.cids = sorted(chan.consumers)
+        self.at = 0
 
 
 class Returning:
@@ -133,29 +154,34 @@ class OpenChannels:
         chans = self._conns.get(key[:2])
         if chans is not None:
             chans.discard(key[2])
-        return self._channels.pop(key, None)
+        chan = self._channels.pop(key, None)
+        if chan is not None:
+            chan.closed = True
+        return chan
 
     # ------------------------------------------------------------ consumers
 
     def subscribe(self, worker: int, cid: int, sub: Subscription) -> None:
         self.subs[(worker, cid)] = sub
-        self.channel(sub.channel).consumers.add(cid)
+        sub.chan = self.channel(sub.channel)
+        sub.chan.consumers.add(cid)
 
     def unsubscribe(self, worker: int, cid: int) -> Subscription | None:
         """Consumer ``cid`` of ``worker`` is gone (cancelled, or its queue went away)."""
         sub = self.subs.pop((worker, cid), None)
         if sub is not None:
-            chan = self._channels.get(sub.channel)
-            if chan is not None:
-                chan.consumers.discard(cid)
+            sub.chan.consumers.discard(cid)
         return sub
 
-    def unsubscribe_all(self, worker: int, chan: Channel) -> Iterator[Subscription]:
-        """The subscriptions of a closed channel, each forgotten as it is yielded."""
-        for cid in sorted(chan.consumers):
-            sub = self.subs.pop((worker, cid), None)
-            if sub is not None:
-                yield sub
+    def forget(self, worker: int, cid: int, chan: Channel) -> Subscription | None:
+        """Consumer ``cid`` of closed channel ``chan``: its subscription, forgotten (None if a
+        queue deleted meanwhile took it)."""
+        key = (worker, cid)
+        sub = self.subs.get(key)
+        if sub is None or sub.chan is not chan:
+            return None
+        del self.subs[key]
+        return sub
 
     # ----------------------------------------------------------- deliveries
 

@@ -310,6 +310,30 @@ def close_exclusive_many(n: int) -> Bench:
     return b
 
 
+def close_consumers(n: int, channels: int, queues: int) -> Bench:
+    """A connection with n // 50 consumers over ``channels`` channels and ``queues`` queues
+    closes (``channels`` 1: a channel.close)."""
+    b = Bench(n)
+    for q in range(queues):
+        b.declare(f"c{q}")
+    consumers = n // 50
+    pending: list[r.Request] = []
+    for i in range(consumers):
+        pending.append(r.Consume(2, 1 + i % channels, i + 1, i, f"c{i % queues}", f"t{i}",
+                                 False, False, 0, False, True, False))
+        if len(pending) == PUBLISH_BATCH:
+            b.batch(pending, b.t0)
+            pending = []
+    if pending:
+        b.batch(pending, b.t0)
+    b.ready()
+    now = b.t0 + 1
+    b.request(r.ChanClose(2, 1) if channels == 1 else r.ConnClose(2), now)
+    b.run_timer(now)
+    assert all(q.consumer_count == 0 for q in b.d.vhost.queues.values())
+    return b
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # name: (run, whether every body ends up freed)
     "purge-plain": (lambda n: purge(n, None), True),
@@ -330,6 +354,10 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     "exchange-delete-destination": (lambda n: exchange_delete_destination(n, 1), False),
     "exchange-delete-destinations": (lambda n: exchange_delete_destination(n, n // 20), False),
     "close-exclusive-many": (close_exclusive_many, False),
+    # A channel with n // 50 consumers of one queue closes; a connection with as many over 100
+    # channels and 100 queues.
+    "close-consumers-channel": (lambda n: close_consumers(n, 1, 1), False),
+    "close-consumers-connection": (lambda n: close_consumers(n, 100, 100), False),
 }
 
 

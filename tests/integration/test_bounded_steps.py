@@ -362,3 +362,71 @@ def test_a_connection_with_a_thousand_exclusive_queues_closes(tmp_path: Path) ->
         close_quietly(other)
     finally:
         finish(broker)
+
+
+CONSUMERS = 2000  # consumers of one channel: more than a step takes off their queues
+
+
+@pytest.mark.deadline(300)
+def test_a_channel_with_thousands_of_consumers_closes_while_another_consumes(tmp_path: Path) -> None:
+    """A channel with 2,000 consumers of a queue closes (close-ok at once; they leave the queue
+    over the next steps): another connection's consumer of the queue gets every message
+    published right after, in order and none redelivered (none went to a closed consumer and
+    came back); an auto-delete queue whose only consumers, 1,000 of them, were on a closed
+    channel goes once the last has left."""
+    broker = start_broker(tmp_path / "broker")
+    queue, auto = unique_name("many"), unique_name("auto")
+    try:
+        many = broker.connect()
+        crowd = many.channel()
+        crowd.queue_declare(queue)
+        crowd.queue_declare(auto, auto_delete=True)
+        for _ in range(CONSUMERS):
+            crowd.basic_consume(queue, lambda *args: None)
+        crowd_auto = many.channel()
+        for _ in range(CONSUMERS // 2):
+            crowd_auto.basic_consume(auto, lambda *args: None)
+
+        other = broker.connect()
+        taker = other.channel()
+        got: list[tuple[bytes, bool]] = []
+
+        def take(ch: object, method: pika.spec.Basic.Deliver, _: object, body: bytes) -> None:
+            got.append((body, method.redelivered))
+            taker.basic_ack(method.delivery_tag)
+
+        taker.basic_consume(queue, take)
+        publisher = broker.connect()
+        out = publisher.channel()
+
+        crowd.close()
+        bodies = [f"after the close {i}".encode() for i in range(300)]
+        for body in bodies:
+            out.basic_publish("", queue, body)
+
+        def all_taken() -> bool:
+            other.process_data_events(time_limit=0.05)
+            return len(got) >= len(bodies)
+
+        wait_until(all_taken, 60, "every message reached the live consumer")
+        assert got == [(body, False) for body in bodies]
+        wait_until(lambda: out.queue_declare(queue, passive=True).method.consumer_count == 1,
+                   30, "the closed channel's consumers left the queue")
+
+        crowd_auto.close()
+
+        def auto_gone() -> bool:
+            probe = publisher.channel()
+            try:
+                probe.queue_declare(auto, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as closed:
+                assert closed.reply_code == 404
+                return True
+            probe.close()
+            return False
+
+        wait_until(auto_gone, 30, "the auto-delete queue went with its last consumer")
+        for connection in (many, other, publisher):
+            close_quietly(connection)
+    finally:
+        finish(broker)
