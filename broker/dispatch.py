@@ -80,6 +80,9 @@ RETURN_SLICE = 1000
 # never served, and what their queue notified them of goes on to another consumer as each
 # is taken off.
 DETACH_SLICE = 512
+# Consumers cancelled at once when their queue goes (the rest share DETACH_SLICE a step): a
+# queue deleted with 20,000 consumers held the supervisor 17 ms.
+CANCEL_AT_ONCE = 256
 # A publish routed to more queues than a step has left to do is offered to at least this many
 # of them in the step (and to the rest in later ones): a publish to fewer is never split.
 ROUTE_SLICE_MIN = 256
@@ -90,6 +93,16 @@ ROUTE_COPY_WORK = 2
 # How often (seconds of the runtime's clock, at most) the messages queued in all queues are
 # counted for the supervisor's memory alarm (Alarms.check_queued): O(queues) each time.
 QUEUED_CHECK_INTERVAL = 0.1
+
+
+class _Cancelling:
+    """Consumers whose queue went away, still to be told (``consumers[at:]``)."""
+
+    __slots__ = ("at", "consumers")
+
+    def __init__(self, consumers: list[QueueConsumer]) -> None:
+        self.consumers = consumers
+        self.at = 0
 
 
 class _Stopped:
@@ -138,8 +151,11 @@ class Dispatcher:
         self.route_slice_min = ROUTE_SLICE_MIN
         self._return_budget = RETURN_SLICE  # what is left of it in this step
         self.detach_slice = DETACH_SLICE
+        self.cancel_at_once = CANCEL_AT_ONCE
         self._detach_budget = DETACH_SLICE
-        self._detaching: deque[Detaching] = deque()  # closed channels' consumers still on queues
+        # Closed channels' consumers still on their queues, and consumers of deleted queues not
+        # told yet: DETACH_SLICE of them a step.
+        self._detaching: deque[Detaching | _Cancelling] = deque()
         # Standing pulls (r.Pull.standing): (worker, consumer id) → how many deliveries are
         # still asked for; those of them woken meanwhile are run before the flush.
         self._standing: dict[tuple[int, int], int] = {}
@@ -524,15 +540,21 @@ class Dispatcher:
         step's ``detach_slice`` lasts; with ``worker`` (it died), all of that worker's."""
         detaching = self._detaching
         if worker is not None:
-            for job in [job for job in detaching if job.worker == worker]:
-                self._detach(job, len(job.cids))
-                detaching.remove(job)
+            for mine in [job for job in detaching
+                         if isinstance(job, Detaching) and job.worker == worker]:
+                self._detach(mine, len(mine.cids))
+                detaching.remove(mine)
             return
         budget = self._detach_budget
         while detaching and budget > 0:
             job = detaching[0]
-            budget -= self._detach(job, budget)
-            if job.at == len(job.cids):
+            if isinstance(job, Detaching):
+                budget -= self._detach(job, budget)
+                done = job.at == len(job.cids)
+            else:
+                budget -= self._cancel_some(job, budget)
+                done = job.at == len(job.consumers)
+            if done:
                 detaching.popleft()
         self._detach_budget = budget
 
@@ -577,18 +599,31 @@ class Dispatcher:
     def _unpin(self, pin: Pin) -> None:
         drop_reference(pin.message, self._drop)
 
-    def _cancel_all(self, consumers: Iterable[QueueConsumer]) -> None:
-        """The broker cancels consumers whose queue went away (consumer_cancel_notify)."""
+    def _cancel_all(self, consumers: list[QueueConsumer]) -> None:
+        """The broker cancels consumers whose queue went away (consumer_cancel_notify):
+        CANCEL_AT_ONCE now, the rest DETACH_SLICE a step. Meanwhile a pull of theirs finds
+        the deleted queue empty; nothing else of theirs reaches it."""
+        job = _Cancelling(consumers)
+        self._cancel_some(job, self.cancel_at_once)
+        if job.at < len(consumers):
+            self._detaching.append(job)
+
+    def _cancel_some(self, job: _Cancelling, n: int) -> int:
+        consumers = job.consumers[job.at:job.at + n]
+        job.at += len(consumers)
+        subs = self._subs
         for c in consumers:
             worker, cid, _ = c.key
-            sub = self._channels.unsubscribe(worker, cid)
-            if sub is None:
+            sub = subs.get((worker, cid))
+            if sub is None or sub.consumer is not c:  # gone already (a replaced worker's id)
                 continue
+            self._channels.unsubscribe(worker, cid)
             if sub.chan.closed:  # its channel is gone, the worker forgot it: nothing to say
                 self._end_standing(worker, cid, answer=False)
                 continue
             self._end_standing(worker, cid, answer=True)
             self.outbox[worker].append(r.Cancelled(cid))
+        return len(consumers)
 
     # ------------------------------------------------------------ exchanges
 

@@ -312,14 +312,14 @@ def close_exclusive_many(n: int) -> Bench:
 
 def close_consumers(n: int, channels: int, queues: int) -> Bench:
     """A connection with n // 50 consumers over ``channels`` channels and ``queues`` queues
-    closes (``channels`` 1: a channel.close)."""
+    closes (``channels`` 1: a channel.close; 0: one channel, and its queue is deleted)."""
     b = Bench(n)
     for q in range(queues):
         b.declare(f"c{q}")
     consumers = n // 50
     pending: list[r.Request] = []
     for i in range(consumers):
-        pending.append(r.Consume(2, 1 + i % channels, i + 1, i, f"c{i % queues}", f"t{i}",
+        pending.append(r.Consume(2, 1 + i % max(channels, 1), i + 1, i, f"c{i % queues}", f"t{i}",
                                  False, False, 0, False, True, False))
         if len(pending) == PUBLISH_BATCH:
             b.batch(pending, b.t0)
@@ -328,9 +328,13 @@ def close_consumers(n: int, channels: int, queues: int) -> Bench:
         b.batch(pending, b.t0)
     b.ready()
     now = b.t0 + 1
-    b.request(r.ChanClose(2, 1) if channels == 1 else r.ConnClose(2), now)
+    if channels:
+        b.request(r.ChanClose(2, 1) if channels == 1 else r.ConnClose(2), now)
+    else:  # the queue is deleted under them
+        b.request(r.QueueDelete(CONN, CH, "c0", False, False, False), now)
     b.run_timer(now)
     assert all(q.consumer_count == 0 for q in b.d.vhost.queues.values())
+    assert not b.d._channels.subs
     return b
 
 
@@ -358,6 +362,8 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # channels and 100 queues.
     "close-consumers-channel": (lambda n: close_consumers(n, 1, 1), False),
     "close-consumers-connection": (lambda n: close_consumers(n, 100, 100), False),
+    # A queue with n // 50 consumers (of one channel) deleted.
+    "queue-delete-consumers": (lambda n: close_consumers(n, 0, 1), False),
 }
 
 

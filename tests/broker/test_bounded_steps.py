@@ -1151,3 +1151,72 @@ def test_a_queue_deleted_while_closed_consumers_leave_cancels_only_the_live_one(
     assert not [e for e in t.d.outbox[1] if isinstance(e, (r.Cancelled, r.Pulled))]
     t.tick_all()
     assert t.dead_subscriptions() == [] and not t.d.outbox[1]
+
+
+class _Cancels:
+    """N consumers of ``q`` on worker 1 (connection 7, channel 1, ids and slots 1..N); queue.delete
+    tells K of them at once and the rest K per step."""
+
+    def __init__(self) -> None:
+        self.d = Dispatcher(2, lambda region, offset: None)
+        self.d.detach_slice = self.d.cancel_at_once = K
+        self.now = 1.0
+        self.d.begin_batch(self.now)
+        self.d.handle(0, r.QueueDeclare(1, 2, "q", False, False, False, False, {}, False))
+        for cid in range(1, N + 1):
+            self.d.handle(1, r.Consume(7, 1, cid, cid, "q", f"c{cid}", False, False, 0, False,
+                                       True, False))
+        self.d.outbox[1].clear()
+
+    def cancelled(self) -> list[int]:
+        told = [e.consumer for e in self.d.outbox[1] if isinstance(e, r.Cancelled)]
+        self.d.outbox[1].clear()
+        return told
+
+    def tick_all(self) -> list[list[int]]:
+        told = []
+        while (deadline := self.d.tick(self.now)) is not None and deadline <= self.now:
+            told.append(self.cancelled())
+            assert len(told) < 1000, "the cancels never end"
+        told.append(self.cancelled())
+        return told
+
+
+def test_a_deleted_queues_many_consumers_are_cancelled_a_slice_per_step() -> None:
+    """queue.delete-ok at once, K basic.cancels with it, the rest K per tick; each consumer
+    told once, in the order they consumed."""
+    t = _Cancels()
+    t.d.begin_batch(t.now)
+    t.d.handle(0, r.QueueDelete(1, 2, "q", False, False, False))
+    assert "q" not in t.d.vhost.queues
+    first = t.cancelled()
+    assert first == list(range(1, K + 1))
+    assert t.d.next_deadline() == t.d.vhost.now
+    rest = t.tick_all()
+    assert all(len(told) <= K for told in rest)
+    assert first + [cid for told in rest for cid in told] == list(range(1, N + 1))
+    assert [cid for (worker, cid) in t.d._subs if worker == 1] == []
+
+
+def test_a_consumer_not_told_yet_pulls_nothing_from_its_deleted_queue() -> None:
+    t = _Cancels()
+    t.d.handle(0, r.Publish(1, 2, "", "q", False, False, 256, 16, 100, None))
+    t.d.handle(0, r.QueueDelete(1, 2, "q", False, False, False))
+    t.cancelled()
+    t.d.handle(1, r.Pull(N, 10))
+    assert [e for e in t.d.outbox[1] if isinstance(e, r.Pulled)] == [r.Pulled(N, [], False)]
+
+
+def test_a_replaced_workers_new_consumers_are_not_cancelled_for_the_old_ones() -> None:
+    """The worker dies while its consumers of a deleted queue are still being told; its
+    replacement numbers consumers from 1 again: none of its own is cancelled by what is left."""
+    t = _Cancels()
+    t.d.handle(0, r.QueueDelete(1, 2, "q", False, False, False))
+    t.d.worker_died(1)
+    t.d.handle(0, r.QueueDeclare(1, 2, "other", False, False, False, False, {}, False))
+    for cid in range(1, N + 1):
+        t.d.handle(1, r.Consume(3, 1, cid, cid, "other", f"n{cid}", False, False, 0, False,
+                                True, False))
+    t.d.outbox[1].clear()
+    assert t.tick_all()[-1] == [] and not any(t.tick_all())
+    assert t.d.vhost.queues["other"].consumer_count == N

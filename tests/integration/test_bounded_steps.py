@@ -430,3 +430,37 @@ def test_a_channel_with_thousands_of_consumers_closes_while_another_consumes(tmp
             close_quietly(connection)
     finally:
         finish(broker)
+
+
+@pytest.mark.deadline(300)
+def test_a_queue_with_thousands_of_consumers_is_deleted(tmp_path: Path) -> None:
+    """Another connection deletes a queue that 2,000 consumers of one channel use: delete-ok at
+    once, and every consumer gets its basic.cancel (consumer_cancel_notify; the broker tells
+    them a slice per step), each once; the channel stays open and serves."""
+    broker = start_broker(tmp_path / "broker")
+    queue = unique_name("crowded")
+    try:
+        many = broker.connect()
+        crowd = many.channel()
+        crowd.queue_declare(queue)
+        cancelled: list[str] = []
+        crowd.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+        tags = [crowd.basic_consume(queue, lambda *args: None) for _ in range(CONSUMERS)]
+
+        admin = broker.connect()
+        assert admin.channel().queue_delete(queue).method.message_count == 0
+
+        def all_cancelled() -> bool:
+            many.process_data_events(time_limit=0.05)
+            return len(cancelled) >= CONSUMERS
+
+        wait_until(all_cancelled, 60, "every consumer was told its queue went")
+        assert sorted(cancelled) == sorted(tags) and crowd.consumer_tags == []
+        crowd.queue_declare(queue)
+        crowd.basic_publish("", queue, b"still serving")
+        method, _, body = crowd.basic_get(queue, auto_ack=True)
+        assert method is not None and body == b"still serving"
+        for connection in (many, admin):
+            close_quietly(connection)
+    finally:
+        finish(broker)
