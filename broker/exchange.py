@@ -259,23 +259,96 @@ def _x_match(value: Any) -> str:
     return mode
 
 
+def _value_key(value: Any) -> Hashable | None:
+    """A hashable stand-in for a field value, equal for any two values ``same_value`` takes
+    as equal (booleans apart from numbers, str and bytes alike, 1 and 1.0 alike); None for
+    a value with none (a table or an array)."""
+    if isinstance(value, bool):
+        return (bool, value)
+    raw = as_bytes(value)
+    if raw is not None:
+        return (bytes, raw)
+    try:
+        hash(value)
+    except TypeError:
+        return None
+    return (None, value)
+
+
 class _HeadersRouter:
-    """Match message headers against each binding's arguments (AMQP 0-9-1 §3.1.3.4)."""
+    """Match message headers against each binding's arguments (AMQP 0-9-1 §3.1.3.4).
+
+    A message can only match a binding that one of its headers leads to, so the bindings are
+    indexed by (header, value) -- by header alone for a pattern field with no value, which
+    asks only for presence: an ``all`` binding under one of its fields (the one whose entry
+    holds the fewest bindings yet), an ``any`` binding under each. A route matches the
+    bindings its headers lead to (and the few that cannot be indexed: no fields, or values
+    with no hashable form) in full. RabbitMQ matches every binding of the exchange for each
+    message; with 10,000 bindings that was ~4.5 ms a message here, in one supervisor step."""
 
     uses_routing_key = False
 
     def __init__(self) -> None:
         self._matchers: dict[BindingKey, tuple[Hashable, _HeadersMatcher]] = {}
+        # (header, _value_key) or (header,) -> the bindings indexed under it
+        self._index: dict[tuple[Hashable, ...], dict[BindingKey, None]] = {}
+        self._indexed_under: dict[BindingKey, list[tuple[Hashable, ...]]] = {}
+        self._unindexed: dict[BindingKey, None] = {}
 
     def add(self, key: BindingKey, destination: Hashable, routing_key: str, arguments: Arguments) -> None:
-        self._matchers[key] = (destination, _HeadersMatcher(arguments))
+        matcher = _HeadersMatcher(arguments)
+        self._matchers[key] = (destination, matcher)
+        entries = self._entries(matcher)
+        if entries is None:
+            self._unindexed[key] = None
+            return
+        self._indexed_under[key] = entries
+        for entry in entries:
+            self._index.setdefault(entry, {})[key] = None
+
+    def _entries(self, matcher: _HeadersMatcher) -> list[tuple[Hashable, ...]] | None:
+        """Where a binding goes in the index; None: it cannot be indexed."""
+        entries: list[tuple[Hashable, ...]] = []
+        for k, v in matcher.pattern:
+            if v is None:
+                entries.append((k,))
+                continue
+            value = _value_key(v)
+            if value is None:
+                if matcher.any:  # a header could match this field unseen by the index
+                    return None
+                continue
+            entries.append((k, value))
+        if not entries:
+            return None
+        if matcher.any:
+            return entries
+        return [min(entries, key=lambda entry: len(self._index.get(entry, ())))]
 
     def remove(self, key: BindingKey, destination: Hashable, routing_key: str) -> None:
         del self._matchers[key]
+        if self._unindexed.pop(key, 0) is None:
+            return
+        for entry in self._indexed_under.pop(key):
+            bindings = self._index[entry]
+            del bindings[key]
+            if not bindings:
+                del self._index[entry]
 
     def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Hashable]:
         data = headers or {}
-        return {dest for dest, matches in self._matchers.values() if matches(data)}
+        index = self._index
+        candidates: dict[BindingKey, None] = dict(self._unindexed)
+        for k, v in data.items():
+            present = index.get((k,))
+            if present:
+                candidates.update(present)
+            value = _value_key(v)
+            if value is not None and (equal := index.get((k, value))):
+                candidates.update(equal)
+        matchers = self._matchers
+        return {dest for key in candidates
+                for dest, matches in (matchers[key],) if matches(data)}
 
 
 _ROUTERS: dict[str, type[_DirectRouter | _FanoutRouter | _TopicRouter | _HeadersRouter]] = {

@@ -338,6 +338,37 @@ def close_consumers(n: int, channels: int, queues: int) -> Bench:
     return b
 
 
+def headers_route(n: int, per_batch: int = 64) -> Bench:
+    """A headers exchange with n // 100 bindings (one value each of one header, to one queue);
+    batches of 64 publishes, each matching one binding, 100 batches."""
+    b = Bench(n)
+    b.batch([r.ExchangeDeclare(CONN, CH, "h", "headers", False, False, False, False, {}, False)],
+            b.t0)
+    b.declare("hq")
+    bindings = n // 100
+    pending: list[r.Request] = []
+    for i in range(bindings):
+        pending.append(r.QueueBind(CONN, CH, "hq", "h", "", {"x-match": "all", "k": f"v{i}"},
+                                   False))
+        if len(pending) == PUBLISH_BATCH:
+            b.batch(pending, b.t0)
+            pending = []
+    if pending:
+        b.batch(pending, b.t0)
+    b.ready()
+    now = b.t0 + 1
+    offset = 0
+    for _ in range(100):
+        batch: list[r.Request] = []
+        for _ in range(per_batch):
+            offset += 256
+            batch.append(r.Publish(CONN, CH, "h", "", False, False, offset, 16, 128,
+                                   {"k": f"v{offset % bindings}"}))
+        b.timed(lambda batch=batch: b.batch(batch, now))  # type: ignore[misc]
+    assert b.d.vhost.queues["hq"].message_count == 100 * per_batch
+    return b
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # name: (run, whether every body ends up freed)
     "purge-plain": (lambda n: purge(n, None), True),
@@ -364,6 +395,7 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     "close-consumers-connection": (lambda n: close_consumers(n, 100, 100), False),
     # A queue with n // 50 consumers (of one channel) deleted.
     "queue-delete-consumers": (lambda n: close_consumers(n, 0, 1), False),
+    "headers-route": (headers_route, False),
 }
 
 

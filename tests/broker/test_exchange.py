@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
 
 from broker.errors import CommandInvalid, PreconditionFailed
-from broker.exchange import Exchange, topic_words
+from broker.exchange import Exchange, _HeadersMatcher, topic_words
 
 
 def _topic(*patterns: str) -> Exchange:
@@ -190,6 +191,58 @@ def test_headers_exchange_matches_like_rabbitmq(
 ) -> None:
     """Headers: x-match all (default) / any / all-with-x / any-with-x; void binding values test presence."""
     assert _headers(arguments).route("ignored", headers) == ({"q"} if matches else set())
+
+
+_VALUES: list[Any] = [1, 1.0, 2, True, False, "s", b"s", "t", None, [1, 2], {"n": 1}]
+_MODES = ["all", "any", "all-with-x", "any-with-x"]
+
+
+def test_headers_routes_with_its_index_as_matching_every_binding_would() -> None:
+    """The headers exchange looks only at the bindings a message's headers lead to: over random
+    bindings (every x-match mode, void fields, values alike across types, arrays and tables)
+    bound and unbound in turn, each route equals matching the message against every binding."""
+    rng = random.Random(1909)
+    ex = Exchange("h", "headers")
+    bound: list[tuple[str, dict[str, Any]]] = []
+    for trial in range(3000):
+        if bound and rng.random() < 0.3:
+            dest, args = bound.pop(rng.randrange(len(bound)))
+            assert ex.unbind(dest, "", args)
+        else:
+            fields = rng.sample(["a", "b", "c", "x-t"], rng.randint(0, 3))
+            args = {k: rng.choice(_VALUES) for k in fields}
+            if rng.random() < 0.8:
+                args["x-match"] = rng.choice(_MODES)
+            dest = f"q{trial % 40}"
+            if ex.bind(dest, "", args):
+                bound.append((dest, args))
+        fields = rng.sample(["a", "b", "c", "x-t", "d"], rng.randint(0, 4))
+        headers = {k: rng.choice(_VALUES) for k in fields} if rng.random() < 0.9 else None
+        every = {dest for dest, matches in ex._router._matchers.values()  # type: ignore[union-attr]
+                 if matches(headers or {})}
+        assert ex.route("", headers) == every, (headers, bound)
+
+
+def test_a_headers_route_matches_only_the_bindings_its_headers_lead_to(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """10,000 bindings, one value each of the same header: a message is matched against the
+    one binding with its value (RabbitMQ matches all 10,000: ~4.5 ms a message here)."""
+    ex = Exchange("h", "headers")
+    for i in range(10_000):
+        ex.bind(f"q{i}", "", {"x-match": "all", "k": f"v{i}", "kind": "job"})
+    ex.bind("everything", "", {"x-match": "all"})
+    ex.bind("jobs", "", {"x-match": "any", "kind": "job", "other": 1})
+    calls = 0
+    matcher_call = _HeadersMatcher.__call__
+
+    def counted(self: _HeadersMatcher, headers: Any) -> bool:
+        nonlocal calls
+        calls += 1
+        return matcher_call(self, headers)
+
+    monkeypatch.setattr(_HeadersMatcher, "__call__", counted)
+    assert ex.route("", {"k": "v5", "kind": "job"}) == {"q5", "everything", "jobs"}
+    assert calls <= 4
 
 
 def test_headers_binding_with_invalid_x_match_is_refused() -> None:
