@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from broker.dispatch import Dispatcher
 from broker.supervisor import STEP_WORK
@@ -66,6 +66,12 @@ class Bench:
         d.end_batch()
         d.outbox[W].clear()
         d.notify[W].clear()
+
+    def set_up(self, records: Iterable[r.Request]) -> None:
+        """Apply ``records`` (untimed) in ring-sized batches."""
+        pending = list(records)
+        for i in range(0, len(pending), PUBLISH_BATCH):
+            self.batch(pending[i:i + PUBLISH_BATCH], self.t0)
 
     def declare(self, name: str, arguments: dict | None = None, *, exclusive: bool = False,
                 conn: int = CONN) -> None:
@@ -316,16 +322,8 @@ def close_consumers(n: int, channels: int, queues: int) -> Bench:
     b = Bench(n)
     for q in range(queues):
         b.declare(f"c{q}")
-    consumers = n // 50
-    pending: list[r.Request] = []
-    for i in range(consumers):
-        pending.append(r.Consume(2, 1 + i % max(channels, 1), i + 1, i, f"c{i % queues}", f"t{i}",
-                                 False, False, 0, False, True, False))
-        if len(pending) == PUBLISH_BATCH:
-            b.batch(pending, b.t0)
-            pending = []
-    if pending:
-        b.batch(pending, b.t0)
+    b.set_up(r.Consume(2, 1 + i % max(channels, 1), i + 1, i, f"c{i % queues}", f"t{i}",
+                       False, False, 0, False, True, False) for i in range(n // 50))
     b.ready()
     now = b.t0 + 1
     if channels:
@@ -346,15 +344,8 @@ def headers_route(n: int, per_batch: int = 64) -> Bench:
             b.t0)
     b.declare("hq")
     bindings = n // 100
-    pending: list[r.Request] = []
-    for i in range(bindings):
-        pending.append(r.QueueBind(CONN, CH, "hq", "h", "", {"x-match": "all", "k": f"v{i}"},
-                                   False))
-        if len(pending) == PUBLISH_BATCH:
-            b.batch(pending, b.t0)
-            pending = []
-    if pending:
-        b.batch(pending, b.t0)
+    b.set_up(r.QueueBind(CONN, CH, "hq", "h", "", {"x-match": "all", "k": f"v{i}"}, False)
+             for i in range(bindings))
     b.ready()
     now = b.t0 + 1
     offset = 0
