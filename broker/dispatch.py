@@ -138,6 +138,8 @@ class Dispatcher:
         self.notify: list[list[int]] = [[] for _ in range(workers)]
         self._channels = OpenChannels()  # consumers and unsettled deliveries per channel
         self._subs = self._channels.subs  # (worker, consumer id) → Subscription, on the hot path
+        # Exchange-to-exchange walks count as a step's work (exchanges visited), as routed copies do.
+        self._router = self.vhost.router
         self._returning = self._channels.returning  # closed channels' deliveries still held
         # The runtime's bounded steps (broker.supervisor.STEP_WORK): work done since it last set
         # this to 0 (a settled entry, a routed copy of a message; other requests are bounded by
@@ -821,6 +823,7 @@ class Dispatcher:
             message.trace = (worker, self.worker_pids[worker], self._pub_seq[worker],
                              time.monotonic_ns())
         try:
+            visited = self._router.visited
             outcome = self.vhost.publish(rec.exchange, message,
                                          limit=self._route_limit() if rec.exchange else None)
         except AMQPError:
@@ -833,7 +836,7 @@ class Dispatcher:
                 message, rec.offset, rec.header_len, rec.body_len, pageable, mark, rec.expiration)),
                 outcome)
             return
-        self.work += outcome.routed
+        self.work += outcome.routed + self._router.visited - visited
         self._published(worker, rec, message, outcome, rec.offset, rec.header_len, rec.body_len,
                         pageable, mark, rec.expiration)
 
@@ -908,6 +911,7 @@ class Dispatcher:
         # The default exchange routes to one queue at most: never split (nothing to work out).
         split = limit is not None and rec.exchange != ""
         work = self.work  # kept here, written back when the run stops or ends
+        router = self._router
         for i in range(start, len(bodies), 3):
             if limit is not None and work >= limit and i > start:
                 self._runs[worker] = _Stopped(rec, i)
@@ -919,6 +923,7 @@ class Dispatcher:
             message = (PageableMessage if pageable else PlainMessage)(
                 exchange, routing_key, pack_body_ref(worker, offset, header_len, body_len),
                 body_len)
+            visited = router.visited if split else 0
             try:
                 outcome = publish(rec.exchange, message,
                                   limit=self._route_limit(work) if split else None)
@@ -931,7 +936,7 @@ class Dispatcher:
                 self._stop_routing(worker, _Stopped(rec, i + 3, outcome.routing, (
                     message, offset, header_len, body_len, pageable, mark, None)), outcome)
                 return
-            work += outcome.routed
+            work += outcome.routed + (router.visited - visited if split else 0)
             self._published(worker, rec, message, outcome, offset, header_len, body_len,
                             pageable, mark)
         self.work = work

@@ -41,11 +41,14 @@ from broker.queue import Queue
 class Router:
     """rabbit_exchange:route over one virtual host's exchanges and queues (shared, not copied)."""
 
-    __slots__ = ("_exchanges", "_queues")
+    __slots__ = ("_exchanges", "_queues", "visited")
 
     def __init__(self, exchanges: Mapping[str, Exchange], queues: Mapping[str, Queue]) -> None:
         self._exchanges = exchanges
         self._queues = queues
+        # Exchanges visited by walks of exchange-to-exchange bindings, ever: the runtime counts
+        # them as work of its bounded steps (a walk through 10,000 exchanges is ~6 ms).
+        self.visited = 0
 
     def route_published(self, exchange: Exchange, message: Message) -> list[Queue]:
         """:meth:`route` for basic.publish: CC / BCC are checked first (406), and a message with
@@ -108,6 +111,7 @@ class Router:
                     following = self._exchanges.get(destination.name)
                     if following is not None:
                         work.append(following)
+        self.visited += len(seen)
         return queues
 
 

@@ -144,7 +144,7 @@ class VirtualHost(StepHost):
         self._bindings = BindingIndex()  # destination → the exchanges bound to it
         for exchange_name, type_name in STANDARD_EXCHANGES:
             self._exchanges[exchange_name] = Exchange(exchange_name, type_name, durable=True, vhost=name)
-        self._router = Router(self._exchanges, self._queues)
+        self._router = self.router = Router(self._exchanges, self._queues)
         # Time, steps, deadlines and dead letters (broker.step_host).
         dead_letters = DeadLetterRouter(self._router, self._exchanges, on_drop)
         super().__init__(dead_letters, now=now, epoch_offset=epoch_offset)

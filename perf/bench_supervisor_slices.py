@@ -102,6 +102,27 @@ class Bench:
         self.calls.append(time.perf_counter() - start)
         return result
 
+    def publish_in_steps(self, runs: list[r.Publish | r.PublishRun]) -> None:
+        """Each publish record, and each step of what a step's limit (STEP_WORK) left of it,
+        one timed call, as the runtime's ``_apply`` goes on with a stopped run."""
+        d = self.d
+
+        def step(rec: r.Publish | r.PublishRun | None) -> None:
+            d.begin_batch(self.t0)
+            d.work, d.work_limit = 0, STEP_WORK
+            if rec is None:
+                d.resume_run(W)
+            else:
+                d.handle(W, rec)
+            d.end_batch()
+            d.outbox[W].clear()
+            d.notify[W].clear()
+
+        for run in runs:
+            self.timed(lambda run=run: step(run))  # type: ignore[misc]
+            while d.run_pending(W):
+                self.timed(lambda: step(None))
+
     def request(self, rec: r.Request, now: float) -> None:
         self.timed(lambda: self.batch([rec], now))
 
@@ -206,7 +227,6 @@ def fanout_wide(n: int, queues: int = 1000, per_run: int = 64) -> Bench:
         b.declare(f"q{i}")
         b.batch([r.QueueBind(CONN, CH, f"q{i}", "fx", "", {}, False)], b.t0)
     b.ready()
-    d = b.d
     messages = max(1, n // queues)
     runs: list[r.Publish | r.PublishRun] = [
         r.PublishRun(CONN, CH, "fx", "", False, False,
@@ -215,23 +235,29 @@ def fanout_wide(n: int, queues: int = 1000, per_run: int = 64) -> Bench:
         if per_run > 1 else r.Publish(CONN, CH, "fx", "", False, False, (start + 1) << 8, 16, 128,
                                       None)
         for start in range(0, messages, per_run)]
+    b.publish_in_steps(runs)
+    assert b.d.vhost.queues[f"q{queues - 1}"].message_count == messages
+    return b
 
-    def step(rec: r.Publish | r.PublishRun | None) -> None:
-        d.begin_batch(b.t0)
-        d.work, d.work_limit = 0, STEP_WORK
-        if rec is None:
-            d.resume_run(W)
-        else:
-            d.handle(W, rec)
-        d.end_batch()
-        d.outbox[W].clear()
-        d.notify[W].clear()
 
-    for run in runs:
-        b.timed(lambda run=run: step(run))  # type: ignore[misc]
-        while d.run_pending(W):
-            b.timed(lambda: step(None))
-    assert d.vhost.queues[f"q{queues - 1}"].message_count == messages
+def exchange_walk(n: int, per_run: int = 64) -> Bench:
+    """A fanout exchange bound to n // 100 fanout exchanges, each bound to one queue: runs of
+    ``per_run`` publishes, 10 of them, each walking every exchange (RabbitMQ's route)."""
+    b = Bench(n)
+    middle = n // 100
+    fanout = [r.ExchangeDeclare(CONN, CH, name, "fanout", False, False, False, False, {}, False)
+              for name in ["x", *(f"x{i}" for i in range(middle))]]
+    b.set_up(fanout)
+    b.declare("q")
+    b.set_up(r.ExchangeBind(CONN, CH, f"x{i}", "x", "", {}, False) for i in range(middle))
+    b.set_up(r.QueueBind(CONN, CH, "q", f"x{i}", "", {}, False) for i in range(middle))
+    b.ready()
+    b.publish_in_steps([
+        r.PublishRun(CONN, CH, "x", "", False, False,
+                     [x for i in range(run * per_run, (run + 1) * per_run)
+                      for x in ((i + 1) << 8, 16, 128)])
+        for run in range(10)])
+    assert b.d.vhost.queues["q"].message_count == 10 * per_run
     return b
 
 
@@ -387,6 +413,7 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # A queue with n // 50 consumers (of one channel) deleted.
     "queue-delete-consumers": (lambda n: close_consumers(n, 0, 1), False),
     "headers-route": (headers_route, False),
+    "exchange-walk": (exchange_walk, False),
 }
 
 

@@ -454,6 +454,35 @@ def test_without_a_limit_a_run_goes_through_at_once() -> None:
     assert not d.run_pending(0) and d.vhost.queues["q19"].message_count == 10
 
 
+def test_a_run_through_many_exchanges_stops_at_the_steps_limit() -> None:
+    """A message routed to one queue through 20 exchanges (exchange-to-exchange bindings) is
+    one routed copy but 21 exchanges walked, which count as the step's work: a run of them
+    stops at the limit and goes on in the next steps, in order; a single Publish counts them
+    too (the runtime's step ends after it)."""
+    d = Dispatcher(1, lambda region, offset: None)
+    d.begin_batch(1.0)
+    d.handle(0, r.ExchangeDeclare(1, 1, "x", "fanout", False, False, False, False, {}, False))
+    d.handle(0, r.QueueDeclare(1, 1, "q", False, False, False, False, {}, False))
+    for i in range(20):
+        d.handle(0, r.ExchangeDeclare(1, 1, f"x{i}", "fanout", False, False, False, False, {},
+                                      False))
+        d.handle(0, r.ExchangeBind(1, 1, f"x{i}", "x", "", {}, False))
+        d.handle(0, r.QueueBind(1, 1, "q", f"x{i}", "", {}, False))
+    bodies = [x for i in range(10) for x in (256 * (i + 1), 16, 100)]
+    d.work, d.work_limit = 0, 50
+    d.handle(0, r.PublishRun(1, 1, "x", "", False, False, bodies))
+    q = d.vhost.queues["q"]
+    assert d.run_pending(0) and q.message_count == 3
+    while d.run_pending(0):
+        d.work = 0
+        d.resume_run(0)
+    refs = [e.message.body_ref for e in q.available_entries()]
+    assert len(refs) == 10 and refs == sorted(refs), "in publish order (offsets ascending)"
+    d.work = 0
+    d.handle(0, r.Publish(1, 1, "x", "", False, False, 256 * 11, 16, 100, None))
+    assert d.work == 1 + 21
+
+
 class _Split:
     """A fanout of Q queues and a step that may offer a message to S of them (a work limit of
     2 S: a split publish's copy counts twice): one publish is offered in slices."""
