@@ -147,20 +147,29 @@ class DeadLetterRouter:
         self.made += 1
         self._copies.append((copy, reason))
 
-    def route(self) -> list[QueueConsumer]:
-        """Route every waiting copy; returns the consumers to notify."""
+    @property
+    def pending(self) -> bool:
+        """Copies wait to be routed."""
+        return bool(self._copies)
+
+    def route(self, limit: int | None = None) -> tuple[list[QueueConsumer], int]:
+        """Route the waiting copies, oldest first, until ``limit`` queues have been offered
+        one (at least one copy; None: all); returns the consumers to notify and the queues
+        offered a copy. What is left waits for the next call."""
         notify: list[QueueConsumer] = []
-        while self._copies:
+        offered = 0
+        while self._copies and (limit is None or offered < limit):
             copy, reason = self._copies.popleft()
             exchange = self._exchanges.get(copy.exchange)
             try:
                 queues = self._router.route(exchange, copy) if exchange is not None else []
             except PreconditionFailed:
                 queues = []  # CC / BCC not arrays: never published as such, so never seen here
+            offered += len(queues) + 1
             for queue in queues:
                 if reason == DeadLetterReason.REJECTED or not is_cycle(queue.name, copy.headers):
                     taken = queue.offer(copy)
                     if taken:
                         notify += taken
             drop_reference(copy, self._on_drop)
-        return notify
+        return notify, offered

@@ -23,7 +23,9 @@ deleted queues. queue.purge and queue.delete answer at once -- the queue is empt
 once -- and hand their entries to the :class:`~broker.graveyard.Graveyard`; the step reaps what its
 budget allows and :meth:`next_deadline` says "now" while anything is left, so the runtime's
 timer ticks again at once and other requests are served in between. Expiry left over by a spent
-budget leaves the queue's deadline due: the same.
+budget leaves the queue's deadline due: the same. Dead-letter copies are offered to at most
+``dead_letter_slice`` queues a step (a dead-letter exchange may be bound to thousands); the rest
+wait in order, :meth:`next_deadline` says "now", and a tick expires nothing until they are gone.
 
 Called from: the supervisor process (``broker.vhost``; ``broker.dispatch`` through it).
 """
@@ -38,7 +40,7 @@ from broker.deadletter import DeadLetterReason
 from broker.graveyard import Graveyard, Words
 from broker.message import Message
 from broker.queue import Queue
-from broker.queue_host import EXPIRE_SLICE, REAP_SLICE, BodyCodec
+from broker.queue_host import DEAD_LETTER_SLICE, EXPIRE_SLICE, REAP_SLICE, BodyCodec
 from broker.routing import DeadLetterRouter
 from broker.timers import Timers
 
@@ -74,6 +76,8 @@ class StepHost:
         self.reap_slice = REAP_SLICE
         self.expire_budget = EXPIRE_SLICE
         self._reap_budget = REAP_SLICE
+        self.dead_letter_slice = DEAD_LETTER_SLICE
+        self._dead_letter_budget = DEAD_LETTER_SLICE
         self._graveyard = Graveyard()
         self._reaping = False  # _reap is not re-entered (see there)
         # The runtime's (broker.dispatch): lets plain queues keep a waiting message as its
@@ -91,6 +95,7 @@ class StepHost:
             self.now = now
             self.expire_budget = self.expire_slice
             self._reap_budget = self.reap_slice
+            self._dead_letter_budget = self.dead_letter_slice
 
     # Graveyard (broker.queue_host.QueueHost): what purged and deleted queues let go of.
 
@@ -144,12 +149,18 @@ class StepHost:
         return self._dead_letters.made
 
     def drain(self) -> list[QueueConsumer]:
-        """Route pending dead letters; returns consumers to notify that no call returned yet.
+        """Route pending dead letters, as many as this step's ``dead_letter_slice`` allows
+        (the rest in the next steps, which :meth:`next_deadline` makes come at once); returns
+        consumers to notify that no call returned yet.
 
         The runtime calls it after each batch of requests (queue-level calls -- pull, get,
         release, discard -- can dead-letter). publish and tick call it themselves.
         """
-        return self._dead_letters.route()
+        if self._dead_letter_budget <= 0 or not self._dead_letters.pending:
+            return []
+        notify, offered = self._dead_letters.route(self._dead_letter_budget)
+        self._dead_letter_budget -= offered
+        return notify
 
     def schedule(self, queue: Queue, deadline: float) -> None:
         """Called by a queue: call its tick at ``deadline`` (earlier requests win)."""
@@ -160,7 +171,7 @@ class StepHost:
 
         ``now`` while purged or deleted queues' entries are left to drop.
         """
-        if self._graveyard:
+        if self._graveyard or self._dead_letters.pending:
             return self.now
         return self._timers.next_deadline()
 
@@ -175,12 +186,14 @@ class StepHost:
         the budget is spent is ticked again at once.
         """
         self.advance(now)
-        self.expire_budget = self.expire_slice
         self._reap_budget = self.reap_slice
+        self._dead_letter_budget = self.dead_letter_slice
         self._reap()
+        # Dead letters still to route come first; no more expire until they have gone.
+        notify = self.drain()
+        self.expire_budget = 0 if self._dead_letters.pending else self.expire_slice
         before = self.dead_lettered
         due = self._timers.pop_due(now, self.expire_slice)
-        notify: list[QueueConsumer] = []
         deleted: list[str] = []
         cancelled: list[QueueConsumer] = []
         for index, (_deadline, queue) in enumerate(due):

@@ -180,22 +180,24 @@ def exclusive_on_close(n: int) -> Bench:
     return b
 
 
-def ttl_burst(n: int, dead_letter: bool) -> Bench:
-    """n messages with x-message-ttl 1 s, all published at t0: all due at t0 + 1 s."""
+def ttl_burst(n: int, dead_letter: bool, width: int = 1) -> Bench:
+    """n messages with x-message-ttl 1 s, all published at t0: all due at t0 + 1 s; with
+    ``dead_letter``, to a fanout exchange bound to ``width`` queues."""
     b = Bench(n)
     arguments: dict = {"x-message-ttl": 1000}
     if dead_letter:
         b.batch([r.ExchangeDeclare(CONN, CH, "dlx", "fanout", False, False, False, False, {},
                                    False)], b.t0)
-        b.declare("dlq")
-        b.batch([r.QueueBind(CONN, CH, "dlq", "dlx", "", {}, False)], b.t0)
+        for i in range(width):
+            b.declare(f"dlq{i}")
+        b.set_up(r.QueueBind(CONN, CH, f"dlq{i}", "dlx", "", {}, False) for i in range(width))
         arguments["x-dead-letter-exchange"] = "dlx"
     b.declare("q", arguments)
     b.fill("q")
     b.ready()
     b.run_timer(b.t0 + 2)
     if dead_letter:
-        dlq = b.d.vhost.queues["dlq"]
+        dlq = b.d.vhost.queues[f"dlq{width - 1}"]
         assert dlq.message_count == n, dlq.message_count
     return b
 
@@ -395,6 +397,8 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     "exclusive-on-close": (exclusive_on_close, True),
     "ttl-burst": (lambda n: ttl_burst(n, False), True),
     "ttl-burst-dead-letter": (lambda n: ttl_burst(n, True), False),
+    # n // 1000 messages expiring to a dead-letter exchange bound to 1,000 queues.
+    "ttl-burst-dead-letter-wide": (lambda n: ttl_burst(n // 1000, True, 1000), False),
     "unacked-on-close": (unacked_on_close, False),
     "fanout-wide": (fanout_wide, False),
     # One message at a time to a fanout of 10,000 queues: each is offered to them in slices.

@@ -219,6 +219,38 @@ def test_ttl_burst_dead_letters_in_order_while_pulls_interleave(vhost: VirtualHo
     assert [e.message.headers["x-death"][0]["reason"] for e in dlq.available_entries()] == ["expired"] * N
 
 
+def test_dead_letters_to_a_wide_exchange_are_routed_a_slice_per_step(vhost: VirtualHost) -> None:
+    """A dead-letter exchange bound to 20 queues: a tick routes dead letters until 50 queues
+    have been offered one (the step's dead_letter_slice: 3 copies) and expires no more (5 a
+    tick) while any wait; the timer comes back at once, and every queue gets every message, in
+    publish order."""
+    vhost.dead_letter_slice = 50
+    vhost.expire_slice = 5 * DEAD_LETTER_COST
+    vhost.declare_exchange("wide", "fanout")
+    for i in range(20):
+        vhost.declare_queue(f"d{i}", owner=ME)
+        vhost.bind_queue(f"d{i}", "wide", "", owner=ME)
+    vhost.declare_queue("q", owner=ME, arguments={"x-message-ttl": 1000,
+                                                  "x-dead-letter-exchange": "wide"})
+    messages = _burst(vhost, "q", N)
+    d0, q = vhost.queues["d0"], vhost.queues["q"]
+    now = 11.0
+    routed = [0]
+    expired = [0]
+    while (deadline := vhost.next_deadline()) is not None and deadline <= now:
+        vhost.tick(now)
+        routed.append(d0.message_count)
+        expired.append(N - q.message_count)
+        assert len(routed) < 1000, "the dead letters never go"
+    assert all(b - a <= 3 for a, b in itertools.pairwise(routed)), \
+        "more than 50 queues offered a copy in a tick"
+    # 5 expire in a tick, 3 are routed: expiring on meanwhile would pile them up
+    assert max(e - r for e, r in zip(expired, routed, strict=True)) <= 5, \
+        "expired more while dead letters waited"
+    for i in range(20):
+        assert [e.message.origin for e in vhost.queues[f"d{i}"].available_entries()] == messages
+
+
 def test_basic_get_behind_more_expired_messages_than_a_step_allows(vhost: VirtualHost, dropped: list[Message]) -> None:
     """basic.get drops at most a step's budget of expired messages: get-empty then, and the live
     message once the expired ones are gone (a later step, or the timer)."""
