@@ -137,6 +137,10 @@ class OpenChannels:
         """Deliveries not settled yet, in every open channel (O(channels))."""
         return sum(len(chan.acquired) for chan in self._channels.values())
 
+    def open_channels(self) -> list[Channel]:
+        """Every open channel, as they are now (O(channels))."""
+        return list(self._channels.values())
+
     def connection_opened(self, owner: Owner) -> None:
         self._conns.setdefault(owner, set())
 

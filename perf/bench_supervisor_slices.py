@@ -388,6 +388,30 @@ def headers_route(n: int, per_batch: int = 64) -> Bench:
     return b
 
 
+def queued_count(n: int) -> Bench:
+    """n // 10 queues, each with a consumer on a channel of its own: the memory alarm's count of
+    what they queue and hold, one timed call a step (the steps flow_tick runs in)."""
+    b = Bench(n)
+    queues = n // 10
+    b.set_up(r.QueueDeclare(CONN, CH, f"q{i}", False, False, False, False, {}, False)
+             for i in range(queues))
+    b.set_up(r.Consume(CONN, 1 + i, i + 1, i, f"q{i}", f"t{i}", False, False, 0, False, True,
+                       False) for i in range(queues))
+    b.ready()
+    d = b.d
+    d.alarms.queued_high, d.alarms.queued_low = 1 << 40, 1 << 39
+    now = b.t0 + 1
+
+    def step() -> None:
+        d.begin_batch(now)
+        d.flow_tick()
+
+    b.timed(step)
+    while d.next_deadline() == now:
+        b.timed(step)
+    return b
+
+
 SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     # name: (run, whether every body ends up freed)
     "purge-plain": (lambda n: purge(n, None), True),
@@ -418,6 +442,8 @@ SCENARIOS: dict[str, tuple[Callable[[int], Bench], bool]] = {
     "queue-delete-consumers": (lambda n: close_consumers(n, 0, 1), False),
     "headers-route": (headers_route, False),
     "exchange-walk": (exchange_walk, False),
+    # The memory alarm's count over 100,000 queues and as many channels.
+    "queued-count": (queued_count, False),
 }
 
 

@@ -96,3 +96,36 @@ def test_unsettled_deliveries_count_for_the_queued_alarm() -> None:
     assert d.vhost.queues["q"].message_count == 0
     assert d.queued_messages() == 5
 
+
+
+def test_the_queued_count_goes_a_slice_of_queues_and_channels_per_step() -> None:
+    """10 queues of 3 messages each, 2 of them held by a channel: counting 4 queues or channels a
+    step, the alarm (at 30) is raised by the third step's count (11 counted), not before; the
+    timer is due at once while a count is under way, and the next one starts an interval later."""
+    d = Dispatcher(2, lambda region, offset: None)
+    d.alarms.queued_high, d.alarms.queued_low = 30, 20
+    d.queued_count_slice = 4
+    d.begin_batch(1.0)
+    for i in range(10):
+        d.handle(0, r.QueueDeclare(1, 1, f"q{i}", False, False, False, False, {}, False))
+        for n in range(3):
+            d.handle(0, r.Publish(1, 1, "", f"q{i}", False, False, 256 * (10 * i + n + 1), 16,
+                                  100, None))
+    d.handle(1, r.Consume(7, 1, 1, 3, "q0", "c", False, False, 0, False, True, False))
+    d.handle(1, r.Pull(1, 2))
+    d._queued_checked = float("-inf")  # the batch's flow_ticks counted already: afresh
+    d._queued_count = None
+    d.outbox[0].clear()
+    blocked = []
+    for step in range(3):
+        d.begin_batch(2.0 + step * 1e-6)
+        d.flow_tick()
+        blocked.append(bool([e for e in d.outbox[0] if isinstance(e, r.Blocked)]))
+        if step < 2:
+            assert d.next_deadline() == d.vhost.now, "a count under way: the timer at once"
+    assert blocked == [False, False, True]
+    assert d.queued_messages() == 30
+    assert (d.next_deadline() or float("inf")) > d.vhost.now
+    d.begin_batch(2.0 + QUEUED_CHECK_INTERVAL / 2)
+    d.flow_tick()
+    assert d._queued_count is None, "a new count within the interval"
