@@ -398,6 +398,55 @@ def test_headers_exchange_x_match_modes(shared_broker: Broker, names: Names) -> 
     assert got == expected
 
 
+def test_headers_values_match_across_types_as_rabbitmq_matches_them(shared_broker: Broker,
+                                                                     names: Names) -> None:
+    """Typed header values through pika (which sends no floats), against bindings indexed by
+    value: an integer binding matches the number, not a boolean; a boolean binding only a
+    boolean, not 1; a string binding the same octets as a byte array; an `any` binding each of
+    its fields; 300 bindings of one header with different values each match their own."""
+    channel = shared_broker.connect().channel()
+    channel.confirm_delivery()
+    exchange = names("typed")
+    channel.exchange_declare(exchange, "headers")
+    n, flag, s = names("n"), names("flag"), names("s")
+    bindings = {
+        "int": {n: 1},
+        "bool": {flag: True},
+        "str": {s: "abc"},
+        "any": {"x-match": "any", n: 2, s: "zzz"},
+    }
+    queues = {}
+    for label, arguments in bindings.items():
+        (queues[label],) = _queues(channel, names, label)
+        channel.queue_bind(queues[label], exchange, arguments=arguments)
+    (many,) = _queues(channel, names, "many")
+    for i in range(300):
+        channel.queue_bind(many, exchange, arguments={n: 1000 + i})
+
+    messages = {
+        "n1": {n: 1},
+        "n-true": {n: True},
+        "flag-true": {flag: True},
+        "flag-1": {flag: 1},
+        "s-bytes": {s: b"abc"},
+        "n2": {n: 2},
+        "n1150": {n: 1150},
+        "n1300": {n: 1300},
+    }
+    for label, headers in messages.items():
+        channel.basic_publish(exchange, "", label.encode(), pika.BasicProperties(headers=headers))
+
+    expected = {
+        "int": ["n1"],
+        "bool": ["flag-true"],
+        "str": ["s-bytes"],
+        "any": ["n2"],
+    }
+    got = {label: [body.decode() for body in _bodies(channel, queue)] for label, queue in queues.items()}
+    assert got == expected
+    assert [body.decode() for body in _bodies(channel, many)] == ["n1150"]
+
+
 def test_invalid_x_match_is_406(shared_broker: Broker, names: Names) -> None:
     """Binding to a headers exchange with an x-match other than all / any / all-with-x /
     any-with-x is 406 PRECONDITION_FAILED."""
