@@ -10,6 +10,7 @@ import sys
 import msgspec
 import trio
 
+from ipc import allocator
 from ipc.compiled import compiled_modules
 from ipc.profiling import run_profiled, trio_instruments
 from ipc.records import WorkerConfig
@@ -31,6 +32,7 @@ def main(argv: list[str]) -> int:
     # trio spawns from a cached thread that retires when idle. The alive pipe
     # (server._watch_supervisor) is how a worker learns the supervisor died.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    allocator.settle()  # freed read buffers stay in the heap (ipc/allocator.py)
     if config.index == 0:  # every worker runs the same modules: one line says it
         compiled = compiled_modules()
         logging.getLogger("shoal.worker").info(
