@@ -148,14 +148,17 @@ class StepHost:
         """Dead-letter copies made, ever."""
         return self._dead_letters.made
 
-    def drain(self) -> list[QueueConsumer]:
+    def drain(self, *, whole: bool = False) -> list[QueueConsumer]:
         """Route pending dead letters, as many as this step's ``dead_letter_slice`` allows
-        (the rest in the next steps, which :meth:`next_deadline` makes come at once); returns
-        consumers to notify that no call returned yet.
+        (the rest in the next steps, which :meth:`next_deadline` makes come at once; ``whole``:
+        all of them, the runtime stopping); returns consumers to notify that no call returned
+        yet.
 
         The runtime calls it after each batch of requests (queue-level calls -- pull, get,
         release, discard -- can dead-letter). publish and tick call it themselves.
         """
+        if whole:
+            return self._dead_letters.route()[0]
         if self._dead_letter_budget <= 0 or not self._dead_letters.pending:
             return []
         notify, offered = self._dead_letters.route(self._dead_letter_budget)

@@ -292,6 +292,7 @@ class Supervisor:
         for w in self.workers:
             with contextlib.suppress(RingCorrupt):
                 self._apply_all(w)
+        self.dispatcher.vhost.drain(whole=True)  # dead letters still waiting for a step: on disk too
         self.flush()
         if self.durability is not None:
             await self.durability.sync_now()

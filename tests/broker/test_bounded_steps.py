@@ -251,6 +251,25 @@ def test_dead_letters_to_a_wide_exchange_are_routed_a_slice_per_step(vhost: Virt
         assert [e.message.origin for e in vhost.queues[f"d{i}"].available_entries()] == messages
 
 
+def test_dead_letters_waiting_for_a_step_are_all_routed_when_the_runtime_stops(
+        vhost: VirtualHost) -> None:
+    """The supervisor stopping routes every dead letter still waiting (``drain(whole=True)``),
+    so that none is left out of its queues (and the index) at a clean stop."""
+    vhost.dead_letter_slice = 50
+    vhost.declare_exchange("wide", "fanout")
+    for i in range(20):
+        vhost.declare_queue(f"d{i}", owner=ME)
+        vhost.bind_queue(f"d{i}", "wide", "", owner=ME)
+    vhost.declare_queue("q", owner=ME, arguments={"x-message-ttl": 1000,
+                                                  "x-dead-letter-exchange": "wide"})
+    messages = _burst(vhost, "q", 10)
+    vhost.tick(11.0)
+    assert 0 < vhost.queues["d0"].message_count < 10, "some wait for the next step"
+    vhost.drain(whole=True)
+    for i in range(20):
+        assert [e.message.origin for e in vhost.queues[f"d{i}"].available_entries()] == messages
+
+
 def test_basic_get_behind_more_expired_messages_than_a_step_allows(vhost: VirtualHost, dropped: list[Message]) -> None:
     """basic.get drops at most a step's budget of expired messages: get-empty then, and the live
     message once the expired ones are gone (a later step, or the timer)."""
