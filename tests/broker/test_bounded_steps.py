@@ -219,19 +219,25 @@ def test_ttl_burst_dead_letters_in_order_while_pulls_interleave(vhost: VirtualHo
     assert [e.message.headers["x-death"][0]["reason"] for e in dlq.available_entries()] == ["expired"] * N
 
 
-def test_dead_letters_to_a_wide_exchange_are_routed_a_slice_per_step(vhost: VirtualHost) -> None:
-    """A dead-letter exchange bound to 20 queues: a tick routes dead letters until 50 queues
-    have been offered one (the step's dead_letter_slice: 3 copies) and expires no more (5 a
-    tick) while any wait; the timer comes back at once, and every queue gets every message, in
-    publish order."""
+def _wide_dead_letter_exchange(vhost: VirtualHost) -> None:
+    """Queue "q" (TTL 1 s) dead-letters to "wide", a fanout to d0..d19; a step offers dead-letter
+    copies to 50 queues at most."""
     vhost.dead_letter_slice = 50
-    vhost.expire_slice = 5 * DEAD_LETTER_COST
     vhost.declare_exchange("wide", "fanout")
     for i in range(20):
         vhost.declare_queue(f"d{i}", owner=ME)
         vhost.bind_queue(f"d{i}", "wide", "", owner=ME)
     vhost.declare_queue("q", owner=ME, arguments={"x-message-ttl": 1000,
                                                   "x-dead-letter-exchange": "wide"})
+
+
+def test_dead_letters_to_a_wide_exchange_are_routed_a_slice_per_step(vhost: VirtualHost) -> None:
+    """A dead-letter exchange bound to 20 queues: a tick routes dead letters until 50 queues
+    have been offered one (the step's dead_letter_slice: 3 copies) and expires no more (5 a
+    tick) while any wait; the timer comes back at once, and every queue gets every message, in
+    publish order."""
+    vhost.expire_slice = 5 * DEAD_LETTER_COST
+    _wide_dead_letter_exchange(vhost)
     messages = _burst(vhost, "q", N)
     d0, q = vhost.queues["d0"], vhost.queues["q"]
     now = 11.0
@@ -255,13 +261,7 @@ def test_dead_letters_waiting_for_a_step_are_all_routed_when_the_runtime_stops(
         vhost: VirtualHost) -> None:
     """The supervisor stopping routes every dead letter still waiting (``drain(whole=True)``),
     so that none is left out of its queues (and the index) at a clean stop."""
-    vhost.dead_letter_slice = 50
-    vhost.declare_exchange("wide", "fanout")
-    for i in range(20):
-        vhost.declare_queue(f"d{i}", owner=ME)
-        vhost.bind_queue(f"d{i}", "wide", "", owner=ME)
-    vhost.declare_queue("q", owner=ME, arguments={"x-message-ttl": 1000,
-                                                  "x-dead-letter-exchange": "wide"})
+    _wide_dead_letter_exchange(vhost)
     messages = _burst(vhost, "q", 10)
     vhost.tick(11.0)
     assert 0 < vhost.queues["d0"].message_count < 10, "some wait for the next step"
