@@ -154,7 +154,8 @@ class OpenChannels:
 
     def close(self, key: ChannelKey) -> Channel | None:
         """Forget channel ``key``; returns it (None if it held nothing) for the caller to
-        release its consumers (:meth:`unsubscribe_all`) and what it held."""
+        release its consumers (:class:`Detaching`, :meth:`forget`) and what it held; marked
+        ``closed``."""
         chans = self._conns.get(key[:2])
         if chans is not None:
             chans.discard(key[2])
