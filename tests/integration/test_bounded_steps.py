@@ -464,3 +464,67 @@ def test_a_queue_with_thousands_of_consumers_is_deleted(tmp_path: Path) -> None:
             close_quietly(connection)
     finally:
         finish(broker)
+
+
+@pytest.mark.deadline(300)
+def test_channels_with_hundreds_of_consumers_churning_lose_and_double_nothing(tmp_path: Path) -> None:
+    """Five times over, a channel subscribes 600 consumers (more than a step takes off a queue)
+    to a queue being published to, takes deliveries with prefetch 5, acks every other one and
+    closes, its unacked deliveries going back while its consumers are still leaving the queue;
+    the rest are consumed at the end. Every message published is acked exactly once."""
+    broker = start_broker(tmp_path / "broker")
+    queue = unique_name("churn")
+    try:
+        publisher = broker.connect()
+        out = publisher.channel()
+        out.confirm_delivery()
+        out.queue_declare(queue)
+        published: list[bytes] = []
+
+        def publish(n: int) -> None:
+            for _ in range(n):
+                body = f"m{len(published)}".encode()
+                out.basic_publish("", queue, body)
+                published.append(body)
+
+        consumers = broker.connect()
+        acked: list[bytes] = []
+        for _ in range(5):
+            crowd = consumers.channel()
+            crowd.basic_qos(prefetch_count=5)
+            seen = 0
+
+            def take(ch: object, method: pika.spec.Basic.Deliver, _: object, body: bytes,
+                     crowd: object = crowd) -> None:
+                nonlocal seen
+                seen += 1
+                if seen % 2:
+                    acked.append(body)
+                    crowd.basic_ack(method.delivery_tag)  # type: ignore[attr-defined]
+
+            for _ in range(600):
+                crowd.basic_consume(queue, take)
+            publish(400)
+            deadline = 0
+            while seen < 200 and deadline < 100:
+                consumers.process_data_events(time_limit=0.05)
+                deadline += 1
+            crowd.close()  # about half of what it took is unacked: back to the queue
+
+        rest = consumers.channel()
+        publish(100)
+
+        def drained() -> bool:
+            while True:
+                method, _, body = rest.basic_get(queue, auto_ack=False)
+                if method is None:
+                    return len(acked) >= len(published)
+                acked.append(body)
+                rest.basic_ack(method.delivery_tag)
+
+        wait_until(drained, 120, "every message acked")
+        assert sorted(acked) == sorted(published), "a message lost or acked twice"
+        for connection in (publisher, consumers):
+            close_quietly(connection)
+    finally:
+        finish(broker)
