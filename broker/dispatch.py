@@ -352,9 +352,10 @@ class Dispatcher:
     def queued_messages(self) -> int:
         """Messages waiting in all queues, each queue's copy counted, and deliveries not
         settled yet (the supervisor's memory alarm: a consumer without prefetch that never acks
-        holds them all)."""
-        return (sum(q.message_count for q in self.vhost.queues.values())
-                + self._channels.held_count())
+        holds them all): a whole count at once, as the alarm's goes a slice per step."""
+        count = _QueuedCount(list(self.vhost.queues.values()), self._channels.open_channels)
+        count.step(sys.maxsize)
+        return count.total
 
     @property
     def behind(self) -> bool:
@@ -873,7 +874,7 @@ class Dispatcher:
             message.trace = (worker, self.worker_pids[worker], self._pub_seq[worker],
                              time.monotonic_ns())
         try:
-            visited = self._router.visited
+            visited = self._router.visited if rec.exchange else 0
             outcome = self.vhost.publish(rec.exchange, message,
                                          limit=self._route_limit() if rec.exchange else None)
         except AMQPError:
@@ -886,7 +887,7 @@ class Dispatcher:
                 message, rec.offset, rec.header_len, rec.body_len, pageable, mark, rec.expiration)),
                 outcome)
             return
-        self.work += outcome.routed + self._router.visited - visited
+        self.work += outcome.routed + (self._router.visited - visited if rec.exchange else 0)
         self._published(worker, rec, message, outcome, rec.offset, rec.header_len, rec.body_len,
                         pageable, mark, rec.expiration)
 

@@ -133,10 +133,6 @@ class OpenChannels:
     def get(self, key: ChannelKey) -> Channel | None:
         return self._channels.get(key)
 
-    def held_count(self) -> int:
-        """Deliveries not settled yet, in every open channel (O(channels))."""
-        return sum(len(chan.acquired) for chan in self._channels.values())
-
     def open_channels(self) -> list[Channel]:
         """Every open channel, as they are now (O(channels))."""
         return list(self._channels.values())
