@@ -2,9 +2,11 @@
 
 A worker stops reading a connection that has sent ``workers``' PUBLISH_CREDIT publishes the
 supervisor has not given back yet. The supervisor gives credit back once it has applied them,
-unless it is *behind*: a consumer it woke has not been served yet and that consumer's queue holds
-at least FLOW_BACKLOG ready messages. Credit is then withheld from every publishing connection,
-so the rings carry settles and pulls, not more publishes, until the consumers have caught up.
+unless it is *behind*: a consumer it woke wants more (it is notified, or was within FLOW_HOLD:
+one with a small prefetch working off a backlog is out of credit for moments at a time) and that
+consumer's queue holds at least FLOW_BACKLOG ready messages. Credit is then withheld from every
+publishing connection, so the rings carry settles and pulls, not more publishes, until the
+consumers have caught up.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from ipc import records as r
 
 # The supervisor is behind while a consumer it woke holds back on a queue this long.
 FLOW_BACKLOG = 1000
+# A consumer working off a backlog with a small prefetch uses all of it at times, and says it is
+# not interested until an ack comes back (often within the millisecond): it still counts as
+# waiting for this long after it was last seen notified. A consumer that stopped acking counts
+# no longer than that.
+FLOW_HOLD = 0.1
 # Credit goes back to a connection once this much is due (half the workers' PUBLISH_CREDIT,
 # so a publisher never waits for it), smaller amounts on the timer's tick: a steady
 # publisher's worker is not woken by a Credit event per publish.
@@ -45,15 +52,15 @@ class CreditFlow:
     def __init__(self) -> None:
         # Publish records applied per (worker, conn) whose credit is not given back yet.
         self.due: dict[tuple[int, int], int] = {}
-        # (worker, consumer id) woken since they last pulled: candidates for "behind".
-        self.woken: set[tuple[int, int]] = set()
+        # (worker, consumer id) woken, and when last seen notified: candidates for "behind".
+        self.woken: dict[tuple[int, int], float] = {}
         self.behind = False
 
     def grants(self, subs: Mapping[tuple[int, int], Subscribed], *,
-               all_credit: bool) -> dict[int, r.Credit]:
+               all_credit: bool, now: float = 0.0) -> dict[int, r.Credit]:
         """The Credit events to send, per worker: every connection with CREDIT_CHUNK or more due
         (with ``all_credit``, everything due); none while the supervisor is behind."""
-        self.behind = self._is_behind(subs)
+        self.behind = self._is_behind(subs, now)
         grants: dict[int, r.Credit] = {}
         if self.behind:
             return grants
@@ -70,15 +77,22 @@ class CreditFlow:
             grant.counts.append(n)
         return grants
 
-    def _is_behind(self, subs: Mapping[tuple[int, int], Subscribed]) -> bool:
-        """True while a woken acquiring consumer has not pulled yet and its queue holds
-        FLOW_BACKLOG ready messages or more. O(consumers woken since they last pulled)."""
+    def _is_behind(self, subs: Mapping[tuple[int, int], Subscribed], now: float) -> bool:
+        """True while an acquiring consumer the queue woke wants more (it is notified, or was
+        within FLOW_HOLD) and its queue holds FLOW_BACKLOG ready messages or more.
+        O(consumers woken within FLOW_HOLD)."""
         woken = self.woken
-        for key in list(woken):
+        for key, seen in list(woken.items()):
             sub = subs.get(key)
-            if sub is None or sub.consumer.state is not NOTIFIED:
-                woken.discard(key)
-            elif sub.queue.message_count >= FLOW_BACKLOG:
+            if sub is None:
+                del woken[key]
+                continue
+            if sub.consumer.state is NOTIFIED:
+                woken[key] = now
+            elif now - seen > FLOW_HOLD:
+                del woken[key]
+                continue
+            if sub.queue.message_count >= FLOW_BACKLOG:
                 return True
         return False
 

@@ -325,7 +325,8 @@ class Dispatcher:
         raise or clear each worker's memory alarm. Called after every batch and by the timer
         (so credit held back while nothing else arrives is released within a tick)."""
         if self._credit.due:
-            for worker, grant in self._credit.grants(self._subs, all_credit=all_credit).items():
+            for worker, grant in self._credit.grants(self._subs, all_credit=all_credit,
+                                                     now=self.vhost.now).items():
                 self.outbox[worker].append(grant)
         if self.pager.high:
             for region, bodies in self.pager.check().items():
@@ -490,6 +491,7 @@ class Dispatcher:
         a standing pull, that pull runs (before the flush: ``serve_standing``)."""
         trace = self.trace
         woken = self._credit.woken
+        now = self.vhost.now
         standing = self._standing
         for c in consumers:
             worker, cid, slot = c.key
@@ -498,7 +500,7 @@ class Dispatcher:
                 self._to_serve[key] = None
             else:
                 self.notify[worker].append(slot)
-            woken.add(key)
+            woken[key] = now
             if trace is not None:
                 sub = self._subs.get(key)
                 trace.notified(sub.queue.name if sub else "", worker, cid)
@@ -674,7 +676,7 @@ class Dispatcher:
             if sub.chan.closed:  # its channel is gone, the worker forgot it: nothing to say
                 self._end_standing(worker, cid, answer=False)
                 continue
-            self._end_standing(worker, cid, answer=True)
+            self._end_standing(worker, cid, answer=True, seq=sub.pull_seq)
             self.outbox[worker].append(r.Cancelled(cid))
         return len(consumers)
 
@@ -781,7 +783,16 @@ class Dispatcher:
             self._wake(sub.queue.set_notify_work_desired(sub.consumer, rec.desired))
 
     def _pull(self, worker: int, rec: r.Pull) -> None:
-        self._run_pull(worker, rec.consumer, rec.max, standing=rec.standing)
+        """A pull sent before the consumer's last was answered (a backlog being worked off)
+        may find that one's standing rest open (the queue ran dry meanwhile): it adds to it."""
+        key = (worker, rec.consumer)
+        sub = self._subs.get(key)
+        if sub is None:  # cancelled while the pull was in flight
+            self.outbox[worker].append(r.Pulled(rec.consumer, [], False, 0, rec.seq))
+            return
+        sub.pull_seq = rec.seq
+        rest = self._standing.pop(key, 0)
+        self._run_pull(worker, rec.consumer, rec.max + rest, standing=rec.standing or rest > 0)
 
     def serve_standing(self) -> None:
         """Run the standing pulls of the consumers woken since the last flush (the runtime
@@ -795,12 +806,16 @@ class Dispatcher:
                     self._run_pull(key[0], key[1], budget, standing=True)
             self._wake(self.vhost.drain())
 
-    def _end_standing(self, worker: int, cid: int, *, answer: bool) -> None:
+    def _end_standing(self, worker: int, cid: int, *, answer: bool, seq: int | None = None) -> None:
         """A standing pull ends without deliveries: the consumer is no longer interested, is
         cancelled or its queue went away (``answer``: the worker waits for the empty
-        ``Pulled`` that says so), or its channel closed (the worker forgot it)."""
+        ``Pulled`` that says so), or its channel closed (the worker forgot it). ``seq``: the
+        consumer's last pull applied, when its subscription is gone already."""
         if self._standing.pop((worker, cid), None) is not None and answer:
-            self.outbox[worker].append(r.Pulled(cid, [], False))
+            if seq is None:
+                sub = self._subs.get((worker, cid))
+                seq = sub.pull_seq if sub is not None else 0
+            self.outbox[worker].append(r.Pulled(cid, [], False, 0, seq))
 
     def _run_pull(self, worker: int, cid: int, max_n: int, *, standing: bool) -> None:
         sub = self._subs.get((worker, cid))
@@ -825,7 +840,7 @@ class Dispatcher:
                     store.delivered(sub.queue.name, entry.message)  # first delivery: on record
             else:
                 deliveries.append(self._channels.pin(chan, entry))
-        self.outbox[worker].append(r.Pulled(cid, deliveries, more, still_open))
+        self.outbox[worker].append(r.Pulled(cid, deliveries, more, still_open, sub.pull_seq))
         if self.trace is not None:
             self.trace.pulled(worker, cid, sub.queue.name, entries)
 

@@ -61,13 +61,14 @@ class Subscription:
     """A consumer on a queue, the channel it was started on, and that channel's books
     (``chan``: set by :meth:`OpenChannels.subscribe`)."""
 
-    __slots__ = ("chan", "channel", "consumer", "queue")
+    __slots__ = ("chan", "channel", "consumer", "pull_seq", "queue")
 
     def __init__(self, consumer: QueueConsumer, queue: Queue, channel: ChannelKey) -> None:
         self.consumer = consumer
         self.queue = queue
         self.channel = channel
         self.chan: Channel = _NO_CHANNEL
+        self.pull_seq = 0  # the consumer's last Pull applied (r.Pull.seq), told in each Pulled
 
 
 _NO_CHANNEL = Channel()  # a Subscription's until it is subscribed

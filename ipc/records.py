@@ -172,11 +172,20 @@ class Pull(_Record, frozen=True, tag="pull"):
     costs one supervisor → worker hop per message instead of three (notify, pull, deliveries).
     The pull ends when it is used up, when the queue has more than it asked for, or with an
     empty ``Pulled`` when the consumer says it is no longer interested, is cancelled, or its
-    queue goes away."""
+    queue goes away.
+
+    A consumer working off a backlog sends its next pull as soon as half its prefetch is back,
+    before the last is answered (``workers.channel_consumers``); one that finds the rest of a
+    standing pull open adds to it. ``seq`` numbers the consumer's pulls, and each ``Pulled``
+    says up to which the supervisor had applied: the worker counts the later ones as still
+    asked for."""
 
     consumer: int
     max: int
     standing: bool = False
+    # The consumer's pulls numbered from 1: a consumer working off a backlog sends the next
+    # before the last is answered, and each Pulled says up to which the supervisor had applied.
+    seq: int = 0
 
 
 class Get(_Record, frozen=True, tag="get"):
@@ -397,6 +406,7 @@ class Pulled(_Record, frozen=True, tag="pulled"):
     deliveries: list[Delivery]
     more: bool
     open: int = 0  # a standing pull: how much of it stays open (0: it is over)
+    seq: int = 0  # the consumer's last Pull the supervisor had applied (Pull.seq)
 
 
 class GetOk(_Record, frozen=True, tag="getok"):

@@ -520,8 +520,7 @@ class Channel:
         """Deliveries from a pull: the seed's step 12, onto the IO buffer. The target's credit
         is looked at again in :meth:`after_pull`, once the owner has handed the deliveries
         to the connection (whose back-pressure they may turn on)."""
-        asked = target.pulling
-        self.credit.pull_answered(target, ev.open)
+        asked = self.credit.pull_answered(target, ev.open, ev.seq)
         if self.closing:  # ChanClose requeues whatever this pull acquired
             return self.take_output()
         if not target.active:  # cancelled (nowait) while the pull was in flight

@@ -109,27 +109,38 @@ class ChannelConsumers:
         if not target.active or self.closing:
             return
         credit = target.credit()
+        shared = self.credit.global_prefetch
+        pulling = target.pulling
         # A backlog waits (the last pull came back full) and only a little credit is back:
         # no Interest, no pull until half the prefetch is back or PULL_DEFER has passed.
         wait = (0 < credit < target.top_up and target.more and not target.due
-                and not target.pulling and not self.credit.global_prefetch
-                and self._targets.defer(target))
+                and not pulling and not shared and self._targets.defer(target))
         requests = out.requests
         if (credit > 0) != target.interested and not wait:
             target.interested = credit > 0
             if not target.interested:
                 target.notified = target.renotified = False  # the supervisor hands the work on
-            elif (target.more or target.renew) and not self.credit.global_prefetch:
+            elif (target.more or target.renew) and not shared:
                 # Pull at once (ConsumerTarget.more, .renew). Not under global qos: there the
                 # channel's consumers share the credit, and the supervisor's notification
                 # decides which of them takes it.
                 target.notified = True
             requests.append(r.Interest(target.id, target.interested))
-        if credit > 0 and target.notified and not target.pulling and not wait:
-            self.credit.pull_sent(target, credit)
-            # Standing (r.Pull.standing) unless the channel's consumers share a global prefetch:
-            # there the credit a standing pull kept would be missing to the others.
-            requests.append(r.Pull(target.id, credit, not self.credit.global_prefetch))
+        if not target.notified or wait:
+            return
+        if not pulling:
+            if credit > 0:
+                # Standing (r.Pull.standing) unless the channel's consumers share a global
+                # prefetch: there the credit a standing pull kept would be missing to the others.
+                seq = self.credit.pull_sent(target, credit)
+                requests.append(r.Pull(target.id, credit, not shared, seq))
+        elif target.more and not shared and credit - pulling >= target.top_up:
+            # Working off a backlog: the next pull goes as soon as half the prefetch is back,
+            # not after the one in flight is answered (with a prefetch of 10 and each message
+            # acked, the client would otherwise wait for that answer with half its credit
+            # unused; the supervisor answers pulls in order).
+            seq = self.credit.pull_sent(target, credit - pulling)
+            requests.append(r.Pull(target.id, credit - pulling, True, seq))
 
     def pull_due(self, target: ConsumerTarget, out: ChannelOutput) -> None:
         """PULL_DEFER has passed for ``target``: it pulls with the credit it has."""

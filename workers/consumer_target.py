@@ -54,18 +54,39 @@ class ChannelCredit:
         self.consumer_unacked = 0
         self.pull_reserved = 0  # credit held by this channel's pulls in flight
 
-    def pull_sent(self, target: ConsumerTarget, n: int) -> None:
-        target.pulling = target.reserved = n
+    def pull_sent(self, target: ConsumerTarget, n: int) -> int:
+        """A Pull of ``n`` goes out for ``target`` (maybe while another is in flight): its
+        number (r.Pull.seq)."""
+        target.pull_seq += 1
+        target.asks.append(target.pull_seq)
+        target.asks.append(n)
+        target.pulling += n
+        target.reserved += n
         self.pull_reserved += n
+        return target.pull_seq
 
-    def pull_answered(self, target: ConsumerTarget, still_open: int = 0) -> None:
-        """The pull's answer came: what it reserved is back. ``still_open``: the part of a
-        standing pull the supervisor keeps open; it reserves nothing of the channel's, as
-        standing pulls are asked for only without basic.qos global=true (a global prefetch set
-        later may be passed by at most that much, once)."""
+    def pull_answered(self, target: ConsumerTarget, still_open: int = 0, seen: int = 0) -> int:
+        """A pull's answer came: what the pulls reserved is back. ``still_open``: the part of
+        the standing pulls the supervisor keeps open; ``seen``: the last of our pulls it had
+        applied (r.Pulled.seq) -- later ones are still in flight, and what they ask stays
+        counted in ``pulling``. Standing pulls reserve nothing of the channel's, as they are
+        asked for only without basic.qos global=true (a global prefetch set later may be
+        passed by at most that much, once). Returns how much the answered pulls asked for
+        (what the supervisor had, less the later ones')."""
         self.pull_reserved -= target.reserved
         target.reserved = 0
-        target.pulling = still_open
+        asks = target.asks
+        unseen = 0
+        if asks:
+            i = 0
+            while i < len(asks) and asks[i] <= seen:
+                i += 2
+            del asks[:i]
+            for j in range(1, len(asks), 2):
+                unseen += asks[j]
+        asked = target.pulling - unseen
+        target.pulling = still_open + unseen
+        return asked
 
     def held(self, target: ConsumerTarget) -> None:
         """A delivery to ``target`` is held until acked: it counts against prefetch."""
@@ -85,6 +106,7 @@ class ConsumerTarget:
 
     __slots__ = (
         "active",
+        "asks",
         "browse",
         "ch",
         "conn",
@@ -96,6 +118,7 @@ class ConsumerTarget:
         "notified",
         "pool",
         "prefetch",
+        "pull_seq",
         "pulling",
         "queue",
         "renew",
@@ -124,7 +147,12 @@ class ConsumerTarget:
         self.unacked = 0
         self.active = False  # consume-ok sent: deliveries may flow
         self.notified = False  # the supervisor set our slot and we have not given it up
-        self.pulling = 0  # size of the Pull in flight (one at a time), or its standing rest
+        # Asked for and not delivered yet: the pulls in flight and what the supervisor keeps
+        # open of standing ones. One pull at a time, except from a backlog (``more``): then the
+        # next goes once ``top_up`` is back, before the last is answered.
+        self.pulling = 0
+        self.pull_seq = 0  # pulls sent (r.Pull.seq)
+        self.asks: list[int] = []  # the pulls in flight the supervisor may not have seen: seq, n
         self.reserved = 0  # of it, what the channel's credit holds for it (ChannelCredit)
         self.interested = False  # what the supervisor last heard from us
         # Our slot was set while a pull was in flight. The supervisor keeps a consumer

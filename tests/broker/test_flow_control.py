@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from broker.credit_flow import FLOW_HOLD
 from broker.dispatch import CREDIT_CHUNK, FLOW_BACKLOG
 from ipc import records as r
 from tests.broker.test_dispatch import Harness as DispatchHarness
@@ -103,6 +104,25 @@ def test_credit_is_withheld_while_a_woken_consumer_waits_on_a_backlog(h: Harness
     h.d.end_batch()
     assert not h.d.behind
     assert h.credit(W0) == {1: FLOW_BACKLOG + 1}
+
+
+def test_a_consumer_out_of_credit_for_a_moment_still_holds_publishers(h: Harness) -> None:
+    """A consumer working off a backlog with a small prefetch says it is not interested
+    between its deliveries and its next ack: for FLOW_HOLD after it was last notified it
+    still counts as waiting. One that stopped acking no longer holds publishers after that."""
+    h.d.begin_batch(10.0)
+    _backlog_with_a_woken_consumer(h)
+    h.d.end_batch()
+    assert h.d.behind
+    h.d.tick(11.0)  # still notified a second later: the hold counts from here
+    h.send(W1, r.Interest(1, False))  # all its prefetch is out
+    h.d.end_batch()
+    assert h.d.behind and h.credit(W0) == {}
+    h.d.tick(11.0 + FLOW_HOLD / 2)
+    assert h.d.behind and h.credit(W0) == {}
+    h.d.tick(11.0 + FLOW_HOLD * 2)
+    assert not h.d.behind
+    assert h.credit(W0) == {1: FLOW_BACKLOG}
 
 
 def test_a_backlog_whose_consumers_have_no_credit_does_not_hold_publishers(h: Harness) -> None:

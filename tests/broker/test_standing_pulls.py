@@ -12,9 +12,9 @@ from tests.broker.test_dispatch import W0, W1, Harness
 
 
 class Standing(Harness):
-    def stand(self, cid: int, n: int, worker: int = W1) -> list[r.Event]:
+    def stand(self, cid: int, n: int, worker: int = W1, seq: int = 0) -> list[r.Event]:
         """A standing pull of ``n``: what it answered at once (nothing, on an empty queue)."""
-        self.send(worker, r.Pull(cid, n, True))
+        self.send(worker, r.Pull(cid, n, True, seq))
         self.d.serve_standing()
         return self.events(worker)
 
@@ -83,6 +83,44 @@ def test_a_short_answer_keeps_the_rest_open(h: Standing) -> None:
     assert (len(pulled.deliveries), pulled.more, pulled.open) == (1, False, 3)
     h.publish("q")
     assert h.flush()[0].open == 2
+
+
+def test_a_pull_sent_before_the_last_was_answered_adds_to_what_stayed_open(h: Standing) -> None:
+    """A consumer working off a backlog sends its next pull before the last is answered; when
+    the queue ran dry under the first, the second adds to what the first left open, and each
+    answer says which of the consumer's pulls the supervisor had applied (``seq``)."""
+    h.declare("q")
+    for _ in range(2):
+        h.publish("q")
+    h.consume("q", cid=1, slot=5)
+    h.woken(W1)
+    (first,) = h.stand(1, 5, seq=1)
+    assert (len(first.deliveries), first.open, first.seq) == (2, 3, 1)
+    assert h.stand(1, 5, seq=2) == []  # nothing to deliver: 3 + 5 stay open
+    for _ in range(9):
+        h.publish("q")
+    pulled = [e for e in h.flush() if isinstance(e, r.Pulled)]
+    assert sum(len(p.deliveries) for p in pulled) == 8
+    assert (pulled[-1].open, pulled[-1].seq) == (0, 2)
+    assert h.d.vhost.queue("q", owner=None).message_count == 1
+
+
+def test_a_pull_for_a_cancelled_consumer_is_answered_with_its_own_number(h: Standing) -> None:
+    h.declare("q")
+    h.consume("q", cid=1, slot=5)
+    h.send(W1, r.Cancel(1, 1, 1, False))
+    h.events(W1)
+    h.send(W1, r.Pull(1, 5, True, 7))
+    assert h.events(W1) == [r.Pulled(1, [], False, 0, 7)]
+
+
+def test_the_empty_answer_that_ends_a_standing_pull_names_the_last_pull_applied(
+        h: Standing) -> None:
+    h.declare("q")
+    h.consume("q", cid=1, slot=5)
+    h.stand(1, 5, seq=3)
+    h.send(W1, r.Interest(1, False))
+    assert h.events(W1) == [r.Pulled(1, [], False, 0, 3)]
 
 
 def test_one_message_runs_one_of_two_standing_pulls(h: Standing) -> None:

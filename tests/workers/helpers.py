@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 from pamqp import base, body, commands, frame, header
 
 from ipc import records as r
@@ -198,6 +199,8 @@ class Harness:
                 if target is None or handler is None:
                     continue
                 if isinstance(event, r.Pulled):
+                    if not event.seq:  # the supervisor had applied every pull sent so far
+                        event = msgspec.structs.replace(event, seq=target.pull_seq)
                     handler.on_pulled(target, event)
                 else:
                     handler.on_cancelled(target)

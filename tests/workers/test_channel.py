@@ -25,8 +25,10 @@ from workers.consumer_target import PULL_BATCH, ConsumerTarget
 
 
 def deliver(h: Harness, target: ConsumerTarget, entries: list[int], more: bool = False,
-            still_open: int = 0) -> None:
-    h.supervisor(r.Pulled(target.id, [h.delivery(e) for e in entries], more, still_open))
+            still_open: int = 0, seq: int = 0) -> None:
+    """The supervisor's Pulled; ``seq``: the last of the target's pulls it had applied
+    (0: every pull sent so far)."""
+    h.supervisor(r.Pulled(target.id, [h.delivery(e) for e in entries], more, still_open, seq))
 
 
 def delivery_tags(frames: list[tuple[int, Any]]) -> list[tuple[int, int | None]]:
@@ -65,7 +67,7 @@ def test_prefetch_exhausted_makes_consumer_uninterested_and_ack_restores() -> No
     h = Harness()
     target = with_prefetch(h, 2)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 2, True)]
+    assert h.take() == [r.Pull(target.id, 2, True, target.pull_seq)]
     deliver(h, target, [11], more=True)
     assert interests(h.take()) == []  # one unacked, one credit left
     h.notify(target)
@@ -77,7 +79,7 @@ def test_prefetch_exhausted_makes_consumer_uninterested_and_ack_restores() -> No
     # The last pull said the queue has more: the credit is pulled with the Interest, not
     # after a notification's round trip (ConsumerTarget.more).
     assert h.take() == [r.Settle(CONN, 1, [11], r.ACK), r.Interest(target.id, True),
-                        r.Pull(target.id, 1, True)]
+                        r.Pull(target.id, 1, True, target.pull_seq)]
 
 
 def test_an_ack_after_a_standing_pull_was_used_up_pulls_again() -> None:
@@ -87,12 +89,12 @@ def test_an_ack_after_a_standing_pull_was_used_up_pulls_again() -> None:
     h = Harness()
     target = with_prefetch(h, 1)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 1, True)]
+    assert h.take() == [r.Pull(target.id, 1, True, target.pull_seq)]
     deliver(h, target, [11], more=False)
     assert h.take() == [r.Interest(target.id, False)]
     h.client(1, commands.Basic.Ack(delivery_tag=1))
     assert h.take() == [r.Settle(CONN, 1, [11], r.ACK), r.Interest(target.id, True),
-                        r.Pull(target.id, 1, True)]
+                        r.Pull(target.id, 1, True, target.pull_seq)]
 
 
 def test_a_used_up_standing_pull_is_renewed_at_once_with_the_credit_left() -> None:
@@ -101,12 +103,12 @@ def test_a_used_up_standing_pull_is_renewed_at_once_with_the_credit_left() -> No
     h = Harness()
     target = with_prefetch(h, 4)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 4, True)]
+    assert h.take() == [r.Pull(target.id, 4, True, target.pull_seq)]
     deliver(h, target, [1, 2], more=False, still_open=2)
     h.client(1, commands.Basic.Ack(delivery_tag=2, multiple=True))
     assert pulls(h.take()) == []  # the rest of the pull stays open
     deliver(h, target, [3, 4], more=False)
-    assert pulls(h.take()) == [r.Pull(target.id, 2, True)]
+    assert pulls(h.take()) == [r.Pull(target.id, 2, True, target.pull_seq)]
 
 
 def test_an_ack_after_a_pull_that_emptied_the_queue_only_restores_interest() -> None:
@@ -115,7 +117,7 @@ def test_an_ack_after_a_pull_that_emptied_the_queue_only_restores_interest() -> 
     h = Harness()
     target = with_prefetch(h, 1, global_=True)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 1, False)]
+    assert h.take() == [r.Pull(target.id, 1, False, target.pull_seq)]
     deliver(h, target, [11], more=False)
     assert h.take() == [r.Interest(target.id, False)]
     h.client(1, commands.Basic.Ack(delivery_tag=1))
@@ -127,7 +129,7 @@ def test_notify_leads_to_one_pull_of_the_credit() -> None:
     h = Harness()
     target = with_prefetch(h, 5)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 5, True)]
+    assert h.take() == [r.Pull(target.id, 5, True, target.pull_seq)]
     h.notify(target)
     h.refresh()
     assert h.take() == []
@@ -140,7 +142,7 @@ def test_pulled_with_more_pulls_again_with_remaining_credit() -> None:
     h.notify(target)
     h.take()
     deliver(h, target, [1, 2], more=True)
-    assert pulls(h.take()) == [r.Pull(target.id, 3, True)]
+    assert pulls(h.take()) == [r.Pull(target.id, 3, True, target.pull_seq)]
 
 
 def test_pulled_without_more_stops_until_next_notify() -> None:
@@ -154,7 +156,7 @@ def test_pulled_without_more_stops_until_next_notify() -> None:
     h.refresh()
     assert h.take() == []
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 4, True)]
+    assert h.take() == [r.Pull(target.id, 4, True, target.pull_seq)]
 
 
 def test_notify_seen_before_the_answer_of_the_pull_in_flight_is_not_lost() -> None:
@@ -165,11 +167,11 @@ def test_notify_seen_before_the_answer_of_the_pull_in_flight_is_not_lost() -> No
     h = Harness()
     target = with_prefetch(h, 5)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 5, True)]
+    assert h.take() == [r.Pull(target.id, 5, True, target.pull_seq)]
     h.notify(target)  # the slot, read before the Pulled event below
     assert h.take() == []
     deliver(h, target, [1], more=False)
-    assert pulls(h.take()) == [r.Pull(target.id, 4, True)]
+    assert pulls(h.take()) == [r.Pull(target.id, 4, True, target.pull_seq)]
     deliver(h, target, [], more=False)  # that round is over: nothing more until notified
     assert h.take() == []
 
@@ -179,7 +181,7 @@ def test_unlimited_consumer_pulls_a_batch() -> None:
     h = Harness()
     target = consumer(h)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, PULL_BATCH, True)]
+    assert h.take() == [r.Pull(target.id, PULL_BATCH, True, target.pull_seq)]
 
 
 # -- waiting for credit from a backlog (ConsumerTarget.top_up) ---------------------------
@@ -212,7 +214,98 @@ def test_a_consumer_acking_each_message_of_a_backlog_pulls_half_its_prefetch_at_
     assert _not_settles(h) == []
     assert armed == [True]  # one timer for the wait
     h.client(1, commands.Basic.Ack(delivery_tag=5))
-    assert _not_settles(h) == [r.Interest(target.id, True), r.Pull(target.id, 5, True)]
+    assert _not_settles(h) == [r.Interest(target.id, True), r.Pull(target.id, 5, True, target.pull_seq)]
+
+
+def test_a_consumer_working_off_a_backlog_pulls_again_before_its_pull_is_answered() -> None:
+    """Prefetch 10, each message acked: once half is back the next pull goes even though the
+    last is still in flight (otherwise the client would wait a whole round trip with half its
+    credit unused); what both asked for counts against the prefetch until each is answered."""
+    h = Harness()
+    target, _ = _all_taken(h, more=True)
+    for tag in range(1, 6):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+    first = target.pull_seq
+    assert _not_settles(h) == [r.Interest(target.id, True), r.Pull(target.id, 5, True, first)]
+    for tag in range(6, 10):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+    assert _not_settles(h) == []  # 4 back, 5 asked for: not enough for another
+    h.client(1, commands.Basic.Ack(delivery_tag=10))
+    assert _not_settles(h) == [r.Pull(target.id, 5, True, first + 1)]
+    assert target.pulling == 10 and target.unacked == 0
+
+    deliver(h, target, list(range(21, 26)), more=True, seq=first)  # the second not seen yet
+    assert target.pulling == 5 and target.unacked == 5
+    assert _not_settles(h) == []  # 5 held, 5 asked for: no credit to pull with
+    deliver(h, target, list(range(26, 31)), more=True, seq=first + 1)
+    assert target.pulling == 0 and target.unacked == 10
+    assert h.take() == [r.Interest(target.id, False)]
+    assert [tag for _, tag in delivery_tags(h.frames())] == list(range(1, 21))
+
+
+def test_a_pull_sent_before_the_last_was_answered_stays_counted_in_a_standing_answer() -> None:
+    """The queue ran dry under the first of two pulls in flight: its answer leaves the rest of
+    it open, and the second, which the supervisor had not seen yet, is still asked for."""
+    h = Harness()
+    target, _ = _all_taken(h, more=True)
+    for tag in range(1, 11):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+    first = target.pull_seq - 1
+    assert pulls(h.take()) == [r.Pull(target.id, 5, True, first), r.Pull(target.id, 5, True, first + 1)]
+    deliver(h, target, [21, 22], still_open=3, seq=first)
+    assert target.pulling == 3 + 5
+    # The supervisor adds the second to what stayed open (8) and serves one message of it.
+    deliver(h, target, [23], still_open=7, seq=first + 1)
+    assert target.pulling == 7 and target.unacked == 3
+    assert pulls(h.take()) == []  # everything the prefetch allows is asked for
+
+
+def test_without_a_backlog_credit_back_does_not_pull_past_an_open_pull() -> None:
+    """At a light load (no backlog) the standing pull left open covers the credit: acks add
+    nothing to it, as before (one Pull record per prefetch's worth of messages)."""
+    h = Harness()
+    target = with_prefetch(h, 10)
+    h.notify(target)
+    h.take()
+    deliver(h, target, [11, 12, 13, 14, 15, 16], still_open=4)
+    for tag in range(1, 7):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+    assert pulls(h.take()) == []
+    assert target.pulling == 4
+
+
+def test_global_qos_never_has_two_pulls_in_flight() -> None:
+    """basic.qos global=true: the channel's consumers share the credit a pull reserves; one
+    pull at a time, as the supervisor's notifications decide who takes what."""
+    h = Harness()
+    target = with_prefetch(h, 10, global_=True)
+    h.notify(target)
+    assert pulls(h.take()) == [r.Pull(target.id, 10, False, target.pull_seq)]
+    deliver(h, target, list(range(11, 21)), more=True)
+    h.take()
+    for tag in range(1, 11):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+        assert len(pulls(h.take())) <= 1
+    assert target.pulling <= 10
+
+
+def test_a_cancelled_consumer_is_kept_until_both_its_pulls_are_answered() -> None:
+    """basic.cancel with two pulls in flight: the target stays known until the second answer,
+    and what each brought goes back to the queue."""
+    h = Harness()
+    target, _ = _all_taken(h, more=True)
+    for tag in range(1, 11):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+    h.take()
+    first = target.pull_seq - 1
+    h.client(1, commands.Basic.Cancel(consumer_tag="c1", nowait=True))
+    assert isinstance(h.take()[0], r.Cancel)
+    deliver(h, target, [21, 22, 23, 24, 25], more=True, seq=first)
+    assert h.take() == [r.Settle(CONN, 1, [21, 22, 23, 24, 25], r.REQUEUE)]
+    assert h.handler.worker.targets.get(target.id) is target
+    deliver(h, target, [26, 27], seq=first + 1)
+    assert h.take() == [r.Settle(CONN, 1, [26, 27], r.REQUEUE)]
+    assert h.handler.worker.targets.get(target.id) is None
 
 
 def test_the_timer_pulls_what_came_back_meanwhile() -> None:
@@ -223,7 +316,7 @@ def test_the_timer_pulls_what_came_back_meanwhile() -> None:
     assert _not_settles(h) == []
     assert h.handler.worker.targets.take_deferred() == {target} and armed == [True]
     h.handler.pull_due(target)  # PULL_DEFER later
-    assert h.take() == [r.Interest(target.id, True), r.Pull(target.id, 1, True)]
+    assert h.take() == [r.Interest(target.id, True), r.Pull(target.id, 1, True, target.pull_seq)]
 
 
 def test_without_a_backlog_credit_is_used_at_once() -> None:
@@ -232,7 +325,7 @@ def test_without_a_backlog_credit_is_used_at_once() -> None:
     h = Harness()
     target, armed = _all_taken(h, more=False)
     h.client(1, commands.Basic.Ack(delivery_tag=1))
-    assert _not_settles(h) == [r.Interest(target.id, True), r.Pull(target.id, 1, True)]
+    assert _not_settles(h) == [r.Interest(target.id, True), r.Pull(target.id, 1, True, target.pull_seq)]
     assert armed == []
 
 
@@ -244,13 +337,13 @@ def test_without_a_backlog_a_notification_pulls_whatever_credit() -> None:
     h.handler.worker.targets.arm_defer = lambda: armed.append(True)
     target = with_prefetch(h, 10, global_=True)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 10, False)]
+    assert h.take() == [r.Pull(target.id, 10, False, target.pull_seq)]
     deliver(h, target, list(range(11, 21)), more=False)
     assert h.take() == [r.Interest(target.id, False)]
     h.client(1, commands.Basic.Ack(delivery_tag=1))
     assert _not_settles(h) == [r.Interest(target.id, True)]
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 1, False)]
+    assert h.take() == [r.Pull(target.id, 1, False, target.pull_seq)]
     assert armed == []
 
 
@@ -263,7 +356,7 @@ def test_a_standing_pull_left_open_asks_for_nothing_more() -> None:
     h = Harness()
     target = with_prefetch(h, 10)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 10, True)]
+    assert h.take() == [r.Pull(target.id, 10, True, target.pull_seq)]
     h.notify(target)  # the slot was set again while the pull was in flight
     deliver(h, target, [11], still_open=9)
     assert pulls(h.take()) == []
@@ -286,7 +379,7 @@ def test_a_standing_pull_used_up_is_asked_for_again_when_credit_returns() -> Non
     assert h.take() == [r.Interest(target.id, False)]  # both credits are out
     h.client(1, commands.Basic.Ack(delivery_tag=2, multiple=True))
     assert h.take() == [r.Settle(CONN, 1, [11, 12], r.ACK), r.Interest(target.id, True),
-                        r.Pull(target.id, 2, True)]
+                        r.Pull(target.id, 2, True, target.pull_seq)]
 
 
 def test_a_standing_pull_ended_by_the_supervisor_waits_for_a_notification() -> None:
@@ -302,7 +395,7 @@ def test_a_standing_pull_ended_by_the_supervisor_waits_for_a_notification() -> N
     h.refresh()
     assert h.take() == []
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 2, True)]
+    assert h.take() == [r.Pull(target.id, 2, True, target.pull_seq)]
 
 
 def test_a_cancelled_consumer_is_kept_until_its_standing_pull_is_ended() -> None:
@@ -328,7 +421,7 @@ def test_global_qos_pulls_are_not_standing() -> None:
     h = Harness()
     target = with_prefetch(h, 3, global_=True)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, 3, False)]
+    assert h.take() == [r.Pull(target.id, 3, False, target.pull_seq)]
 
 
 def test_global_qos_is_shared_by_the_channels_consumers() -> None:
@@ -372,7 +465,7 @@ def test_global_credit_released_by_a_short_pull_reaches_the_other_consumers() ->
     second = consumer(h, 1, "c2", "q2")
     h.notify(first)
     h.notify(second)
-    assert h.take() == [r.Pull(first.id, 3), r.Interest(second.id, False)]
+    assert h.take() == [r.Pull(first.id, 3, False, first.pull_seq), r.Interest(second.id, False)]
     deliver(h, first, [], more=False)  # q1 was empty after all
     assert r.Interest(second.id, True) in h.take()
 
@@ -383,7 +476,7 @@ def test_cancel_nowait_with_pull_in_flight_gives_its_credit_back() -> None:
     h.client(1, commands.Basic.Qos(prefetch_count=2, global_=True))
     first = consumer(h, 1, "c1", "q1")
     h.notify(first)
-    assert h.take() == [r.Pull(first.id, 2)]
+    assert h.take() == [r.Pull(first.id, 2, False, first.pull_seq)]
     h.client(1, commands.Basic.Cancel(consumer_tag="c1", nowait=True))
     deliver(h, first, [], more=False)
     h.client(1, commands.Basic.Consume(queue="q2", consumer_tag="c2"))
@@ -397,9 +490,9 @@ def test_no_ack_consumer_ignores_prefetch_and_settles_on_delivery() -> None:
     h.client(1, commands.Basic.Qos(prefetch_count=1))
     target = consumer(h, no_ack=True)
     h.notify(target)
-    assert h.take() == [r.Pull(target.id, PULL_BATCH, True)]
+    assert h.take() == [r.Pull(target.id, PULL_BATCH, True, target.pull_seq)]
     deliver(h, target, [21, 22], more=True)
-    assert h.take() == [r.Settle(CONN, 1, [21, 22], r.ACK), r.Pull(target.id, PULL_BATCH, True)]
+    assert h.take() == [r.Settle(CONN, 1, [21, 22], r.ACK), r.Pull(target.id, PULL_BATCH, True, target.pull_seq)]
     assert delivery_tags(h.frames()) == [(1, 1), (1, 2)]
     assert not h.channel().unacked and target.unacked == 0
 
@@ -415,7 +508,7 @@ def test_consume_before_consume_ok_does_not_pull() -> None:
     h.supervisor(r.Reply(CONN, 1, "consume"))
     [(n, ok)] = methods(h.frames())
     assert n == 1 and isinstance(ok, commands.Basic.ConsumeOk) and ok.consumer_tag == "c1"
-    assert h.take() == [r.Pull(target.id, PULL_BATCH, True)]
+    assert h.take() == [r.Pull(target.id, PULL_BATCH, True, target.pull_seq)]
 
 
 def test_channel_flow_switches_interest() -> None:

@@ -63,7 +63,7 @@ def test_consumer_credit_turns_into_interest_pulls_and_deliveries() -> None:
     assert target is not None and target.conn == CONN and target.ch == 1 and ch.owns(target)
     out = ch.on_reply(r.Reply(CONN, 1, "consume", queue="q"))
     assert _methods(out.events) == [(1, "Basic.ConsumeOk")]
-    assert ch.notify(target).requests == [r.Pull(target.id, 2, True)]
+    assert ch.notify(target).requests == [r.Pull(target.id, 2, True, target.pull_seq)]
     offset = arena.store(b"hb")
     out = ch.on_pulled(target, r.Pulled(target.id, [r.Delivery(9, False, "", "q", 0, offset, 1, 1)],
                                         more=False))

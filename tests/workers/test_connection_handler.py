@@ -31,7 +31,7 @@ def test_backpressure_makes_consumers_uninterested_until_written() -> None:
     h = Harness(arena_size=HIGH_WATER + (1 << 20))
     target = consumer(h)
     h.notify(target)
-    assert pulls(h.take()) == [r.Pull(target.id, target.credit(), True)]
+    assert pulls(h.take()) == [r.Pull(target.id, target.credit(), True, target.pull_seq)]
 
     h.supervisor(r.Pulled(target.id, [h.delivery(1, b"x" * HIGH_WATER)], more=True))
     assert h.handler.backpressured
@@ -43,7 +43,7 @@ def test_backpressure_makes_consumers_uninterested_until_written() -> None:
     assert h.take() == []  # still in flight: still back-pressured
     h.handler.written()
     # The pull had said "more": credit back, it pulls at once (ConsumerTarget.more).
-    assert h.take() == [r.Interest(target.id, True), r.Pull(target.id, target.credit(), True)]
+    assert h.take() == [r.Interest(target.id, True), r.Pull(target.id, target.credit(), True, target.pull_seq)]
 
 
 def test_backpressure_holds_every_channel_of_the_connection() -> None:
