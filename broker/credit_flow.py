@@ -2,11 +2,11 @@
 
 A worker stops reading a connection that has sent ``workers``' PUBLISH_CREDIT publishes the
 supervisor has not given back yet. The supervisor gives credit back once it has applied them,
-unless it is *behind*: a consumer it woke wants more (it is notified, or was within FLOW_HOLD:
-one with a small prefetch working off a backlog is out of credit for moments at a time) and that
-consumer's queue holds at least FLOW_BACKLOG ready messages. Credit is then withheld from every
-publishing connection, so the rings carry settles and pulls, not more publishes, until the
-consumers have caught up.
+unless it is *behind*: a consumer it woke has not been served yet (or, working through a backlog
+with its whole prefetch out, is away for a moment as it was the last time) and that consumer's
+queue holds at least FLOW_BACKLOG ready messages. Credit is then withheld from every publishing
+connection, so the rings carry settles and pulls, not more publishes, until the consumers have
+caught up.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from ipc import records as r
 
 # The supervisor is behind while a consumer it woke holds back on a queue this long.
 FLOW_BACKLOG = 1000
-# A consumer working off a backlog with a small prefetch uses all of it at times, and says it is
-# not interested until an ack comes back (often within the millisecond): it still counts as
-# waiting for this long after it was last seen notified. A consumer that stopped acking counts
-# no longer than that.
-FLOW_HOLD = 0.1
+# A consumer working through a backlog with its whole prefetch out says it is not interested for
+# moments at a time: one that came back within this long the last time still counts as waiting
+# while it is away (up to this long). A slow consumer (away longer) does not.
+FLOW_HOLD = 0.05
 # Credit goes back to a connection once this much is due (half the workers' PUBLISH_CREDIT,
 # so a publisher never waits for it), smaller amounts on the timer's tick: a steady
 # publisher's worker is not woken by a Credit event per publish.
@@ -44,6 +43,17 @@ class Subscribed(Protocol):
     def queue(self) -> _QueueWithCount: ...
 
 
+class _Woken:
+    """A woken consumer as credit flow follows it: since when it is away (not notified), and
+    whether it came back within FLOW_HOLD the last time."""
+
+    __slots__ = ("away", "quick")
+
+    def __init__(self) -> None:
+        self.away: float | None = None
+        self.quick = False
+
+
 class CreditFlow:
     """Publish credit due per ``(worker, conn)`` and the consumers woken since they last pulled."""
 
@@ -52,9 +62,18 @@ class CreditFlow:
     def __init__(self) -> None:
         # Publish records applied per (worker, conn) whose credit is not given back yet.
         self.due: dict[tuple[int, int], int] = {}
-        # (worker, consumer id) woken, and when last seen notified: candidates for "behind".
-        self.woken: dict[tuple[int, int], float] = {}
+        # (worker, consumer id) woken: candidates for "behind".
+        self.woken: dict[tuple[int, int], _Woken] = {}
         self.behind = False
+
+    def woke(self, key: tuple[int, int], now: float) -> None:
+        """The consumer ``key`` was woken (notified, or its standing pull run) at ``now``."""
+        seen = self.woken.get(key)
+        if seen is None:
+            self.woken[key] = _Woken()
+        elif seen.away is not None:
+            seen.quick = now - seen.away <= FLOW_HOLD
+            seen.away = None
 
     def grants(self, subs: Mapping[tuple[int, int], Subscribed], *,
                all_credit: bool, now: float = 0.0) -> dict[int, r.Credit]:
@@ -78,23 +97,31 @@ class CreditFlow:
         return grants
 
     def _is_behind(self, subs: Mapping[tuple[int, int], Subscribed], now: float) -> bool:
-        """True while an acquiring consumer the queue woke wants more (it is notified, or was
-        within FLOW_HOLD) and its queue holds FLOW_BACKLOG ready messages or more.
-        O(consumers woken within FLOW_HOLD)."""
+        """True while a woken acquiring consumer waits for work -- it is notified, or it is away
+        for a moment as it was the last time (``_Woken.quick``) -- and its queue holds
+        FLOW_BACKLOG ready messages or more. O(consumers woken within FLOW_HOLD)."""
         woken = self.woken
-        for key, seen in list(woken.items()):
+        behind = False
+        for key, seen in list(woken.items()):  # each looked at: when it went away counts
             sub = subs.get(key)
             if sub is None:
                 del woken[key]
                 continue
             if sub.consumer.state is NOTIFIED:
-                woken[key] = now
-            elif now - seen > FLOW_HOLD:
-                del woken[key]
-                continue
+                if seen.away is not None:  # back (a pull of its own found more)
+                    seen.quick = now - seen.away <= FLOW_HOLD
+                    seen.away = None
+            else:
+                if seen.away is None:
+                    seen.away = now
+                if now - seen.away > FLOW_HOLD:
+                    del woken[key]
+                    continue
+                if not seen.quick:
+                    continue
             if sub.queue.message_count >= FLOW_BACKLOG:
-                return True
-        return False
+                behind = True
+        return behind
 
     def forget_worker(self, worker: int) -> None:
         """A worker died: its connections' credit is moot."""

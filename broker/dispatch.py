@@ -490,7 +490,7 @@ class Dispatcher:
         """seed: QueueConsumer#notifyWork: the consumer's notify slot is set, or, when it has
         a standing pull, that pull runs (before the flush: ``serve_standing``)."""
         trace = self.trace
-        woken = self._credit.woken
+        woke = self._credit.woke
         now = self.vhost.now
         standing = self._standing
         for c in consumers:
@@ -500,7 +500,7 @@ class Dispatcher:
                 self._to_serve[key] = None
             else:
                 self.notify[worker].append(slot)
-            woken[key] = now
+            woke(key, now)
             if trace is not None:
                 sub = self._subs.get(key)
                 trace.notified(sub.queue.name if sub else "", worker, cid)

@@ -115,6 +115,15 @@ class ChannelConsumers:
         # no Interest, no pull until half the prefetch is back or PULL_DEFER has passed.
         wait = (0 < credit < target.top_up and target.more and not target.due
                 and not pulling and not shared and self._targets.defer(target))
+        # Its whole prefetch out, on a backlog: it stays interested (notified) until an ack
+        # comes, for PULL_DEFER at most. A consumer whose pulls keep its prefetch full would
+        # otherwise say it is not interested and then interested again every few messages, and
+        # the supervisor would stop seeing it wait for work on its backlog in between (credit
+        # flow's "behind": an unpaced publisher went unthrottled). One that stopped acking says
+        # so once PULL_DEFER has passed.
+        if (credit == 0 and target.interested and target.more and not target.due and not shared
+                and self._targets.defer(target)):
+            return
         requests = out.requests
         if (credit > 0) != target.interested and not wait:
             target.interested = credit > 0
@@ -143,7 +152,8 @@ class ChannelConsumers:
             requests.append(r.Pull(target.id, credit - pulling, True, seq))
 
     def pull_due(self, target: ConsumerTarget, out: ChannelOutput) -> None:
-        """PULL_DEFER has passed for ``target``: it pulls with the credit it has."""
+        """PULL_DEFER has passed for ``target``: it pulls with the credit it has, or, with
+        none back, says it is not interested."""
         if self.owns(target):
             target.due = True
             self.refresh(target, out)

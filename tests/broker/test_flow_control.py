@@ -106,23 +106,48 @@ def test_credit_is_withheld_while_a_woken_consumer_waits_on_a_backlog(h: Harness
     assert h.credit(W0) == {1: FLOW_BACKLOG + 1}
 
 
-def test_a_consumer_out_of_credit_for_a_moment_still_holds_publishers(h: Harness) -> None:
-    """A consumer working off a backlog with a small prefetch says it is not interested
-    between its deliveries and its next ack: for FLOW_HOLD after it was last notified it
-    still counts as waiting. One that stopped acking no longer holds publishers after that."""
+def _behind(h: Harness, now: float | None = None) -> bool:
+    """A publish (credit due), then the batch's end (or the timer at ``now``): is it behind?"""
+    h.publish("q")
+    if now is None:
+        h.d.end_batch()
+    else:
+        h.d.tick(now)
+    return h.d.behind
+
+
+def test_a_consumer_back_within_a_moment_counts_while_it_is_out_of_credit(h: Harness) -> None:
+    """A consumer working through a backlog with its whole prefetch out is not interested for
+    moments at a time. Once it came back within FLOW_HOLD, the supervisor counts it as waiting
+    while it is away again, for FLOW_HOLD at most (one that stopped acking holds nobody)."""
     h.d.begin_batch(10.0)
     _backlog_with_a_woken_consumer(h)
-    h.d.end_batch()
-    assert h.d.behind
-    h.d.tick(11.0)  # still notified a second later: the hold counts from here
-    h.send(W1, r.Interest(1, False))  # all its prefetch is out
-    h.d.end_batch()
-    assert h.d.behind and h.credit(W0) == {}
-    h.d.tick(11.0 + FLOW_HOLD / 2)
-    assert h.d.behind and h.credit(W0) == {}
-    h.d.tick(11.0 + FLOW_HOLD * 2)
-    assert not h.d.behind
-    assert h.credit(W0) == {1: FLOW_BACKLOG}
+    assert _behind(h)
+    h.send(W1, r.Interest(1, False))
+    assert not _behind(h)  # away for the first time: not known to come back soon
+    h.d.begin_batch(10.0 + FLOW_HOLD / 4)
+    h.send(W1, r.Interest(1, True))  # back in a moment: woken again
+    assert _behind(h)
+    h.send(W1, r.Interest(1, False))
+    assert _behind(h)  # away as it was a moment ago: still waiting for work
+    assert _behind(h, 10.0 + FLOW_HOLD / 4 + FLOW_HOLD / 2)
+    assert not _behind(h, 10.0 + FLOW_HOLD / 4 + FLOW_HOLD * 2)  # away too long: it stopped
+
+
+def test_a_slow_consumer_out_of_credit_does_not_hold_publishers(h: Harness) -> None:
+    """A consumer acking once a second on a deep queue is woken at each ack and out of credit
+    again at once: the supervisor is behind only while it waits to be served, never while it
+    is away (else each ack of each slow consumer would hold every publisher back)."""
+    h.d.begin_batch(10.0)
+    _backlog_with_a_woken_consumer(h)
+    h.send(W1, r.Interest(1, False))
+    assert not _behind(h)
+    for second in range(1, 4):
+        h.d.begin_batch(10.0 + second)
+        h.send(W1, r.Interest(1, True))
+        assert _behind(h)
+        h.send(W1, r.Interest(1, False))
+        assert not _behind(h)
 
 
 def test_a_backlog_whose_consumers_have_no_credit_does_not_hold_publishers(h: Harness) -> None:
