@@ -55,7 +55,8 @@ class _Woken:
 
 
 class CreditFlow:
-    """Publish credit due per ``(worker, conn)`` and the consumers woken since they last pulled."""
+    """Publish credit due per ``(worker, conn)`` and the consumers woken (notified, or away a
+    moment)."""
 
     __slots__ = ("behind", "due", "woken")
 
@@ -99,7 +100,7 @@ class CreditFlow:
     def _is_behind(self, subs: Mapping[tuple[int, int], Subscribed], now: float) -> bool:
         """True while a woken acquiring consumer waits for work -- it is notified, or it is away
         for a moment as it was the last time (``_Woken.quick``) -- and its queue holds
-        FLOW_BACKLOG ready messages or more. O(consumers woken within FLOW_HOLD)."""
+        FLOW_BACKLOG ready messages or more. O(consumers notified, or away within FLOW_HOLD)."""
         woken = self.woken
         behind = False
         for key, seen in list(woken.items()):  # each looked at: when it went away counts

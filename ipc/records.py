@@ -183,9 +183,7 @@ class Pull(_Record, frozen=True, tag="pull"):
     consumer: int
     max: int
     standing: bool = False
-    # The consumer's pulls numbered from 1: a consumer working off a backlog sends the next
-    # before the last is answered, and each Pulled says up to which the supervisor had applied.
-    seq: int = 0
+    seq: int = 0  # the consumer's pulls numbered from 1 (see above)
 
 
 class Get(_Record, frozen=True, tag="get"):
