@@ -792,7 +792,7 @@ class Dispatcher:
             return
         sub.pull_seq = rec.seq
         rest = self._standing.pop(key, 0)
-        self._run_pull(worker, rec.consumer, rec.max + rest, standing=rec.standing or rest > 0)
+        self._run_pull(worker, sub, rec.consumer, rec.max + rest, standing=rec.standing or rest > 0)
 
     def serve_standing(self) -> None:
         """Run the standing pulls of the consumers woken since the last flush (the runtime
@@ -802,8 +802,13 @@ class Dispatcher:
             for key in list(to_serve):
                 del to_serve[key]
                 budget = self._standing.pop(key, None)
-                if budget is not None:
-                    self._run_pull(key[0], key[1], budget, standing=True)
+                if budget is None:
+                    continue
+                sub = self._subs.get(key)
+                if sub is None:  # gone meanwhile: the worker waits for the empty answer
+                    self.outbox[key[0]].append(r.Pulled(key[1], [], False))
+                else:
+                    self._run_pull(key[0], sub, key[1], budget, standing=True)
             self._wake(self.vhost.drain())
 
     def _end_standing(self, worker: int, cid: int, *, answer: bool, seq: int | None = None) -> None:
@@ -817,11 +822,8 @@ class Dispatcher:
                 seq = sub.pull_seq if sub is not None else 0
             self.outbox[worker].append(r.Pulled(cid, [], False, 0, seq))
 
-    def _run_pull(self, worker: int, cid: int, max_n: int, *, standing: bool) -> None:
-        sub = self._subs.get((worker, cid))
-        if sub is None:  # cancelled while the pull was in flight
-            self.outbox[worker].append(r.Pulled(cid, [], False))
-            return
+    def _run_pull(self, worker: int, sub: Subscription, cid: int, max_n: int, *,
+                  standing: bool) -> None:
         chan = sub.chan
         if chan.closed:  # a standing pull of a closed channel's consumer not yet detached
             return
