@@ -3,7 +3,7 @@
     python -m perf                         # S1-S8 against Shoal, then against RabbitMQ if installed
     python -m perf --scenarios S1,S3 --seconds 5
     python -m perf --quick                 # small counts, 3 s per scenario: a smoke run
-    python -m perf --workers-scaling       # S1-S4 against Shoal with --workers 1, 2, 4
+    python -m perf --workers-scaling       # S1-S4 against Shoal with --workers 1, 2, 4 (and 8 on 8+ CPUs)
     python -m perf --no-rabbitmq --json-out perf/results/mine.json
     python -m perf --scenarios overload --seconds 10    # S7u, S1u, S3u (+ ping-pong), S4u: unbounded publishers
     python -m perf --scenarios S3u,S4u --no-rabbitmq --generator python
@@ -31,13 +31,29 @@ from perf.overload import OVERLOAD_SCENARIOS, OverloadOptions, OverloadScenario
 from perf.scenarios import SCENARIOS, Options, Scenario, run
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SCALING_WORKERS = (1, 2, 4)
+SCALING_WORKERS = (1, 2, 4, 8)  # those up to the host's CPUs (at least 4) run by default
 SCALING_SCENARIOS = ("S1", "S2", "S3", "S4")
 ALIASES: dict[str, list[str]] = {
     "classic": list(SCENARIOS),
     "overload": list(OVERLOAD_SCENARIOS),
     "all": [*SCENARIOS, *OVERLOAD_SCENARIOS],
 }
+
+
+def _worker_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of worker counts: {text!r}") from exc
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"worker counts must be 1 or more: {text!r}")
+    return counts
+
+
+def default_scaling_workers(cpus: int) -> tuple[int, ...]:
+    """--workers-scaling's worker counts on a host with ``cpus`` CPUs: 1, 2, 4 and 8 as far as
+    the CPUs go (4 even on fewer, as before: the oversubscribed figure shows what it costs)."""
+    return tuple(w for w in SCALING_WORKERS if w <= max(4, cpus))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,7 +66,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=None, help="cap per scenario (default 10; 3 with --quick)")
     parser.add_argument("--quick", action="store_true", help="small counts and 3 s per scenario (a smoke run)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="Shoal --workers (default: CPUs)")
-    parser.add_argument("--workers-scaling", action="store_true", help="S1-S4 against Shoal with --workers 1, 2, 4")
+    parser.add_argument(
+        "--workers-scaling", action="store_true",
+        help="S1-S4 against Shoal with each of --scaling-workers, and which process saturates first",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scaling-workers", type=_worker_counts, default=None,
+        help="comma-separated --workers values for --workers-scaling (default: 1, 2, 4, 8 up to the "
+             "host's CPUs, at least up to 4)",
+    )  # fmt: skip
     parser.add_argument("--no-rabbitmq", action="store_true", help="do not run RabbitMQ even if installed")
     parser.add_argument(
         "--rounds", type=int, default=1,
@@ -288,11 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.workers_scaling:
             scenarios = _select(args.scenarios, SCALING_SCENARIOS)
-            scaling: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in SCALING_WORKERS}
-            by_workers = {
-                w: Session(f"shoal --workers {w}", functools.partial(ShoalBroker, w), opts) for w in SCALING_WORKERS
-            }
-            try:  # interleaved, as below: each scenario against w=1, 2, 4 in turn
+            counts = args.scaling_workers or default_scaling_workers(os.cpu_count() or 1)
+            scaling: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in counts}
+            by_workers = {w: Session(f"shoal --workers {w}", functools.partial(ShoalBroker, w), opts) for w in counts}
+            try:  # interleaved, as below: each scenario against w=1, 2, 4, ... in turn
                 for scenario in scenarios:
                     for workers, session in by_workers.items():
                         scaling[workers][scenario.key] = session.run_one(scenario)
@@ -301,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
                     session.close()
                     problems += session.problems
             report["scaling"] = {str(w): list(per.values()) for w, per in scaling.items()}
-            markdown.append("Shoal scaling with --workers (delivered msg/s):\n\n" + report_table.scaling_table(scaling))
+            markdown.append("Shoal scaling with --workers (delivered msg/s):\n\n"
+                            + report_table.scaling_table(scaling, cpus=os.cpu_count()))
             all_results = [r for per in scaling.values() for r in per.values()]
         else:
             scenarios = _select(args.scenarios)

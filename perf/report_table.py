@@ -103,8 +103,49 @@ def memory_table(shoal: dict[str, Any] | None, rabbit: dict[str, Any] | None) ->
     return "\n".join(lines)
 
 
-def scaling_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
-    """results: workers -> scenario key -> Shoal result."""
+SATURATED = 0.90  # a process at this share of one core, or the host at this share of its CPUs
+
+
+def busiest(result: dict[str, Any] | None) -> tuple[str, float] | None:
+    """The broker process that used the most CPU in ``result`` and its mean share of one core (%)."""
+    best: tuple[str, float] | None = None
+    for label, process in (_get(result, "broker_cpu", "processes") or {}).items():
+        pct = process.get("cpu_percent_mean")
+        if pct is not None and (best is None or pct > best[1]):
+            best = (label, pct)
+    return best
+
+
+def saturated(result: dict[str, Any] | None, cpus: int | None) -> list[str]:
+    """What ran out of CPU in ``result``, busiest first: a broker process at SATURATED of one core
+    or more, a client process (the scenario's generator) likewise, or the host's CPUs all busy."""
+    found: list[tuple[float, str]] = []
+    top = busiest(result)
+    if top is not None and top[1] >= SATURATED * 100:
+        found.append((top[1] / 100, f"{top[0]} {top[1]:.0f}%"))
+    gen = _get(result, "generator_max_cpu_fraction")
+    if gen is not None and gen >= SATURATED:
+        found.append((gen, f"a client process {gen * 100:.0f}%"))
+    host = _get(result, "broker_cpu", "host_busy_cores")
+    if cpus and host is not None and host >= SATURATED * cpus:
+        found.append((host / cpus, f"the host's {cpus} CPUs ({host:.2f} busy)"))
+    return [text for _, text in sorted(found, reverse=True)]
+
+
+def saturates_first(results: dict[int, dict[str, Any] | None], cpus: int | None) -> str:
+    """The fewest workers at which something ran out of CPU, and what; else the busiest broker
+    process at the most workers."""
+    for workers in sorted(results):
+        found = saturated(results[workers], cpus)
+        if found:
+            return f"w={workers}: " + ", ".join(found)
+    most = max(results, default=None)
+    top = busiest(results[most]) if most is not None else None
+    return f"none (w={most}: {top[0]} {top[1]:.0f}%)" if top is not None else "–"
+
+
+def scaling_table(results: dict[int, dict[str, dict[str, Any]]], cpus: int | None = None) -> str:
+    """results: workers -> scenario key -> Shoal result; ``cpus``: the host's, for its saturation."""
     counts = sorted(results)
     keys: list[str] = []
     for per in results.values():
@@ -115,8 +156,10 @@ def scaling_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
     head += [f"w={w}/w={base}" for w in counts[1:]]
     head += [f"w={w} msg/CPU-s" for w in counts]
     head += [f"w={w} cores" for w in counts]
-    head += ["lost/dup/reord", "generator-bound", "other load, cores"]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 4) + "---|---|---|"]
+    head += [f"w={w} busiest" for w in counts]
+    head += ["saturates first", "lost/dup/reord", "generator-bound", "other load, cores"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 5 - len(counts))
+             + "---|" * (len(counts) + 4)]
     for key in keys:
         row = [key]
         rates = {w: _get(results[w].get(key), "delivered_per_s") for w in counts}
@@ -124,6 +167,10 @@ def scaling_table(results: dict[int, dict[str, dict[str, Any]]]) -> str:
         row += [ratio(rates[w], rates[base]) for w in counts[1:]]
         row += [num(_get(results[w].get(key), "delivered_per_broker_cpu_s")) for w in counts]
         row += [num(_get(results[w].get(key), "broker_cpu", "cores_used"), 2) for w in counts]
+        for w in counts:
+            top = busiest(results[w].get(key))
+            row.append(f"{top[0]} {top[1]:.0f}%" if top is not None else "–")
+        row.append(saturates_first({w: results[w].get(key) for w in counts}, cpus))
         row.append(", ".join(integrity(results[w].get(key)) for w in counts))
         row.append(", ".join(gen_flag(results[w].get(key)) for w in counts))
         row.append(", ".join(num(_get(results[w].get(key), "other_load_cores"), 2) for w in counts))

@@ -17,6 +17,7 @@ from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 from pamqp.heartbeat import Heartbeat
 
+from perf.__main__ import default_scaling_workers, parse_args
 from perf.accounting import latency_summary, merge_group, percentile
 from perf.report_table import (
     comparison_table,
@@ -25,6 +26,7 @@ from perf.report_table import (
     ratio,
     round_ratios,
     rounds_table,
+    saturates_first,
     scaling_table,
 )
 from perf.sampler import Sample, Sampler, Series
@@ -273,6 +275,43 @@ def test_memory_and_scaling_tables() -> None:
     lines = scaling.splitlines()
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert "| 1.80 |" in lines[2]
+
+
+def scaled(rate: float, host: float, gen: float = 0.1, **processes: float) -> dict:
+    result = flow_result(rate, 1)
+    result["broker_cpu"] = {"cores_used": sum(processes.values()) / 100, "host_busy_cores": host,
+                            "processes": {k: {"cpu_percent_mean": v} for k, v in processes.items()}}
+    result["generator_max_cpu_fraction"] = gen
+    return result
+
+
+def test_scaling_table_names_the_busiest_process_and_what_saturates_first() -> None:
+    """--workers-scaling: each worker count's busiest broker process, and the fewest workers at
+    which a process (or a client, or the host) ran out of CPU."""
+    results = {
+        1: {"S1": scaled(100, 1.5, supervisor=60.0, worker0=85.0)},
+        2: {"S1": scaled(150, 2.2, supervisor=93.0, worker0=50.0, worker1=48.0)},
+        4: {"S1": scaled(150, 2.4, gen=0.95, supervisor=97.0, worker0=30.0, worker1=31.0)},
+    }
+    lines = scaling_table(results, cpus=16).splitlines()
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert "| worker0 85% | supervisor 93% | supervisor 97% | w=2: supervisor 93% |" in lines[2]
+    # A client past the mark at the same count comes after the busier process; none at all:
+    # the busiest process at the most workers.
+    assert saturates_first({4: results[4]["S1"]}, 16) == "w=4: supervisor 97%, a client process 95%"
+    assert saturates_first({1: results[1]["S1"]}, 16) == "none (w=1: worker0 85%)"
+    # On a small host the CPUs run out before any one process does.
+    assert saturates_first({1: results[1]["S1"], 2: results[2]["S1"]}, 2) == (
+        "w=2: the host's 2 CPUs (2.20 busy), supervisor 93%")
+    assert saturates_first({1: None}, 2) == "–"
+
+
+def test_scaling_worker_counts_follow_the_host() -> None:
+    assert default_scaling_workers(16) == (1, 2, 4, 8)
+    assert default_scaling_workers(2) == (1, 2, 4)
+    assert parse_args(["--workers-scaling", "--scaling-workers", "8,1,2"]).scaling_workers == (1, 2, 8)
+    with pytest.raises(SystemExit):
+        parse_args(["--scaling-workers", "0,2"])
 
 
 def test_rounds_table_gives_each_rounds_ratio_and_their_median() -> None:
