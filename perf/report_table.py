@@ -116,13 +116,17 @@ def busiest(result: dict[str, Any] | None) -> tuple[str, float] | None:
     return best
 
 
+def _share(process: tuple[str, float]) -> str:
+    return f"{process[0]} {process[1]:.0f}%"
+
+
 def saturated(result: dict[str, Any] | None, cpus: int | None) -> list[str]:
     """What ran out of CPU in ``result``, busiest first: a broker process at SATURATED of one core
     or more, a client process (the scenario's generator) likewise, or the host's CPUs all busy."""
     found: list[tuple[float, str]] = []
     top = busiest(result)
     if top is not None and top[1] >= SATURATED * 100:
-        found.append((top[1] / 100, f"{top[0]} {top[1]:.0f}%"))
+        found.append((top[1] / 100, _share(top)))
     gen = _get(result, "generator_max_cpu_fraction")
     if gen is not None and gen >= SATURATED:
         found.append((gen, f"a client process {gen * 100:.0f}%"))
@@ -141,7 +145,7 @@ def saturates_first(results: dict[int, dict[str, Any] | None], cpus: int | None)
             return f"w={workers}: " + ", ".join(found)
     most = max(results, default=None)
     top = busiest(results[most]) if most is not None else None
-    return f"none (w={most}: {top[0]} {top[1]:.0f}%)" if top is not None else "–"
+    return f"none (w={most}: {_share(top)})" if top is not None else "–"
 
 
 def scaling_table(results: dict[int, dict[str, dict[str, Any]]], cpus: int | None = None) -> str:
@@ -169,7 +173,7 @@ def scaling_table(results: dict[int, dict[str, dict[str, Any]]], cpus: int | Non
         row += [num(_get(results[w].get(key), "broker_cpu", "cores_used"), 2) for w in counts]
         for w in counts:
             top = busiest(results[w].get(key))
-            row.append(f"{top[0]} {top[1]:.0f}%" if top is not None else "–")
+            row.append(_share(top) if top is not None else "–")
         row.append(saturates_first({w: results[w].get(key) for w in counts}, cpus))
         row.append(", ".join(integrity(results[w].get(key)) for w in counts))
         row.append(", ".join(gen_flag(results[w].get(key)) for w in counts))
