@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m perf", description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--scenarios", default="",
-        help="comma-separated keys or groups (classic = S1-S8, overload = S7u,S1u,S3u,S4u, all), e.g. S1,S3u "
+        help="comma-separated keys or groups (classic = S1-S8, overload = S7u,S1u,S3u,S4u,S9u, all), e.g. S1,S3u "
         "(default: classic)",
     )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=None, help="cap per scenario (default 10; 3 with --quick)")
@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ack-each", action="store_true",
                         help="consumers ack every delivery on its own (multiple=false), as pika, "
                              "kombu and aio-pika do by default, instead of every 50 (5 in S3)")
+    parser.add_argument("--global-qos", action="store_true",
+                        help="consumers set basic.qos global=true (one prefetch per channel, as "
+                             "celery asks of RabbitMQ) instead of per consumer")
     parser.add_argument("--sample-interval", type=float, default=0.5, help="psutil sampling interval, s (0.5)")
     parser.add_argument("--s8-messages", type=int, default=1_000_000, help="S8 queued messages (1,000,000)")
     parser.add_argument("--s8-connections", type=int, default=1_000, help="S8 idle connections (1,000)")
@@ -277,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     opts = Options(
         seconds=args.seconds, quick=args.quick, window=args.window, confirm=args.confirm,
-        ack_each=args.ack_each,
+        ack_each=args.ack_each, global_qos=args.global_qos,
         sample_interval=args.sample_interval, s8_messages=args.s8_messages,
         s8_connections=args.s8_connections, s8_drain=args.s8_drain, progress=not args.quiet,
     )  # fmt: skip

@@ -222,8 +222,10 @@ def consumer_main(job: dict[str, Any], shared: dict[str, Any], pipe: Any) -> Non
     try:
         client = Client(job["port"])
         result["worker"] = worker_of(client.server_properties)
-        client.qos(int(job["prefetch"]))
-        client.consume(job["queue"], tag=job["name"])
+        client.qos(int(job["prefetch"]), bool(job.get("global_qos")))
+        queues = job["queue"].split(",")  # several: a consumer on each, on the one channel
+        for i, queue in enumerate(queues):
+            client.consume(queue, tag=job["name"] if len(queues) == 1 else f"{job['name']}.{i}")
         sock = client.sock
         sock.settimeout(POLL)
         buf = bytearray(RECV_BUFFER)

@@ -11,6 +11,8 @@ multiple=false) with a small prefetch. These scenarios use that shape:
     S3u  1 unbounded publisher -> 1 queue -> 8 competing consumers, prefetch 10, ack each;
          then, on the same broker, a 1,000 msg/s ping-pong (1 -> 1 -> 1) for a few seconds
     S4u  1 unbounded publisher -> fanout -> 8 queues -> 8 consumers (one each), prefetch 10, ack each
+    S9u  4 unbounded publishers -> 4 queues (one each) -> one channel consuming all four, its
+         prefetch of 40 shared (basic.qos global=true), ack each: a celery worker's shape
     S7u  1 publisher paced at 1,000 msg/s -> 1 queue -> 1 consumer, ack each: broker cores (the
          idle cost) and latency; also the broker's cores with nothing published (2 s, consumer
          attached)
@@ -79,6 +81,9 @@ class OverloadScenario:
     queues: int = 1
     consumers_per_queue: int = 1
     fanout: bool = False
+    publishers: int = 1  # each to its own queue (publisher p to queue p % queues) unless fanout
+    one_channel: bool = False  # one consumer, one channel, a basic.consume on every queue
+    global_qos: bool = False  # basic.qos global=true: the channel's consumers share the prefetch
     prefetch: int = 10
     ack_every: int = 1  # 1: basic.ack multiple=false per delivery
     body_size: int = 128
@@ -86,7 +91,7 @@ class OverloadScenario:
 
     @property
     def consumers(self) -> int:
-        return self.queues * self.consumers_per_queue
+        return 1 if self.one_channel else self.queues * self.consumers_per_queue
 
 
 OVERLOAD_SCENARIOS: dict[str, OverloadScenario] = {
@@ -98,6 +103,9 @@ OVERLOAD_SCENARIOS: dict[str, OverloadScenario] = {
                          consumers_per_queue=8, ping_pong_after=True),
         OverloadScenario("S4u", "1 unbounded publisher -> fanout -> 8 queues -> 8 consumers, prefetch 10, ack each",
                          queues=8, fanout=True),
+        OverloadScenario("S9u", "4 unbounded publishers -> 4 queues -> one channel consuming all 4, global "
+                         "prefetch 40, ack each", queues=4, publishers=4, one_channel=True, global_qos=True,
+                         prefetch=40),
     ]
 }  # fmt: skip
 
@@ -124,9 +132,10 @@ def count_cap(kind: str, rate: float, seconds: float) -> int:
     return int((C_RATE_CAP if kind == "c" else PY_RATE_CAP) * seconds) + 1
 
 
-def publisher_processes(kind: str, rate: float, python_publishers: int) -> int:
-    """One C publisher; the Python fallback needs several for one unbounded publisher's load."""
-    return 1 if kind == "c" or rate > 0 else max(1, python_publishers)
+def publisher_processes(kind: str, rate: float, python_publishers: int, publishers: int = 1) -> int:
+    """One C process a publisher; the Python fallback needs several for one unbounded publisher's
+    load."""
+    return publishers * (1 if kind == "c" or rate > 0 else max(1, python_publishers))
 
 
 # --------------------------------------------------------------------------- the generators
@@ -153,6 +162,7 @@ class _Fleet:
             argv = cgen.consumer_argv(
                 self.binary, self.port, queue=queue, name=name, prefetch=scenario.prefetch,
                 ack_every=scenario.ack_every, seconds=seconds, publishers=publishers, capacity=capacity, grace=GRACE,
+                global_qos=scenario.global_qos,
             )  # fmt: skip
             self.c_processes.append(("consumer", CProcess(f"consumer {name}", argv)))
             return
@@ -161,7 +171,8 @@ class _Fleet:
         job = {
             "port": self.port, "queue": queue, "name": name, "prefetch": scenario.prefetch,
             "ack_every": scenario.ack_every, "ack_single": scenario.ack_every <= 1,
-            "hard_seconds": seconds + GRACE + 30.0, "capacities": [capacity] * publishers,
+            "global_qos": scenario.global_qos, "hard_seconds": seconds + GRACE + 30.0,
+            "capacities": [capacity] * publishers,
         }  # fmt: skip
         self.py.spawn(loadgen.consumer_main, job, {"received": value}, f"consumer {name}")
         self.py_counts.append(("consumer", value))
@@ -351,7 +362,7 @@ def run_shape(
     """One run of `scenario` (rate 0: unbounded publisher) for `seconds`; see the module docstring."""
     label = label or scenario.key
     choice = opts.generator
-    publishers = publisher_processes(choice.kind, rate, opts.python_publishers)
+    publishers = publisher_processes(choice.kind, rate, opts.python_publishers, scenario.publishers)
     count = count_cap(choice.kind, rate, seconds)
     exchange, queues = _names(label, scenario.queues)
     result: dict[str, Any] = {
@@ -369,13 +380,18 @@ def run_shape(
     t0 = t1 = time.monotonic()
     results: list[dict[str, Any]] = []
     try:
-        for q, queue in enumerate(queues):
-            for c in range(scenario.consumers_per_queue):
-                fleet.add_consumer(f"c{q}.{c}", queue, scenario, seconds, publishers, count)
+        if scenario.one_channel:
+            fleet.add_consumer("c", ",".join(queues), scenario, seconds, publishers, count)
+        else:
+            for q, queue in enumerate(queues):
+                for c in range(scenario.consumers_per_queue):
+                    fleet.add_consumer(f"c{q}.{c}", queue, scenario, seconds, publishers, count)
         fleet.wait_ready(SPAWN_WAIT)
+        per_publisher = publishers // scenario.publishers  # processes standing in for one publisher
         for p in range(publishers):
             fleet.add_publisher(
-                p, exchange if scenario.fanout else "", "" if scenario.fanout else queues[0], scenario, count,
+                p, exchange if scenario.fanout else "",
+                "" if scenario.fanout else queues[(p // per_publisher) % scenario.queues], scenario, count,
                 seconds, rate,
             )  # fmt: skip
         fleet.wait_ready(SPAWN_WAIT)

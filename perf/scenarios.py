@@ -89,6 +89,7 @@ class Options:
     window: int = 10_000
     confirm: bool = False
     ack_each: bool = False  # consumers send basic.ack multiple=false per delivery (pika's default)
+    global_qos: bool = False  # consumers' basic.qos global=true (celery's choice against RabbitMQ)
     sample_interval: float = 0.5
     s8_messages: int = 1_000_000
     s8_connections: int = 1_000
@@ -260,7 +261,7 @@ def run_flow(broker: Broker, scenario: Scenario, opts: Options) -> dict[str, Any
         "body_size": scenario.body_size, "publishers": scenario.publishers, "queues": scenario.queues,
         "consumers": scenario.consumers, "prefetch": scenario.prefetch,
         "ack_every": 1 if opts.ack_each else scenario.ack_every, "ack_single": opts.ack_each,
-        "count_per_publisher": count, "window": window if not scenario.rate else None,
+        "global_qos": opts.global_qos, "count_per_publisher": count, "window": window if not scenario.rate else None,
         "rate_per_publisher": scenario.rate or None, "seconds_cap": seconds, "errors": [],
     }  # fmt: skip
     sampler = Sampler(broker.processes, opts.sample_interval)
@@ -272,7 +273,7 @@ def run_flow(broker: Broker, scenario: Scenario, opts: Options) -> dict[str, Any
                 job = {
                     "port": broker.port, "queue": queue, "name": f"c{q}.{c}", "prefetch": scenario.prefetch,
                     "ack_every": scenario.ack_every, "ack_single": opts.ack_each,
-                    "hard_seconds": hard_seconds,
+                    "global_qos": opts.global_qos, "hard_seconds": hard_seconds,
                     "capacities": [count if q in routes[p] else 0 for p in range(scenario.publishers)],
                 }  # fmt: skip
                 clients.spawn(loadgen.consumer_main, job, {"received": value}, f"consumer c{q}.{c}")

@@ -311,8 +311,10 @@ class Client:
             commands.Queue.Bind(queue=queue, exchange=exchange, routing_key=routing_key), commands.Queue.BindOk
         )
 
-    def qos(self, prefetch: int) -> None:
-        self.call(commands.Basic.Qos(prefetch_count=prefetch), commands.Basic.QosOk)
+    def qos(self, prefetch: int, global_: bool = False) -> None:
+        """basic.qos; ``global_``: the channel's consumers share the prefetch (RabbitMQ's
+        reading of global=true, which celery asks for)."""
+        self.call(commands.Basic.Qos(prefetch_count=prefetch, global_=global_), commands.Basic.QosOk)
 
     def consume(self, queue: str, tag: str = "perf") -> None:
         self.call(commands.Basic.Consume(queue=queue, consumer_tag=tag), commands.Basic.ConsumeOk)

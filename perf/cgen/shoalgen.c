@@ -8,8 +8,8 @@
  *
  *   shoalgen publish --port P [--exchange X] [--routing-key K] [--body-size 128] [--id 0]
  *                    --count N --seconds S [--rate R] [--batch 256] [--grace 20]
- *   shoalgen consume --port P --queue Q [--prefetch 10] [--ack-every 1] --seconds S
- *                    [--publishers 1] [--capacity N] [--name c0] [--grace 20]
+ *   shoalgen consume --port P --queue Q[,Q2...] [--prefetch 10] [--global 0] [--ack-every 1]
+ *                    --seconds S [--publishers 1] [--capacity N] [--name c0] [--grace 20]
  *   shoalgen buckets V...        (prints the latency bucket of each value: for the tests)
  *
  * A **publisher** never waits for the broker: no confirms, no window. After the handshake it
@@ -25,6 +25,9 @@
  * A **consumer** is plain rabbitmq-c, as an application would write it: basic.qos(prefetch),
  * basic.consume (manual acks), amqp_consume_message in a loop, and basic.ack per delivery
  * (multiple=false), or multiple=true every `--ack-every` deliveries. It stops at `--seconds`.
+ * Several queues (`--queue a,b,c`) are consumed on its one channel, a consumer each (tags
+ * NAME.0, NAME.1, ...), as a celery worker does; `--global 1` makes the prefetch the channel's,
+ * shared by those consumers (basic.qos global=true, what celery asks of RabbitMQ).
  *
  * Bodies start with the same 20 bytes as perf/wire.py's PAYLOAD (little-endian):
  *     <H magic 0x5348> <H publisher> <Q sequence> <Q CLOCK_MONOTONIC ns at send>
@@ -246,6 +249,7 @@ struct opts {
   int batch;
   double grace;
   int prefetch;
+  int global;
   int ack_every;
   int publishers;
   long long capacity;
@@ -287,6 +291,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     else if (!strcmp(k, "--batch")) o->batch = atoi(v);
     else if (!strcmp(k, "--grace")) o->grace = atof(v);
     else if (!strcmp(k, "--prefetch")) o->prefetch = atoi(v);
+    else if (!strcmp(k, "--global")) o->global = atoi(v) != 0;
     else if (!strcmp(k, "--ack-every")) o->ack_every = atoi(v);
     else if (!strcmp(k, "--publishers")) o->publishers = atoi(v);
     else if (!strcmp(k, "--capacity")) o->capacity = atoll(v);
@@ -689,18 +694,32 @@ static int run_consume(const struct opts *o) {
   }
   conn = open_channel(o);
   if (!conn) goto report;
-  amqp_basic_qos(conn, 1, 0, (uint16_t)o->prefetch, 0);
+  amqp_basic_qos(conn, 1, 0, (uint16_t)o->prefetch, (amqp_boolean_t)o->global);
   amqp_rpc_reply_t r = amqp_get_rpc_reply(conn);
   if (r.reply_type != AMQP_RESPONSE_NORMAL) {
     describe_reply(r, "basic.qos");
     goto report;
   }
-  amqp_basic_consume(conn, 1, amqp_cstring_bytes(o->queue), amqp_cstring_bytes(o->name), 0, 0, 0,
-                     amqp_empty_table);
-  r = amqp_get_rpc_reply(conn);
-  if (r.reply_type != AMQP_RESPONSE_NORMAL) {
-    describe_reply(r, "basic.consume");
-    goto report;
+  {
+    int several = strchr(o->queue, ',') != NULL, n = 0;
+    const char *q = o->queue;
+    for (;;) {
+      const char *comma = strchr(q, ',');
+      size_t len = comma ? (size_t)(comma - q) : strlen(q);
+      char tag[256];
+      if (several) snprintf(tag, sizeof tag, "%s.%d", o->name, n);
+      else snprintf(tag, sizeof tag, "%s", o->name);
+      amqp_bytes_t queue = {len, (void *)q};
+      amqp_basic_consume(conn, 1, queue, amqp_cstring_bytes(tag), 0, 0, 0, amqp_empty_table);
+      r = amqp_get_rpc_reply(conn);
+      if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+        describe_reply(r, "basic.consume");
+        goto report;
+      }
+      n++;
+      if (!comma) break;
+      q = comma + 1;
+    }
   }
   print_ready("consumer");
   if (!wait_go()) {

@@ -64,8 +64,8 @@ def test_groups_expand() -> None:
 
 
 def test_unknown_scenarios_are_named() -> None:
-    with pytest.raises(SystemExit, match="S9u"):
-        resolve_keys("S1u,S9u")
+    with pytest.raises(SystemExit, match="S99u"):
+        resolve_keys("S1u,S99u")
 
 
 def test_overload_flags_and_defaults() -> None:
@@ -188,7 +188,12 @@ def test_consumer_argv() -> None:
     pairs = dict(zip(argv[2::2], argv[3::2], strict=True))
     assert pairs["--queue"] == "q" and pairs["--ack-every"] == "1" and pairs["--prefetch"] == "10"
     assert pairs["--publishers"] == "2" and pairs["--capacity"] == "99"
+    assert pairs["--global"] == "0"  # basic.qos global=false unless asked
     assert "--host" not in pairs  # shoalgen only ever connects to 127.0.0.1
+    several = consumer_argv(Path("/b/g"), 5672, queue="q1,q2", name="c", prefetch=40, ack_every=1, seconds=10,
+                            publishers=4, capacity=9, global_qos=True)  # fmt: skip
+    pairs = dict(zip(several[2::2], several[3::2], strict=True))
+    assert pairs["--queue"] == "q1,q2" and pairs["--global"] == "1"
 
 
 def test_parse_event() -> None:
@@ -251,6 +256,15 @@ def test_count_caps_and_publisher_processes() -> None:
     assert publisher_processes("c", 0.0, 3) == 1
     assert publisher_processes("python", 0.0, 3) == 3
     assert publisher_processes("python", 1000.0, 3) == 1
+    assert publisher_processes("c", 0.0, 3, publishers=4) == 4  # one C process a publisher
+    assert publisher_processes("python", 0.0, 3, publishers=4) == 12
+
+
+def test_celery_shape_is_one_consumer_on_every_queue_sharing_its_prefetch() -> None:
+    s9u = OVERLOAD_SCENARIOS["S9u"]
+    assert (s9u.publishers, s9u.queues, s9u.consumers) == (4, 4, 1)
+    assert s9u.one_channel and s9u.global_qos and not s9u.fanout and s9u.ack_every == 1
+    assert OVERLOAD_SCENARIOS["S3u"].consumers == 8 and not OVERLOAD_SCENARIOS["S3u"].global_qos
 
 
 def consumer(received: int, in_window: int | None = None, hist: Any = None, **extra: Any) -> dict[str, Any]:
