@@ -268,6 +268,7 @@ def _normalise_python(result: dict[str, Any], window_count: int | None) -> dict[
         out["hist"] = sorted(hist.items())
         out["max_us"] = max(latencies) if latencies else 0
         out["in_window"] = window_count if window_count is not None else result.get("received", 0)
+        out["by_publisher"] = [bytes(marks).count(1) for marks in result.get("seen") or []]
     return out
 
 
@@ -486,6 +487,8 @@ def summarise(
     expected = published * (scenario.queues if scenario.fanout else 1)
     undelivered = expected - delivered
     hist = merge_histograms(r.get("hist") or [] for r in consumers)
+    counts = [r.get("by_publisher") or [] for r in consumers]  # first deliveries, per publisher
+    by_publisher = [sum(c[i] for c in counts if i < len(c)) for i in range(max(map(len, counts), default=0))]
     max_us = max((int(r.get("max_us") or 0) for r in consumers), default=0)
     generators = []
     for r in results:
@@ -515,6 +518,7 @@ def summarise(
         "duplicates": sum(int(r.get("duplicates") or 0) for r in consumers),
         "reordered": sum(int(r.get("reordered") or 0) for r in consumers),
         "redelivered": sum(int(r.get("redelivered") or 0) for r in consumers),
+        "delivered_by_publisher": by_publisher,
         "tcp_wait_s": round(sum(float(r.get("tcp_wait_s") or 0) for r in publishers), 2),
         "broker_cpu": broker_summary,
         "broker_cores": cores,

@@ -208,6 +208,15 @@ def _side(result: dict[str, Any] | None, label: str) -> str:
     return f"{label} !" if (result or {}).get("errors") or (result or {}).get("failed") else label
 
 
+def shares(counts: list[int] | None) -> str:
+    """Each publisher's part of the deliveries, per cent ("24.8 / 25.3 / 24.9 / 25.0"); empty
+    for one publisher or none delivered."""
+    if not counts or len(counts) < 2 or not sum(counts):
+        return ""
+    total = sum(counts)
+    return " / ".join(f"{100 * c / total:.1f}" for c in counts)
+
+
 def overload_table(key: str, shoal: dict[str, Any] | None, rabbit: dict[str, Any] | None) -> str:
     """One overload scenario: a row per broker, then Shoal / RabbitMQ (deliver msg/s is the ratio
     that matters; the others are there to read it by). A `!` after a side: errors, listed below."""
@@ -260,6 +269,10 @@ def overload_table(key: str, shoal: dict[str, Any] | None, rabbit: dict[str, Any
             f"| {ratio(_get(shoal, 'broker_cores'), _get(rabbit, 'broker_cores'))} "
             f"| {ratio(_get(shoal, 'broker_rss_max_mb'), _get(rabbit, 'broker_rss_max_mb'))} | | | |"
         )
+    spreads = [(name, shares(_get(result, "delivered_by_publisher"))) for result, name in pair]
+    if any(spread for _name, spread in spreads):
+        lines += ["", "Deliveries by publisher (its own queue), per cent: " + "; ".join(
+            f"{name} {spread}" for name, spread in spreads if spread)]
     afters = [(_get(result, "after"), name) for result, name in pair]
     if any(after for after, _name in afters):
         lines += [

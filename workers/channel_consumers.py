@@ -19,7 +19,13 @@ from broker.constants import REPLY_TO
 from ipc import records as r
 from workers.channel_config import ChannelOutput
 from workers.channel_frames import method_ids
-from workers.consumer_target import Backpressure, ChannelCredit, ConsumerTarget, ConsumerTargets
+from workers.consumer_target import (
+    PULL_BATCH,
+    Backpressure,
+    ChannelCredit,
+    ConsumerTarget,
+    ConsumerTargets,
+)
 
 
 class ChannelConsumers:
@@ -35,6 +41,8 @@ class ChannelConsumers:
         self._draining: set[ConsumerTarget] = set()  # cancelled, their pull still in flight
         self.prefetch = 0  # basic.qos global=false: for consumers created after it
         self.closing = False
+        self._turn = 0  # global qos: where the next shared pull's first share goes (by_tag order)
+        self._due = False  # global qos: PULL_DEFER has passed, pull whatever credit there is
 
     def owns(self, target: ConsumerTarget) -> bool:
         """Is ``target`` one of ours (not of an earlier channel with our number)?"""
@@ -100,28 +108,32 @@ class ChannelConsumers:
         """A pull's reservation came back: with global qos every consumer of the
         channel may now have credit, not just the one that pulled."""
         if self.credit.global_prefetch:
-            self.refresh_all(out)
+            self._refresh_shared(out)
         else:
             self.refresh(target, out)
 
     def refresh(self, target: ConsumerTarget, out: ChannelOutput) -> None:
-        """seed: setNotifyWorkDesired follows credit; pull while notified and able."""
+        """seed: setNotifyWorkDesired follows credit; pull while notified and able. Under
+        basic.qos global=true the channel's credit is pulled for its consumers together
+        (:meth:`_pull_shared`)."""
+        if self.credit.global_prefetch:
+            self._refresh_shared(out, target)
+            return
         if not target.active or self.closing:
             return
         credit = target.credit()
-        shared = self.credit.global_prefetch
         pulling = target.pulling
         # A backlog waits (the last pull came back full) and only a little credit is back:
         # no Interest, no pull until half the prefetch is back or PULL_DEFER has passed.
         wait = (0 < credit < target.top_up and target.more and not target.due
-                and not pulling and not shared and self._targets.defer(target))
+                and not pulling and self._targets.defer(target))
         # Its whole prefetch out, on a backlog: it stays interested (notified) until an ack
         # comes, for PULL_DEFER at most. A consumer whose pulls keep its prefetch full would
         # otherwise say it is not interested and then interested again every few messages, and
         # the supervisor would stop seeing it wait for work on its backlog in between (credit
         # flow's "behind": an unpaced publisher went unthrottled). One that stopped acking says
         # so once PULL_DEFER has passed.
-        if (credit == 0 and target.interested and target.more and not target.due and not shared
+        if (credit == 0 and target.interested and target.more and not target.due
                 and self._targets.defer(target)):
             return
         requests = out.requests
@@ -129,21 +141,16 @@ class ChannelConsumers:
             target.interested = credit > 0
             if not target.interested:
                 target.notified = target.renotified = False  # the supervisor hands the work on
-            elif (target.more or target.renew) and not shared:
-                # Pull at once (ConsumerTarget.more, .renew). Not under global qos: there the
-                # channel's consumers share the credit, and the supervisor's notification
-                # decides which of them takes it.
-                target.notified = True
+            elif target.more or target.renew:
+                target.notified = True  # pull at once (ConsumerTarget.more, .renew)
             requests.append(r.Interest(target.id, target.interested))
         if not target.notified or wait:
             return
         if not pulling:
             if credit > 0:
-                # Standing (r.Pull.standing) unless the channel's consumers share a global
-                # prefetch: there the credit a standing pull kept would be missing to the others.
                 seq = self.credit.pull_sent(target, credit)
-                requests.append(r.Pull(target.id, credit, not shared, seq))
-        elif target.more and not shared and credit - pulling >= target.top_up:
+                requests.append(r.Pull(target.id, credit, True, seq))
+        elif target.more and credit - pulling >= target.top_up:
             # Working off a backlog: the next pull goes as soon as half the prefetch is back,
             # not after the one in flight is answered (with a prefetch of 10 and each message
             # acked, the client would otherwise wait for that answer with half its credit
@@ -151,15 +158,91 @@ class ChannelConsumers:
             seq = self.credit.pull_sent(target, credit - pulling)
             requests.append(r.Pull(target.id, credit - pulling, True, seq))
 
+    # ------------------------------------------------- basic.qos global=true
+
+    def _refresh_shared(self, out: ChannelOutput, target: ConsumerTarget | None = None) -> None:
+        """The channel's consumers share its prefetch: ``target``'s interest (every
+        consumer's with None) follows the credit, then the credit there is goes to the
+        consumers that were notified, in turns."""
+        if self.closing:
+            return
+        if target is not None:
+            self._interest_shared(target, out)
+        else:
+            for each in self.by_tag.values():
+                self._interest_shared(each, out)
+        self._pull_shared(out)
+
+    def _interest_shared(self, target: ConsumerTarget, out: ChannelOutput) -> None:
+        if not target.active:
+            return
+        credit = target.credit()
+        if credit == 0 and target.interested and not target.due and (
+                # Its pull's answer decides (after_pull), or its siblings' pulls and unacked
+                # deliveries hold the channel's credit while its queue has a backlog: it stays
+                # notified, for PULL_DEFER at most, so that the next ack's credit finds it
+                # waiting beside the consumer that pulled last instead of a notification's
+                # round trip behind it (RabbitMQ's queues share a channel's prefetch about
+                # evenly; the consumer that pulled last took nearly all of it).
+                target.pulling or (target.more and self._targets.defer(target))):
+            return
+        if (credit > 0) != target.interested:
+            target.interested = credit > 0
+            if not target.interested:
+                target.notified = target.renotified = False  # the supervisor hands the work on
+            out.requests.append(r.Interest(target.id, target.interested))
+
+    def _pull_shared(self, out: ChannelOutput) -> None:
+        """A pull shared by the channel's consumers: the credit the channel has goes to those
+        notified and not pulling, split evenly (one-pull-at-a-time each, not standing: credit
+        a standing pull kept would be missing to the others), the first share to the
+        consumer after the one that came first last time."""
+        pool = self.credit
+        available = pool.global_prefetch - pool.consumer_unacked - pool.pull_reserved
+        if available <= 0:
+            return
+        targets = list(self.by_tag.values())
+        count = len(targets)
+        ready: list[ConsumerTarget] = []
+        first = -1
+        for i in range(count):
+            at = (self._turn + i) % count
+            target = targets[at]
+            if target.active and target.notified and not target.pulling and target.credit() > 0:
+                if first < 0:
+                    first = at
+                ready.append(target)
+        if not ready:
+            return
+        # Working off backlogs with little credit back (an ack or two): wait for half the
+        # prefetch, PULL_DEFER at most, as a consumer with its own prefetch does
+        # (ConsumerTarget.top_up) -- a pull a message otherwise, when each is acked alone.
+        if (available < max(1, min(pool.global_prefetch, PULL_BATCH) // 2) and not self._due
+                and all(target.more for target in ready) and self._targets.defer(ready[0])):
+            return
+        self._turn = first + 1
+        share, extra = divmod(available, len(ready))
+        for i, target in enumerate(ready):
+            n = min(share + (1 if i < extra else 0), target.credit())
+            if n <= 0:
+                break
+            seq = pool.pull_sent(target, n)
+            out.requests.append(r.Pull(target.id, n, False, seq))
+
+    # ------------------------------------------------------------- timers
+
     def pull_due(self, target: ConsumerTarget, out: ChannelOutput) -> None:
         """PULL_DEFER has passed for ``target``: it pulls with the credit it has, or, with
         none back, says it is not interested."""
         if self.owns(target):
-            target.due = True
+            target.due = self._due = True
             self.refresh(target, out)
-            target.due = False
+            target.due = self._due = False
 
     def refresh_all(self, out: ChannelOutput) -> None:
+        if self.credit.global_prefetch:
+            self._refresh_shared(out)
+            return
         for target in self.by_tag.values():
             self.refresh(target, out)
 
@@ -167,7 +250,7 @@ class ChannelConsumers:
         """``settled`` for one delivery of ``target``."""
         self.credit.settled(target)
         if self.credit.global_prefetch:
-            self.refresh_all(out)
+            self._refresh_shared(out)
         else:
             self.refresh(target, out)
 
@@ -180,7 +263,7 @@ class ChannelConsumers:
                 settled(target)
                 touched.add(target)
         if self.credit.global_prefetch:
-            self.refresh_all(out)
+            self._refresh_shared(out)
         else:
             for target in touched:
                 self.refresh(target, out)

@@ -676,11 +676,12 @@ report:;
 static int run_consume(const struct opts *o) {
   long long received = 0, redelivered = 0, duplicates = 0, reordered = 0, foreign = 0, acks = 0;
   long long *highest = calloc((size_t)o->publishers, sizeof(long long));
+  long long *by_publisher = calloc((size_t)o->publishers, sizeof(long long));
   uint8_t **seen = calloc((size_t)o->publishers, sizeof(uint8_t *));
   double started = 0, ended = 0, cpu0 = 0, cpu = 0, close_s = 0, first = 0, last = 0;
   int64_t go_ns = 0;
   amqp_connection_state_t conn = NULL;
-  if (!highest || !seen) {
+  if (!highest || !seen || !by_publisher) {
     set_error("out of memory");
     goto report;
   }
@@ -761,6 +762,7 @@ static int run_consume(const struct opts *o) {
             duplicates++;
           } else {
             seen[pub][seq >> 3] |= bit;
+            by_publisher[pub]++;
             if (seq < highest[pub]) reordered++;
             else highest[pub] = seq;
           }
@@ -846,12 +848,15 @@ report:;
          o->name, received, acks, redelivered, duplicates, reordered, foreign,
          started ? ended - started : 0.0, cpu, first, last, close_s, started, hist_max);
   hist_print();
-  printf(",\"error\":%s}\n", err);
+  printf(",\"by_publisher\":[");
+  for (int i = 0; by_publisher && i < o->publishers; i++) printf("%s%lld", i ? "," : "", by_publisher[i]);
+  printf("],\"error\":%s}\n", err);
   fflush(stdout);
   if (conn) amqp_destroy_connection(conn);
   for (int i = 0; seen && i < o->publishers; i++) free(seen[i]);
   free(seen);
   free(highest);
+  free(by_publisher);
   return error_text[0] ? 1 : 0;
 }
 

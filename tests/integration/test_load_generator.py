@@ -72,6 +72,7 @@ def test_one_channel_consumes_every_queue_with_a_shared_prefetch(
     assert result["received"] == len(queues) * PER_QUEUE
     assert (result["duplicates"], result["reordered"], result["foreign"]) == (0, 0, 0)
     assert result["acks"] == len(queues) * PER_QUEUE  # one basic.ack (multiple=false) each
+    assert result["by_publisher"] == [PER_QUEUE] * len(queues)
     assert _ready(channel, queues) == [0, 0, 0]  # and every one acked: nothing requeued at close
     for queue in queues:
         channel.queue_delete(queue)

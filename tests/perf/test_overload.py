@@ -301,13 +301,29 @@ def test_summarise_counts_only_the_window_for_the_rate() -> None:
     assert out["unaccounted"] is None and out["generator_bound"] is False
 
 
+def test_summarise_counts_each_publishers_deliveries_and_the_table_gives_their_shares() -> None:
+    results = [consumer(600, by_publisher=[300, 100, 200]), consumer(400, by_publisher=[100, 300])]
+    out = summarise(results, OVERLOAD_SCENARIOS["S9u"], {"cpu_s": 1.0, "cores_used": 0.1}, 10.0, backlog_end=0)
+    assert out["delivered_by_publisher"] == [400, 400, 200]
+    assert report_table.shares(out["delivered_by_publisher"]) == "40.0 / 40.0 / 20.0"
+    assert report_table.shares([5]) == report_table.shares([0, 0]) == report_table.shares(None) == ""
+    shoal = unbounded("shoal(w=2)", 1.0, 2.0, delivered_by_publisher=[1, 1])
+    rabbit = unbounded("rabbitmq", 1.0, 1.0, delivered_by_publisher=[3, 1])
+    table = report_table.overload_table("S9u", shoal, rabbit)
+    assert table.endswith("Deliveries by publisher (its own queue), per cent: shoal(w=2) 50.0 / 50.0; "
+                          "rabbitmq 75.0 / 25.0")
+    assert "Deliveries by publisher" not in report_table.overload_table("S1u", unbounded("shoal(w=2)", 1.0, 2.0), None)
+
+
 def test_normalise_python_consumer() -> None:
     from array import array
 
     latencies = array("q", [5, 5, 70, 900]).tobytes()
-    raw = {"role": "consumer", "name": "c0.0", "received": 4, "seen": [b"\x01"], "latencies_us": latencies}
+    raw = {"role": "consumer", "name": "c0.0", "received": 4, "seen": [b"\x01\x01\x00", b"\x00\x01"],
+           "latencies_us": latencies}  # fmt: skip
     out = _normalise_python(raw, window_count=3)
     assert "seen" not in out and "latencies_us" not in out
+    assert out["by_publisher"] == [2, 1]  # the marks of each publisher's messages seen
     assert out["in_window"] == 3 and out["max_us"] == 900
     assert merge_histograms([out["hist"]]) == histogram_of([5, 5, 70, 900])
     publisher = _normalise_python({"role": "publisher", "id": 1, "published": 9}, None)

@@ -489,6 +489,95 @@ def test_global_credit_released_by_a_short_pull_reaches_the_other_consumers() ->
     assert r.Interest(second.id, True) in h.take()
 
 
+def _two_on_backlogs(h: Harness, prefetch: int,
+                     armed: list[bool] | None = None) -> tuple[ConsumerTarget, ConsumerTarget]:
+    """basic.qos global=true ``prefetch``, consumers c1 on q1 and c2 on q2, notified together
+    and each handed half the prefetch with "more" (both queues have a backlog), on a worker
+    with the PULL_DEFER timer the server installs (``armed``: what arming it recorded)."""
+    h.handler.worker.targets.arm_defer = lambda: (armed if armed is not None else []).append(True)
+    h.client(1, commands.Basic.Qos(prefetch_count=prefetch, global_=True))
+    first = consumer(h, 1, "c1", "q1")
+    second = consumer(h, 1, "c2", "q2")
+    first.notified = True  # both slots set in one batch of events
+    h.notify(second)
+    assert sorted(p.max for p in pulls(h.take())) == [prefetch // 2] * 2
+    half = prefetch // 2
+    deliver(h, first, list(range(100, 100 + half)), more=True)
+    deliver(h, second, list(range(200, 200 + half)), more=True)
+    h.take()
+    return first, second
+
+
+def test_global_qos_credit_is_split_between_the_notified_consumers() -> None:
+    """A pull shared by the channel's consumers: what the channel has goes to every consumer
+    notified at the time, evenly, not all of it to the first one asked."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=7, global_=True))
+    first = consumer(h, 1, "c1", "q1")
+    second = consumer(h, 1, "c2", "q2")
+    third = consumer(h, 1, "c3", "q3")
+    first.notified = second.notified = True  # notified in one batch of events
+    h.notify(third)
+    assert sorted((p.consumer, p.max) for p in pulls(h.take())) == sorted(
+        [(first.id, 3), (second.id, 2), (third.id, 2)])
+    assert h.channel().pull_reserved == 7
+
+
+def test_global_qos_takes_turns_between_queues_with_backlogs() -> None:
+    """Each message acked on its own, both queues with a backlog: the credit each ack gives
+    back goes to the two consumers in turn (RabbitMQ's queues share a channel's prefetch about
+    evenly; before the shared pull the consumer that pulled last took nearly all of it)."""
+    h = Harness()
+    first, second = _two_on_backlogs(h, 2)  # half of 2 is 1: each ack's credit is pulled at once
+    takers = []
+    for tag in range(1, 5):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+        [pull] = pulls(h.take())
+        assert pull.max == 1
+        takers.append(pull.consumer)
+        deliver(h, first if pull.consumer == first.id else second, [300 + tag], more=True)
+        h.take()
+    assert sorted(takers) == sorted([first.id, second.id] * 2)
+    assert takers[0] != takers[1] and takers[1] != takers[2] and takers[2] != takers[3]
+
+
+def test_global_qos_consumers_on_backlogs_stay_notified_while_the_channel_is_out_of_credit() -> None:
+    """The channel's whole prefetch out, both queues with more: neither says it is not
+    interested (the next ack's credit would otherwise go to whichever was notified first)
+    unless PULL_DEFER passes with nothing acked."""
+    h = Harness()
+    armed: list[bool] = []
+    first, second = _two_on_backlogs(h, 4, armed)
+    assert h.take() == [] and first.interested and second.interested and armed == [True]
+    assert h.handler.worker.targets.take_deferred() == {first, second}
+    h.handler.pull_due(first)  # PULL_DEFER later, nothing acked
+    h.handler.pull_due(second)
+    assert set(interests(h.take())) == {r.Interest(first.id, False), r.Interest(second.id, False)}
+
+
+def test_global_qos_waits_for_half_the_prefetch_before_pulling_from_backlogs() -> None:
+    """Acking each message from backlogs under a global prefetch of 10: no pull a message;
+    the credit is pulled once half the prefetch is back, split between the consumers, or
+    when PULL_DEFER passes with less."""
+    h = Harness()
+    first, second = _two_on_backlogs(h, 10)
+    h.handler.worker.targets.take_deferred()
+    for tag in range(1, 5):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+        assert pulls(h.take()) == []
+    h.client(1, commands.Basic.Ack(delivery_tag=5))
+    assert sorted(p.max for p in pulls(h.take())) == [2, 3]
+    deliver(h, first, [301, 302, 303], more=True)  # (either order: each got a share)
+    deliver(h, second, [304, 305], more=True)
+    h.take()
+    h.client(1, commands.Basic.Ack(delivery_tag=6))
+    assert pulls(h.take()) == []
+    for waiting in h.handler.worker.targets.take_deferred():
+        h.handler.pull_due(waiting)  # PULL_DEFER later: the one credit back is pulled
+    [pull] = pulls(h.take())
+    assert pull.max == 1
+
+
 def test_cancel_nowait_with_pull_in_flight_gives_its_credit_back() -> None:
     """A consumer cancelled while pulling does not keep the channel's global credit."""
     h = Harness()
