@@ -196,11 +196,9 @@ class ChannelConsumers:
         """A pull shared by the channel's consumers: the credit the channel has goes to those
         notified and not pulling, split evenly (one-pull-at-a-time each, not standing: credit
         a standing pull kept would be missing to the others), the first share to the
-        consumer after the one that came first last time."""
+        consumer after the one that came first last time. A no-ack consumer is not limited
+        by prefetch (AMQP 0-9-1): it pulls what it may on its own."""
         pool = self.credit
-        available = pool.global_prefetch - pool.consumer_unacked - pool.pull_reserved
-        if available <= 0:
-            return
         targets = list(self.by_tag.values())
         count = len(targets)
         ready: list[ConsumerTarget] = []
@@ -208,11 +206,20 @@ class ChannelConsumers:
         for i in range(count):
             at = (self._turn + i) % count
             target = targets[at]
-            if target.active and target.notified and not target.pulling and target.credit() > 0:
-                if first < 0:
-                    first = at
-                ready.append(target)
-        if not ready:
+            if not (target.active and target.notified) or target.pulling:
+                continue
+            credit = target.credit()
+            if credit <= 0:
+                continue
+            if target.settles_on_delivery:
+                seq = pool.pull_sent(target, credit)
+                out.requests.append(r.Pull(target.id, credit, False, seq))
+                continue
+            if first < 0:
+                first = at
+            ready.append(target)
+        available = pool.global_prefetch - pool.consumer_unacked - pool.pull_reserved
+        if not ready or available <= 0:
             return
         # Working off backlogs with little credit back (an ack or two): wait for half the
         # prefetch, PULL_DEFER at most, as a consumer with its own prefetch does

@@ -578,6 +578,15 @@ def test_global_qos_waits_for_half_the_prefetch_before_pulling_from_backlogs() -
     assert pull.max == 1
 
 
+def test_a_no_ack_consumer_is_not_held_to_a_global_prefetch() -> None:
+    """AMQP 0-9-1: prefetch limits acknowledged deliveries only, the channel's too."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=1, global_=True))
+    target = consumer(h, 1, "c1", "q1", no_ack=True)
+    h.notify(target)
+    assert pulls(h.take()) == [r.Pull(target.id, PULL_BATCH, False, target.pull_seq)]
+
+
 def test_cancel_nowait_with_pull_in_flight_gives_its_credit_back() -> None:
     """A consumer cancelled while pulling does not keep the channel's global credit."""
     h = Harness()
