@@ -228,11 +228,15 @@ class ChannelConsumers:
                 and all(target.more for target in ready) and self._targets.defer(ready[0])):
             return
         self._turn = first + 1
-        share, extra = divmod(available, len(ready))
-        for i, target in enumerate(ready):
-            n = min(share + (1 if i < extra else 0), target.credit())
+        left = len(ready)
+        for target in ready:
+            # An even share of what is left (rounded up: the first ones take the remainder);
+            # what a consumer's own prefetch leaves of its share goes to the ones after it.
+            n = min(-(-available // left), target.credit())
+            left -= 1
             if n <= 0:
-                break
+                continue
+            available -= n
             seq = pool.pull_sent(target, n)
             out.requests.append(r.Pull(target.id, n, False, seq))
 

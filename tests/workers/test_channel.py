@@ -523,6 +523,22 @@ def test_global_qos_credit_is_split_between_the_notified_consumers() -> None:
     assert h.channel().pull_reserved == 7
 
 
+def test_global_qos_credit_a_consumers_own_prefetch_leaves_goes_to_the_others() -> None:
+    """Both limits apply (RabbitMQ): global 9 and a per-consumer prefetch of 1 for the first
+    consumer; the 2 of its share it cannot take go to the other two."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=1))
+    first = consumer(h, 1, "c1", "q1")
+    h.client(1, commands.Basic.Qos(prefetch_count=0))  # none for the consumers after it
+    h.client(1, commands.Basic.Qos(prefetch_count=9, global_=True))
+    second = consumer(h, 1, "c2", "q2")
+    third = consumer(h, 1, "c3", "q3")
+    first.notified = second.notified = True
+    h.notify(third)
+    assert sorted((p.consumer, p.max) for p in pulls(h.take())) == sorted(
+        [(first.id, 1), (second.id, 4), (third.id, 4)])
+
+
 def test_global_qos_takes_turns_between_queues_with_backlogs() -> None:
     """Each message acked on its own, both queues with a backlog: the credit each ack gives
     back goes to the two consumers in turn (RabbitMQ's queues share a channel's prefetch about
