@@ -108,7 +108,7 @@ class ChannelConsumers:
         """A pull's reservation came back: with global qos every consumer of the
         channel may now have credit, not just the one that pulled."""
         if self.credit.global_prefetch:
-            self._refresh_shared(out)
+            self.refresh_all(out)
         else:
             self.refresh(target, out)
 
@@ -183,7 +183,7 @@ class ChannelConsumers:
                 # notified, for PULL_DEFER at most, so that the next ack's credit finds it
                 # waiting beside the consumer that pulled last instead of a notification's
                 # round trip behind it (RabbitMQ's queues share a channel's prefetch about
-                # evenly; the consumer that pulled last took nearly all of it).
+                # evenly; here the consumer notified first used to take nearly all of it).
                 target.pulling or (target.more and self._targets.defer(target))):
             return
         if (credit > 0) != target.interested:
@@ -251,6 +251,7 @@ class ChannelConsumers:
             target.due = self._due = False
 
     def refresh_all(self, out: ChannelOutput) -> None:
+        """Every consumer's credit may have changed (qos, flow, the connection's output)."""
         if self.credit.global_prefetch:
             self._refresh_shared(out)
             return
@@ -261,7 +262,7 @@ class ChannelConsumers:
         """``settled`` for one delivery of ``target``."""
         self.credit.settled(target)
         if self.credit.global_prefetch:
-            self._refresh_shared(out)
+            self.refresh_all(out)
         else:
             self.refresh(target, out)
 
@@ -274,7 +275,7 @@ class ChannelConsumers:
                 settled(target)
                 touched.add(target)
         if self.credit.global_prefetch:
-            self._refresh_shared(out)
+            self.refresh_all(out)
         else:
             for target in touched:
                 self.refresh(target, out)
