@@ -487,8 +487,11 @@ def summarise(
     expected = published * (scenario.queues if scenario.fanout else 1)
     undelivered = expected - delivered
     hist = merge_histograms(r.get("hist") or [] for r in consumers)
-    counts = [r.get("by_publisher") or [] for r in consumers]  # first deliveries, per publisher
-    by_publisher = [sum(c[i] for c in counts if i < len(c)) for i in range(max(map(len, counts), default=0))]
+    counts = [r.get("by_publisher") or [] for r in consumers]  # first deliveries, per publisher process
+    by_process = [sum(c[i] for c in counts if i < len(c)) for i in range(max(map(len, counts), default=0))]
+    # Per publisher: the Python fallback's processes standing in for one publisher added up
+    per = len(by_process) // scenario.publishers if len(by_process) % scenario.publishers == 0 else 1
+    by_publisher = [sum(by_process[i:i + per]) for i in range(0, len(by_process), per)] if per else []
     max_us = max((int(r.get("max_us") or 0) for r in consumers), default=0)
     generators = []
     for r in results:

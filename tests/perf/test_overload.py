@@ -315,6 +315,14 @@ def test_summarise_counts_each_publishers_deliveries_and_the_table_gives_their_s
     assert "Deliveries by publisher" not in report_table.overload_table("S1u", unbounded("shoal(w=2)", 1.0, 2.0), None)
 
 
+def test_the_python_fallbacks_processes_count_as_the_publisher_they_stand_in_for() -> None:
+    results = [consumer(36, by_publisher=[1, 2, 3, 4, 5, 6, 7, 8])]  # 2 processes a publisher
+    out = summarise(results, OVERLOAD_SCENARIOS["S9u"], {"cpu_s": 1.0, "cores_used": 0.1}, 10.0, backlog_end=0)
+    assert out["delivered_by_publisher"] == [3, 7, 11, 15]
+    one = summarise([consumer(7, by_publisher=[3, 4])], OVERLOAD_SCENARIOS["S1u"], {"cpu_s": 1.0}, 10.0, 0)
+    assert one["delivered_by_publisher"] == [7]  # one publisher: no shares line
+
+
 def test_normalise_python_consumer() -> None:
     from array import array
 
