@@ -38,41 +38,54 @@ COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler
 COMPILE_STAMP := build/.stamp-compiled
 COMPILE_LOG := build/mypyc.log
 
-.PHONY: venv run lint test perf clean distclean compiled pure
+.PHONY: venv run lint test perf clean distclean compiled compile-locked pure smoke
 
 venv: $(STAMP)
 
+# Editable in setuptools' compat mode: a .pth puts the checkout itself on sys.path, so the
+# shared library mypyc writes at its root (<hash>__mypyc.*.so, which every compiled module imports)
+# is found by `.venv/bin/shoal` too, not only by `python -m` run from the checkout.
+EDITABLE := --config-settings editable_mode=compat
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -e .
+	$(BIN)/python -m pip install $(EDITABLE) -e .
 	touch $(STAMP)
 
 # The clients the tests drive, PySpark for the report (about 1 GB): only for make test / perf.
 $(TEST_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -e '.[test]'
+	$(BIN)/python -m pip install $(EDITABLE) -e '.[test]'
 	touch $(TEST_STAMP)
 
 $(LINT_STAMP): $(STAMP)
-	$(BIN)/python -m pip install -e '.[lint]'
+	$(BIN)/python -m pip install $(EDITABLE) -e '.[lint]'
 	touch $(LINT_STAMP)
 
+# The build removes and rewrites the extensions: `make run` and `make test` started together in
+# one checkout take turns (flock), and the second one builds only if the first left it to do.
 $(COMPILE_STAMP): $(STAMP) $(COMPILED)
-	$(BIN)/python -m pip install -q -e '.[compile]'
-	rm -f workers/*.so ipc/*.so *__mypyc.*.so
 	mkdir -p build
-	@if $(BIN)/mypyc $(COMPILED) > $(COMPILE_LOG) 2>&1; then \
+	flock build/.compile.lock $(MAKE) --no-print-directory compile-locked
+
+compile-locked:
+	@if [ -f $(COMPILE_STAMP) ] && [ -z "$$(find $(COMPILED) $(STAMP) -newer $(COMPILE_STAMP))" ]; then \
+		exit 0; fi; \
+	$(BIN)/python -m pip install -q $(EDITABLE) -e '.[compile]' && \
+	rm -f workers/*.so ipc/*.so *__mypyc.*.so && \
+	if $(BIN)/mypyc $(COMPILED) > $(COMPILE_LOG) 2>&1; then \
 		touch workers/*.so ipc/*.so *__mypyc.*.so; \
 		echo "hot path compiled with mypyc: $(words $(COMPILED)) modules"; \
 	else \
 		echo "note: mypyc could not build the hot path ($(COMPILE_LOG)); it runs as pure Python"; \
 		rm -f workers/*.so ipc/*.so *__mypyc.*.so; \
-	fi
-	touch $@
+	fi; \
+	touch $(COMPILE_STAMP)
 
 compiled: $(COMPILE_STAMP)
 
 pure:
-	rm -f workers/*.so ipc/*.so *__mypyc.*.so $(COMPILE_STAMP)
+	mkdir -p build
+	flock build/.compile.lock rm -f workers/*.so ipc/*.so *__mypyc.*.so $(COMPILE_STAMP)
 
 run: venv compiled
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS)) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
