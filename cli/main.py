@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
+from collections.abc import Callable
 
 import click
 from click.core import ParameterSource
@@ -25,18 +27,44 @@ def _parse_users(ctx: click.Context, param: click.Parameter, values: tuple[str, 
     return users
 
 
-_UNITS = {"": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1 << 10, "mib": 1 << 20,
-          "gib": 1 << 30}
+# RabbitMQ's information units (rabbit_resource_monitor_misc:parse_information_unit, as its
+# rabbitmq.conf takes them for disk_free_limit, vm_memory_high_watermark.absolute and
+# max_message_size): kB, MB, GB, TB are powers of 1000; KiB, MiB, GiB, TiB and the bare letters
+# k, M, G, T are powers of 1024; no unit is bytes. Case does not matter.
+_UNITS = {"": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_SIZE = re.compile(r"([0-9]+)([a-z]*)")
+_SIZE_HELP = "bytes, or a number with kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB, k, M, G, T"
+
+
+def parse_size(text: str) -> int:
+    """A size in RabbitMQ's information units: 50MB is 50,000,000 bytes, 50MiB and 50M 52,428,800.
+
+    Raises ValueError for anything else (a fraction, a sign, an unknown unit)."""
+    match = _SIZE.fullmatch(str(text).strip().lower().replace(" ", ""))
+    if match is None or match.group(2) not in _UNITS:
+        raise ValueError(f"expected {_SIZE_HELP}")
+    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 def _parse_bytes(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    """RabbitMQ's information units: 50MB is 50,000,000 bytes, 50MiB 52,428,800."""
-    text = str(value).strip().lower().replace(" ", "")
-    number = text.rstrip("kmgib")
-    unit = text[len(number):]
-    if not number.isdigit() or unit not in _UNITS:
-        raise click.BadParameter("expected bytes, or a number with kB, MB, GB, KiB, MiB or GiB")
-    return int(number) * _UNITS[unit]
+    """Click's callback for a size option without bounds (--disk-free-limit)."""
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _size_in(low: int, high: int | None = None) -> Callable[[click.Context, click.Parameter, str], int]:
+    """Click's callback for a size option that must lie within [low, high] bytes."""
+    def callback(ctx: click.Context, param: click.Parameter, value: str) -> int:
+        size = _parse_bytes(ctx, param, value)
+        if size < low or (high is not None and size > high):
+            bounds = f"{low} to {high}" if high is not None else f"at least {low}"
+            raise click.BadParameter(f"{value} is {size} bytes; expected {bounds} bytes")
+        return size
+    return callback
 
 
 def _read_users_file(path: str) -> dict[str, str]:
@@ -84,16 +112,20 @@ def main() -> None:
               type=click.IntRange(4096, 1 << 24), help="Largest frame offered to clients, in bytes.")
 @click.option("--channel-max", default=2047, show_default=True, type=click.IntRange(1, 65535),
               help="Most channels per connection offered to clients.")
-@click.option("--max-message-size", default=128 << 20, show_default="134217728 (128 MiB)",
-              type=click.IntRange(1, 512 << 20), help="Largest message body accepted, in bytes "
-              "(RabbitMQ's max_message_size, at most 512 MiB as there); a body over a "
+@click.option("--max-message-size", default=str(128 << 20), show_default="128MiB",
+              callback=_size_in(1, 512 << 20), metavar="SIZE",
+              help="Largest message body accepted (RabbitMQ's max_message_size, at most 512MiB "
+              "as there): bytes or RabbitMQ's units as for --disk-free-limit; a body over a "
               "sixteenth of --arena-mb gets a shared-memory segment of its own.")
-@click.option("--memory-high-watermark", default=0, show_default="80% of --arena-mb",
-              type=click.IntRange(0), help="Bytes of messages held in one worker's arena at which "
-              "that worker's publishers get connection.blocked and are paused (0: the default).")
-@click.option("--memory-low-watermark", default=0, show_default="90% of the high watermark",
-              type=click.IntRange(0), help="Bytes of messages held in a blocked worker's arena "
-              "below which its publishers are unblocked (0: the default).")
+@click.option("--memory-high-watermark", default="0", show_default="80% of --arena-mb",
+              callback=_size_in(0), metavar="SIZE",
+              help="Messages held in one worker's arena (bytes or RabbitMQ's units, as for "
+              "--disk-free-limit) at which that worker's publishers get connection.blocked and "
+              "are paused (0: the default).")
+@click.option("--memory-low-watermark", default="0", show_default="90% of the high watermark",
+              callback=_size_in(0), metavar="SIZE",
+              help="Messages held in a blocked worker's arena (bytes or RabbitMQ's units) below "
+              "which its publishers are unblocked (0: the default).")
 @click.option("--queued-high-watermark", default=0, type=click.IntRange(-1),
               show_default="40% of the machine's memory at 200 bytes a message",
               help="Messages queued in all queues (a fanout's copies each count) at which every "
@@ -112,10 +144,11 @@ def main() -> None:
               help="Where durable exchanges, queues and bindings are kept between runs. One "
               "broker per directory: a second one refuses to start.")
 @click.option("--disk-free-limit", default="50MB", show_default=True, callback=_parse_bytes,
-              metavar="BYTES",
+              metavar="SIZE",
               help="Block publishers (connection.blocked, reason 'low on disk') while the data "
-              "directory's file system has less free space than this: bytes, or with kB, MB, GB "
-              "(powers of 1000) or KiB, MiB, GiB; 0 turns the alarm off (RabbitMQ's disk_free_limit).")
+              "directory's file system has less free space than this: bytes, or with kB, MB, GB, "
+              "TB (powers of 1000) or KiB, MiB, GiB, TiB, k, M, G, T (powers of 1024), as "
+              "RabbitMQ's disk_free_limit; 0 turns the alarm off.")
 @click.option("--user", "users", multiple=True, metavar="NAME:PASSWORD", envvar="SHOAL_USERS",
               callback=_parse_users,
               help="A user who may log in (PLAIN or AMQPLAIN), repeatable: kept in the data "
