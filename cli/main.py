@@ -132,9 +132,9 @@ def main() -> None:
               "publisher gets connection.blocked: the supervisor's own memory, which the arenas' "
               "watermarks do not bound (unblocked below 90% of it; -1: never).")
 @click.option("--memory-paging-ratio", default=0.5, show_default=True,
-              type=click.FloatRange(0, 1), help="With a data directory: persistent messages' "
-              "bodies are paged out to disk from an arena holding more than this fraction of the "
-              "high watermark, and read back when delivered (RabbitMQ's "
+              type=click.FloatRange(0, 1), help="Message bodies (persistent and transient) are "
+              "paged out to the data directory from an arena holding more than this fraction of "
+              "the high watermark, and read back when delivered (RabbitMQ's "
               "vm_memory_high_watermark_paging_ratio; 0 turns paging off).")
 @click.option("--trace", default=None, type=click.Path(file_okay=False),
               help="Write trace files (Arrow IPC) of every message's stages into this "
@@ -164,7 +164,7 @@ def main() -> None:
               show_default="$XDG_RUNTIME_DIR/shoal-PORT.sock or /tmp/shoal-UID/shoal-PORT.sock",
               help="Unix socket (mode 0600) on which `shoal list-connections` asks the broker.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
-              help="Write JSON {port, supervisor_pid, worker_pids, instance} here once every "
+              help="Write JSON {port, supervisor_pid, worker_pids, instance, control} here once every "
                    "worker accepts connections (rewritten when a worker is replaced).")
 def serve(**options: object) -> None:
     """Start the supervisor and its IO workers, and serve AMQP 0-9-1 until SIGTERM/SIGINT."""
