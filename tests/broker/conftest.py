@@ -7,10 +7,7 @@ import pytest
 from broker.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
-
-# Unix time at monotonic 0 in these tests: x-death times and not-valid-before headers use it.
-EPOCH = 1_700_000_000.0
-ME = ("w0", 1)
+from tests.broker.support import EPOCH, ME
 
 
 @pytest.fixture

@@ -9,6 +9,11 @@ from broker.consumer_manager import QueueConsumer
 from broker.message import FullMessage, Message
 from broker.queue import Queue
 
+# Unix time at monotonic 0 in these tests: x-death times and not-valid-before headers use it.
+EPOCH = 1_700_000_000.0
+# The owner (worker, connection) of what the tests declare.
+ME = ("w0", 1)
+
 _message_ids = itertools.count(1)
 
 

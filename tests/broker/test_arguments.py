@@ -12,8 +12,7 @@ from broker.errors import PreconditionFailed
 from broker.featured_queue import FeaturedQueue
 from broker.queue import Queue
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import message
+from tests.broker.support import ME, message
 
 SUBJECT = "queue 'q' in vhost '/'"
 

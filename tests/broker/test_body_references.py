@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from broker.message import Message
 from broker.queue import QueueEntry
 from broker.vhost import VirtualHost
-from tests.broker.conftest import EPOCH, ME
-from tests.broker.support import message
+from tests.broker.support import EPOCH, ME, message
 
 QUEUES: dict[str, dict[str, Any]] = {
     "plain": {},

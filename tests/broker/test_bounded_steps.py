@@ -22,8 +22,7 @@ from broker.message import Message
 from broker.queue import DEAD_LETTER_COST, Queue
 from broker.vhost import VirtualHost
 from ipc import records as r
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, message
+from tests.broker.support import ME, attach, consumer, message
 
 K = 7  # entries let go of per step
 OTHER = ("w1", 2)  # another connection

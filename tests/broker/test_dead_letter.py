@@ -8,8 +8,7 @@ from broker.deadletter import DeadLetter, dead_letter_copy, is_cycle
 from broker.message import Message, drop_reference
 from broker.queue import Queue
 from broker.vhost import VirtualHost
-from tests.broker.conftest import EPOCH, ME
-from tests.broker.support import attach, consumer, message
+from tests.broker.support import EPOCH, ME, attach, consumer, message
 
 DLX_ARGS = {"x-dead-letter-exchange": "dlx"}
 

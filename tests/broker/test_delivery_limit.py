@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from broker.message import Message
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import message
+from tests.broker.support import ME, message
 
 
 def test_message_returned_more_than_the_limit_is_dropped(vhost: VirtualHost, dropped: list[Message]) -> None:

@@ -8,8 +8,7 @@ from broker.errors import AccessRefused, NotFound, PreconditionFailed
 from broker.exchange import ExchangeDestination
 from broker.message import Message
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, message
+from tests.broker.support import ME, attach, consumer, message
 
 
 def _queues(vhost: VirtualHost, *names: str) -> None:

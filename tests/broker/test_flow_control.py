@@ -10,7 +10,7 @@ import pytest
 from broker.credit_flow import FLOW_HOLD
 from broker.dispatch import CREDIT_CHUNK, FLOW_BACKLOG
 from ipc import records as r
-from tests.broker.test_dispatch import Harness as DispatchHarness
+from tests.broker.dispatch_harness import Harness as DispatchHarness
 
 W0, W1 = 0, 1
 SIZE = 116  # header 16 + body 100, as Harness.publish writes them

@@ -5,8 +5,7 @@ from __future__ import annotations
 from broker.entry_state import AVAILABLE, HELD
 from broker.featured_queue import FeaturedQueue
 from broker.vhost import VirtualHost
-from tests.broker.conftest import EPOCH, ME
-from tests.broker.support import attach, consumer, message
+from tests.broker.support import EPOCH, ME, attach, consumer, message
 
 HOLD = {"holdOnPublishEnabled": True}
 

@@ -8,8 +8,7 @@ from broker.featured_queue import FeaturedQueue
 from broker.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, message
+from tests.broker.support import ME, attach, consumer, message
 
 
 def _limited(vhost: VirtualHost, arguments: dict[str, Any], name: str = "q") -> Queue:

@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from broker.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, keys, message
+from tests.broker.support import ME, attach, consumer, keys, message
 
 SHARED = {"qpid.group_header_key": "grp", "qpid.shared_msg_group": 1}
 STANDARD = {"qpid.group_header_key": "grp"}

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from broker.body_ref import body_log_at, pack_body_ref, paged_body_ref, unpack_paged_ref
-from broker.dispatch import Dispatcher
 from broker.message import FullMessage
 from broker.message_journal import MessageJournal
 from broker.message_store import IndexLog, load_index, restore
@@ -15,9 +14,7 @@ from broker.vhost import VirtualHost
 from ipc import records as r
 from ipc.arena import Arena
 from ipc.logfile import BODY_OVERHEAD, BodyLog
-
-W0, W1 = 0, 1
-SIZE = 116  # header 16 + body 100, as Harness.publish sends
+from tests.broker.paging_harness import SIZE, W0, W1, Harness
 
 
 def test_a_paged_handle_keeps_region_sizes_and_where_the_body_is_and_is_negative() -> None:
@@ -82,31 +79,6 @@ def test_below_half_the_low_mark_nothing_is_registered() -> None:
     assert len(pager._pageable[0]) == 0
     pager.add(0, _message(region_bytes, 4))  # 5 messages held: past half the low mark
     assert len(pager._pageable[0]) == 1
-
-
-class Harness:
-    def __init__(self) -> None:
-        self.freed: list[tuple[int, int]] = []
-        self.d = Dispatcher(2, lambda region, offset: self.freed.append((region, offset)))
-        self.d.vhost.messages = MessageJournal()
-        self.d.pager.set_marks(high_watermark=20 * SIZE, ratio=0.5)
-        self.d.handle(W0, r.QueueDeclare(1, 1, "d", False, True, False, False, {}, False))
-        self.d.outbox[W0].clear()
-
-    def publish(self, n: int, *, persistent: bool = True) -> None:
-        for i in range(n):
-            offset = 256 * (i + 1)
-            body_at = (0, 1000 * i, SIZE + BODY_OVERHEAD) if persistent else None
-            self.d.handle(W0, r.Publish(1, 1, "", "d", False, False, offset, 16, 100, None,
-                                        body_at=body_at))
-        self.d.end_batch()
-
-    def get(self) -> r.Delivery:
-        self.d.handle(W1, r.Get(5, 1, "d", False))
-        (ok,) = self.d.outbox[W1]
-        self.d.outbox[W1].clear()
-        assert isinstance(ok, r.GetOk)
-        return ok.delivery
 
 
 def test_past_the_mark_persistent_bodies_leave_the_arena_and_are_delivered_from_disk() -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, message
+from tests.broker.support import ME, attach, consumer, message
 
 
 def _priority_queue(vhost: VirtualHost, maximum: int = 10):  # type: ignore[no-untyped-def]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from broker.message import Message
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, message
+from tests.broker.support import ME, attach, consumer, message
 
 EXPIRES = {"x-expires": 1000}
 

@@ -20,8 +20,7 @@ from broker.message import BlindCopied, FullMessage, Message, delivered_headers
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 from ipc import records as r
-from tests.broker.conftest import ME
-from tests.broker.support import message
+from tests.broker.support import ME, message
 
 # ------------------------------------------------------------------------------ helpers
 

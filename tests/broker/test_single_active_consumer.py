@@ -9,8 +9,7 @@ from broker.consumer_modes import SingleActiveConsumer
 from broker.errors import AccessRefused
 from broker.queue import Queue
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, fill, keys, message
+from tests.broker.support import ME, attach, consumer, fill, keys, message
 
 SAC = {"x-single-active-consumer": True}
 

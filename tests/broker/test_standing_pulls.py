@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ipc import records as r
-from tests.broker.test_dispatch import W0, W1, Harness
+from tests.broker.dispatch_harness import W0, W1, Harness
 
 
 class Standing(Harness):

@@ -6,8 +6,7 @@ from broker.entry_state import ACQUIRED
 from broker.featured_queue import FeaturedQueue
 from broker.message import Message
 from broker.vhost import VirtualHost
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, message
+from tests.broker.support import ME, attach, consumer, message
 
 
 def _ttl_queue(vhost: VirtualHost, ttl: int = 1000, **arguments: object) -> FeaturedQueue:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ipc import records as r
 from ipc.logfile import BODY_OVERHEAD
-from tests.broker import test_paging as paging
+from tests.broker import paging_harness as paging
 
 W0, W1 = paging.W0, paging.W1
 BIG = r.VIEWED_BODY_MIN

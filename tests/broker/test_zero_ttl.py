@@ -20,8 +20,7 @@ from broker.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 from broker.zero_ttl import ZERO_TTL_GRACE
-from tests.broker.conftest import ME
-from tests.broker.support import attach, consumer, keys, message
+from tests.broker.support import ME, attach, consumer, keys, message
 
 DLX_ARGS = {"x-dead-letter-exchange": "dlx"}
 

@@ -18,7 +18,7 @@ from tests.integration.harness import (
     ready_count,
     wait_until,
 )
-from tests.integration.test_features_queues import (
+from tests.integration.queue_helpers import (
     _assert_death,
     _bodies,
     _dead_letter_queue,

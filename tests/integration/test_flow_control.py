@@ -25,6 +25,7 @@ import psutil
 import pytest
 from pamqp import commands
 
+from tests.integration.async_driver import AsyncDriver
 from tests.integration.harness import (
     REPO_ROOT,
     Broker,
@@ -35,7 +36,6 @@ from tests.integration.harness import (
     worker_of,
 )
 from tests.integration.rawclient import Bystanders, RawClient, method_frame, publish_frames, unique_name
-from tests.integration.test_compat_pika_async import AsyncDriver
 
 MiB = 1 << 20
 

@@ -14,8 +14,8 @@ import pytest
 import trio
 from pamqp import commands, header
 
+from tests.workers.connection_helpers import opened
 from tests.workers.helpers import Harness
-from tests.workers.test_connection import opened
 from workers import codec
 from workers.codec import Buffer
 from workers.connection import AMQPConnection
