@@ -2,7 +2,8 @@
 
 - Every test's call phase runs under a SIGALRM deadline (`@pytest.mark.deadline(seconds)`,
   default `harness.DEFAULT_DEADLINE`), so a broker that never answers a synchronous pika call
-  fails the test instead of hanging the run.
+  fails the test instead of hanging the run. A test whose deadline is `SLOW_DEADLINE` or more
+  is also marked `slow`: `make test` runs it, `-m 'not slow'` leaves it out.
 - `broker` starts a fresh broker per test (for tests that kill processes or check shutdown),
   `shared_broker` reuses one per session and replaces it after any test on it fails, so one
   broken test cannot cascade into the next; `names` hands out unique entity names.
@@ -26,6 +27,9 @@ from tests.integration.harness import (
     start_broker,
 )
 
+# Deadlines this long belong to the big-body, paging, persistence and bounded-step tests: minutes each.
+SLOW_DEADLINE = 180.0
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
@@ -33,6 +37,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "deadline(seconds): bound on an integration test's call phase "
         f"(default {DEFAULT_DEADLINE:g} s); past it the test fails with DeadlineExceeded",
     )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker("deadline")
+        if marker and float(marker.args[0]) >= SLOW_DEADLINE:
+            item.add_marker("slow")
 
 
 @pytest.hookimpl(wrapper=True)
