@@ -5,7 +5,8 @@
 #   make run     start a broker on $(HOST):$(PORT) in the foreground
 #   make lint    install the lint extra (.venv/.stamp-lint), run ruff and mypy as pyproject.toml says
 #   make test    install the test and report extras (.venv/.stamp-test), run the whole suite
-#                twice: with the hot path compiled, then as pure Python (SHOAL_PURE_PYTHON=1)
+#                with the hot path compiled, then the tests that reach it as pure Python
+#                (SHOAL_PURE_PYTHON=1)
 #   make compiled  build the hot path's modules with mypyc (best effort; `make run` and
 #                `make test` do it); `make pure` removes what it built
 #   make perf    a first throughput figure (perf/quick.py)
@@ -96,11 +97,15 @@ lint: $(LINT_STAMP)
 	$(BIN)/mypy
 
 # No per-test timeout plugin on purpose: the integration fixtures bound every wait
-# (see tests/integration/harness.py).
+# (see tests/integration/harness.py). The second pass runs as pure Python only the tests that
+# reach a module of COMPILED (marked reaches_compiled by tests/conftest.py, see
+# tests/compiled_reach.py): for the others both passes would run the same code.
+# TEST_MARKS selects in both passes: `make test TEST_MARKS='not soak and not slow'` for a quick run.
+TEST_MARKS ?= not soak
 test: $(TEST_STAMP) compiled
-	$(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
-	@echo "== the same suite as pure Python (SHOAL_PURE_PYTHON=1: the compiled modules are not imported)"
-	SHOAL_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/pytest -q -p no:cacheprovider -m "$(TEST_MARKS)" $(PYTEST_ARGS)
+	@echo "== the tests that reach the compiled modules, as pure Python (SHOAL_PURE_PYTHON=1: the sources are imported)"
+	SHOAL_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider -m "reaches_compiled and ($(TEST_MARKS))" $(PYTEST_ARGS)
 
 perf: $(TEST_STAMP) compiled
 	$(BIN)/python -m perf.quick $(PERF_ARGS)
