@@ -7,6 +7,7 @@ import pytest
 from broker.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
+from tests.broker.bounded_steps import K
 from tests.broker.support import EPOCH, ME
 
 
@@ -28,3 +29,11 @@ def dlq(vhost: VirtualHost) -> Queue:
     q = vhost.declare_queue("dlq", owner=ME)
     vhost.bind_queue("dlq", "dlx", "", owner=ME)
     return q
+
+
+@pytest.fixture
+def sliced(vhost: VirtualHost) -> VirtualHost:
+    """The virtual host letting go of K entries a step (the bounded-step tests)."""
+    vhost.reap_slice = K
+    vhost.advance(1.0)  # a new step: its budget is the smaller slice
+    return vhost
