@@ -45,8 +45,6 @@ from broker.field_tables import (
     value_text,
 )
 
-EXCHANGE_TYPES = ("direct", "fanout", "topic", "headers")
-
 # RabbitMQ compares only these exchange arguments on redeclare (rabbit_exchange_type
 # assert_args_equivalence → [<<"alternate-exchange">>]); others are accepted as they come.
 EXCHANGE_ARG_KEYS = ("alternate-exchange",)

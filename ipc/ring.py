@@ -131,11 +131,6 @@ class Ring:
         """Bytes in the data area (each record costs its payload plus 4)."""
         return self._capacity
 
-    @property
-    def max_payload(self) -> int:
-        """The largest payload ``put_nowait`` takes (``put_many_nowait`` takes any size)."""
-        return self._capacity - LENGTH_BYTES
-
     def _head(self) -> int:
         head: int = self._counters[_HEAD]
         return head
