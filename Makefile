@@ -91,7 +91,7 @@ pure:
 run: venv compiled
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS)) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
 
-# ruff over the whole tree; mypy over the packages [tool.mypy] names (broker ipc workers cli tracing).
+# ruff over the whole tree; mypy over the packages [tool.mypy] names (broker ipc workers cli tracing report).
 lint: $(LINT_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy

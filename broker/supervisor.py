@@ -33,6 +33,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
@@ -52,6 +53,9 @@ from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
 from tracing import open_writer
+
+if TYPE_CHECKING:
+    from tracing.procs import ProcSampleWriter
 
 log = logging.getLogger("shoal.supervisor")
 
@@ -158,6 +162,7 @@ class Supervisor:
         self._backlog = trio.Event()
         self.durability: Durability | None = None  # --data-dir
         self.users: dict[str, str] = {}  # who may log in: name -> stored password (setup)
+        self.samples: ProcSampleWriter | None = None  # --trace: CPU and memory of the processes
 
     # ------------------------------------------------------------ lifecycle
 
@@ -198,6 +203,9 @@ class Supervisor:
             self.durability.recover_messages([w.region.arena for w in self.workers], c.arena_mb)
         if c.trace:
             self.dispatcher.trace = DispatchTrace(open_writer(c.trace, "supervisor"))  # pyarrow
+            from tracing.procs import ProcSampleWriter
+
+            self.samples = ProcSampleWriter(c.trace, "supervisor")
         self.port = self._listener.getsockname()[1]
         self.control_path = c.control_socket or default_control_path(self.port)
         self._control = ControlServer(
@@ -230,6 +238,8 @@ class Supervisor:
     def cleanup(self) -> None:
         if self.dispatcher.trace is not None:
             self.dispatcher.trace.writer.close()
+        if self.samples is not None:
+            self.samples.close()
         for w in self.workers:
             w.region.close()
             w.region.unlink()
@@ -254,6 +264,8 @@ class Supervisor:
             nursery.start_soon(self._retry_backlog)
             nursery.start_soon(self._timer)
             nursery.start_soon(self._forget_arena_pages)
+            if self.samples is not None:
+                nursery.start_soon(self._sample_processes)
             if self.durability is not None:
                 nursery.start_soon(self.durability.sync_index, self.flush)
                 if self.config.disk_free_limit:
@@ -276,6 +288,7 @@ class Supervisor:
     async def _shutdown(self) -> None:
         """Workers close their clients with 320 and exit; stragglers are killed."""
         self.stopping = True
+        self._sample()  # with the sample at each worker's hello: a CPU figure for a short run
         procs = [w.process for w in self.workers if w.process is not None]
         for p in procs:
             if p.returncode is None:
@@ -531,6 +544,22 @@ class Supervisor:
             self._deadline_changed = trio.Event()
 
     async def _forget_arena_pages(self) -> None:
+    async def _sample_processes(self) -> None:
+        """--trace: the supervisor's and each worker's CPU and memory every second, in the trace
+        directory's ``proc`` table (the report's CPU and memory charts)."""
+        from tracing.procs import SAMPLE_INTERVAL_S
+
+        while True:
+            self._sample()
+            await trio.sleep(SAMPLE_INTERVAL_S)
+
+    def _sample(self) -> None:
+        if self.samples is not None:  # a few /proc reads per process: ~0.1 ms each
+            pids = {"supervisor": os.getpid()}
+            pids.update((f"worker{w.index}", w.process.pid) for w in self.workers
+                        if w.process is not None and w.process.returncode is None)
+            self.samples.sample_pids(pids)
+
         """Every FORGET_PAGES_INTERVAL, unmap the arena pages this process touched by freeing
         blocks in them (ipc.region.Region.forget_arena_pages): the supervisor never reads a
         body, and without this its RSS grows to every arena's size and counts each arena a
@@ -557,6 +586,7 @@ class Supervisor:
         w.ready = True
         log.info("worker %d ready (pid %d)", w.index, rec.pid)
         if all(s.ready for s in self.workers):
+        self._sample()
             self._write_ready_file()
 
     def _write_ready_file(self) -> None:

@@ -12,14 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-RUNTIME = ("broker", "workers", "ipc", "tracing")  # may not import perf/
-SHOAL = ("broker", "workers", "ipc", "cli", "tracing")  # no import cycle among these
-# DESIGN's package table: which of Shoal's other packages each may import (cli/: everything).
+RUNTIME = ("broker", "workers", "ipc", "tracing")  # the broker's processes: import neither of the two below
+OFF_RUNTIME = ("report", "perf")  # `shoal report` and the perf scripts read the runtime's output
+SHOAL = ("broker", "workers", "ipc", "cli", "tracing", "report")  # no import cycle among these
+# DESIGN's package table: which of Shoal's other packages each may import.
 ALLOWED = {
     "broker": {"ipc", "tracing"},
     "workers": {"ipc", "tracing"},
     "ipc": set(),
     "tracing": set(),
+    "report": {"tracing"},  # not perf: a cluster's executors import report and tracing only
+    "cli": {"broker", "workers", "ipc", "tracing", "report"},
 }
 # Single modules a package may import from a package it may not: the workers raise the one
 # error type, use the names both sides agree on and check passwords as the supervisor stores
@@ -153,14 +156,14 @@ def describe(component: list[str], graph: dict[str, list[Import]]) -> str:
     return f"  cycle of {len(component)} modules: {', '.join(component)}\n" + "\n".join(edges)
 
 
-def test_the_runtime_imports_nothing_from_perf() -> None:
-    """DESIGN: nothing in broker/, workers/, ipc/ or tracing/ imports perf/ (perf/ reads the
-    runtime's public interfaces, never the other way round)."""
+def test_the_runtime_imports_neither_report_nor_perf() -> None:
+    """DESIGN: nothing in broker/, workers/, ipc/ or tracing/ imports report/ or perf/ (they read
+    the runtime's output and public interfaces, never the other way round)."""
     offenders = [f"{imp.where}: {imp.source} imports {imp.target}"
                  for module, path in source_modules(RUNTIME).items()
                  for imp in imports_of(module, path)
-                 if _in_packages(imp.target, ("perf",))]
-    assert not offenders, "the runtime imports perf/:\n" + "\n".join(offenders)
+                 if _in_packages(imp.target, OFF_RUNTIME)]
+    assert not offenders, "the runtime imports report/ or perf/:\n" + "\n".join(offenders)
 
 
 def _allowed(source: str, target: str) -> bool:
@@ -172,12 +175,13 @@ def _allowed(source: str, target: str) -> bool:
 
 def test_each_package_imports_only_what_the_package_table_allows() -> None:
     """DESIGN: broker/ and workers/ may import ipc/ and tracing/, workers/ also broker.errors and
-    broker.constants; ipc/ and tracing/ import none of Shoal's packages; none of them imports
-    cli/."""
+    broker.constants; ipc/ and tracing/ import none of Shoal's packages; report/ imports tracing/
+    only (not perf/); cli/ imports any of them but perf/; none of them imports cli/."""
+    known = set(source_modules((*SHOAL, "perf")))
     offenders = [f"{imp.where}: {imp.source} imports {imp.target}"
                  for module, path in source_modules(tuple(ALLOWED)).items()
-                 for imp in imports_of(module, path, set(source_modules(SHOAL)))
-                 if _in_packages(imp.target, SHOAL) and not _allowed(module, imp.target)]
+                 for imp in imports_of(module, path, known)
+                 if _in_packages(imp.target, (*SHOAL, "perf")) and not _allowed(module, imp.target)]
     assert not offenders, "imports the package table does not allow:\n" + "\n".join(offenders)
 
 

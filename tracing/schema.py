@@ -1,5 +1,5 @@
 """The trace record schemas, shared by the writers (`tracing.writer`, `perf.trace_writers`) and the
-readers (`tracing.reader`, the Spark report `perf.spark`).
+readers (`tracing.reader`, the Spark report `report`).
 
 A trace directory holds Arrow IPC *stream* files (``.arrows``): per writing process, one open
 file per row kind (a message stage, an event kind, ...), rotated by size::
@@ -63,7 +63,8 @@ nullable: a row has the columns its writer knows, the rest read as null.
     worker), ``consume`` / ``cancel`` (queue, consumer, tag, priority, browser). Expiry,
     dead-lettering and drops are final outcomes of the ``settle`` row, not events.
 
-``proc`` — psutil samples written by the perf scripts (``perf.trace_writers``, :data:`PROC_SCHEMA`).
+``proc`` — psutil samples (:data:`PROC_SCHEMA`, ``tracing.procs``): the traced broker's supervisor
+samples itself and each worker every second; the perf scripts sample the broker and their clients.
 
 ``client`` — the load generator's own view (:data:`CLIENT_SCHEMA`): ``send`` rows (a publisher
 sent ``n`` messages with sequences ``seq`` … ``seq+n-1`` at ``ts_ns``) and ``recv`` rows (a

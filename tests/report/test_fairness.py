@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from perf.spark.job import _fairness, jain
+from report.job import _fairness, jain
 
 
 def test_jain_index():

@@ -8,16 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli.report import _java_major
+from report.prerequisites import java_major
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_java_versions_are_read_from_both_version_styles() -> None:
-    assert _java_major('openjdk version "17.0.15" 2025-04-15') == 17
-    assert _java_major('openjdk version "21" 2023-09-19') == 21
-    assert _java_major('java version "1.8.0_392"') == 8
-    assert _java_major("no version here") is None
+    assert java_major('openjdk version "17.0.15" 2025-04-15') == 17
+    assert java_major('openjdk version "21" 2023-09-19') == 21
+    assert java_major('java version "1.8.0_392"') == 8
+    assert java_major("no version here") is None
 
 
 def test_report_without_java_says_so_in_one_line(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from cli.report import report as report_command
 from perf.trace_writers import ProcSampleWriter
-from tests.spark import browser
+from tests.report import browser
 from tracing import schema as ts
 from tracing.writer import ArrowTraceWriter
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.report import report as report_command
-from tests.spark import handmade
+from tests.report import handmade
 
 
 def _have_java() -> bool:
@@ -23,7 +23,7 @@ def spark():
     """A local[1] SparkSession shared by every Spark test (and reused by `shoal report`)."""
     if not _have_java():
         pytest.skip("no Java runtime: PySpark needs Java 17")
-    from perf.spark.job import spark_session
+    from report.job import spark_session
 
     session, created = spark_session(
         "local[1]", shuffle_partitions=1,

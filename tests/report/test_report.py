@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli.report import report as report_command
-from perf.spark.job import ACCURACY, QUANTILE_KEYS, QUANTILES
-from tests.spark import handmade
+from report.job import ACCURACY, QUANTILE_KEYS, QUANTILES
+from tests.report import handmade
 
 
 def _allowed(values: list[float], p: float) -> set[float]:
@@ -104,7 +104,7 @@ def test_throughput_and_process_series(report):
 
 def test_cli_passes_out_and_master_to_the_job(tmp_path, monkeypatch):
     """--out and --master reach the job; without them the job gets DIR/report's default and local[*]."""
-    from perf.spark import job
+    from report import job
 
     calls = []
 
@@ -123,7 +123,7 @@ def test_cli_passes_out_and_master_to_the_job(tmp_path, monkeypatch):
 
 def test_mean_rate_is_over_the_time_the_events_took_not_whole_seconds():
     """A 0.65 s run of 5,000 publishes inside one clock second is 7,692 msg/s, not 5,000."""
-    from perf.spark.job import _throughput
+    from report.job import _throughput
 
     t0 = 100
     start = t0 * 1_000_000_000 + 100_000_000

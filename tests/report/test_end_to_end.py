@@ -1,4 +1,5 @@
-"""A real broker run with --trace, then `shoal report`: the counts are what the client did."""
+"""A real broker run with --trace, then `shoal report`: the counts are what the client did, and
+the broker's own processes are in the CPU and memory charts."""
 
 from __future__ import annotations
 
@@ -50,3 +51,13 @@ def test_report_counts_match_what_the_client_sent_and_received(spark, tmp_path):
     assert summary["rejected"] == REJECTED
     assert summary["join_mismatches"] == 0  # worker and supervisor rows of each message met
     assert summary["jain"]["traced"] == 1.0  # one consumer has all of its queue
+
+
+    # the broker sampled its own processes: the report's CPU and memory charts have data
+    processes = summary["processes"]
+    assert {"supervisor", "worker0", "worker1"} <= set(processes), sorted(processes)
+    for name in ("supervisor", "worker0", "worker1"):
+        p = processes[name]
+        assert p["rss_max_bytes"] > 0 and any(p["rss_bytes"]), (name, p)
+        assert any(c is not None for c in p["cpu_percent"]), (name, p)
+        assert p["cpu_seconds"] > 0, (name, p)

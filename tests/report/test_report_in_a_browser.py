@@ -10,7 +10,7 @@ from pathlib import Path
 
 import matplotlib.image
 
-from tests.spark import browser
+from tests.report import browser
 
 WIDTH = 900
 

@@ -6,7 +6,7 @@ Reading
     (``mapInArrow``), keeping the complete batches of a file cut short by a crash, and conforms
     them to the current schema. With ``--master`` pointing at a cluster the trace directory must
     be readable by the executors (a shared path or any URI pyarrow.fs opens) and the executors'
-    Python must be able to import ``perf`` (install Shoal there).
+    Python must be able to import ``tracing`` (install Shoal there).
 
 Joining a message's partial rows
     1. Rows with an ``entry_id`` (supervisor enqueue / notify / pull / settle, worker deliver /
@@ -240,9 +240,11 @@ def entries_view(msg: Any) -> Any:
         F.min("delivered_ns").alias("first_delivered_ns"),
         F.max("delivered_ns").alias("last_delivered_ns"),
         F.max(F.when(settle, F.col("settled_ns"))).alias("settled_ns"),
-        F.max_by(F.when(settle, F.col("outcome")), F.when(settle, F.col("settled_ns"))).alias("sup_outcome"),
+        F.max_by(F.when(settle, F.col("outcome")),
+                 F.when(settle, F.col("settled_ns"))).alias("sup_outcome"),
         F.max(F.when(final_ack, F.col("acked_ns"))).alias("acked_ns"),
-        F.max_by(F.when(final_ack, F.col("outcome")), F.when(final_ack, F.col("acked_ns"))).alias("client_outcome"),
+        F.max_by(F.when(final_ack, F.col("outcome")),
+                 F.when(final_ack, F.col("acked_ns"))).alias("client_outcome"),
     )
     publish = msg.where(stage == ts.PUBLISH).select(
         "pub_worker", "pub_pid", "pub_seq", "published_ns", "pub_conn", "pub_channel",
@@ -363,7 +365,8 @@ def analyse(spark: Any, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]
             return F.floor(F.col(col) / F.lit(1_000_000_000)).cast("long")
 
         timed = (
-            msg.where(stage == ts.PUBLISH).select(F.col("published_ns").alias("ns"), F.lit("published").alias("k"))
+            msg.where(stage == ts.PUBLISH).select(
+                F.col("published_ns").alias("ns"), F.lit("published").alias("k"))
             .unionByName(msg.where(stage == ts.DELIVER).select(
                 F.col("delivered_ns").alias("ns"), F.lit("delivered").alias("k")))
             .unionByName(entries.where(outcome == ts.ACKED).select(
@@ -393,7 +396,8 @@ def analyse(spark: Any, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]
             .agg(F.max("consumer_tag").alias("ctag"), F.max("priority").alias("priority"),
                  F.max("browser").alias("browser"))
         )
-        consumers = delivered_by.join(subscribed, ["queue", "consumer_worker", "consumer_id"], "full").collect()
+        consumers = delivered_by.join(
+            subscribed, ["queue", "consumer_worker", "consumer_id"], "full").collect()
         summary.update(_fairness(consumers))
 
         # ---- wake-ups
@@ -401,7 +405,8 @@ def analyse(spark: Any, trace_dir: str) -> tuple[dict[str, Any], dict[str, Any]]
             F.count(F.when(kind == ts.EV_REQUEUE, 1)).alias("requeued"),
             F.count(F.when(kind == ts.EV_NOTIFY, 1)).alias("notifies"),
             F.count(F.when(kind == ts.EV_PULL, 1)).alias("pulls"),
-            F.count(F.when((kind == ts.EV_PULL) & F.col("found_work").isNotNull(), 1)).alias("notified_pulls"),
+            F.count(F.when((kind == ts.EV_PULL) & F.col("found_work").isNotNull(), 1))
+            .alias("notified_pulls"),
             F.count(F.when((kind == ts.EV_PULL) & ~F.col("found_work"), 1)).alias("spurious_pulls"),
             F.min("ts_ns").alias("first_ns"),
         ).collect()
@@ -626,7 +631,7 @@ def run_report(trace_dir: str, out_dir: str | None = None, master: str = "local[
     """Analyse ``trace_dir`` and write ``report.html`` (plots embedded) and ``summary.json``."""
     import json
 
-    from perf.spark import html, plots
+    from report import html, plots
 
     out = Path(out_dir) if out_dir else Path(trace_dir) / "report"
     spark, created = spark_session(master, shuffle_partitions=shuffle_partitions)
