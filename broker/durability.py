@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -35,15 +36,27 @@ from broker.definitions import TopologyJournal
 from broker.dispatch import Dispatcher
 from broker.index_moves import move_oldest
 from broker.message_journal import MessageJournal
-from broker.message_store import ArenasFull, IndexLog, load_index
+from broker.message_store import (
+    INDEX_DIR,
+    ArenasFull,
+    IndexLog,
+    IndexState,
+    Restored,
+    SetAside,
+    cut_torn_tail,
+    index_files,
+    load_index,
+    set_aside,
+)
 from broker.message_store import restore as restore_messages
 from broker.passwords import users_at_start
-from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause
+from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause, write_all
 from ipc.logfile import segments as body_segments
 
 log = logging.getLogger("shoal.supervisor")
 
 DISK_CHECK_INTERVAL = 1.0  # seconds between free-space checks (one statvfs each)
+CLEAN_STOP = "clean-stop"  # in DIR/index/ from an orderly stop until the next start
 
 
 class Durability:
@@ -103,9 +116,10 @@ class Durability:
         started = time.monotonic()
         d = self.dispatcher
         vhost = d.vhost
-        state = load_index(self.path)
-        for line in state.torn:
-            log.warning("index: %s (a torn tail: records after it were never confirmed)", line)
+        sizes = self._stopped_cleanly()
+        clean = sizes is not None
+        state = load_index(self.path, clean=clean, sizes=sizes)
+        _report_index(state, clean)
         journal = MessageJournal(last_id=state.max_id, epoch_offset=vhost.epoch_offset)
         vhost.messages = journal
         for queue in vhost.queues.values():
@@ -124,21 +138,69 @@ class Durability:
         for message in restored.dropped:  # no queue took it (refused, expired, queue gone)
             d.drop_unqueued(message)
         d.end_batch()  # dead letters made on the way (TTL passed while down)
-        self.index.start(journal.take(), journal.mark, state.files)
+        _report_lost(restored, clean)
         live = journal.live_segments()
+        unneeded = [(worker, segment) for worker in range(len(arenas))
+                    for segment in body_segments(self.path, worker) if (worker, segment) not in live]
+        # After damage, a segment no record names may hold bodies whose E records were lost.
+        damaged = any(not x.torn for x in state.damage)
+        aside = set_aside(self.path, state, set(restored.gone), unneeded if damaged else [])
+        _report_aside(aside, restored.gone, self.path)
+        for name in restored.gone:  # set aside: no later start, nor queue of that name, gets them
+            journal.deleted(name)
+        records = journal.take()
+        if not clean:  # every message restored may have been delivered, at later starts too
+            records.insert(0, ("U",))
+        self.index.start(records, journal.mark, state.files)
+        cut_torn_tail(state)
         removed = 0
-        for worker in range(len(arenas)):
-            for segment in body_segments(self.path, worker):
-                if (worker, segment) not in live:
-                    remove_segment(self.path, worker, segment)
-                    removed += 1
+        if not damaged:
+            for worker, segment in unneeded:
+                remove_segment(self.path, worker, segment)
+                removed += 1
         log.info("data directory %s: restored %d persistent message(s) (%d bodies, %.1f MiB, in "
-                 "the arenas; %d paged out) from %d index record(s)%s; %d unneeded body "
+                 "the arenas; %d paged out) from %d index record(s)%s%s; %d unneeded body "
                  "segment(s) removed, in %.0f ms",
                  self.path, restored.messages, restored.bodies, restored.bytes / (1 << 20),
-                 restored.paged,
-                 state.records, f", {restored.lost} lost (never confirmed)" if restored.lost else "",
+                 restored.paged, state.records,
+                 f", {sum(restored.lost.values())} lost" if restored.lost else "",
+                 "" if clean else " (after an unclean stop: every one redelivered)",
                  removed, (time.monotonic() - started) * 1e3)
+
+    def _stopped_cleanly(self) -> dict[str, int] | None:
+        """The index files' sizes at the last run's clean stop, or None if it did not stop
+        cleanly (no marker, or index files it does not name). The marker goes at once, and
+        durably: a crash from here on is an unclean stop."""
+        marker = self.path / INDEX_DIR / CLEAN_STOP
+        try:
+            said = marker.read_text()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+        sizes: dict[str, int] = {}
+        for line in said.splitlines():
+            name, _, size = line.partition(" ")
+            if size.isdigit():
+                sizes[name] = int(size)
+        marker.unlink()
+        _sync_dir(self.path / INDEX_DIR)
+        if any(p.name not in sizes for p in index_files(self.path / INDEX_DIR)):
+            return None
+        return sizes
+
+    def stopped_cleanly(self) -> None:
+        """The stop is orderly and the index synced (every record made is on disk): leave the
+        marker that tells the next start its D records are exact and no tail is torn."""
+        index, journal = self.index, self.dispatcher.vhost.messages
+        if index is None or journal is None or index.unsynced or journal.mark > index.written:
+            return
+        marker = self.path / INDEX_DIR / CLEAN_STOP
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            write_all(fd, [_index_summary(self.path).encode()])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _sync_dir(self.path / INDEX_DIR)
 
     def save(self) -> None:
         """Before a flush: commit the batch's definition changes, ring the index sync if the
@@ -239,3 +301,62 @@ class Durability:
         if self.definitions is not None:
             self.definitions.close()
         self.data.close()
+
+def _sync_dir(path: Any) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _index_summary(path: Any) -> str:
+    """Each index file's name and size, a line each: what a clean-stop marker vouches for."""
+    return "".join(f"{p.name} {p.stat().st_size}\n" for p in index_files(path / INDEX_DIR))
+
+
+def _report_index(state: IndexState, clean: bool) -> None:
+    """Torn tails at WARNING (never confirmed); damage at ERROR, with what it may have cost."""
+    for line in state.torn:
+        log.warning("index: %s (a torn tail: records after it were never confirmed)", line)
+    for damage in state.damage:
+        queues = ", ".join(repr(q) for q in sorted(damage.queues)) or "none"
+        log.error("index: damaged: %s; the records after it are kept; messages enqueued before "
+                  "it come back redelivered (their delivery or removal may have been recorded "
+                  "there), on queue(s) %s", damage.describe(), queues)
+    if state.orphans:
+        per_queue: dict[str, int] = {}
+        for name, _ in state.orphans:
+            per_queue[name] = per_queue.get(name, 0) + 1
+        log.error("index: %d message(s) named by records after the damage were never found: "
+                  "their enqueue records were in it and they are lost (%s)", len(state.orphans),
+                  ", ".join(f"{n} on queue {q!r}" for q, n in sorted(per_queue.items())))
+    if not clean and state.files:
+        log.info("index: the last run did not stop cleanly: every message restored comes back "
+                 "redelivered (its delivery may not have been recorded)")
+
+
+def _report_lost(restored: Restored, clean: bool) -> None:
+    """Messages in the index whose bodies are not on disk: confirmed ones at ERROR. After an
+    unclean stop a body past the end of its segment may not have been synced, and then its
+    message was never confirmed."""
+    for name, lost in sorted(restored.lost.items()):
+        maybe = 0 if clean else restored.cut_short.get(name, 0)
+        if lost > maybe:
+            log.error("index: %d confirmed message(s) on queue %r lost: their bodies are "
+                      "missing or damaged in the body segments", lost - maybe, name)
+        if maybe:
+            log.warning("index: %d message(s) on queue %r lost: their bodies lie past the end "
+                        "of their body segments (not yet synced at the unclean stop, so never "
+                        "confirmed; or damage)", maybe, name)
+
+
+def _report_aside(aside: SetAside, gone: dict[str, int], path: Any) -> None:
+    for name, count in sorted(gone.items()):
+        log.error("index: queue %r is not in the definitions: its %d message(s) are not restored; "
+                  "their index records and bodies are set aside in %s", name, count, aside.path)
+    if aside.path is not None:
+        log.error("data directory %s: set aside in %s: %d index file(s) copied, %d body "
+                  "segment(s) copied, %d body segment(s) no known message needs moved (index "
+                  "records were lost)", path, aside.path, aside.index_files,
+                  aside.copied_segments, aside.moved_segments)

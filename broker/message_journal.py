@@ -106,8 +106,14 @@ class MessageJournal:
         body in each (worker, segment), and how many have their E record in each index file
         (each counts there, as a new message counts in the file its E record goes to)."""
         self._last_id = max(self._last_id, last_id)
+        newest = self._segment_max
         for key, n in segments.items():
             self._segment_live[key] = self._segment_live.get(key, 0) + n
+            # No worker appends to a segment that was on disk at start (ipc.logfile.BodyLog
+            # begins one past them): each goes as soon as its last message does.
+            worker, segment = key
+            if segment >= newest.get(worker, -1):
+                newest[worker] = segment + 1
         for file, n in files.items():
             self._file_live[file] = self._file_live.get(file, 0) + n
 

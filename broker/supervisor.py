@@ -309,6 +309,7 @@ class Supervisor:
         self.flush()
         if self.durability is not None:
             await self.durability.sync_now()
+            self.durability.stopped_cleanly()  # the next start may trust the D records
 
     # -------------------------------------------------------------- workers
 

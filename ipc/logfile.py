@@ -1,13 +1,20 @@
 """Append-only files of checksummed records: persistent bodies and the supervisor's queue index.
 
-Both halves of a persistent message's storage use one framing (``shoal serve --data-dir DIR``)::
+Both halves of a persistent message's storage use checksummed frames (``shoal serve --data-dir
+DIR``)::
 
-    file    MAGIC (8 bytes: the file's kind and version), then frames
-    frame   u32 payload length, u32 CRC-32 of the payload, payload
+    file          MAGIC (8 bytes: the file's kind and version), then frames
+    body frame    u32 payload length, u32 CRC-32 of the payload, payload
+    index frame   SYNC (4 bytes), u32 payload length, u32 CRC-32 of the payload, payload
 
-A crash can leave a frame half written (a *torn tail*): a reader stops at the first frame that is
-short or fails its checksum, and treats what follows as never written -- it was never confirmed,
-since a confirm waits for the sync that covers its frames. Nothing here raises on damaged input.
+A body is found by where its index record says it is, so a body frame needs no more. Index
+frames are read one after the other, and one damaged frame must not hide the ones after it:
+:func:`scan_index` skips bytes that are not a whole, intact frame up to the next SYNC that
+begins one (``SHOALI2``); files of the previous version (``SHOALI1``, no SYNC) are read too,
+resynchronising by trying every offset. What was skipped comes back as a gap; whether a gap
+at a file's end is a torn tail (a crash mid-append: never confirmed, since a confirm waits
+for the sync that covers its frames) or damage is the reader's call (``broker.message_store``).
+Nothing here raises on damaged input.
 
 Bodies (:class:`BodyLog`, :class:`BodyReader`): each worker appends the header and body of every
 persistent message it receives to ``DIR/bodies/w<k>/<segment>.seg``, from its arena, before the
@@ -46,7 +53,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 BODY_MAGIC = b"SHOALB1\n"
-INDEX_MAGIC = b"SHOALI1\n"
+INDEX_MAGIC = b"SHOALI2\n"  # index frames begin with SYNC
+INDEX_MAGIC_V1 = b"SHOALI1\n"  # the previous index format: frames without SYNC, still read
+# 0xc1 is the one byte msgpack never uses, so SYNC rarely appears inside a record.
+SYNC = b"\xc1SQ\xc1"
 FRAME = struct.Struct("<II")  # payload length, CRC-32 of the payload
 _BODY = struct.Struct("<II")  # a body frame's payload starts with header_len, body_len
 BODY_OVERHEAD = FRAME.size + _BODY.size  # a body frame's bytes besides header and body
@@ -78,6 +88,60 @@ def iter_frames(data: bytes | memoryview, start: int = len(BODY_MAGIC)) -> Itera
             return
         yield pos, payload
         pos = payload_end
+
+
+def index_frame(payload: bytes) -> bytes:
+    return SYNC + FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _frame_at(view: memoryview, pos: int, end: int) -> bytes | None:
+    """The payload of an intact, non-empty frame header at ``pos``, or None (an index record is
+    never empty: zeroed bytes are not a run of empty frames)."""
+    if pos + FRAME.size > end:
+        return None
+    length, crc = FRAME.unpack_from(view, pos)
+    if length == 0 or pos + FRAME.size + length > end:
+        return None
+    payload = bytes(view[pos + FRAME.size:pos + FRAME.size + length])
+    return payload if zlib.crc32(payload) == crc else None
+
+
+def scan_index(data: bytes, synced: bool = True) -> Iterator[tuple[int, bytes | None, int]]:
+    """Every intact frame of an index file's bytes after its magic, as ``(offset, payload,
+    end)``, and every run of bytes skipped between them (and after the last) as ``(offset,
+    None, end)``. ``synced``: frames begin with SYNC (INDEX_MAGIC); otherwise INDEX_MAGIC_V1's."""
+    view = memoryview(data)
+    end = len(data)
+    head = len(SYNC) if synced else 0
+    pos = len(INDEX_MAGIC)
+    while pos < end:
+        payload = None
+        if not synced or data.startswith(SYNC, pos):
+            payload = _frame_at(view, pos + head, end)
+        if payload is not None:
+            after = pos + head + FRAME.size + len(payload)
+            yield pos, payload, after
+            pos = after
+            continue
+        resume = _resync(data, view, pos + 1, synced)
+        yield pos, None, resume
+        pos = resume
+
+
+def _resync(data: bytes, view: memoryview, pos: int, synced: bool) -> int:
+    """Where the next intact frame begins at or after ``pos`` (the end if none does)."""
+    end = len(data)
+    if not synced:  # no SYNC to look for: each offset in turn
+        while pos < end and _frame_at(view, pos, end) is None:
+            pos += 1
+        return min(pos, end)
+    while True:
+        pos = data.find(SYNC, pos)
+        if pos < 0:
+            return end
+        if _frame_at(view, pos + len(SYNC), end) is not None:
+            return pos
+        pos += 1
 
 
 def write_all(fd: int, parts: list[bytes | memoryview]) -> int:

@@ -163,7 +163,8 @@ def test_a_committed_transaction_survives_a_sigkill(tmp_path: Path) -> None:
 def test_acks_and_deliveries_after_a_restart_hold_across_the_next_crash(tmp_path: Path) -> None:
     """A restart keeps the index files it read (broker.message_store): what happens after it is
     recorded in a new file, and a start after a SIGKILL reads both -- acked messages stay gone,
-    delivered ones come back redelivered, the rest in order."""
+    the rest come back in order, every one redelivered: after an unclean stop a delivery not
+    yet recorded may have been lost, so each may have been delivered."""
     brokers: list[Broker] = []
     try:
         first = start_broker(tmp_path / "first", extra_args=data_args(tmp_path))
@@ -191,7 +192,7 @@ def test_acks_and_deliveries_after_a_restart_hold_across_the_next_crash(tmp_path
         brokers.append(third)
         got = drain_with_get(third.connect().channel(), "jobs", 100_000)
         assert [body for body, _ in got] == [b"%d" % i for i in range(100, 300)] + [b"last"]
-        assert [redelivered for _, redelivered in got] == [True] * 10 + [False] * 191
+        assert [redelivered for _, redelivered in got] == [True] * 201
     finally:
         for broker in reversed(brokers):
             finish(broker)
