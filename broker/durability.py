@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from broker.data_dir import DataDir
-from broker.definition_store import DefinitionStore, restore
+from broker.definition_store import DefinitionStore, Opened, open_definitions, restore
 from broker.definitions import TopologyJournal
 from broker.dispatch import Dispatcher
 from broker.index_moves import move_oldest
@@ -49,7 +49,7 @@ from broker.message_store import (
     set_aside,
 )
 from broker.message_store import restore as restore_messages
-from broker.passwords import users_at_start
+from broker.passwords import NOBODY, users_at_start
 from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause, write_all
 from ipc.logfile import segments as body_segments
 
@@ -67,13 +67,24 @@ class Durability:
         self.path = self.data.path
         self.dispatcher = dispatcher
         self.definitions: DefinitionStore | None = None
+        self._opened: Opened | None = None
         self.index: IndexLog | None = None
         self._sync_bell = trio.Event()
         self.saturated = CpuSaturation()  # whether a busy sync's successor waits (ipc.logfile)
 
     def recover_definitions(self) -> None:
+        """Open the definitions (``broker.definition_store.open_definitions``: refused with
+        DataDirDamaged, nothing changed, when they cannot be this directory's) and declare them."""
         started = time.monotonic()
-        self.definitions = DefinitionStore(self.data.definitions)
+        opened = open_definitions(self.data)
+        self.definitions, self._opened = opened.store, opened
+        if opened.behind:
+            log.error("data directory %s: %s is %d change batch(es) behind what was committed to "
+                      "it (%s says generation %d, it holds %d): the latest declares, deletes or "
+                      "bindings were lost (a damaged WAL, or a copy restored from a backup); "
+                      "queues whose definition went are not restored",
+                      self.path, self.data.definitions, opened.behind, self.data.generation,
+                      opened.store.generation + opened.behind, opened.store.generation)
         defs = self.definitions.load()
         vhost = self.dispatcher.vhost
         skipped = restore(vhost, defs)
@@ -86,14 +97,22 @@ class Durability:
         """Who may log in (``broker.passwords.users_at_start``): the stored users, with those
         ``given`` at this start added or given their new password (written before any worker
         starts). Name -> stored password."""
-        assert self.definitions is not None
+        assert self.definitions is not None and self._opened is not None
         stored = self.definitions.users()
-        users, changes = users_at_start(stored, given)
+        users, changes = users_at_start(stored, given, self._opened.new)
         if changes:
             self.definitions.put_users(changes)
         for name in changes:
             log.info("data directory %s: user '%s' %s", self.path, name,
                      "has a new password" if name in stored else "added")
+        if not self._opened.marked:  # the first start is done: from now on never a new directory
+            self.data.write_marker(self.definitions.node)
+            log.info("data directory %s: %s node %s", self.path,
+                     "initialised as" if self._opened.new else "adopted, as", self.definitions.node)
+        if not users:
+            log.warning("data directory %s: no users stored and none given: nobody can log in "
+                        "(start with --user NAME:PASSWORD)", self.path)
+            return dict(NOBODY)
         return users
 
     def recover_messages(self, arenas: list[Any], arena_mb: int) -> None:

@@ -6,9 +6,11 @@ of its definitions export. Neither the data directory nor a worker ever holds a 
 
 Who may log in (RabbitMQ's rules, with ``--user`` in the place of ``default_user``): the users
 in the data directory, plus those given at this start (``--user``, ``--users-file``,
-``$SHOAL_USERS``), which are added or get their new password. On the first start of an empty
-data directory with none given, ``guest``/``guest`` is created, as RabbitMQ creates its default
-user on first boot; a user given there instead means no guest.
+``$SHOAL_USERS``), which are added or get their new password. On the first start of a new data
+directory with none given, ``guest``/``guest`` is created, as RabbitMQ creates its default user
+on first boot only; a user given there instead means no guest. Never on a later start: a deleted
+guest stays deleted, and a data directory that lost its users is not opened
+(``broker.definition_store.open_definitions``).
 
 A pure module: the workers import it too (they check passwords against these hashes).
 """
@@ -23,6 +25,9 @@ import os
 from collections.abc import Mapping
 
 DEFAULT_USER = ("guest", "guest")
+# Who may log in when no user is left: one nameless user whose stored password is not base64,
+# so that no password matches it. The workers take an empty table for "none given" (guest).
+NOBODY = {"": "!"}
 _SALT = 4
 
 
@@ -49,8 +54,8 @@ def hashed(users: Mapping[str, str]) -> dict[str, str]:
     return {name: hash_password(password) for name, password in users.items()}
 
 
-def users_at_start(stored: Mapping[str, str], given: Mapping[str, str]) -> tuple[dict[str, str],
-                                                                              dict[str, str]]:
+def users_at_start(stored: Mapping[str, str], given: Mapping[str, str],
+                   new_directory: bool) -> tuple[dict[str, str], dict[str, str]]:
     """Who may log in after a start, name -> stored password, and what to write to the data
     directory for it (new users, new passwords; unchanged ones are not rewritten)."""
     changes: dict[str, str] = {}
@@ -58,7 +63,7 @@ def users_at_start(stored: Mapping[str, str], given: Mapping[str, str]) -> tuple
         old = stored.get(name)
         if old is None or not check_password(old, password):
             changes[name] = hash_password(password)
-    if not stored and not given:  # first start, nobody named: RabbitMQ's default user
+    if new_directory and not stored and not given:  # RabbitMQ's default user, on first boot only
         name, password = DEFAULT_USER
         changes[name] = hash_password(password)
     return {**stored, **changes}, changes

@@ -39,7 +39,7 @@ import msgspec
 import trio
 
 from broker.control import ControlServer, default_control_path
-from broker.data_dir import DataDirInUse
+from broker.data_dir import DataDirDamaged, DataDirInUse
 from broker.definition_store import DefinitionStoreError
 from broker.dispatch import Dispatcher
 from broker.dispatch_trace import DispatchTrace
@@ -615,7 +615,7 @@ def run(config: ServeConfig) -> int:
     sup = Supervisor(config)
     try:
         sup.setup()
-    except (DataDirInUse, DefinitionStoreError, ArenasFull) as exc:
+    except (DataDirInUse, DataDirDamaged, DefinitionStoreError, ArenasFull) as exc:
         log.error("cannot start: %s", exc)
         sup.cleanup()
         return 1

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from broker.data_dir import DataDir, DataDirInUse, default_data_dir
-from broker.definition_store import DefinitionStore, DefinitionStoreError
+from broker.data_dir import DataDir, DataDirDamaged, DataDirInUse, default_data_dir
+from broker.definition_store import DefinitionStore, DefinitionStoreError, open_definitions
 
 _DATA_DIR = click.option(
     "--data-dir", default=None, type=click.Path(file_okay=False),
@@ -24,16 +24,18 @@ _PORT = click.option("--port", default=5672, show_default=True, type=click.IntRa
 
 
 def _store(data_dir: str | None, port: int) -> tuple[DataDir, DefinitionStore]:
+    """The data directory's definitions, checked as ``shoal serve`` checks them: never a new
+    directory, and a damaged one refused with the line ``shoal serve`` would print."""
     path = Path(data_dir) if data_dir else default_data_dir(port)
-    if not (path / "definitions.db").exists():
+    if not path.is_dir():
         raise click.ClickException(f"no broker data in {path}")
     try:
         data = DataDir(path)
     except DataDirInUse as exc:
         raise click.ClickException(f"{exc}: stop it first") from None
     try:
-        return data, DefinitionStore(data.definitions)
-    except DefinitionStoreError as exc:
+        return data, open_definitions(data, create=False).store
+    except (DataDirDamaged, DefinitionStoreError) as exc:
         data.close()
         raise click.ClickException(str(exc)) from None
 

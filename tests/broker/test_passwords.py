@@ -28,23 +28,31 @@ def test_each_hash_has_its_own_salt_and_damaged_ones_never_match() -> None:
 
 
 def test_a_first_start_with_nobody_given_creates_guest() -> None:
-    users, changes = users_at_start({}, {})
+    users, changes = users_at_start({}, {}, new_directory=True)
     assert list(users) == list(changes) == ["guest"] and check_password(users["guest"], "guest")
 
 
+def test_guest_is_never_created_again_on_a_directory_that_is_not_new() -> None:
+    """RabbitMQ creates its default user on first boot only: a deleted guest stays deleted,
+    even when no user is left."""
+    assert users_at_start({}, {}, new_directory=False) == ({}, {})
+    users, changes = users_at_start({}, {"alice": "pw"}, new_directory=False)
+    assert list(users) == list(changes) == ["alice"]
+
+
 def test_users_given_on_a_first_start_replace_guest() -> None:
-    users, changes = users_at_start({}, {"alice": "pw"})
+    users, changes = users_at_start({}, {"alice": "pw"}, new_directory=True)
     assert list(users) == ["alice"] and changes == users
 
 
 def test_later_starts_keep_the_stored_users_and_add_or_change_the_given_ones() -> None:
     stored = hashed({"alice": "old", "bob": "b"})
-    users, changes = users_at_start(stored, {"alice": "new", "carol": "c"})
+    users, changes = users_at_start(stored, {"alice": "new", "carol": "c"}, False)
     assert sorted(users) == ["alice", "bob", "carol"] and sorted(changes) == ["alice", "carol"]
     assert check_password(users["alice"], "new") and users["bob"] == stored["bob"]
     # The same password again is not rewritten (nor given a new salt).
-    assert users_at_start(users, {"alice": "new"}) == (users, {})
-    assert users_at_start(users, {}) == (users, {})
+    assert users_at_start(users, {"alice": "new"}, False) == (users, {})
+    assert users_at_start(users, {}, False) == (users, {})
 
 
 def test_the_store_keeps_users_and_deletes_them(tmp_path: Path) -> None:
