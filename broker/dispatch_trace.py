@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from broker.queue import QueueEntry
 from ipc import records as r
-from tracing import TraceWriter
+from tracing import TraceWriter, names
 
 
 class DispatchTrace:
@@ -53,7 +53,7 @@ class DispatchTrace:
         m = entry.message
         pub = m.trace or (None, None, None, None)
         self.writer.settled(
-            now, "acked" if action == r.ACK else "rejected", m.id, entry.id, entry.queue.name,
+            now, names.ACKED if action == r.ACK else names.REJECTED, m.id, entry.id, entry.queue.name,
             pub[0], pub[1], pub[2], consumer_worker=worker, redelivered=int(entry.redelivered),
             enqueued_ns=pub[3], pulled_ns=pulled, exchange=m.exchange,
             routing_key=m.routing_key, body_size=m.body_size,

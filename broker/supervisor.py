@@ -52,7 +52,6 @@ from ipc.profiling import run_profiled, trio_instruments
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
-from tracing import open_writer
 
 if TYPE_CHECKING:
     from tracing.procs import ProcSampleWriter
@@ -202,9 +201,10 @@ class Supervisor:
             self.dispatcher.pager.set_marks(high, c.memory_paging_ratio)
             self.durability.recover_messages([w.region.arena for w in self.workers], c.arena_mb)
         if c.trace:
-            self.dispatcher.trace = DispatchTrace(open_writer(c.trace, "supervisor"))  # pyarrow
-            from tracing.procs import ProcSampleWriter
+            from tracing.procs import ProcSampleWriter  # pyarrow: only when tracing
+            from tracing.writer import open_writer
 
+            self.dispatcher.trace = DispatchTrace(open_writer(c.trace, "supervisor"))
             self.samples = ProcSampleWriter(c.trace, "supervisor")
         self.port = self._listener.getsockname()[1]
         self.control_path = c.control_socket or default_control_path(self.port)
@@ -544,7 +544,6 @@ class Supervisor:
                 await self._deadline_changed.wait()
             self._deadline_changed = trio.Event()
 
-    async def _forget_arena_pages(self) -> None:
     async def _sample_processes(self) -> None:
         """--trace: the supervisor's and each worker's CPU and memory every second, in the trace
         directory's ``proc`` table (the report's CPU and memory charts)."""
@@ -561,6 +560,7 @@ class Supervisor:
                         if w.process is not None and w.process.returncode is None)
             self.samples.sample_pids(pids)
 
+    async def _forget_arena_pages(self) -> None:
         """Every FORGET_PAGES_INTERVAL, unmap the arena pages this process touched by freeing
         blocks in them (ipc.region.Region.forget_arena_pages): the supervisor never reads a
         body, and without this its RSS grows to every arena's size and counts each arena a
@@ -586,8 +586,8 @@ class Supervisor:
     def _hello(self, w: _WorkerSlot, rec: r.Hello) -> None:
         w.ready = True
         log.info("worker %d ready (pid %d)", w.index, rec.pid)
-        if all(s.ready for s in self.workers):
         self._sample()
+        if all(s.ready for s in self.workers):
             self._write_ready_file()
 
     def _write_ready_file(self) -> None:

@@ -1,7 +1,10 @@
 """The package layering of DESIGN.md's package table, read from the source with `ast`.
 
 Every import statement counts: module level, inside functions (lazy imports) and under
-`if TYPE_CHECKING:`, because each is a dependency a reader and a type checker must follow.
+`if TYPE_CHECKING:`, because each is a dependency a reader and a type checker must follow. And
+they are read as mypy reads them: `from pkg import mod` depends on `pkg` (its `__init__`) as well
+as on `pkg.mod`, so a package whose `__init__` imports a module that imports the package back is
+a cycle.
 """
 
 from __future__ import annotations
@@ -39,8 +42,8 @@ class Import:
     where: str  # path:line of the import statement
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path = REPO_ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -60,21 +63,26 @@ def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def imports_of(module: str, path: Path, known: set[str] | None = None) -> Iterator[Import]:
+def imports_of(module: str, path: Path, known: set[str] | None = None,
+               root: Path = REPO_ROOT, as_mypy: bool = False) -> Iterator[Import]:
     """The modules `module` imports. With `known`, `from pkg import name` names `pkg.name` when
-    that is a module of the tree, else `pkg`."""
+    that is a module of the tree, else `pkg`; `as_mypy`, it names `pkg` as well (importing
+    `pkg.name` runs `pkg/__init__` first, and mypy counts both)."""
     tree = ast.parse(path.read_text(), str(path))
-    rel = path.relative_to(REPO_ROOT)
+    rel = path.relative_to(root)
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield Import(module, alias.name, f"{rel}:{node.lineno}")
         elif isinstance(node, ast.ImportFrom):
             base = _absolute(node, module, path.name == "__init__.py")
-            for alias in node.names:
-                candidate = f"{base}.{alias.name}"
-                target = candidate if known is not None and candidate in known else base
-                yield Import(module, target, f"{rel}:{node.lineno}")
+            where = f"{rel}:{node.lineno}"
+            submodules = [f"{base}.{alias.name}" for alias in node.names
+                          if known is not None and f"{base}.{alias.name}" in known]
+            if as_mypy or len(submodules) < len(node.names):
+                yield Import(module, base, where)
+            for submodule in submodules:
+                yield Import(module, submodule, where)
 
 
 def _package(name: str) -> str:
@@ -85,14 +93,15 @@ def _in_packages(name: str, packages: tuple[str, ...]) -> bool:
     return _package(name) in packages
 
 
-def import_graph(packages: tuple[str, ...]) -> dict[str, list[Import]]:
+def import_graph(packages: tuple[str, ...], root: Path = REPO_ROOT) -> dict[str, list[Import]]:
     """Module → its imports of other modules of `packages` (resolved to the nearest module
     the tree has: `import broker.queue.x` names `broker.queue` when there is no `.x`)."""
-    modules = source_modules(packages)
+    modules = {module_name(p, root): p for package in packages
+               for p in sorted((root / package).rglob("*.py"))}
     known = set(modules)
     graph: dict[str, list[Import]] = {m: [] for m in modules}
     for module, path in modules.items():
-        for imp in imports_of(module, path, known):
+        for imp in imports_of(module, path, known, root, as_mypy=True):
             if not _in_packages(imp.target, packages):
                 continue
             target = imp.target
@@ -186,7 +195,8 @@ def test_each_package_imports_only_what_the_package_table_allows() -> None:
 
 
 def test_no_import_cycle_among_shoals_modules() -> None:
-    """Issue 10: no import cycle among Shoal's modules, TYPE_CHECKING and lazy imports included."""
+    """Issue 10: no import cycle among Shoal's modules, TYPE_CHECKING and lazy imports included,
+    nor one through a package's `__init__` (`from pkg import mod` depends on `pkg` too)."""
     graph = import_graph(SHOAL)
     cycles = strongly_connected(graph)
     assert not cycles, "import cycles:\n" + "\n".join(describe(c, graph) for c in cycles)
@@ -204,6 +214,24 @@ def test_the_cycle_finder_finds_cycles() -> None:
     graph = edges(("a", "b"), ("b", "a"), ("c", "d"), ("d", "e"), ("e", "c"), ("e", "f"), ("f", "g"))
     assert strongly_connected(graph) == [["a", "b"], ["c", "d", "e"]]
     assert "a -> b  (x.py:1)" in describe(["a", "b"], graph)
+
+
+def test_a_cycle_through_a_packages_init_is_a_cycle(tmp_path: Path) -> None:
+    """As mypy reads it: `pkg/__init__` importing `pkg.writer` (even lazily, in a function) while
+    `pkg.writer` does `from pkg import schema` is a cycle of pkg and pkg.writer; `from pkg.schema
+    import X` and an `__init__` that imports nothing back are not."""
+    def tree(init: str, writer: str) -> list[list[str]]:
+        pkg = tmp_path / f"case{len(list(tmp_path.iterdir()))}" / "pkg"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(init)
+        (pkg / "writer.py").write_text(writer)
+        (pkg / "schema.py").write_text("X = 1\n")
+        return strongly_connected(import_graph(("pkg",), pkg.parent))
+
+    lazy = "def open_writer():\n    from pkg.writer import W\n"
+    assert tree(lazy, "from pkg import schema\nW = 1\n") == [["pkg", "pkg.writer"]]
+    assert tree(lazy, "from pkg.schema import X\nW = 1\n") == []
+    assert tree("", "from pkg import schema\nW = 1\n") == []
 
 
 def test_a_channel_reaches_neither_its_connection_handler_nor_its_worker() -> None:

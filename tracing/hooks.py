@@ -3,13 +3,15 @@
 This module imports nothing heavy: the supervisor and the workers annotate ``trace: TraceWriter |
 None`` with it at import time, and type-checking them needs neither pyarrow nor the writer.
 Tracing off costs only the caller's ``if trace is not None`` check; pyarrow (~0.3 s and ~50 MB to
-load) is imported by :func:`tracing.open_writer` alone.
+load) comes with :mod:`tracing.writer`, which a process imports only when it traces.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
+
+from tracing.names import ACKED
 
 
 class TraceWriter(Protocol):
@@ -61,11 +63,11 @@ class TraceWriter(Protocol):
         socket's send buffer; one row per delivery attempt."""
         ...
 
-    def acked(self, ts_ns: int, entry_id: int, outcome: str = "acked") -> None:
+    def acked(self, ts_ns: int, entry_id: int, outcome: str = ACKED) -> None:
         """Worker: the client settled ``entry_id``: ``acked``, ``rejected`` or ``requeued``."""
         ...
 
-    def acked_many(self, ts_ns: int, entry_ids: Sequence[int], outcome: str = "acked") -> None:
+    def acked_many(self, ts_ns: int, entry_ids: Sequence[int], outcome: str = ACKED) -> None:
         """Worker: one frame (``multiple=True``) settled every entry of ``entry_ids``."""
         ...
 

@@ -78,6 +78,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from tracing.names import ACKED as ACKED  # the outcome column's words, re-exported as ts.ACKED ...
+from tracing.names import DEAD_LETTERED as DEAD_LETTERED
+from tracing.names import DROPPED as DROPPED
+from tracing.names import EXPIRED as EXPIRED
+from tracing.names import FINAL_OUTCOMES as FINAL_OUTCOMES
+from tracing.names import REJECTED as REJECTED
+from tracing.names import REQUEUED as REQUEUED
+
 FORMAT_VERSION = "1"
 SUFFIX = ".arrows"
 CONST_PREFIX = "shoal.const."  # schema metadata: a column that is the same for a whole file
@@ -101,13 +109,8 @@ STAGES = (PUBLISH, ENQUEUE, NOTIFY, PULL, DELIVER, ACK, SETTLE)
 SUPERVISOR_STAGES = (ENQUEUE, NOTIFY, PULL, SETTLE)
 
 # ----------------------------------------------------------------------------- msg.outcome
-ACKED = "acked"
-REJECTED = "rejected"  # the client rejected / nacked without requeue; the entry is gone
-REQUEUED = "requeued"  # only in worker ``ack`` rows: the client asked for a requeue
-EXPIRED = "expired"
-DEAD_LETTERED = "dead-lettered"
-DROPPED = "dropped"  # purge, queue delete, overflow: gone without a consumer's say
-FINAL_OUTCOMES = (ACKED, REJECTED, EXPIRED, DEAD_LETTERED, DROPPED)
+# tracing.names (imported above): ACKED, REJECTED, REQUEUED, EXPIRED, DEAD_LETTERED, DROPPED,
+# FINAL_OUTCOMES
 
 # ----------------------------------------------------------------------------- event.kind
 EV_NOTIFY = "notify"

@@ -26,7 +26,7 @@ Cost model
   complete batch (:func:`tracing.reader.read_stream_file`).
 * Tracing off costs only the caller's ``if trace is not None`` check; import this module lazily
   (pyarrow takes ~0.3 s and ~50 MB to load): the runtime does, through
-  :func:`tracing.open_writer`.
+  :func:`tracing.writer.open_writer`.
 
 A writer is not thread-safe and belongs to one process (fork a new one per process).
 """

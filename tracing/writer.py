@@ -1,7 +1,7 @@
 """The broker's trace writer: :class:`tracing.hooks.TraceWriter` written as Arrow IPC streams.
 
-Made by :func:`tracing.open_writer` (the runtime) or directly (tests, benchmarks); imports
-pyarrow. The cost model is in :mod:`tracing.streams`.
+Made by :func:`open_writer` (the runtime, in its ``--trace`` branch) or directly (tests,
+benchmarks); imports pyarrow. The cost model is in :mod:`tracing.streams`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from tracing import schema as ts
 from tracing.hooks import TraceWriter
+from tracing.names import ACKED
 from tracing.streams import (
     DEFAULT_FLUSH_MS,
     DEFAULT_FLUSH_ROWS,
@@ -85,11 +86,11 @@ class ArrowTraceWriter(ArrowWriter, TraceWriter):
         a0(ts_ns); a1(entry_id); a2(queue); a3(consumer_id); a4(consumer_tag)
         a5(1 if redelivered else 0)
 
-    def acked(self, ts_ns: int, entry_id: int, outcome: str = ts.ACKED) -> None:
+    def acked(self, ts_ns: int, entry_id: int, outcome: str = ACKED) -> None:
         a0, a1, a2 = self._ack
         a0(ts_ns); a1(entry_id); a2(outcome)
 
-    def acked_many(self, ts_ns: int, entry_ids: Sequence[int], outcome: str = ts.ACKED) -> None:
+    def acked_many(self, ts_ns: int, entry_ids: Sequence[int], outcome: str = ACKED) -> None:
         n = len(entry_ids)
         c0, c1, c2 = self._ack_lists
         c0.extend([ts_ns] * n); c1.extend(entry_ids); c2.extend([outcome] * n)
@@ -133,3 +134,9 @@ class ArrowTraceWriter(ArrowWriter, TraceWriter):
         a0, a1, a2, a3 = self._e_can
         a0(ts_ns); a1(queue); a2(consumer_worker); a3(consumer_id)
 
+
+def open_writer(directory: str | os.PathLike[str], process_name: str, *,
+                worker: int | None = None) -> TraceWriter:
+    """The Arrow trace writer of one broker process: ``process_name`` ``"supervisor"`` (``worker``
+    None) or ``"worker<k>"`` (``worker`` = ``k``); it creates ``directory`` if need be."""
+    return ArrowTraceWriter(directory, process_name, worker=worker)

@@ -34,6 +34,7 @@ from pamqp import commands as spec
 from broker import errors
 from broker.constants import REPLY_TO
 from ipc import records as r
+from tracing import names
 from workers import codec, topology
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.channel_consumers import ChannelConsumers
@@ -45,7 +46,7 @@ from workers.outgoing import DeclareOk, Deliveries, Delivery, GetOk, Method, Out
 from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
 
-_TRACE_OUTCOME: Final = {r.ACK: "acked", r.REQUEUE: "requeued", r.DROP: "rejected"}
+_TRACE_OUTCOME: Final = {r.ACK: names.ACKED, r.REQUEUE: names.REQUEUED, r.DROP: names.REJECTED}
 _ACK_IDS: Final = (codec.BASIC_CLASS, codec.BASIC_ACK)
 # What the ack path reads of ipc.records (not compiled): bound once, read as C statics.
 _ACK: Final = r.ACK

@@ -20,7 +20,7 @@ from ipc import records as r
 from ipc.logfile import BodyLog
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
-from tracing import TraceWriter, open_writer
+from tracing import TraceWriter
 from workers import codec
 from workers.arenas import Arenas
 from workers.channel_config import ChannelResources
@@ -79,7 +79,9 @@ class Worker:
         self.conn_ids = itertools.count(1)
         self.dirty: set[ConnectionHandler] = set()
         self.trace: TraceWriter | None = None  # shoal serve --trace
-        if config.trace_dir:  # open_writer imports pyarrow
+        if config.trace_dir:
+            from tracing.writer import open_writer  # pyarrow: only when tracing
+
             self.trace = open_writer(config.trace_dir, f"worker{config.index}", worker=config.index)
         self.blocked = False  # the supervisor says: a resource alarm (memory, disk) is on
         self.block_reason = "low on memory"  # connection.blocked's reason while it is

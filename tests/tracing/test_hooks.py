@@ -6,15 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tracing import TraceWriter, open_writer
-from tracing.writer import ArrowTraceWriter
+from tracing import TraceWriter
+from tracing.writer import ArrowTraceWriter, open_writer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_importing_the_interface_loads_no_pyarrow() -> None:
-    """`tracing` and `tracing.hooks` import without pyarrow: tracing off costs the runtime nothing."""
-    probe = "import sys, tracing, tracing.hooks; print('pyarrow' in sys.modules)"
+    """`tracing`, `tracing.hooks` and `tracing.names` import without pyarrow: tracing off costs
+    the runtime nothing."""
+    probe = "import sys, tracing, tracing.hooks, tracing.names; print('pyarrow' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "False"
