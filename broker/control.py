@@ -6,7 +6,9 @@ The supervisor listens on a Unix socket (mode 0600, in a directory only this use
 enter), by default ``$XDG_RUNTIME_DIR/shoal-<port>.sock`` or
 ``/tmp/shoal-<uid>/shoal-<port>.sock``; the ready file names it. A client sends one JSON
 line, ``{"command": "list_connections"}``, and reads one JSON line back:
-``{"connections": [...]}`` or ``{"error": "..."}``.
+``{"connections": [...]}`` or ``{"error": "..."}``. ``{"command": "credit_flow"}`` answers
+``{"withheld": [{"worker", "conn", "grants"}, ...]}``: per connection, how many times the
+supervisor held its publish credit back (broker.credit_flow), since the start.
 
 Connections live in the workers, so listing them is a round trip on the rings: the
 supervisor sends ``ListConnections(request)`` to every worker that is up and waits (at
@@ -129,6 +131,9 @@ class ControlServer:
         command = request.get("command") if isinstance(request, dict) else None
         if command == "list_connections":
             return {"connections": await self.list_connections()}
+        if command == "credit_flow":  # grants of publish credit held back, per connection
+            return {"withheld": [{"worker": worker, "conn": conn, "grants": n} for (worker, conn), n
+                                 in sorted(self._dispatcher.credit_withheld().items())]}
         return {"error": f"unknown command {command!r}"}
 
     async def list_connections(self) -> list[dict[str, Any]]:

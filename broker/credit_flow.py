@@ -2,22 +2,34 @@
 
 A worker stops reading a connection that has sent ``workers``' PUBLISH_CREDIT publishes the
 supervisor has not given back yet. The supervisor gives credit back once it has applied them,
-unless it is *behind*: a consumer it woke has not been served yet (or, working through a backlog
-with its whole prefetch out, is away for a moment as it was the last time) and that consumer's
-queue holds at least FLOW_BACKLOG ready messages. Credit is then withheld from every publishing
-connection, so the rings carry settles and pulls, not more publishes, until the consumers have
-caught up.
+unless those publishes feed a queue the supervisor is *behind* on: a consumer there waits for
+work it has credit for, and the queue holds at least FLOW_BACKLOG ready messages. Credit is
+then withheld from the connections whose publishes since their last credit reached such a
+queue, and from those only, so the rings and the host's cores carry that queue's settles and
+pulls rather than more publishes for it until its consumers have caught up. A connection
+publishing to other queues keeps its credit.
+
+A consumer counts while it is Notified (its worker said it is interested, and the queue has
+work for it). A consumer working through a backlog with its whole prefetch out says it is not
+interested for moments at a time: one that came back within FLOW_HOLD the last time still
+counts while it is away (up to FLOW_HOLD), as without it an unbounded publisher takes the
+supervisor's and the host's time from its consumers; one away longer (a slow client) does not.
+A slow consumer so holds back its own queue's publishers at most, never a publisher to another
+queue: RabbitMQ lets its queue grow, and every other publisher keeps its rate.
+
+What a connection's publishes reached is kept as the (exchange, routing key) pairs they were
+published with, and routed to queues only while the supervisor is behind on some queue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from broker.consumer_manager import NOTIFIED, QueueConsumer
 from ipc import records as r
 
-# The supervisor is behind while a consumer it woke holds back on a queue this long.
+# The supervisor is behind on a queue while a consumer it woke waits there on this many.
 FLOW_BACKLOG = 1000
 # A consumer working through a backlog with its whole prefetch out says it is not interested for
 # moments at a time: one that came back within this long the last time still counts as waiting
@@ -28,19 +40,26 @@ FLOW_HOLD = 0.05
 # publisher's worker is not woken by a Credit event per publish.
 CREDIT_CHUNK = 200
 
+# Where a connection's publishes went: (exchange, routing key), or ANYWHERE for a publish
+# whose headers route it (CC / BCC, a headers exchange): counted as feeding every queue.
+Destination = tuple[str, str] | None
+ANYWHERE: Destination = None
 
-class _QueueWithCount(Protocol):
+
+class _Queue(Protocol):
+    @property
+    def name(self) -> str: ...
     @property
     def message_count(self) -> int: ...
 
 
 class Subscribed(Protocol):
-    """What credit flow reads of a subscription: its consumer and its queue's length."""
+    """What credit flow reads of a subscription: its consumer and its queue."""
 
     @property
     def consumer(self) -> QueueConsumer: ...
     @property
-    def queue(self) -> _QueueWithCount: ...
+    def queue(self) -> _Queue: ...
 
 
 class _Woken:
@@ -55,40 +74,61 @@ class _Woken:
 
 
 class CreditFlow:
-    """Publish credit due per ``(worker, conn)`` and the consumers woken (notified, or away a
-    moment)."""
+    """Publish credit due per ``(worker, conn)``, where those publishes went, and the consumers
+    woken and not served yet."""
 
-    __slots__ = ("behind", "due", "woken")
+    __slots__ = ("behind_on", "consumers", "due", "feeds", "withheld")
 
     def __init__(self) -> None:
         # Publish records applied per (worker, conn) whose credit is not given back yet.
         self.due: dict[tuple[int, int], int] = {}
+        # Their destinations, per (worker, conn): cleared with the credit when it goes back.
+        self.feeds: dict[tuple[int, int], dict[Destination, None]] = {}
         # (worker, consumer id) woken: candidates for "behind".
-        self.woken: dict[tuple[int, int], _Woken] = {}
-        self.behind = False
+        self.consumers: dict[tuple[int, int], _Woken] = {}
+        # Grants held back per (worker, conn), ever (the control socket's credit_flow).
+        self.withheld: dict[tuple[int, int], int] = {}
+        # The queues the supervisor was behind on at the last grant.
+        self.behind_on: set[str] = set()
+
+    def spent(self, key: tuple[int, int], n: int, destination: Destination) -> None:
+        """``n`` publishes of connection ``key`` to ``destination`` were applied (or refused):
+        their credit is due."""
+        due = self.due
+        due[key] = due.get(key, 0) + n
+        feeds = self.feeds.get(key)
+        if feeds is None:
+            self.feeds[key] = {destination: None}
+        elif destination not in feeds:
+            feeds[destination] = None
 
     def woke(self, key: tuple[int, int], now: float) -> None:
         """The consumer ``key`` was woken (notified, or its standing pull run) at ``now``."""
-        seen = self.woken.get(key)
+        seen = self.consumers.get(key)
         if seen is None:
-            self.woken[key] = _Woken()
+            self.consumers[key] = _Woken()
         elif seen.away is not None:
             seen.quick = now - seen.away <= FLOW_HOLD
             seen.away = None
 
-    def grants(self, subs: Mapping[tuple[int, int], Subscribed], *,
+    def grants(self, subs: Mapping[tuple[int, int], Subscribed],
+               reaches: Callable[[Destination], Collection[str] | None], *,
                all_credit: bool, now: float = 0.0) -> dict[int, r.Credit]:
         """The Credit events to send, per worker: every connection with CREDIT_CHUNK or more due
-        (with ``all_credit``, everything due); none while the supervisor is behind."""
-        self.behind = self._is_behind(subs, now)
+        (with ``all_credit``, everything due), but none to a connection whose publishes reached
+        a queue the supervisor is behind on. ``reaches``: the names of the queues a destination
+        routes to (None: it may reach any)."""
+        behind_on = self.behind_on = self._behind_on(subs, now) if self.consumers else set()
         grants: dict[int, r.Credit] = {}
-        if self.behind:
-            return grants
-        due = self.due
+        due, feeds = self.due, self.feeds
         for key, n in list(due.items()):
             if n < CREDIT_CHUNK and not all_credit:
                 continue
+            if behind_on and _feeds(feeds.get(key), behind_on, reaches):
+                self.withheld[key] = self.withheld.get(key, 0) + 1
+                continue
             del due[key]
+            feeds.pop(key, None)
             worker, conn = key
             grant = grants.get(worker)
             if grant is None:
@@ -97,16 +137,16 @@ class CreditFlow:
             grant.counts.append(n)
         return grants
 
-    def _is_behind(self, subs: Mapping[tuple[int, int], Subscribed], now: float) -> bool:
-        """True while a woken acquiring consumer waits for work -- it is notified, or it is away
-        for a moment as it was the last time (``_Woken.quick``) -- and its queue holds
-        FLOW_BACKLOG ready messages or more. O(consumers notified, or away within FLOW_HOLD)."""
-        woken = self.woken
-        behind = False
-        for key, seen in list(woken.items()):  # each looked at: when it went away counts
+    def _behind_on(self, subs: Mapping[tuple[int, int], Subscribed], now: float) -> set[str]:
+        """The queues holding FLOW_BACKLOG ready messages or more on which a woken acquiring
+        consumer waits for work: it is notified, or it is away for a moment as it was the last
+        time (``_Woken.quick``). O(consumers notified, or away within FLOW_HOLD)."""
+        consumers = self.consumers
+        queues: set[str] = set()
+        for key, seen in list(consumers.items()):  # each looked at: when it went away counts
             sub = subs.get(key)
             if sub is None:
-                del woken[key]
+                del consumers[key]
                 continue
             if sub.consumer.state is NOTIFIED:
                 if seen.away is not None:  # back (a pull of its own found more)
@@ -116,15 +156,31 @@ class CreditFlow:
                 if seen.away is None:
                     seen.away = now
                 if now - seen.away > FLOW_HOLD:
-                    del woken[key]
+                    del consumers[key]
                     continue
                 if not seen.quick:
                     continue
-            if sub.queue.message_count >= FLOW_BACKLOG:
-                behind = True
-        return behind
+            queue = sub.queue
+            if queue.message_count >= FLOW_BACKLOG:
+                queues.add(queue.name)
+        return queues
 
     def forget_worker(self, worker: int) -> None:
         """A worker died: its connections' credit is moot."""
         for key in [k for k in self.due if k[0] == worker]:
             del self.due[key]
+            self.feeds.pop(key, None)
+        for key in [k for k in self.consumers if k[0] == worker]:
+            del self.consumers[key]
+
+
+def _feeds(destinations: Mapping[Destination, None] | None, queues: set[str],
+           reaches: Callable[[Destination], Collection[str] | None]) -> bool:
+    """Whether publishes to ``destinations`` reach one of ``queues``."""
+    if not destinations:
+        return False
+    for destination in destinations:
+        names = reaches(destination)
+        if names is None or not queues.isdisjoint(names):
+            return True
+    return False

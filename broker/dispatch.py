@@ -41,7 +41,7 @@ from broker.body_ref import (
 )
 from broker.constants import REPLY_TO
 from broker.consumer_manager import QueueConsumer
-from broker.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow
+from broker.credit_flow import ANYWHERE, CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
 from broker.dispatch_trace import DispatchTrace
 from broker.errors import AMQPError, InternalError
 from broker.listing import Listing, Listings
@@ -325,7 +325,8 @@ class Dispatcher:
         raise or clear each worker's memory alarm. Called after every batch and by the timer
         (so credit held back while nothing else arrives is released within a tick)."""
         if self._credit.due:
-            for worker, grant in self._credit.grants(self._subs, all_credit=all_credit,
+            for worker, grant in self._credit.grants(self._subs, self._reaches,
+                                                     all_credit=all_credit,
                                                      now=self.vhost.now).items():
                 self.outbox[worker].append(grant)
         if self.pager.high:
@@ -360,9 +361,28 @@ class Dispatcher:
 
     @property
     def behind(self) -> bool:
-        """Publish credit is withheld: a consumer we woke still waits on a backlog, so
-        settles and pulls get the supervisor first."""
-        return self._credit.behind
+        """Publish credit is withheld from the publishers of a queue on which a consumer we woke
+        still waits on a backlog, so its settles and pulls get the supervisor first."""
+        return bool(self._credit.behind_on)
+
+    def credit_withheld(self) -> dict[tuple[int, int], int]:
+        """Grants held back per (worker, conn) since the start (the control socket's
+        credit_flow)."""
+        return dict(self._credit.withheld)
+
+    def _reaches(self, destination: Destination) -> list[str] | None:
+        """The names of the queues a publish to ``destination`` is routed to now (credit flow
+        asks only while it is behind on a queue); None: it may reach any."""
+        if destination is None:  # ANYWHERE
+            return None
+        exchange_name, routing_key = destination
+        if not exchange_name:
+            return [routing_key]
+        exchange = self.vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            return []
+        return [q.name for q in self._router.route(exchange, PlainMessage(
+            exchange_name, routing_key, None, 0))]
 
     def set_disk_alarm(self, active: bool) -> None:
         """The disk alarm (RabbitMQ's disk_free_limit): every worker's publishers block."""
@@ -861,9 +881,9 @@ class Dispatcher:
     # ----------------------------------------------------------- publishing
 
     def _publish(self, worker: int, rec: r.Publish) -> None:
-        due = self._credit.due  # counted first: a publish that fails gives its credit back too
-        key = (worker, rec.conn)
-        due[key] = due.get(key, 0) + 1
+        # Counted first: a publish that fails gives its credit back too.
+        self._credit.spent((worker, rec.conn), 1, (rec.exchange, rec.routing_key)
+                           if rec.headers is None else ANYWHERE)
         # Memory per queued message (S8, tracemalloc, 1 queue): the decoded names are interned,
         # so a queue's million messages share one routing-key string (459 -> 364 B); a message
         # without headers, expiration or priority is a PlainMessage and its body handle one
@@ -961,9 +981,8 @@ class Dispatcher:
         if self.trace is not None:  # trace rows number each message's record: one at a time
             self._publish_each(worker, rec)
             return
-        due = self._credit.due  # counted first, as _publish counts each
-        key = (worker, rec.conn)
-        due[key] = due.get(key, 0) + len(bodies) // 3
+        # Counted first, as _publish counts each.
+        self._credit.spent((worker, rec.conn), len(bodies) // 3, (rec.exchange, rec.routing_key))
         self._run_publishes(worker, rec, 0)
 
     def _run_publishes(self, worker: int, rec: r.PublishRun, start: int) -> None:
@@ -1027,9 +1046,8 @@ class Dispatcher:
                     rec.conn, rec.ch, rec.exchange, rec.routing_key, rec.mandatory, rec.confirm,
                     bodies[i], bodies[i + 1], bodies[i + 2], None))
             except AMQPError:  # _publish freed this one's body and counted its credit
-                due = self._credit.due
-                key = (worker, rec.conn)
-                due[key] = due.get(key, 0) + (len(bodies) - i) // 3 - 1
+                self._credit.spent((worker, rec.conn), (len(bodies) - i) // 3 - 1,
+                                   (rec.exchange, rec.routing_key))
                 self._drop_run(worker, rec, i + 3)
                 raise
 

@@ -5,7 +5,7 @@
     python -m perf --quick                 # small counts, 3 s per scenario: a smoke run
     python -m perf --workers-scaling       # S1-S4 against Shoal with --workers 1, 2, 4 (and 8 on 8+ CPUs)
     python -m perf --no-rabbitmq --json-out perf/results/mine.json
-    python -m perf --scenarios overload --seconds 10    # S7u, S1u, S3u (+ ping-pong), S4u: unbounded publishers
+    python -m perf --scenarios overload --seconds 10    # S7u, S1u, S3u (+ ping-pong), S4u, S9u, S10u: overload shapes
     python -m perf --scenarios S3u,S4u --no-rabbitmq --generator python
 """
 
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m perf", description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
         "--scenarios", default="",
-        help="comma-separated keys or groups (classic = S1-S8, overload = S7u,S1u,S3u,S4u,S9u, all), e.g. S1,S3u "
+        help="comma-separated keys or groups (classic = S1-S8, overload = S7u,S1u,S3u,S4u,S9u,S10u, all), e.g. S1,S3u "
         "(default: classic)",
     )  # fmt: skip
     parser.add_argument("--seconds", type=float, default=None, help="cap per scenario (default 10; 3 with --quick)")

@@ -153,15 +153,16 @@ def publisher_argv(
 
 def consumer_argv(
     binary: Path, port: int, *, queue: str, name: str, prefetch: int, ack_every: int, seconds: float,
-    publishers: int, capacity: int, grace: float = 20.0, global_qos: bool = False,
+    publishers: int, capacity: int, grace: float = 20.0, global_qos: bool = False, ack_rate: float = 0.0,
 ) -> list[str]:  # fmt: skip
     """shoalgen's command line for one consumer (ack_every 1: basic.ack multiple=false per delivery;
-    ``queue`` "a,b": a consumer on each, on the one channel; ``global_qos``: they share the prefetch)."""
+    ``queue`` "a,b": a consumer on each, on the one channel; ``global_qos``: they share the prefetch;
+    ``ack_rate``: a slow application, each delivery taking 1/ack_rate s before its ack)."""
     return [
         str(binary), "consume", "--port", str(port), "--queue", queue, "--name", name,
         "--prefetch", str(prefetch), "--global", "1" if global_qos else "0", "--ack-every", str(ack_every),
         "--seconds", f"{seconds:g}", "--publishers", str(publishers), "--capacity", str(capacity),
-        "--grace", f"{grace:g}",
+        "--grace", f"{grace:g}", *(["--ack-rate", f"{ack_rate:g}"] if ack_rate else []),
     ]  # fmt: skip
 
 

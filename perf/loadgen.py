@@ -235,6 +235,7 @@ def consumer_main(job: dict[str, Any], shared: dict[str, Any], pipe: Any) -> Non
         pos, end = 0, len(leftover)
         ack_every = max(1, int(job["ack_every"]))
         ack_single = bool(job.get("ack_single"))  # basic.ack multiple=false for every delivery
+        ack_rate = float(job.get("ack_rate") or 0.0)
         acked = 0
         acked_tag = 0
         shared["ready"].set()
@@ -269,7 +270,13 @@ def consumer_main(job: dict[str, Any], shared: dict[str, Any], pipe: Any) -> Non
                     first_ns = now
                 last_ns = now
                 received_value.value = parser.received
-                if ack_single:
+                if ack_rate:  # a slow application: each delivery takes 1/ack_rate s, then its ack
+                    for t in range(acked_tag + 1, parser.last_tag + 1):
+                        time.sleep(max(0.0, started + t / ack_rate - time.monotonic()))
+                        sendall(ack_frame(1, t, multiple=False))
+                    acked_tag = parser.last_tag
+                    acked = parser.received
+                elif ack_single:
                     tag = parser.last_tag
                     if tag > acked_tag:  # delivery tags of a channel run 1, 2, 3, ...: one ack each
                         sendall(b"".join(ack_frame(1, t, multiple=False) for t in range(acked_tag + 1, tag + 1)))

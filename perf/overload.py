@@ -13,6 +13,10 @@ multiple=false) with a small prefetch. These scenarios use that shape:
     S4u  1 unbounded publisher -> fanout -> 8 queues -> 8 consumers (one each), prefetch 10, ack each
     S9u  4 unbounded publishers -> 4 queues (one each) -> one channel consuming all four, its
          prefetch of 40 shared (basic.qos global=true), ack each: a celery worker's shape
+    S10u a slow consumer beside others: 3 publishers paced at 3,000 msg/s, one per queue; queue
+         A's consumer takes 20 ms over each message (50 msg/s), queue B's acks each at once,
+         queue C has no consumer. Each publisher's rate and each consumer's are reported: a
+         slow consumer should cost no publisher its rate (RabbitMQ lets A grow)
     S7u  1 publisher paced at 1,000 msg/s -> 1 queue -> 1 consumer, ack each: broker cores (the
          idle cost) and latency; also the broker's cores with nothing published (2 s, consumer
          attached)
@@ -88,10 +92,13 @@ class OverloadScenario:
     ack_every: int = 1  # 1: basic.ack multiple=false per delivery
     body_size: int = 128
     ping_pong_after: bool = False
+    publisher_rate: float = 0.0  # msg/s per publisher (0: unbounded)
+    slow_ack_rate: float = 0.0  # queue 0's consumers take 1/this s over each delivery (0: none)
+    idle_queues: int = 0  # the last this many queues have no consumer
 
     @property
     def consumers(self) -> int:
-        return 1 if self.one_channel else self.queues * self.consumers_per_queue
+        return 1 if self.one_channel else (self.queues - self.idle_queues) * self.consumers_per_queue
 
 
 OVERLOAD_SCENARIOS: dict[str, OverloadScenario] = {
@@ -106,6 +113,9 @@ OVERLOAD_SCENARIOS: dict[str, OverloadScenario] = {
         OverloadScenario("S9u", "4 unbounded publishers -> 4 queues -> one channel consuming all 4, global "
                          "prefetch 40, ack each", queues=4, publishers=4, one_channel=True, global_qos=True,
                          prefetch=40),
+        OverloadScenario("S10u", "3 publishers at 3,000 msg/s -> A (a consumer taking 20 ms a message), B (a "
+                         "consumer acking each), C (no consumer), prefetch 10", queues=3, publishers=3,
+                         publisher_rate=3000.0, slow_ack_rate=50.0, idle_queues=1),
     ]
 }  # fmt: skip
 
@@ -156,13 +166,13 @@ class _Fleet:
         self.window_end_counts: list[int] | None = None
 
     def add_consumer(self, name: str, queue: str, scenario: OverloadScenario, seconds: float, publishers: int,
-                     capacity: int) -> None:  # fmt: skip
+                     capacity: int, ack_rate: float = 0.0) -> None:  # fmt: skip
         if self.kind == "c":
             assert self.binary is not None
             argv = cgen.consumer_argv(
                 self.binary, self.port, queue=queue, name=name, prefetch=scenario.prefetch,
                 ack_every=scenario.ack_every, seconds=seconds, publishers=publishers, capacity=capacity, grace=GRACE,
-                global_qos=scenario.global_qos,
+                global_qos=scenario.global_qos, ack_rate=ack_rate,
             )  # fmt: skip
             self.c_processes.append(("consumer", CProcess(f"consumer {name}", argv)))
             return
@@ -172,7 +182,7 @@ class _Fleet:
             "port": self.port, "queue": queue, "name": name, "prefetch": scenario.prefetch,
             "ack_every": scenario.ack_every, "ack_single": scenario.ack_every <= 1,
             "global_qos": scenario.global_qos, "hard_seconds": seconds + GRACE + 30.0,
-            "capacities": [capacity] * publishers,
+            "capacities": [capacity] * publishers, "ack_rate": ack_rate,
         }  # fmt: skip
         self.py.spawn(loadgen.consumer_main, job, {"received": value}, f"consumer {name}")
         self.py_counts.append(("consumer", value))
@@ -384,9 +394,10 @@ def run_shape(
         if scenario.one_channel:
             fleet.add_consumer("c", ",".join(queues), scenario, seconds, publishers, count)
         else:
-            for q, queue in enumerate(queues):
+            for q, queue in enumerate(queues[:scenario.queues - scenario.idle_queues]):
                 for c in range(scenario.consumers_per_queue):
-                    fleet.add_consumer(f"c{q}.{c}", queue, scenario, seconds, publishers, count)
+                    fleet.add_consumer(f"c{q}.{c}", queue, scenario, seconds, publishers, count,
+                                       scenario.slow_ack_rate if q == 0 else 0.0)
         fleet.wait_ready(SPAWN_WAIT)
         per_publisher = publishers // scenario.publishers  # processes standing in for one publisher
         for p in range(publishers):
@@ -502,6 +513,12 @@ def summarise(
             "name": f"{r.get('role')} {r.get('id', r.get('name'))}", "cpu_s": round(float(cpu), 3),
             "wall_s": round(float(wall), 3), "cpu_fraction": round(float(cpu) / float(wall), 3),
         })  # fmt: skip
+    # Each publisher's rate (what it wrote / its active time) and each consumer's (deliveries in
+    # the window / the window), in spawn order: S10u's figures.
+    publisher_rates = [round(int(r.get("published") or 0) / float(r["wall_s"]), 1) if r.get("wall_s") else None
+                       for r in publishers]  # fmt: skip
+    consumer_rates = {str(r.get("name")): round(int(r.get("in_window") or 0) / float(r["window_s"]), 1)
+                      if r.get("window_s") else None for r in consumers}  # fmt: skip
     max_fraction = max((g["cpu_fraction"] for g in generators), default=0.0)
     generator_cores = sum(g["cpu_s"] for g in generators) / span if span > 0 else 0.0
     host = broker_summary.get("host_busy_cores")
@@ -522,6 +539,8 @@ def summarise(
         "reordered": sum(int(r.get("reordered") or 0) for r in consumers),
         "redelivered": sum(int(r.get("redelivered") or 0) for r in consumers),
         "delivered_by_publisher": by_publisher,
+        "publisher_rates": publisher_rates,
+        "consumer_rates": consumer_rates,
         "tcp_wait_s": round(sum(float(r.get("tcp_wait_s") or 0) for r in publishers), 2),
         "broker_cpu": broker_summary,
         "broker_cores": cores,
@@ -539,7 +558,7 @@ def summarise(
 def run(broker: Broker, scenario: OverloadScenario, opts: OverloadOptions) -> dict[str, Any]:
     """A scenario, and for S3u the ping-pong right after it on the same broker; never raises."""
     started = time.monotonic()
-    rate = opts.steady_rate if scenario.kind == "steady" else 0.0
+    rate = opts.steady_rate if scenario.kind == "steady" else scenario.publisher_rate
     try:
         result = run_shape(broker, scenario, opts.seconds, rate, opts)
     except Exception as exc:  # noqa: BLE001 - one failed scenario must not end the run

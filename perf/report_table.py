@@ -217,6 +217,16 @@ def shares(counts: list[int] | None) -> str:
     return " / ".join(f"{100 * c / total:.1f}" for c in counts)
 
 
+def clients_rates(result: dict[str, Any] | None) -> str:
+    """Each publisher's rate and each consumer's ("publishers 2,998 / 3,001; consumers c0.0 50,
+    c1.0 2,990"), when the scenario's publishers are paced (S10u: who held whom back); else empty."""
+    if not result or not _get(result, "publisher_rates") or not (result.get("rate") or 0):
+        return ""
+    publishers = " / ".join(num(rate) for rate in result["publisher_rates"])
+    consumers = ", ".join(f"{name} {num(rate)}" for name, rate in (result.get("consumer_rates") or {}).items())
+    return f"publishers {publishers}; consumers {consumers}"
+
+
 def overload_table(key: str, shoal: dict[str, Any] | None, rabbit: dict[str, Any] | None) -> str:
     """One overload scenario: a row per broker, then Shoal / RabbitMQ (deliver msg/s is the ratio
     that matters; the others are there to read it by). A `!` after a side: errors, listed below."""
@@ -269,6 +279,9 @@ def overload_table(key: str, shoal: dict[str, Any] | None, rabbit: dict[str, Any
             f"| {ratio(_get(shoal, 'broker_cores'), _get(rabbit, 'broker_cores'))} "
             f"| {ratio(_get(shoal, 'broker_rss_max_mb'), _get(rabbit, 'broker_rss_max_mb'))} | | | |"
         )
+    rates = [(name, clients_rates(result)) for result, name in pair]
+    if any(line for _name, line in rates):
+        lines += ["", "Each client, msg/s: " + "; ".join(f"{name} {line}" for name, line in rates if line)]
     spreads = [(name, shares(_get(result, "delivered_by_publisher"))) for result, name in pair]
     if any(spread for _name, spread in spreads):
         lines += ["", "Deliveries by publisher (its own queue), per cent: " + "; ".join(

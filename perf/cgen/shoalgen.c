@@ -9,6 +9,7 @@
  *   shoalgen publish --port P [--exchange X] [--routing-key K] [--body-size 128] [--id 0]
  *                    --count N --seconds S [--rate R] [--batch 256] [--grace 20]
  *   shoalgen consume --port P --queue Q[,Q2...] [--prefetch 10] [--global 0] [--ack-every 1]
+ *                    [--ack-rate R]
  *                    --seconds S [--publishers 1] [--capacity N] [--name c0] [--grace 20]
  *   shoalgen buckets V...        (prints the latency bucket of each value: for the tests)
  *
@@ -24,7 +25,8 @@
  *
  * A **consumer** is plain rabbitmq-c, as an application would write it: basic.qos(prefetch),
  * basic.consume (manual acks), amqp_consume_message in a loop, and basic.ack per delivery
- * (multiple=false), or multiple=true every `--ack-every` deliveries. It stops at `--seconds`.
+ * (multiple=false), or multiple=true every `--ack-every` deliveries; with `--ack-rate R` it
+ * takes 1/R s over each delivery before its ack (a slow application). It stops at `--seconds`.
  * Several queues (`--queue a,b,c`) are consumed on its one channel, a consumer each (tags
  * NAME.0, NAME.1, ...), as a celery worker does; `--global 1` makes the prefetch the channel's,
  * shared by those consumers (basic.qos global=true, what celery asks of RabbitMQ).
@@ -251,6 +253,7 @@ struct opts {
   int prefetch;
   int global;
   int ack_every;
+  double ack_rate;
   int publishers;
   long long capacity;
 };
@@ -293,6 +296,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     else if (!strcmp(k, "--prefetch")) o->prefetch = atoi(v);
     else if (!strcmp(k, "--global")) o->global = atoi(v) != 0;
     else if (!strcmp(k, "--ack-every")) o->ack_every = atoi(v);
+    else if (!strcmp(k, "--ack-rate")) o->ack_rate = atof(v);
     else if (!strcmp(k, "--publishers")) o->publishers = atoi(v);
     else if (!strcmp(k, "--capacity")) o->capacity = atoll(v);
     else {
@@ -774,6 +778,14 @@ static int run_consume(const struct opts *o) {
       }
       last_tag = env.delivery_tag;
       amqp_destroy_envelope(&env);
+      if (o->ack_rate > 0) { /* a slow application: each message takes 1/ack_rate s */
+        double due = started + (double)received / o->ack_rate, t = mono();
+        if (due > deadline) due = deadline;
+        if (due > t) {
+          struct timespec ts = {(time_t)(due - t), (long)(((due - t) - (double)(time_t)(due - t)) * 1e9)};
+          nanosleep(&ts, NULL);
+        }
+      }
       if (o->ack_every <= 1) {
         if (amqp_basic_ack(conn, 1, last_tag, 0) != AMQP_STATUS_OK) {
           set_error("basic.ack failed");

@@ -29,10 +29,10 @@ class Harness(DispatchHarness):
         return granted
 
     def publish(self, rk: str, worker: int = W0, conn: int = 1,  # type: ignore[override]
-                exchange: str = "") -> int:
+                exchange: str = "", headers: dict[str, object] | None = None) -> int:
         self._offset += 256
         self.send(worker, r.Publish(conn, 1, exchange, rk, False, False, self._offset, 16, 100,
-                                    None))
+                                    headers))
         return self._offset
 
     def consume(self, queue: str, cid: int, worker: int = W1,  # type: ignore[override]
@@ -116,6 +116,19 @@ def _behind(h: Harness, now: float | None = None) -> bool:
     return h.d.behind
 
 
+def test_a_consumer_served_and_still_notified_on_a_backlog_holds_its_publishers(
+        h: Harness) -> None:
+    """A pull answered in full on a backlog leaves its consumer Notified (it pulls again as its
+    acks come back): it still waits on the supervisor."""
+    _backlog_with_a_woken_consumer(h)
+    for _ in range(10):  # the backlog stays at FLOW_BACKLOG
+        h.publish("q")
+    h.send(W1, r.Pull(1, 10))
+    assert any(isinstance(e, r.Pulled) and e.more for e in h.events(W1))
+    assert _behind(h)
+    assert h.credit(W0) == {}
+
+
 def test_a_consumer_back_within_a_moment_counts_while_it_is_out_of_credit(h: Harness) -> None:
     """A consumer working through a backlog with its whole prefetch out is not interested for
     moments at a time. Once it came back within FLOW_HOLD, the supervisor counts it as waiting
@@ -150,6 +163,33 @@ def test_a_slow_consumer_out_of_credit_does_not_hold_publishers(h: Harness) -> N
         assert not _behind(h)
 
 
+def test_a_slow_consumer_acking_often_holds_back_its_own_queues_publisher_only(
+        h: Harness) -> None:
+    """A consumer acking every few milliseconds on a deep queue counts as waiting between its
+    acks (it comes back within FLOW_HOLD): its own queue's publisher waits, a publisher to
+    another queue, or to a queue without consumers, keeps its rate."""
+    h.declare("other")
+    h.declare("nobody")
+    h.consume("other", cid=2)
+    h.d.begin_batch(10.0)
+    _backlog_with_a_woken_consumer(h)
+    for ack in range(1, 5):
+        h.d.begin_batch(10.0 + ack * FLOW_HOLD / 4)
+        h.send(W1, r.Interest(1, True))  # an ack's credit: woken at once, a backlog waits
+        h.send(W1, r.Pull(1, 1))
+        h.events(W1)
+        h.send(W1, r.Interest(1, False))  # its prefetch is full again
+        for _ in range(CREDIT_CHUNK):
+            h.publish("q")
+            h.publish("other", conn=2)
+            h.publish("nobody", conn=3)
+        h.d.end_batch()
+        # Away for the first time: not known to come back soon.
+        first = {1: FLOW_BACKLOG + CREDIT_CHUNK} if ack == 1 else {}
+        assert h.credit(W0) == {**first, 2: CREDIT_CHUNK, 3: CREDIT_CHUNK}
+    assert h.d.credit_withheld() == {(W0, 1): 3}
+
+
 def test_a_backlog_whose_consumers_have_no_credit_does_not_hold_publishers(h: Harness) -> None:
     """Slow consumers (all prefetch used) are not the supervisor being behind: RabbitMQ lets
     such a queue grow, and so do we."""
@@ -159,6 +199,55 @@ def test_a_backlog_whose_consumers_have_no_credit_does_not_hold_publishers(h: Ha
         h.publish("q")
     h.d.end_batch()
     assert h.credit(W0) == {1: FLOW_BACKLOG * 2}
+
+
+def test_publishers_to_other_queues_keep_their_credit_while_one_queue_is_behind(
+        h: Harness) -> None:
+    """Credit is withheld only from the connections feeding the queue whose consumer waits:
+    a publisher to another queue, on the same worker or another, is not held back."""
+    h.declare("other")
+    _backlog_with_a_woken_consumer(h)
+    for _ in range(CREDIT_CHUNK):
+        h.publish("other", conn=2)
+        h.publish("other", worker=W1, conn=3)
+    h.d.end_batch()
+    assert h.d.behind
+    assert h.credit(W0) == {2: CREDIT_CHUNK}  # conn 1, feeding q, waits
+    assert h.credit(W1) == {3: CREDIT_CHUNK}
+    assert h.d.credit_withheld() == {(W0, 1): 1}
+
+
+def test_a_connection_that_fed_the_waited_on_queue_through_an_exchange_is_held(
+        h: Harness) -> None:
+    """What a connection's publishes reached is routed as its publishes were: through a
+    topic exchange to the queue, held; the same exchange to another queue, not held."""
+    h.declare("q")
+    h.declare("other")
+    h.send(W0, r.ExchangeDeclare(1, 1, "t", "topic", False, False, False, False, {}, False))
+    h.send(W0, r.QueueBind(1, 1, "q", "t", "to.q.#", {}, False))
+    h.send(W0, r.QueueBind(1, 1, "other", "t", "to.other", {}, False))
+    _backlog_with_a_woken_consumer(h)
+    h.d.tick(1.0)  # conn 1's backlog publishes are held from here on
+    for _ in range(CREDIT_CHUNK):
+        h.publish("to.q.x", conn=2, exchange="t")
+        h.publish("to.other", conn=3, exchange="t")
+        h.publish("nowhere", conn=4, exchange="t")
+    h.d.end_batch()
+    assert h.credit(W0) == {3: CREDIT_CHUNK, 4: CREDIT_CHUNK}
+
+
+def test_a_publish_routed_by_its_headers_counts_as_feeding_every_queue(h: Harness) -> None:
+    """CC / BCC and headers exchanges route by headers: such a publisher is held while any
+    queue is behind."""
+    h.declare("other")
+    _backlog_with_a_woken_consumer(h)
+    for _ in range(CREDIT_CHUNK):
+        h.publish("other", conn=2, headers={"CC": ["elsewhere"]})
+    h.d.end_batch()
+    assert h.credit(W0) == {}
+    h.send(W1, r.Pull(1, 10))  # served: everyone's credit comes back
+    h.d.end_batch()
+    assert h.credit(W0) == {1: FLOW_BACKLOG, 2: CREDIT_CHUNK}
 
 
 def test_a_short_queue_with_a_woken_consumer_does_not_hold_publishers(h: Harness) -> None:

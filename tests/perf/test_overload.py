@@ -395,3 +395,32 @@ def test_c_buckets_match_python_when_the_generator_builds() -> None:
     done = subprocess.run([str(outcome.binary), "buckets", *map(str, values)], capture_output=True, text=True,
                           timeout=30, check=True, env={**os.environ})  # fmt: skip
     assert [int(x) for x in done.stdout.split()] == [bucket_of(v) for v in values]
+
+
+def test_slow_consumer_shape_paces_its_publishers_and_leaves_a_queue_without_consumer() -> None:
+    """S10u: queue 0's consumer is slow, queue 1's acks each at once, queue 2 has none; the
+    publishers are paced, so each one's rate says whether it was held back."""
+    s10u = OVERLOAD_SCENARIOS["S10u"]
+    assert (s10u.publishers, s10u.queues, s10u.idle_queues, s10u.consumers) == (3, 3, 1, 2)
+    assert s10u.publisher_rate > 0 and s10u.slow_ack_rate > 0 and s10u.ack_every == 1
+    argv = consumer_argv(Path("/b/g"), 5672, queue="q", name="c0.0", prefetch=10, ack_every=1, seconds=10,
+                         publishers=3, capacity=9, ack_rate=50.0)  # fmt: skip
+    assert dict(zip(argv[2::2], argv[3::2], strict=True))["--ack-rate"] == "50"
+    assert "--ack-rate" not in consumer_argv(Path("/b/g"), 5672, queue="q", name="c", prefetch=10, ack_every=1,
+                                             seconds=10, publishers=1, capacity=9)  # fmt: skip
+
+
+def test_summarise_gives_each_publishers_and_consumers_rate_for_paced_publishers() -> None:
+    results = [
+        {**consumer(500), "name": "c0.0"}, {**consumer(29_000), "name": "c1.0"},
+        *({"role": "publisher", "id": p, "published": n, "wall_s": 10.0, "cpu_s": 0.1}
+          for p, n in enumerate([30_000, 29_500, 2_000])),
+    ]  # fmt: skip
+    out = summarise(results, OVERLOAD_SCENARIOS["S10u"], {"cpu_s": 1.0, "cores_used": 0.1}, 10.0, backlog_end=0)
+    assert out["publisher_rates"] == [3_000.0, 2_950.0, 200.0]
+    assert out["consumer_rates"] == {"c0.0": 50.0, "c1.0": 2_900.0}
+    shoal = unbounded("shoal(w=2)", 1.0, 2.0, rate=3000.0, publisher_rates=out["publisher_rates"],
+                      consumer_rates=out["consumer_rates"])
+    table = report_table.overload_table("S10u", shoal, None)
+    assert "Each client, msg/s: shoal(w=2) publishers 3,000 / 2,950 / 200; consumers c0.0 50, c1.0 2,900" in table
+    assert "Each client" not in report_table.overload_table("S1u", unbounded("shoal(w=2)", 1.0, 2.0), None)
