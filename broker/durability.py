@@ -321,6 +321,7 @@ class Durability:
             self.definitions.close()
         self.data.close()
 
+
 def _sync_dir(path: Any) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
