@@ -36,7 +36,7 @@ import enum
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from broker.exchange import header_routes
+from broker.headers import header_routes
 from broker.message import BLIND_HEADER, FullMessage, Message
 
 

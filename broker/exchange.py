@@ -16,7 +16,7 @@ and, for exchange-to-exchange bindings, :class:`ExchangeDestination`; following 
   (``rabbit_exchange_type_headers:headers_match``).
 
 Sender-selected distribution (RabbitMQ's ``CC`` / ``BCC`` headers): a message may carry extra
-routing keys; :func:`header_routes` reads them as ``rabbit_basic:header_routes`` does and
+routing keys; :func:`broker.messages.headers.header_routes` reads them and
 :meth:`Exchange.route_keys` routes with all of them at once (direct and topic take the union,
 fanout and headers ignore routing keys anyway).
 
@@ -50,9 +50,6 @@ from broker.field_tables import (
 EXCHANGE_ARG_KEYS = ("alternate-exchange",)
 
 _TOPIC_CACHE_MAX = 4096
-
-# rabbit_basic ?ROUTING_HEADERS: headers whose values are extra routing keys, in this order.
-ROUTING_HEADERS = ("CC", "BCC")
 
 BindingKey = tuple[Hashable, str, Hashable]
 
@@ -362,40 +359,6 @@ def check_exchange_type(type_name: str) -> str:
     if type_name not in _ROUTERS:
         raise CommandInvalid(f"invalid exchange type '{type_name}'")
     return type_name
-
-
-def has_routing_headers(headers: Mapping[str, Any]) -> bool:
-    """Whether a message's headers ask for sender-selected distribution (``CC`` or ``BCC``)."""
-    return "CC" in headers or "BCC" in headers
-
-
-def _route_text(value: str | bytes) -> str:
-    return value if isinstance(value, str) else value.decode(errors="replace")
-
-
-def header_routes(headers: Mapping[str, Any] | None, names: tuple[str, ...] = ROUTING_HEADERS) -> list[str]:
-    """The extra routing keys in ``headers``: the ``CC`` keys, then the ``BCC`` keys.
-
-    RabbitMQ ``rabbit_basic:header_routes``: each header's value must be an array; only its
-    longstr elements are keys (others are skipped). A header of another type makes
-    ``basic.publish`` fail with 406 PRECONDITION_FAILED
-    ``invalid message: {unacceptable_type_in_header,"CC",longstr}`` (rabbit_channel).
-    """
-    if not headers:
-        return []
-    routes: list[str] = []
-    for name in names:
-        if name not in headers:
-            continue
-        value = headers[name]
-        if not isinstance(value, (list, tuple)):
-            raise PreconditionFailed(
-                f'invalid message: {{unacceptable_type_in_header,"{name}",{amqp_type_name(value)}}}'
-            )
-        # bytes: a longstr that is not UTF-8 -- or a byte array ('x'), which RabbitMQ skips but
-        # a Publish record cannot tell apart (msgpack decodes both as bytes).
-        routes += [_route_text(v) for v in value if isinstance(v, (str, bytes))]
-    return routes
 
 
 # ----------------------------------------------------------------------------- exchange

@@ -24,9 +24,8 @@ from broker.errors import PreconditionFailed
 from broker.exchange import (
     Exchange,
     ExchangeDestination,
-    has_routing_headers,
-    header_routes,
 )
+from broker.headers import has_routing_headers, header_routes
 from broker.message import (
     BLIND_HEADER,
     BlindCopied,

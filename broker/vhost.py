@@ -38,10 +38,10 @@ from broker.exchange import (
     Exchange,
     ExchangeDestination,
     check_exchange_type,
-    has_routing_headers,
 )
 from broker.exclusive_queues import ExclusiveQueues
 from broker.field_tables import args_inequivalence, field_inequivalence
+from broker.headers import has_routing_headers
 from broker.message import Message, drop_reference
 from broker.message_journal import MessageJournal
 from broker.queue import Queue

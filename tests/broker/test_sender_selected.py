@@ -15,7 +15,8 @@ import pytest
 from broker.deadletter import DeadLetter
 from broker.dispatch import Dispatcher
 from broker.errors import NotFound, PreconditionFailed
-from broker.exchange import Exchange, header_routes
+from broker.exchange import Exchange
+from broker.headers import header_routes
 from broker.message import BlindCopied, FullMessage, Message, delivered_headers
 from broker.queue import Queue
 from broker.vhost import VirtualHost
