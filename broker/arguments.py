@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from broker.errors import PreconditionFailed
-from broker.field_tables import amqp_type_name
+from broker.messages.field_tables import amqp_type_name
 
 # rabbit_misc:check_expiry (3.10.8): at most ten years, in milliseconds.
 MAX_EXPIRY_MS = 315_360_000_000

@@ -32,20 +32,20 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.alarms import Alarms
-from broker.body_ref import (
-    ARENA_BODY_CODEC,
-    arena_block,
-    body_log_at,
-    pack_body_ref,
-    unpack_body_ref,
-)
 from broker.constants import REPLY_TO
 from broker.consumer_manager import QueueConsumer
 from broker.credit_flow import ANYWHERE, CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
 from broker.dispatch_trace import DispatchTrace
 from broker.errors import AMQPError, InternalError
 from broker.listing import Listing, Listings
-from broker.message import (
+from broker.messages.body_ref import (
+    ARENA_BODY_CODEC,
+    arena_block,
+    body_log_at,
+    pack_body_ref,
+    unpack_body_ref,
+)
+from broker.messages.message import (
     FullMessage,
     Message,
     PageableMessage,
@@ -53,7 +53,7 @@ from broker.message import (
     delivered_headers,
     drop_reference,
 )
-from broker.message_journal import ConfirmGate
+from broker.messages.message_journal import ConfirmGate
 from broker.open_channels import (
     Channel,
     ChannelKey,

@@ -11,7 +11,7 @@ the supervisor calls it at four moments:
   committed (fsync), so no reply precedes what it reports;
 * :meth:`sync_index` (a task): group commit of the index. Each sync first writes every index
   record made since the previous one began (one write; the records of a message that went in
-  the meantime cancel out and are not written, ``broker.message_journal``), then fsyncs off the
+  the meantime cancel out and are not written, ``broker.messages.message_journal``), then fsyncs off the
   event loop; after it, the publisher confirms held for it go out.
 
 Layout and what each file holds: ``broker.data_dir``, ``broker.definition_store``,
@@ -35,7 +35,6 @@ from broker.definition_store import DefinitionStore, Opened, open_definitions, r
 from broker.definitions import TopologyJournal
 from broker.dispatch import Dispatcher
 from broker.index_moves import move_oldest
-from broker.message_journal import MessageJournal
 from broker.message_store import (
     INDEX_DIR,
     ArenasFull,
@@ -49,6 +48,7 @@ from broker.message_store import (
     set_aside,
 )
 from broker.message_store import restore as restore_messages
+from broker.messages.message_journal import MessageJournal
 from broker.passwords import NOBODY, users_at_start
 from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause, write_all
 from ipc.logfile import segments as body_segments

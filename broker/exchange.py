@@ -21,7 +21,7 @@ routing keys; :func:`broker.messages.headers.header_routes` reads them and
 fanout and headers ignore routing keys anyway).
 
 Field values -- how they freeze, compare and print, and the redeclare checks built on that
-(RabbitMQ ``assert_equivalence``) -- are :mod:`broker.field_tables`'s, shared with queues.
+(RabbitMQ ``assert_equivalence``) -- are :mod:`broker.messages.field_tables`'s, shared with queues.
 
 Called from: the supervisor process, through :class:`broker.vhost.VirtualHost`.
 """
@@ -33,7 +33,7 @@ from itertools import islice
 from typing import Any, NamedTuple, Protocol
 
 from broker.errors import CommandInvalid, PreconditionFailed
-from broker.field_tables import (
+from broker.messages.field_tables import (
     Arguments,
     Inequivalence,
     amqp_type_name,

@@ -54,16 +54,16 @@ from broker.arguments import REJECT_PUBLISH_DLX, QueueSettings
 from broker.arrival_order import ArrivalOrder
 from broker.browsing import browsers_before
 from broker.consumer_manager import INTERESTED, NOT_INTERESTED, QueueConsumer
-from broker.deadletter import DeadLetterReason
 from broker.delivery_limit import DeliveryCounts
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
 from broker.errors import InternalError
 from broker.fifo_entries import FifoEntries
 from broker.held_messages import HeldMessages, due_time
 from broker.length_limit import length_limit, pop_head
-from broker.message import Message
 from broker.message_expiry import MessageExpiry
 from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
+from broker.messages.deadletter import DeadLetterReason
+from broker.messages.message import Message
 from broker.queue import Queue, QueueEntry
 from broker.queue_host import DEAD_LETTER_COST
 from broker.zero_ttl import ZeroTtlRound, can_take_at_once

@@ -18,13 +18,13 @@ first available entry -- so the plain queue keeps one head for all of them:
 What a log slot holds (S8, and Durability's ten million queued messages). An entry that only
 waits needs no object of its own, so a slot holds the least that says what it is:
 
-* the :class:`~broker.message.Message` itself, from enqueue on. The
+* the :class:`~broker.messages.message.Message` itself, from enqueue on. The
   :class:`~broker.queue.QueueEntry` -- id, position, state -- is made when the entry is
   handed out (:meth:`FifoEntries.take`, browsing) or needs a state while it waits (browsed,
   restored redelivered); then the slot holds the entry;
 * only the message's body handle, for a message that nothing but this queue holds and whose
-  every other field the queue can tell: a :class:`~broker.message.PlainMessage`
-  (or a :class:`~broker.message.PageableMessage` whose body is paged out already: nothing
+  every other field the queue can tell: a :class:`~broker.messages.message.PlainMessage`
+  (or a :class:`~broker.messages.message.PageableMessage` whose body is paged out already: nothing
   changes its handle any more) with one reference and the queue's usual exchange and routing
   key (``exchange``, ``routing_key``: the first such message's). :meth:`FifoEntries._sweep`
   turns the slots of a long log into handles, ``_SWEEP_LAG`` slots behind its tail (the
@@ -59,7 +59,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from broker.browsing import first_acquired_after
 from broker.consumer_manager import QueueConsumer
 from broker.entry_state import PACKED, Packed, new_entry_id
-from broker.message import Message, PageableMessage, PlainMessage
+from broker.messages.message import Message, PageableMessage, PlainMessage
 from broker.queue_host import BodyCodec, QueueHost
 
 # Drop the consumed prefix of the log once it is this long and at least half of the list.

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from broker.entry_state import DELETED, PACKED
-from broker.message import Message, PlainMessage, drop_reference
+from broker.messages.message import Message, PlainMessage, drop_reference
 
 # A plain queue's arrays beside its log, and the runtime's function making a handle of two of
 # their words (broker.fifo_entries, broker.queue_host.BodyCodec.handle).

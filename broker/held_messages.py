@@ -13,7 +13,7 @@ import heapq
 from typing import Any
 
 from broker.arguments import NOT_VALID_BEFORE
-from broker.message import Message
+from broker.messages.message import Message
 from broker.queue import QueueEntry
 from broker.queue_host import QueueHost
 

@@ -17,8 +17,8 @@ Called from: the supervisor process (``broker.durability``).
 
 from __future__ import annotations
 
-from broker.message import Message
-from broker.message_journal import MessageJournal
+from broker.messages.message import Message
+from broker.messages.message_journal import MessageJournal
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 

@@ -14,8 +14,8 @@ import heapq
 
 from broker.arguments import DROP_HEAD, QueueSettings
 from broker.held_messages import HeldMessages
-from broker.message import Message
 from broker.message_groups import HeapItem, Ungrouped
+from broker.messages.message import Message
 from broker.queue import QueueEntry
 
 

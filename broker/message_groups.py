@@ -21,8 +21,8 @@ from collections.abc import Hashable, Iterable
 
 from broker.arguments import QueueSettings
 from broker.consumer_manager import QueueConsumer
-from broker.field_tables import freeze
-from broker.message import Message
+from broker.messages.field_tables import freeze
+from broker.messages.message import Message
 from broker.queue import QueueEntry
 
 HeapItem = tuple[int, QueueEntry]

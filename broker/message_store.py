@@ -1,6 +1,6 @@
 """The supervisor's queue index on disk, and bringing persistent messages back at start.
 
-``DIR/index/<n>.idx`` holds the records of :mod:`broker.message_journal` in ``ipc.logfile``
+``DIR/index/<n>.idx`` holds the records of :mod:`broker.messages.message_journal` in ``ipc.logfile``
 frames (msgpack payloads). The supervisor appends each batch's records in one write before the
 batch's replies go out, and syncs off the event loop (:meth:`IndexLog.sync_plan`,
 ``ipc.logfile.sync_files`` in a thread, :meth:`IndexLog.synced_to`); a held publisher confirm
@@ -33,9 +33,9 @@ from typing import Any
 
 import msgspec
 
-from broker.body_ref import pack_body_ref, paged_body_ref
-from broker.message import BlindCopied, FullMessage, Message
-from broker.message_journal import MessageJournal
+from broker.messages.body_ref import pack_body_ref, paged_body_ref
+from broker.messages.message import BlindCopied, FullMessage, Message
+from broker.messages.message_journal import MessageJournal
 from ipc.logfile import (
     INDEX_MAGIC,
     INDEX_MAGIC_V1,

@@ -21,9 +21,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from broker.body_ref import arena_block, body_log_at, unpack_body_ref, unpack_paged_ref
 from broker.consumer_manager import QueueConsumer
-from broker.message import Message, delivered_headers
+from broker.messages.body_ref import arena_block, body_log_at, unpack_body_ref, unpack_paged_ref
+from broker.messages.message import Message, delivered_headers
 from broker.queue import Queue, QueueEntry
 from ipc import records as r
 

@@ -6,14 +6,14 @@ watermark itself; its classic queues v2 keep only a window of each queue in memo
 the same per worker arena, with the data directory's body logs as the place bodies go:
 
 - a **persistent** message (delivery_mode 2) has its header and body in its worker's body log
-  before it is queued (``Message.stored``, ``broker.message_journal``): paging it out writes
+  before it is queued (``Message.stored``, ``broker.messages.message_journal``): paging it out writes
   nothing; its arena block is freed at once;
 - a **transient** one is written there first: the supervisor pins it (one reference, so its
   block stays put), asks the worker that holds it to append it to its body log (``PageOut``),
   and frees the block when the worker says where it went (``PagedOut``). It is never synced and
   never in the index: a restart forgets it, as it must.
 
-A paged message's handle says where its body is (``broker.body_ref.paged_body_ref``); a
+A paged message's handle says where its body is (``broker.messages.body_ref.paged_body_ref``); a
 delivery names that place (``Delivery.stored``) and the consumer's worker reads the body back
 (``workers.arenas.Arenas``). The body log keeps a segment while a message paged into it lives
 (``MessageJournal.segment_used`` / ``segment_released``).
@@ -29,8 +29,8 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
-from broker.body_ref import paged_body_ref, unpack_body_ref
-from broker.message import Message
+from broker.messages.body_ref import paged_body_ref, unpack_body_ref
+from broker.messages.message import Message
 
 log = logging.getLogger("shoal.paging")
 

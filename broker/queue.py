@@ -40,12 +40,12 @@ from broker.consumer_manager import (
     QueueConsumerManager,
 )
 from broker.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
-from broker.deadletter import DeadLetterReason
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
 from broker.errors import AccessRefused, InternalError, NotFound
 from broker.fifo_entries import FifoEntries
-from broker.message import Message, drop_reference
-from broker.message_journal import MessageJournal
+from broker.messages.deadletter import DeadLetterReason
+from broker.messages.message import Message, drop_reference
+from broker.messages.message_journal import MessageJournal
 from broker.queue_host import DEAD_LETTER_COST as DEAD_LETTER_COST  # re-exported: it was defined here
 from broker.queue_host import QueueHost, StandaloneHost
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
-from broker.deadletter import DeadLetterReason
 from broker.graveyard import Graveyard, Words
-from broker.message import Message
+from broker.messages.deadletter import DeadLetterReason
+from broker.messages.message import Message
 
 # Work per step (a batch of requests, a timer tick; see broker.step_host), each about 2 ms on the
 # project's shared 2-core machine (perf/bench_supervisor_slices.py): entries of purged and
@@ -35,7 +35,7 @@ _Queue_contra = TypeVar("_Queue_contra", contravariant=True)
 
 
 class BodyCodec(Protocol):
-    """The runtime's body handles as a plain queue may read them (broker.body_ref): a handle's
+    """The runtime's body handles as a plain queue may read them (broker.messages.body_ref): a handle's
     body size, and the handle as two unsigned 64-bit words (None: it does not fit) and back."""
 
     def size(self, ref: Any) -> int: ...

@@ -23,7 +23,7 @@ from typing import Any
 
 from broker.arguments import PLAIN, QueueSettings, parse_queue_arguments
 from broker.featured_queue import FeaturedQueue
-from broker.message import Message
+from broker.messages.message import Message
 from broker.queue import Queue
 from broker.queue_host import QueueHost
 

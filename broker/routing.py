@@ -8,7 +8,7 @@ its routing key and every CC and BCC key at each step, still reaching each queue
 
 The virtual host keeps its own two fast paths (the default exchange, and an exchange bound only
 to plain queues) and comes here for everything else: publishes that need checks, and dead-letter
-copies (:class:`DeadLetterRouter`; what a copy carries is :mod:`broker.deadletter`'s).
+copies (:class:`DeadLetterRouter`; what a copy carries is :mod:`broker.messages.deadletter`'s).
 Called from: the supervisor process (``broker.vhost``; dead letters ``broker.step_host``).
 """
 
@@ -19,14 +19,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from broker.consumer_manager import QueueConsumer
-from broker.deadletter import DeadLetter, DeadLetterReason, dead_letter_copy, is_cycle
 from broker.errors import PreconditionFailed
 from broker.exchange import (
     Exchange,
     ExchangeDestination,
 )
-from broker.headers import has_routing_headers, header_routes
-from broker.message import (
+from broker.messages.deadletter import DeadLetter, DeadLetterReason, dead_letter_copy, is_cycle
+from broker.messages.headers import has_routing_headers, header_routes
+from broker.messages.message import (
     BLIND_HEADER,
     BlindCopied,
     FullMessage,

@@ -36,9 +36,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from broker.consumer_manager import QueueConsumer
-from broker.deadletter import DeadLetterReason
 from broker.graveyard import Graveyard, Words
-from broker.message import Message
+from broker.messages.deadletter import DeadLetterReason
+from broker.messages.message import Message
 from broker.queue import Queue
 from broker.queue_host import DEAD_LETTER_SLICE, EXPIRE_SLICE, REAP_SLICE, BodyCodec
 from broker.routing import DeadLetterRouter

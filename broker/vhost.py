@@ -40,10 +40,10 @@ from broker.exchange import (
     check_exchange_type,
 )
 from broker.exclusive_queues import ExclusiveQueues
-from broker.field_tables import args_inequivalence, field_inequivalence
-from broker.headers import has_routing_headers
-from broker.message import Message, drop_reference
-from broker.message_journal import MessageJournal
+from broker.messages.field_tables import args_inequivalence, field_inequivalence
+from broker.messages.headers import has_routing_headers
+from broker.messages.message import Message, drop_reference
+from broker.messages.message_journal import MessageJournal
 from broker.queue import Queue
 from broker.queue_kinds import make_queue, upgrade
 from broker.routing import DeadLetterRouter, Router

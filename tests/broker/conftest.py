@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.message import Message
+from broker.messages.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.bounded_steps import K

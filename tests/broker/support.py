@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 from broker.consumer_manager import QueueConsumer
-from broker.message import FullMessage, Message
+from broker.messages.message import FullMessage, Message
 from broker.queue import Queue
 
 # Unix time at monotonic 0 in these tests: x-death times and not-valid-before headers use it.

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.message import Message
+from broker.messages.message import Message
 from broker.queue import QueueEntry
 from broker.vhost import VirtualHost
 from tests.broker.support import EPOCH, ME, message

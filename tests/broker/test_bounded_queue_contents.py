@@ -19,7 +19,7 @@ import itertools
 import pytest
 
 from broker.dispatch import Dispatcher
-from broker.message import Message
+from broker.messages.message import Message
 from broker.queue import DEAD_LETTER_COST, Queue
 from broker.vhost import VirtualHost
 from ipc import records as r

@@ -15,7 +15,7 @@ import pytest
 from broker.consumer_manager import QueueConsumer
 from broker.dispatch import Dispatcher
 from broker.errors import ResourceLocked
-from broker.message import Message
+from broker.messages.message import Message
 from broker.vhost import VirtualHost
 from ipc import records as r
 from tests.broker.bounded_steps import OTHER, K, N, _exactly_once, _publish, _reap_all

@@ -4,16 +4,16 @@ everything a consumer, a browser, a purge or an arena sweep sees is what it was.
 
 from __future__ import annotations
 
-from broker.body_ref import (
+from broker.entry_state import ACQUIRED, PACKED
+from broker.fifo_entries import _SWEEP_EVERY, _SWEEP_LAG
+from broker.messages.body_ref import (
     ARENA_BODY_CODEC,
     handle_words,
     pack_body_ref,
     paged_body_ref,
     words_handle,
 )
-from broker.entry_state import ACQUIRED, PACKED
-from broker.fifo_entries import _SWEEP_EVERY, _SWEEP_LAG
-from broker.message import FullMessage, Message, PageableMessage, PlainMessage
+from broker.messages.message import FullMessage, Message, PageableMessage, PlainMessage
 from broker.queue import Queue, QueueEntry
 from broker.queue_host import StandaloneHost
 from tests.broker.support import attach, consumer

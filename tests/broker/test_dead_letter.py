@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime
 
-from broker.deadletter import DeadLetter, dead_letter_copy, is_cycle
-from broker.message import Message, drop_reference
+from broker.messages.deadletter import DeadLetter, dead_letter_copy, is_cycle
+from broker.messages.message import Message, drop_reference
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.support import EPOCH, ME, attach, consumer, message

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.body_ref import pack_body_ref, unpack_body_ref
-from broker.message import FullMessage, PlainMessage
+from broker.messages.body_ref import pack_body_ref, unpack_body_ref
+from broker.messages.message import FullMessage, PlainMessage
 from ipc import records as r
 from tests.broker.dispatch_harness import W0, W1, Harness
 

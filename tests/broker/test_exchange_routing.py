@@ -6,7 +6,7 @@ import pytest
 
 from broker.errors import AccessRefused, NotFound, PreconditionFailed
 from broker.exchange import ExchangeDestination
-from broker.message import Message
+from broker.messages.message import Message
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message
 

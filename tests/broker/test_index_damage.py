@@ -8,8 +8,8 @@ from pathlib import Path
 
 import msgspec
 
-from broker.message_journal import MessageJournal
 from broker.message_store import IndexLog, load_index, restore, set_aside
+from broker.messages.message_journal import MessageJournal
 from broker.vhost import VirtualHost
 from ipc import logfile
 from ipc.arena import Arena

@@ -9,7 +9,7 @@ from pathlib import Path
 from broker.dispatch import Dispatcher
 from broker.durability import Durability
 from broker.index_moves import KEEP_FILES
-from broker.message_journal import MessageJournal
+from broker.messages.message_journal import MessageJournal
 from ipc import records as r
 from ipc.logfile import BodyLog, sync_files
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.featured_queue import FeaturedQueue
-from broker.message import Message
+from broker.messages.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message

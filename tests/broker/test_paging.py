@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.body_ref import body_log_at, pack_body_ref, paged_body_ref, unpack_paged_ref
-from broker.message import FullMessage
-from broker.message_journal import MessageJournal
 from broker.message_store import IndexLog, load_index, restore
+from broker.messages.body_ref import body_log_at, pack_body_ref, paged_body_ref, unpack_paged_ref
+from broker.messages.message import FullMessage
+from broker.messages.message_journal import MessageJournal
 from broker.paging import Pager
 from broker.vhost import VirtualHost
 from ipc import records as r

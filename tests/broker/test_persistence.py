@@ -1,6 +1,6 @@
 """Persistent messages, the supervisor's half: index records per durable queue, confirms held for
 the index sync, body segments freed, the index file read back and messages restored
-(broker.message_journal, broker.message_store)."""
+(broker.messages.message_journal, broker.message_store)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.body_ref import unpack_body_ref
 from broker.dispatch import Dispatcher
-from broker.message import Message
-from broker.message_journal import ConfirmGate, MessageJournal
 from broker.message_store import ArenasFull, IndexLog, load_index, restore
+from broker.messages.body_ref import unpack_body_ref
+from broker.messages.message import Message
+from broker.messages.message_journal import ConfirmGate, MessageJournal
 from broker.vhost import VirtualHost
 from ipc import logfile
 from ipc import records as r

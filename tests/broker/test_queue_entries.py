@@ -6,7 +6,7 @@ import pytest
 
 from broker.consumer_manager import INTERESTED, NON_ACQUIRING
 from broker.entry_state import ACQUIRED, AVAILABLE, DELETED
-from broker.message import Message
+from broker.messages.message import Message
 from broker.queue import Queue
 from tests.broker.support import attach, consumer, fill, keys, message
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.message import Message
+from broker.messages.message import Message
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from broker.deadletter import DeadLetter
 from broker.dispatch import Dispatcher
 from broker.errors import NotFound, PreconditionFailed
 from broker.exchange import Exchange
-from broker.headers import header_routes
-from broker.message import BlindCopied, FullMessage, Message, delivered_headers
+from broker.messages.deadletter import DeadLetter
+from broker.messages.headers import header_routes
+from broker.messages.message import BlindCopied, FullMessage, Message, delivered_headers
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 from ipc import records as r

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from broker.entry_state import ACQUIRED
 from broker.featured_queue import FeaturedQueue
-from broker.message import Message
+from broker.messages.message import Message
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message
 

@@ -14,7 +14,7 @@ from broker.errors import (
     PreconditionFailed,
     ResourceLocked,
 )
-from broker.message import Message
+from broker.messages.message import Message
 from broker.vhost import VirtualHost
 from tests.broker.support import attach, consumer, message
 

@@ -16,7 +16,7 @@ import pytest
 from broker.consumer_manager import INTERESTED, NOTIFIED, REMOVED
 from broker.entry_state import ACQUIRED
 from broker.featured_queue import FeaturedQueue
-from broker.message import Message
+from broker.messages.message import Message
 from broker.queue import Queue
 from broker.vhost import VirtualHost
 from broker.zero_ttl import ZERO_TTL_GRACE

@@ -19,7 +19,7 @@ A copy routed back to a queue it already died in is dropped for that queue when 
 between was a rejection (``detect_cycles``): fully automatic cycles terminate.
 
 The domain does not own body bytes: the copy is a :class:`DeadLetter` sharing its origin's
-``body_ref`` and holding one reference on it (see :mod:`broker.message`).
+``body_ref`` and holding one reference on it (see :mod:`broker.messages.message`).
 
 BCC (sender-selected distribution): RabbitMQ strips it from the content at publish but keeps its
 keys in the message's routing keys, which a copy without ``x-dead-letter-routing-key`` is routed
@@ -36,8 +36,8 @@ import enum
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-from broker.headers import header_routes
-from broker.message import BLIND_HEADER, FullMessage, Message
+from broker.messages.headers import header_routes
+from broker.messages.message import BLIND_HEADER, FullMessage, Message
 
 
 class DeadLetterReason(enum.StrEnum):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from broker.errors import PreconditionFailed
-from broker.field_tables import amqp_type_name
+from broker.messages.field_tables import amqp_type_name
 
 # rabbit_basic ?ROUTING_HEADERS: headers whose values are extra routing keys, in this order.
 ROUTING_HEADERS = ("CC", "BCC")

@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from broker.message import Message
+    from broker.messages.message import Message
 
 # (store id, worker, segment, offset, length, index file): a stored message's identity, where
 # its body is, and the index file its E records went to.

@@ -7,7 +7,7 @@ runtime can free the block.
 
 Dead-lettering (RabbitMQ ``rabbit_dead_letter:make_msg``) republishes a message with new headers
 (``x-death``) and a new exchange and routing key. The domain cannot re-encode a content header,
-so the copy is a :class:`broker.deadletter.DeadLetter` that shares the body: it holds one
+so the copy is a :class:`broker.messages.deadletter.DeadLetter` that shares the body: it holds one
 reference on its ``origin`` (the message that owns ``body_ref``) for as long as anything holds
 the copy. ``on_drop`` is only ever called for an origin, exactly once per body. Every reference
 drop therefore goes through :func:`drop_reference`.
@@ -46,10 +46,10 @@ class Message:
     priority: int | None = None
     trace: tuple[int, int, int, int] | None = None  # (worker, pid, seq, ns) when tracing
     # A persistent message with --data-dir: (store id, worker, segment, offset, length, index
-    # file), its identity in the index log and where it is on disk (broker.message_journal).
+    # file), its identity in the index log and where it is on disk (broker.messages.message_journal).
     stored: tuple[int, int, int, int, int, int] | None = None
 
-    # A dead-letter copy overrides both (broker.deadletter.DeadLetter): the copy shares its
+    # A dead-letter copy overrides both (broker.messages.deadletter.DeadLetter): the copy shares its
     # origin's body, and its content header must be re-encoded from ``headers`` on delivery.
     origin: Message | None = None
     reheadered: ClassVar[bool] = False
