@@ -14,8 +14,8 @@ import bisect
 import operator
 from collections.abc import Iterable
 
-from broker.entry_state import ACQUIRED, AVAILABLE, DELETED
-from broker.queue import QueueEntry
+from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED
+from broker.queues.queue import QueueEntry
 
 # What a browser sees: the queue's contents, acquired-but-unsettled entries included.
 _BROWSABLE = frozenset((AVAILABLE, ACQUIRED))

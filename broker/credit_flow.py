@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
-from broker.consumer_manager import NOTIFIED, QueueConsumer
+from broker.queues.consumer_manager import NOTIFIED, QueueConsumer
 from ipc import records as r
 
 # The supervisor is behind on a queue while a consumer it woke waits there on this many.

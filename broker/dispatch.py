@@ -33,7 +33,6 @@ from typing import Any
 
 from broker.alarms import Alarms
 from broker.constants import REPLY_TO
-from broker.consumer_manager import QueueConsumer
 from broker.credit_flow import ANYWHERE, CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
 from broker.dispatch_trace import DispatchTrace
 from broker.errors import AMQPError, InternalError
@@ -65,7 +64,8 @@ from broker.open_channels import (
     Subscription,
 )
 from broker.paging import Pager
-from broker.queue import Queue, QueueEntry
+from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.queue import Queue, QueueEntry
 from broker.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
 from ipc import records as r
 

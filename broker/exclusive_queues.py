@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable
 
 from broker.errors import ResourceLocked
-from broker.queue import Queue
+from broker.queues.queue import Queue
 
 
 class ExclusiveQueues:

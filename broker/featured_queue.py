@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A plain :class:`broker.queue.Queue` serves every acquiring consumer from one FIFO head. The
+A plain :class:`broker.queues.queue.Queue` serves every acquiring consumer from one FIFO head. The
 arguments handled here break that, so this storage trades the plain log for heaps (``heapq``,
 O(log n) per message) and is chosen at declare time only for queues that need it:
 
@@ -39,9 +39,9 @@ at once, and in between other requests are served. A pull that meets an expired 
 budget left answers what it has with ``more`` (its consumer pulls again next step); a basic.get
 answers get-empty. Expired messages are still removed from the head in order, so dead letters
 keep their order. ``purge`` and ``delete`` hand the heaps to the host's graveyard (see
-:class:`broker.graveyard.Graveyard`) and are O(acquired entries).
+:class:`broker.queues.graveyard.Graveyard`) and are O(acquired entries).
 
-Called from: the supervisor process, as a :class:`broker.queue.Queue`.
+Called from: the supervisor process, as a :class:`broker.queues.queue.Queue`.
 """
 
 from __future__ import annotations
@@ -50,22 +50,22 @@ import heapq
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from broker.arguments import REJECT_PUBLISH_DLX, QueueSettings
 from broker.arrival_order import ArrivalOrder
-from broker.browsing import browsers_before
-from broker.consumer_manager import INTERESTED, NOT_INTERESTED, QueueConsumer
 from broker.delivery_limit import DeliveryCounts
-from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
 from broker.errors import InternalError
-from broker.fifo_entries import FifoEntries
 from broker.held_messages import HeldMessages, due_time
 from broker.length_limit import length_limit, pop_head
 from broker.message_expiry import MessageExpiry
 from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
 from broker.messages.deadletter import DeadLetterReason
 from broker.messages.message import Message
-from broker.queue import Queue, QueueEntry
-from broker.queue_host import DEAD_LETTER_COST
+from broker.queues.arguments import REJECT_PUBLISH_DLX, QueueSettings
+from broker.queues.browsing import browsers_before
+from broker.queues.consumer_manager import INTERESTED, NOT_INTERESTED, QueueConsumer
+from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
+from broker.queues.fifo_entries import FifoEntries
+from broker.queues.queue import Queue, QueueEntry
+from broker.queues.queue_host import DEAD_LETTER_COST
 from broker.zero_ttl import ZeroTtlRound, can_take_at_once
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48

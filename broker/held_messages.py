@@ -12,10 +12,10 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from broker.arguments import NOT_VALID_BEFORE
 from broker.messages.message import Message
-from broker.queue import QueueEntry
-from broker.queue_host import QueueHost
+from broker.queues.arguments import NOT_VALID_BEFORE
+from broker.queues.queue import QueueEntry
+from broker.queues.queue_host import QueueHost
 
 HeldItem = tuple[float, int, QueueEntry]  # (due, position, entry): due first, FIFO among equals
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from broker.messages.message import Message
 from broker.messages.message_journal import MessageJournal
-from broker.queue import Queue
+from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 
 KEEP_FILES = 4  # an index of at most this many files is left as it is

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import heapq
 
-from broker.arguments import DROP_HEAD, QueueSettings
 from broker.held_messages import HeldMessages
 from broker.message_groups import HeapItem, Ungrouped
 from broker.messages.message import Message
-from broker.queue import QueueEntry
+from broker.queues.arguments import DROP_HEAD, QueueSettings
+from broker.queues.queue import QueueEntry
 
 
 class LengthLimit:

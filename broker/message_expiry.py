@@ -6,7 +6,7 @@ can queue up behind longer ones, and in a priority queue low priorities behind h
 checked on publish, on delivery and on the timer, and are never delivered.
 
 Bounded steps (Overload): expiring a message spends the host's per-step ``expire_budget``, one
-unit, or ``DEAD_LETTER_COST`` when it is dead-lettered (:mod:`broker.queue_host`); with the
+unit, or ``DEAD_LETTER_COST`` when it is dead-lettered (:mod:`broker.queues.queue_host`); with the
 budget spent, the rest wait for the next step. The queue removes what expired
 (:meth:`FeaturedQueue._drop_available`); pending zero-TTL entries are exempt while their round
 of pulls lasts (:mod:`broker.zero_ttl`).
@@ -20,10 +20,10 @@ import heapq
 from collections.abc import Mapping
 from typing import Any
 
-from broker.arguments import parse_expiration
 from broker.message_groups import HeapItem
-from broker.queue import QueueEntry
-from broker.queue_host import QueueHost
+from broker.queues.arguments import parse_expiration
+from broker.queues.queue import QueueEntry
+from broker.queues.queue_host import QueueHost
 
 
 class MessageExpiry:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import heapq
 from collections.abc import Hashable, Iterable
 
-from broker.arguments import QueueSettings
-from broker.consumer_manager import QueueConsumer
 from broker.messages.field_tables import freeze
 from broker.messages.message import Message
-from broker.queue import QueueEntry
+from broker.queues.arguments import QueueSettings
+from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.queue import QueueEntry
 
 HeapItem = tuple[int, QueueEntry]
 

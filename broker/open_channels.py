@@ -21,10 +21,10 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from broker.consumer_manager import QueueConsumer
 from broker.messages.body_ref import arena_block, body_log_at, unpack_body_ref, unpack_paged_ref
 from broker.messages.message import Message, delivered_headers
-from broker.queue import Queue, QueueEntry
+from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.queue import Queue, QueueEntry
 from ipc import records as r
 
 ChannelKey = tuple[int, int, int]  # (worker, conn, ch)

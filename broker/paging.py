@@ -83,7 +83,7 @@ class Pager:
         once the arena holds half the low mark. What came before is at most that many
         bytes, nearest the queues' heads, and a broker whose consumers keep up pays one
         comparison a message. The dispatcher asks before it makes the message: a plain one
-        that will be registered is a ``PageableMessage`` (``broker.fifo_entries``)."""
+        that will be registered is a ``PageableMessage`` (``broker.queues.fifo_entries``)."""
         return bool(self.high) and self.region_bytes[region] + size >= self.low >> 1
 
     def add(self, region: int, message: Message) -> None:

@@ -1,12 +1,12 @@
 """Which queue class a declare gets: storage and consumer handling chosen once, from arguments.
 
-A queue with no arguments is a plain :class:`broker.queue.Queue` -- the hot path, untouched by
+A queue with no arguments is a plain :class:`broker.queues.queue.Queue` -- the hot path, untouched by
 any feature. Arguments select, at declare time:
 
 * storage: :class:`broker.featured_queue.FeaturedQueue` for TTLs, length limits, priorities,
   held messages, message groups and delivery limits;
 * consumer modes, objects the queue holds whatever its storage
-  (:mod:`broker.consumer_modes`): ``x-single-active-consumer`` and ``x-expires``.
+  (:mod:`broker.queues.consumer_modes`): ``x-single-active-consumer`` and ``x-expires``.
 
 A per-message ``expiration`` needs featured storage too, but may reach any queue: the first one
 to arrive at a plain queue upgrades it in place (:func:`upgrade`), once. That includes
@@ -21,11 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from broker.arguments import PLAIN, QueueSettings, parse_queue_arguments
 from broker.featured_queue import FeaturedQueue
 from broker.messages.message import Message
-from broker.queue import Queue
-from broker.queue_host import QueueHost
+from broker.queues.arguments import PLAIN, QueueSettings, parse_queue_arguments
+from broker.queues.queue import Queue
+from broker.queues.queue_host import QueueHost
 
 
 def queue_class(settings: QueueSettings) -> type[Queue]:
@@ -67,7 +67,7 @@ def upgrade(queue: Queue) -> Queue:
     # The one class switch left, and on purpose: plain storage is the hot path, inline in Queue's
     # methods; holding storage as a separate object would add a call to every publish, pull and
     # settle of every queue for the sake of this rare, once-per-queue upgrade. The consumer
-    # modes are held objects (broker.consumer_modes), so the switch is always to FeaturedQueue.
+    # modes are held objects (broker.queues.consumer_modes), so the switch is always to FeaturedQueue.
     queue.__class__ = FeaturedQueue
     assert isinstance(queue, FeaturedQueue)
     queue.adopt_plain_entries()

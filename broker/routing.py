@@ -18,7 +18,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from broker.consumer_manager import QueueConsumer
 from broker.errors import PreconditionFailed
 from broker.exchange import (
     Exchange,
@@ -34,7 +33,8 @@ from broker.messages.message import (
     delivered_headers,
     drop_reference,
 )
-from broker.queue import Queue
+from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.queue import Queue
 
 
 class Router:

@@ -1,7 +1,7 @@
 """What a virtual host is to its queues and to the runtime's timer: time, steps, deadlines.
 
 :class:`broker.vhost.VirtualHost` derives from :class:`StepHost`: its queues call it as their
-:class:`broker.queue_host.QueueHost` (``now``, ``schedule``, ``dead_letter``, ``bury``,
+:class:`broker.queues.queue_host.QueueHost` (``now``, ``schedule``, ``dead_letter``, ``bury``,
 ``discard``, ``expire_budget``), and the runtime calls :meth:`StepHost.advance`,
 :meth:`StepHost.next_deadline`, :meth:`StepHost.tick` and :meth:`StepHost.drain`.
 
@@ -20,7 +20,7 @@ happens at one ``now``: a batch of requests (:meth:`advance` to a later time sta
 or a timer tick. Each step may expire or release from hold at most ``expire_slice`` messages
 (``expire_budget``, spent by the queues) and drop at most ``reap_slice`` entries of purged and
 deleted queues. queue.purge and queue.delete answer at once -- the queue is empty, or gone, at
-once -- and hand their entries to the :class:`~broker.graveyard.Graveyard`; the step reaps what its
+once -- and hand their entries to the :class:`~broker.queues.graveyard.Graveyard`; the step reaps what its
 budget allows and :meth:`next_deadline` says "now" while anything is left, so the runtime's
 timer ticks again at once and other requests are served in between. Expiry left over by a spent
 budget leaves the queue's deadline due: the same. Dead-letter copies are offered to at most
@@ -35,12 +35,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from broker.consumer_manager import QueueConsumer
-from broker.graveyard import Graveyard, Words
 from broker.messages.deadletter import DeadLetterReason
 from broker.messages.message import Message
-from broker.queue import Queue
-from broker.queue_host import DEAD_LETTER_SLICE, EXPIRE_SLICE, REAP_SLICE, BodyCodec
+from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.graveyard import Graveyard, Words
+from broker.queues.queue import Queue
+from broker.queues.queue_host import DEAD_LETTER_SLICE, EXPIRE_SLICE, REAP_SLICE, BodyCodec
 from broker.routing import DeadLetterRouter
 from broker.timers import Timers
 
@@ -81,7 +81,7 @@ class StepHost:
         self._graveyard = Graveyard()
         self._reaping = False  # _reap is not re-entered (see there)
         # The runtime's (broker.dispatch): lets plain queues keep a waiting message as its
-        # body handle alone (broker.fifo_entries). None: they never do.
+        # body handle alone (broker.queues.fifo_entries). None: they never do.
         self.body_codec: BodyCodec | None = None
 
     def _delete_queue(self, queue: Queue) -> list[QueueConsumer]:
@@ -97,7 +97,7 @@ class StepHost:
             self._reap_budget = self.reap_slice
             self._dead_letter_budget = self.dead_letter_slice
 
-    # Graveyard (broker.queue_host.QueueHost): what purged and deleted queues let go of.
+    # Graveyard (broker.queues.queue_host.QueueHost): what purged and deleted queues let go of.
 
     def bury(self, items: list[Any], *, pick: int | None = None, keep: int = 0,
              on_drop: Callable[[Message], None] | None, words: Words | None = None) -> None:

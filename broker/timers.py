@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from broker.queue import Queue
+from broker.queues.queue import Queue
 
 
 class Timers:

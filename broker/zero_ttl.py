@@ -44,9 +44,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.consumer_manager import INTERESTED, NOTIFIED, QueueConsumer, QueueConsumerManager
 from broker.message_groups import Ungrouped
-from broker.queue import QueueEntry
+from broker.queues.consumer_manager import INTERESTED, NOTIFIED, QueueConsumer, QueueConsumerManager
+from broker.queues.queue import QueueEntry
 
 # A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
 ZERO_TTL_GRACE = 1.0

@@ -95,7 +95,7 @@ def _in_packages(name: str, packages: tuple[str, ...]) -> bool:
 
 def import_graph(packages: tuple[str, ...], root: Path = REPO_ROOT) -> dict[str, list[Import]]:
     """Module → its imports of other modules of `packages` (resolved to the nearest module
-    the tree has: `import broker.queue.x` names `broker.queue` when there is no `.x`)."""
+    the tree has: `import broker.queues.queue.x` names `broker.queues.queue` when there is no `.x`)."""
     modules = {module_name(p, root): p for package in packages
                for p in sorted((root / package).rglob("*.py"))}
     known = set(modules)

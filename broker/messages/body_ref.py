@@ -54,7 +54,7 @@ def body_len(ref: int) -> int:
 
 
 # A handle as two unsigned 64-bit words (lo, hi), for storage only: a plain queue keeps a
-# waiting message as those alone (broker.fifo_entries; 16 bytes where the int costs 40-48).
+# waiting message as those alone (broker.queues.fifo_entries; 16 bytes where the int costs 40-48).
 # An arena handle is under 2**127: hi's top bit clear, the int split in two. A paged one is
 # re-packed -- lo: offset | body_len << 32; hi: header_len | region << 24 | worker << 32 |
 # segment << 40 | 1 << 63 -- when region and worker are under 256 (so are --workers) and the
@@ -83,7 +83,7 @@ def words_handle(lo: int, hi: int) -> int:
 
 
 class ArenaBodyCodec:
-    """What a plain queue may ask of the runtime's body handles (``broker.queue_host.BodyCodec``):
+    """What a plain queue may ask of the runtime's body handles (``broker.queues.queue_host.BodyCodec``):
     their size, and the handle as two words and back."""
 
     size = staticmethod(body_len)

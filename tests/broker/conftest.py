@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker.messages.message import Message
-from broker.queue import Queue
+from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.bounded_steps import K
 from tests.broker.support import EPOCH, ME

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from broker.consumer_manager import QueueConsumer
 from broker.messages.message import FullMessage, Message
-from broker.queue import Queue
+from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.queue import Queue
 
 # Unix time at monotonic 0 in these tests: x-death times and not-valid-before headers use it.
 EPOCH = 1_700_000_000.0

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.messages.message import Message
-from broker.queue import QueueEntry
+from broker.queues.queue import QueueEntry
 from broker.vhost import VirtualHost
 from tests.broker.support import EPOCH, ME, message
 

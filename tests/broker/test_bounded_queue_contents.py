@@ -20,7 +20,7 @@ import pytest
 
 from broker.dispatch import Dispatcher
 from broker.messages.message import Message
-from broker.queue import DEAD_LETTER_COST, Queue
+from broker.queues.queue import DEAD_LETTER_COST, Queue
 from broker.vhost import VirtualHost
 from ipc import records as r
 from tests.broker.bounded_steps import K, N, _exactly_once, _publish, _reap_all

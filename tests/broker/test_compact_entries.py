@@ -1,11 +1,9 @@
-"""A plain queue's waiting entries as compact as they can be (broker.fifo_entries): the message
+"""A plain queue's waiting entries as compact as they can be (broker.queues.fifo_entries): the message
 alone until handed out, and only its body handle for a plain message nothing else holds -- and
 everything a consumer, a browser, a purge or an arena sweep sees is what it was."""
 
 from __future__ import annotations
 
-from broker.entry_state import ACQUIRED, PACKED
-from broker.fifo_entries import _SWEEP_EVERY, _SWEEP_LAG
 from broker.messages.body_ref import (
     ARENA_BODY_CODEC,
     handle_words,
@@ -14,8 +12,10 @@ from broker.messages.body_ref import (
     words_handle,
 )
 from broker.messages.message import FullMessage, Message, PageableMessage, PlainMessage
-from broker.queue import Queue, QueueEntry
-from broker.queue_host import StandaloneHost
+from broker.queues.entry_state import ACQUIRED, PACKED
+from broker.queues.fifo_entries import _SWEEP_EVERY, _SWEEP_LAG
+from broker.queues.queue import Queue, QueueEntry
+from broker.queues.queue_host import StandaloneHost
 from tests.broker.support import attach, consumer
 
 LONG = _SWEEP_LAG + 3 * _SWEEP_EVERY  # long enough that its older part is swept

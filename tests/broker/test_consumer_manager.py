@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker.consumer_manager import (
+from broker.queues.consumer_manager import (
     INTERESTED,
     NON_ACQUIRING,
     NOT_INTERESTED,
@@ -18,7 +18,7 @@ from broker.consumer_manager import (
     QueueConsumer,
     QueueConsumerManager,
 )
-from broker.queue import Queue, QueueEntry
+from broker.queues.queue import Queue, QueueEntry
 from tests.broker.support import attach, consumer, message
 
 

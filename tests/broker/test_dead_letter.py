@@ -6,7 +6,7 @@ import datetime
 
 from broker.messages.deadletter import DeadLetter, dead_letter_copy, is_cycle
 from broker.messages.message import Message, drop_reference
-from broker.queue import Queue
+from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.support import EPOCH, ME, attach, consumer, message
 

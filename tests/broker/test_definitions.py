@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from broker.consumer_manager import QueueConsumer
 from broker.data_dir import DataDir, DataDirInUse, default_data_dir
 from broker.definition_store import DefinitionStore, DefinitionStoreError, restore
 from broker.definitions import (
@@ -22,6 +21,7 @@ from broker.definitions import (
     TopologyJournal,
     Unbound,
 )
+from broker.queues.consumer_manager import QueueConsumer
 from broker.vhost import VirtualHost
 
 ME = ("w0", 1)

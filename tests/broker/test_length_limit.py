@@ -6,7 +6,7 @@ from typing import Any
 
 from broker.featured_queue import FeaturedQueue
 from broker.messages.message import Message
-from broker.queue import Queue
+from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message
 

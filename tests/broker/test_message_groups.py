@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from broker.messages.message import Message
-from broker.queue import Queue
+from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, keys, message
 

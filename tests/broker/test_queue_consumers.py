@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED
 from broker.errors import AccessRefused
-from broker.queue import Queue
+from broker.queues.consumer_manager import INTERESTED, NOT_INTERESTED, NOTIFIED
+from broker.queues.queue import Queue
 from tests.broker.support import attach, consumer, fill, keys, message
 
 

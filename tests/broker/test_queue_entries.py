@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker.consumer_manager import INTERESTED, NON_ACQUIRING
-from broker.entry_state import ACQUIRED, AVAILABLE, DELETED
 from broker.messages.message import Message
-from broker.queue import Queue
+from broker.queues.consumer_manager import INTERESTED, NON_ACQUIRING
+from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED
+from broker.queues.queue import Queue
 from tests.broker.support import attach, consumer, fill, keys, message
 
 

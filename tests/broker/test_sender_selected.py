@@ -18,7 +18,7 @@ from broker.exchange import Exchange
 from broker.messages.deadletter import DeadLetter
 from broker.messages.headers import header_routes
 from broker.messages.message import BlindCopied, FullMessage, Message, delivered_headers
-from broker.queue import Queue
+from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from ipc import records as r
 from tests.broker.support import ME, message

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker.consumer_manager import NOT_INTERESTED
-from broker.consumer_modes import SingleActiveConsumer
 from broker.errors import AccessRefused
-from broker.queue import Queue
+from broker.queues.consumer_manager import NOT_INTERESTED
+from broker.queues.consumer_modes import SingleActiveConsumer
+from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, fill, keys, message
 

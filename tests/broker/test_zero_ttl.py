@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from broker.consumer_manager import INTERESTED, NOTIFIED, REMOVED
-from broker.entry_state import ACQUIRED
 from broker.featured_queue import FeaturedQueue
 from broker.messages.message import Message
-from broker.queue import Queue
+from broker.queues.consumer_manager import INTERESTED, NOTIFIED, REMOVED
+from broker.queues.entry_state import ACQUIRED
+from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from broker.zero_ttl import ZERO_TTL_GRACE
 from tests.broker.support import ME, attach, consumer, keys, message

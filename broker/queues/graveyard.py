@@ -9,11 +9,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from broker.entry_state import DELETED, PACKED
 from broker.messages.message import Message, PlainMessage, drop_reference
+from broker.queues.entry_state import DELETED, PACKED
 
 # A plain queue's arrays beside its log, and the runtime's function making a handle of two of
-# their words (broker.fifo_entries, broker.queue_host.BodyCodec.handle).
+# their words (broker.queues.fifo_entries, broker.queues.queue_host.BodyCodec.handle).
 Words = tuple[Any, Any, Callable[[int, int], Any]]
 
 # Letting go of a container's slot (a None, an object whose last reference it was, a dict item)
@@ -32,7 +32,7 @@ class Graveyard:
     queue's index of entries, its per-entry dicts) are handed over too (:meth:`discard`):
     freeing a million objects at once costs about as much as dropping them.
 
-    What a plain queue buries is its log (``broker.fifo_entries``): besides entries, waiting
+    What a plain queue buries is its log (``broker.queues.fifo_entries``): besides entries, waiting
     messages, and body handles that stand for a plain message only that queue held -- as ints,
     or ``PACKED`` with the handle's two words in arrays beside the log (``words``); its
     ``on_drop`` gets a message made for the handle. Nothing else sees a buried entry: the

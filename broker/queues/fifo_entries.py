@@ -19,7 +19,7 @@ What a log slot holds (S8, and Durability's ten million queued messages). An ent
 waits needs no object of its own, so a slot holds the least that says what it is:
 
 * the :class:`~broker.messages.message.Message` itself, from enqueue on. The
-  :class:`~broker.queue.QueueEntry` -- id, position, state -- is made when the entry is
+  :class:`~broker.queues.queue.QueueEntry` -- id, position, state -- is made when the entry is
   handed out (:meth:`FifoEntries.take`, browsing) or needs a state while it waits (browsed,
   restored redelivered); then the slot holds the entry;
 * only the message's body handle, for a message that nothing but this queue holds and whose
@@ -31,8 +31,8 @@ waits needs no object of its own, so a slot holds the least that says what it is
   newest entries are the next to be paged, and with consumers that keep up, to be taken);
   :meth:`FifoEntries.take` makes the message again, its size read from the handle. The
   handle is kept as two unsigned 64-bit words in the arrays ``lo`` and ``hi`` beside the log,
-  the slot holding :data:`~broker.entry_state.PACKED`, or as the int itself where it does not
-  fit two words. The runtime's ``body_codec`` (``broker.queue_host.BodyCodec``) reads sizes and
+  the slot holding :data:`~broker.queues.entry_state.PACKED`, or as the int itself where it does not
+  fit two words. The runtime's ``body_codec`` (``broker.queues.queue_host.BodyCodec``) reads sizes and
   words: the domain does not know the handle's layout; without one, as in a queue made outside
   a runtime, nothing is swept.
 
@@ -43,10 +43,10 @@ the slot -- 24 B of it, the rest the unswept tail's messages.
 
 Every operation is O(1) (O(log r) for r released entries; sweeping is amortised O(1) per
 append), :meth:`FifoEntries.bury` included: the lists go to the host's
-:class:`broker.graveyard.Graveyard` whole, which lets go of their messages a slice at a time
+:class:`broker.queues.graveyard.Graveyard` whole, which lets go of their messages a slice at a time
 between other work (Overload: no single operation may hold the supervisor for long).
 
-Called from: the supervisor process (``broker.queue``).
+Called from: the supervisor process (``broker.queues.queue``).
 """
 
 from __future__ import annotations
@@ -56,11 +56,11 @@ from array import array
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
-from broker.browsing import first_acquired_after
-from broker.consumer_manager import QueueConsumer
-from broker.entry_state import PACKED, Packed, new_entry_id
 from broker.messages.message import Message, PageableMessage, PlainMessage
-from broker.queue_host import BodyCodec, QueueHost
+from broker.queues.browsing import first_acquired_after
+from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.entry_state import PACKED, Packed, new_entry_id
+from broker.queues.queue_host import BodyCodec, QueueHost
 
 # Drop the consumed prefix of the log once it is this long and at least half of the list.
 _COMPACT_AT = 4096
@@ -71,7 +71,7 @@ _SWEEP_EVERY = 4096
 
 
 class Entry(Protocol):
-    """What this module reads and sets of an entry (broker.queue.QueueEntry)."""
+    """What this module reads and sets of an entry (broker.queues.queue.QueueEntry)."""
 
     id: int
     position: int
@@ -85,7 +85,7 @@ _Entry = TypeVar("_Entry", bound=Entry)
 class FifoEntries(Generic[_Entry]):
     """The available entries of a plain queue, in the order acquiring consumers take them.
 
-    ``new_entry(queue, position, message)`` makes an entry (``broker.queue.QueueEntry``, which
+    ``new_entry(queue, position, message)`` makes an entry (``broker.queues.queue.QueueEntry``, which
     this module does not import: the queue module imports this one)."""
 
     __slots__ = ("base", "codec", "exchange", "head", "hi", "lo", "log", "new_entry", "queue",

@@ -5,13 +5,13 @@ position order, keep their own pointer (``QueueConsumer.browse_position``) and n
 an entry that becomes available concerns only the browsers whose pointer is still before it
 (:func:`browsers_before`, for every kind of queue).
 
-A plain :class:`broker.queue.Queue` holds its entries in three places: the log from its head on
+A plain :class:`broker.queues.queue.Queue` holds its entries in three places: the log from its head on
 (consecutive positions), the heap of released entries and the acquired entries, both below the
-log head; :meth:`broker.fifo_entries.FifoEntries.next_after` finds a browser's next entry across
+log head; :meth:`broker.queues.fifo_entries.FifoEntries.next_after` finds a browser's next entry across
 the three without merging them (:func:`first_acquired_after` for the acquired ones). A featured
 queue keeps its own arrival order (broker.arrival_order).
 
-Called from: the supervisor process (``broker.queue``, ``broker.fifo_entries``,
+Called from: the supervisor process (``broker.queues.queue``, ``broker.queues.fifo_entries``,
 ``broker.featured_queue``).
 """
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol, TypeVar
 
-from broker.consumer_manager import QueueConsumer, QueueConsumerManager
+from broker.queues.consumer_manager import QueueConsumer, QueueConsumerManager
 
 
 class Browsable(Protocol):
-    """What browsing reads of an entry (broker.queue.QueueEntry), and the id it draws."""
+    """What browsing reads of an entry (broker.queues.queue.QueueEntry), and the id it draws."""
 
     id: int
     position: int

@@ -10,7 +10,7 @@ supervisor when a worker's request arrives, and each returns the consumers to wa
   the runtime sets each one's notify slot and kicks its worker
 * ``AbstractQueue#deliverSingleMessage``  → :meth:`Queue.pull` (a batch of them)
 
-Storage. The available entries are a :class:`broker.fifo_entries.FifoEntries` (``_fifo``): one
+Storage. The available entries are a :class:`broker.queues.fifo_entries.FifoEntries` (``_fifo``): one
 head for every acquiring consumer, released entries before it (seed 001), browsers' pointers
 past it; a waiting entry is its message, or only its body handle, until it is handed out.
 Acquired entries are indexed by id (``_acquired``) so that :meth:`delete` can drop
@@ -22,7 +22,7 @@ Queue arguments that need those pick :class:`broker.featured_queue.FeaturedQueue
 time (:mod:`broker.queue_kinds`), so nothing here tests for them per message.
 
 Time and the virtual host: a queue reads no clock; it asks its host
-(:class:`broker.queue_host.QueueHost`). Browsers' next entries: :mod:`broker.browsing`.
+(:class:`broker.queues.queue_host.QueueHost`). Browsers' next entries: :mod:`broker.queues.browsing`.
 """
 
 from __future__ import annotations
@@ -30,24 +30,24 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, ClassVar
 
-from broker.arguments import PLAIN, QueueSettings
-from broker.browsing import browsers_before
-from broker.consumer_manager import (
+from broker.errors import AccessRefused, InternalError, NotFound
+from broker.messages.deadletter import DeadLetterReason
+from broker.messages.message import Message, drop_reference
+from broker.messages.message_journal import MessageJournal
+from broker.queues.arguments import PLAIN, QueueSettings
+from broker.queues.browsing import browsers_before
+from broker.queues.consumer_manager import (
     INTERESTED,
     NOTIFIED,
     REMOVED,
     QueueConsumer,
     QueueConsumerManager,
 )
-from broker.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
-from broker.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
-from broker.errors import AccessRefused, InternalError, NotFound
-from broker.fifo_entries import FifoEntries
-from broker.messages.deadletter import DeadLetterReason
-from broker.messages.message import Message, drop_reference
-from broker.messages.message_journal import MessageJournal
-from broker.queue_host import DEAD_LETTER_COST as DEAD_LETTER_COST  # re-exported: it was defined here
-from broker.queue_host import QueueHost, StandaloneHost
+from broker.queues.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
+from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
+from broker.queues.fifo_entries import FifoEntries
+from broker.queues.queue_host import DEAD_LETTER_COST as DEAD_LETTER_COST  # re-exported: it was defined here
+from broker.queues.queue_host import QueueHost, StandaloneHost
 
 
 class QueueEntry:
@@ -57,7 +57,7 @@ class QueueEntry:
     (:func:`new_entry_id`). A plain queue makes the entry only when it is
     first handed out (acquired or browsed) or needs a state (released, restored redelivered):
     until then its log holds the message alone, or just its body handle
-    (:mod:`broker.fifo_entries`), and draws the id at that moment. Queues with arguments,
+    (:mod:`broker.queues.fifo_entries`), and draws the id at that moment. Queues with arguments,
     whose bookkeeping is keyed by id, make the entry and draw its id at enqueue.
     """
 
@@ -119,7 +119,7 @@ class Queue:
         self._next_position = 1
         self._exclusive_consumer: QueueConsumer | None = None
         self.settings = settings
-        # Consumer modes (broker.consumer_modes), held whatever the storage: None when off.
+        # Consumer modes (broker.queues.consumer_modes), held whatever the storage: None when off.
         self.single_active: SingleActiveConsumer | None = (
             SingleActiveConsumer() if settings.single_active_consumer else None
         )
@@ -579,7 +579,7 @@ class Queue:
         return taken
 
     def _next_after(self, position: int) -> QueueEntry | None:
-        """The first entry still on the queue past ``position`` (broker.browsing)."""
+        """The first entry still on the queue past ``position`` (broker.queues.browsing)."""
         return self._fifo.next_after(self._acquired, position)
 
     def _browse(self, consumer: QueueConsumer, max_n: int) -> tuple[list[QueueEntry], bool]:

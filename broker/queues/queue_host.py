@@ -4,9 +4,9 @@ Time and the virtual host. The domain reads no clock: a queue asks its *host* (t
 VirtualHost, or a standalone stand-in) for the last ``now`` the runtime passed in, tells it of
 its next deadline (``schedule``) and hands it messages to dead-letter (``dead_letter``).
 :class:`QueueHost` is generic in the queue type so that this module need not import
-:mod:`broker.queue`: a queue's host is a ``QueueHost[Queue]``.
+:mod:`broker.queues.queue`: a queue's host is a ``QueueHost[Queue]``.
 
-Called from: the supervisor process (``broker.queue``; ``broker.step_host`` is a virtual host's).
+Called from: the supervisor process (``broker.queues.queue``; ``broker.step_host`` is a virtual host's).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol, TypeVar
 
-from broker.graveyard import Graveyard, Words
 from broker.messages.deadletter import DeadLetterReason
 from broker.messages.message import Message
+from broker.queues.graveyard import Graveyard, Words
 
 # Work per step (a batch of requests, a timer tick; see broker.step_host), each about 2 ms on the
 # project's shared 2-core machine (perf/bench_supervisor_slices.py): entries of purged and
@@ -52,7 +52,7 @@ class QueueHost(Protocol[_Queue_contra]):
     epoch_offset: float  # Unix time minus monotonic time
     expire_budget: int  # messages this step may still expire or release from hold
     # The runtime's reading of body handles, which lets a plain queue keep a waiting message as
-    # its handle alone (broker.fifo_entries); None: it never does.
+    # its handle alone (broker.queues.fifo_entries); None: it never does.
     body_codec: BodyCodec | None
 
     def advance(self, now: float) -> None: ...

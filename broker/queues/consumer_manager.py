@@ -21,7 +21,7 @@ Acquiring consumers live in exactly one of NotInterested / Interested[p] / Notif
 non-acquiring ones (browsers) in exactly one of NotInterested / NonAcquiring (seed: they "can
 only move between the NonAcquiring and NotInterested lists"). All holds every consumer.
 
-The manager knows nothing about messages: :class:`broker.queue.Queue` decides *whether* there
+The manager knows nothing about messages: :class:`broker.queues.queue.Queue` decides *whether* there
 is work and asks the manager *whom* to notify.
 """
 
@@ -118,7 +118,7 @@ class QueueConsumer:
 class QueueConsumerManager:
     """Keeps every consumer of one queue in the list matching its state (seed 002: the QCM).
 
-    Called from: the supervisor process, only through :class:`broker.queue.Queue`.
+    Called from: the supervisor process, only through :class:`broker.queues.queue.Queue`.
     """
 
     def __init__(self) -> None:

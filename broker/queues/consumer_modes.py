@@ -4,13 +4,13 @@ A queue with neither mode holds ``None`` for each and pays one ``is None`` test 
 they touch (consume, cancel, interest changes, basic.get, the timer), never per message.
 Either mode combines with plain or featured storage, since the storage never sees them.
 
-Called from: the supervisor process, through :class:`broker.queue.Queue`.
+Called from: the supervisor process, through :class:`broker.queues.queue.Queue`.
 """
 
 from __future__ import annotations
 
-from broker.consumer_manager import QueueConsumer
 from broker.errors import AccessRefused
+from broker.queues.consumer_manager import QueueConsumer
 
 
 class SingleActiveConsumer:

@@ -1,6 +1,6 @@
 """Where a queue entry is in its life, and the ids that name entries across every queue.
 
-Its own module so that :mod:`broker.queue` and :mod:`broker.graveyard` (which marks the
+Its own module so that :mod:`broker.queues.queue` and :mod:`broker.queues.graveyard` (which marks the
 entries it drops deleted) share it without importing each other.
 """
 
@@ -39,5 +39,5 @@ class Packed:
 
 
 # A plain queue's log slot whose message is kept as its body handle's two words, in arrays
-# beside the log (broker.fifo_entries; the graveyard reads them back when the log is buried).
+# beside the log (broker.queues.fifo_entries; the graveyard reads them back when the log is buried).
 PACKED = Packed()

@@ -1,0 +1,1 @@
+"""Queues: the entry list, the QueueConsumerManager, consumer modes, queue arguments."""
