@@ -42,9 +42,9 @@ from broker.messages.field_tables import args_inequivalence, field_inequivalence
 from broker.messages.headers import has_routing_headers
 from broker.messages.message import Message, drop_reference
 from broker.messages.message_journal import MessageJournal
-from broker.queue_kinds import make_queue, upgrade
 from broker.queues.arguments import QUEUE_ARG_DEFAULTS, QUEUE_ARG_KEYS, check_resource_arg, parse_expiration
 from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.featured.queue_kinds import make_queue, upgrade
 from broker.queues.queue import Queue
 from broker.routing import DeadLetterRouter, Router
 from broker.step_host import StepHost

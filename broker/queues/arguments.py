@@ -7,7 +7,7 @@ term printed with Erlang's ``~p``. Before that ``rabbit_channel`` checks that a 
 exchange (and, for exchanges, an alternate exchange) is named by a string:
 ``invalid type 'signedint' for arg 'x-dead-letter-exchange' in queue 'q' in vhost '/'``.
 
-The result is a :class:`QueueSettings`, from which :mod:`broker.queue_kinds` picks the queue's
+The result is a :class:`QueueSettings`, from which :mod:`broker.queues.featured.queue_kinds` picks the queue's
 storage and consumer handling once, at declare time, so a queue without arguments keeps the
 plain, fastest path.
 
@@ -84,7 +84,7 @@ class QueueSettings(NamedTuple):
 
     @property
     def needs_featured_storage(self) -> bool:
-        """Whether entries need more than the plain FIFO log (see broker.featured_queue)."""
+        """Whether entries need more than the plain FIFO log (see broker.queues.featured.featured_queue)."""
         return (
             self.message_ttl is not None or self.max_length is not None
             or self.max_length_bytes is not None or self.max_priority is not None

@@ -9,10 +9,10 @@ A plain :class:`broker.queues.queue.Queue` holds its entries in three places: th
 (consecutive positions), the heap of released entries and the acquired entries, both below the
 log head; :meth:`broker.queues.fifo_entries.FifoEntries.next_after` finds a browser's next entry across
 the three without merging them (:func:`first_acquired_after` for the acquired ones). A featured
-queue keeps its own arrival order (broker.arrival_order).
+queue keeps its own arrival order (broker.queues.featured.arrival_order).
 
 Called from: the supervisor process (``broker.queues.queue``, ``broker.queues.fifo_entries``,
-``broker.featured_queue``).
+``broker.queues.featured.featured_queue``).
 """
 
 from __future__ import annotations

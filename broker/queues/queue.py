@@ -18,8 +18,8 @@ them. Every per-message operation is O(1) (O(log r) for r released entries); ``p
 ``delete`` are O(1) too: the queue is empty at once, its entries go to the host's graveyard.
 
 This is the plain queue, the hot path: no TTL, limits, priorities, groups or held messages.
-Queue arguments that need those pick :class:`broker.featured_queue.FeaturedQueue` at declare
-time (:mod:`broker.queue_kinds`), so nothing here tests for them per message.
+Queue arguments that need those pick :class:`broker.queues.featured.featured_queue.FeaturedQueue` at declare
+time (:mod:`broker.queues.featured.queue_kinds`), so nothing here tests for them per message.
 
 Time and the virtual host: a queue reads no clock; it asks its host
 (:class:`broker.queues.queue_host.QueueHost`). Browsers' next entries: :mod:`broker.queues.browsing`.
@@ -131,7 +131,7 @@ class Queue:
             self._reschedule()
 
     def _setup(self, settings: QueueSettings) -> None:
-        """Per-storage initialisation; featured storage extends it (broker.featured_queue)."""
+        """Per-storage initialisation; featured storage extends it (broker.queues.featured.featured_queue)."""
 
     def __repr__(self) -> str:
         return (

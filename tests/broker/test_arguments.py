@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from broker.errors import PreconditionFailed
-from broker.featured_queue import FeaturedQueue
 from broker.queues.arguments import parse_expiration, parse_queue_arguments
 from broker.queues.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
+from broker.queues.featured.featured_queue import FeaturedQueue
 from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, message

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.featured_queue import FeaturedQueue
 from broker.messages.message import Message
+from broker.queues.featured.featured_queue import FeaturedQueue
 from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message

@@ -86,7 +86,7 @@ def test_browsers_do_not_rewind_on_release() -> None:
 def test_browsers_see_entries_acquired_but_not_yet_settled() -> None:
     """A browser sees the queue's contents: a message an acquiring consumer took
     first is still shown to it until it is settled, never a settled one."""
-    from broker.featured_queue import (
+    from broker.queues.featured.featured_queue import (
         FeaturedQueue,  # the same rule for queues with arguments
     )
 

@@ -3,7 +3,7 @@
 RabbitMQ: "a message with TTL 0 ... will expire upon reaching a queue unless it can be delivered
 to a consumer immediately" (the replacement for the immediate flag), dead-lettered with reason
 ``expired``. Here "delivered at once" is a notification and the pull it causes: the entry stays
-only for that round of pulls (broker.featured_queue's module docstring).
+only for that round of pulls (broker.queues.featured.featured_queue's module docstring).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from broker.featured_queue import FeaturedQueue
 from broker.messages.message import Message
 from broker.queues.consumer_manager import INTERESTED, NOTIFIED, REMOVED
 from broker.queues.entry_state import ACQUIRED
+from broker.queues.featured.featured_queue import FeaturedQueue
+from broker.queues.featured.zero_ttl import ZERO_TTL_GRACE
 from broker.queues.queue import Queue
 from broker.vhost import VirtualHost
-from broker.zero_ttl import ZERO_TTL_GRACE
 from tests.broker.support import ME, attach, consumer, keys, message
 
 DLX_ARGS = {"x-dead-letter-exchange": "dlx"}

@@ -3,7 +3,7 @@
 A queue with no arguments is a plain :class:`broker.queues.queue.Queue` -- the hot path, untouched by
 any feature. Arguments select, at declare time:
 
-* storage: :class:`broker.featured_queue.FeaturedQueue` for TTLs, length limits, priorities,
+* storage: :class:`broker.queues.featured.featured_queue.FeaturedQueue` for TTLs, length limits, priorities,
   held messages, message groups and delivery limits;
 * consumer modes, objects the queue holds whatever its storage
   (:mod:`broker.queues.consumer_modes`): ``x-single-active-consumer`` and ``x-expires``.
@@ -11,7 +11,7 @@ any feature. Arguments select, at declare time:
 A per-message ``expiration`` needs featured storage too, but may reach any queue: the first one
 to arrive at a plain queue upgrades it in place (:func:`upgrade`), once. That includes
 ``expiration: "0"`` (delivered only to a consumer that can take it at once, else expired on
-arrival: see :mod:`broker.featured_queue`), so the plain queue's fast path never looks at TTLs.
+arrival: see :mod:`broker.queues.featured.featured_queue`), so the plain queue's fast path never looks at TTLs.
 
 Called from: the supervisor process (VirtualHost.declare_queue / publish).
 """
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
-from broker.featured_queue import FeaturedQueue
 from broker.messages.message import Message
 from broker.queues.arguments import PLAIN, QueueSettings, parse_queue_arguments
+from broker.queues.featured.featured_queue import FeaturedQueue
 from broker.queues.queue import Queue
 from broker.queues.queue_host import QueueHost
 

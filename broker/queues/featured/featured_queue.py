@@ -10,26 +10,26 @@ O(log n) per message) and is chosen at declare time only for queues that need it
   for ``x-max-priority`` queues ``(max - priority) << 48 | position``: higher priority first,
   FIFO within a priority, and a released entry goes back to its original place in its priority.
 * ``_held`` -- entries held until their ``x-qpid-not-valid-before`` time (Qpid Broker-J
-  ``holdOnPublishEnabled``), a :class:`broker.held_messages.HeldMessages`. :meth:`tick` moves
+  ``holdOnPublishEnabled``), a :class:`broker.queues.featured.held_messages.HeldMessages`. :meth:`tick` moves
   the due ones into ``_ready`` and notifies (seed: "a previously unavailable (held) message
   becomes available").
 * ``_groups`` -- message groups (Qpid ``qpid.group_header_key``), a
-  :class:`broker.message_groups.MessageGroups` (or ``UNGROUPED``): it parks the entries of a
+  :class:`broker.queues.featured.message_groups.MessageGroups` (or ``UNGROUPED``): it parks the entries of a
   group someone else owns in that group's own heap and hands them back to ``_ready`` when the
   group is free again; the queue then notifies one consumer.
 * ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
-  seed 001): a :class:`broker.arrival_order.ArrivalOrder`.
-* ``_expiry`` -- expiry times per entry id, a :class:`broker.message_expiry.MessageExpiry`
+  seed 001): a :class:`broker.queues.featured.arrival_order.ArrivalOrder`.
+* ``_expiry`` -- expiry times per entry id, a :class:`broker.queues.featured.message_expiry.MessageExpiry`
   (RabbitMQ's TTL rules are in that module).
 * ``_deliveries`` -- how many times each entry was returned, under ``x-delivery-limit``, a
-  :class:`broker.delivery_limit.DeliveryCounts` (quorum queues' rules are in that module).
+  :class:`broker.queues.featured.delivery_limit.DeliveryCounts` (quorum queues' rules are in that module).
 * ``_limit`` -- ``x-max-length`` / ``-bytes`` and ``x-overflow``, a
-  :class:`broker.length_limit.LengthLimit` (None without one).
+  :class:`broker.queues.featured.length_limit.LengthLimit` (None without one).
 
 A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"``) is RabbitMQ's replacement for the
 ``immediate`` flag: delivered only to a consumer that can take it at once, else expired on
 arrival. How that is decided across a notification and the pulls it causes -- the *round* --
-is :mod:`broker.zero_ttl`'s; the queue holds a :class:`broker.zero_ttl.ZeroTtlRound`
+is :mod:`broker.queues.featured.zero_ttl`'s; the queue holds a :class:`broker.queues.featured.zero_ttl.ZeroTtlRound`
 (``_zero``) and asks it.
 
 Bounded steps (Overload). Expiring and releasing held messages spend the host's per-step
@@ -50,23 +50,23 @@ import heapq
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from broker.arrival_order import ArrivalOrder
-from broker.delivery_limit import DeliveryCounts
 from broker.errors import InternalError
-from broker.held_messages import HeldMessages, due_time
-from broker.length_limit import length_limit, pop_head
-from broker.message_expiry import MessageExpiry
-from broker.message_groups import HeapItem, Owner, Ungrouped, message_groups
 from broker.messages.deadletter import DeadLetterReason
 from broker.messages.message import Message
 from broker.queues.arguments import REJECT_PUBLISH_DLX, QueueSettings
 from broker.queues.browsing import browsers_before
 from broker.queues.consumer_manager import INTERESTED, NOT_INTERESTED, QueueConsumer
 from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED, HELD, new_entry_id
+from broker.queues.featured.arrival_order import ArrivalOrder
+from broker.queues.featured.delivery_limit import DeliveryCounts
+from broker.queues.featured.held_messages import HeldMessages, due_time
+from broker.queues.featured.length_limit import length_limit, pop_head
+from broker.queues.featured.message_expiry import MessageExpiry
+from broker.queues.featured.message_groups import HeapItem, Owner, Ungrouped, message_groups
+from broker.queues.featured.zero_ttl import ZeroTtlRound, can_take_at_once
 from broker.queues.fifo_entries import FifoEntries
 from broker.queues.queue import Queue, QueueEntry
 from broker.queues.queue_host import DEAD_LETTER_COST
-from broker.zero_ttl import ZeroTtlRound, can_take_at_once
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
 
@@ -104,7 +104,7 @@ class FeaturedQueue(Queue):
     def adopt_plain_entries(self) -> None:
         """Take over a plain queue's entries after its class was switched to this one.
 
-        broker.queue_kinds.upgrade: the first message with a per-message ``expiration`` turns a
+        broker.queues.featured.queue_kinds.upgrade: the first message with a per-message ``expiration`` turns a
         plain queue into this kind. Positions, redelivered flags and acquired entries carry over.
         """
         available = Queue.available_entries(self)

@@ -1,7 +1,7 @@
 """Zero-TTL messages of a featured queue: the round of pulls that may still take them.
 
 A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"`` -- which upgrades a plain queue to
-featured storage, :func:`broker.queue_kinds.upgrade`) is RabbitMQ's replacement for the ``immediate``
+featured storage, :func:`broker.queues.featured.queue_kinds.upgrade`) is RabbitMQ's replacement for the ``immediate``
 flag: the message "will expire upon reaching a queue unless it can be delivered to a consumer immediately",
 and is then dead-lettered with reason ``expired``. RabbitMQ decides that synchronously
 (``deliver_or_enqueue``: ``attempt_delivery`` to a consumer with credit, else discard). Here
@@ -37,15 +37,15 @@ acquired once, like any other; its expiry is kept, so if it is requeued it expir
 at once (RabbitMQ keeps the original expiry on requeue). Nothing of this costs a queue without
 zero-TTL messages more than an empty-dict check, nor the plain queue anything (untouched).
 
-Called from: the supervisor process (``broker.featured_queue``).
+Called from: the supervisor process (``broker.queues.featured.featured_queue``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.message_groups import Ungrouped
 from broker.queues.consumer_manager import INTERESTED, NOTIFIED, QueueConsumer, QueueConsumerManager
+from broker.queues.featured.message_groups import Ungrouped
 from broker.queues.queue import QueueEntry
 
 # A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.

@@ -1,11 +1,11 @@
 """A featured queue's entries in arrival order: what browsers see (seed 001).
 
-The heaps of :mod:`broker.featured_queue` keep entries in delivery order (priority, groups,
+The heaps of :mod:`broker.queues.featured.featured_queue` keep entries in delivery order (priority, groups,
 holds), so browsers -- who see arrival order and never rewind -- read this list instead. It
 holds every entry by position; deleted entries are pruned lazily, one window of the list at a
 time, so that no single delete pays for a list of a million entries.
 
-Called from: the supervisor process (``broker.featured_queue``).
+Called from: the supervisor process (``broker.queues.featured.featured_queue``).
 """
 
 from __future__ import annotations

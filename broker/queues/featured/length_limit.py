@@ -5,17 +5,17 @@ dead-letters from the head after an enqueue or requeue takes the queue over; ``r
 refuses the new message (``reject-publish-dlx`` also dead-letters it). The queue keeps its own
 count and bytes (:attr:`FeaturedQueue.message_count`, ``message_bytes``) and asks the limit.
 
-Called from: the supervisor process (``broker.featured_queue``).
+Called from: the supervisor process (``broker.queues.featured.featured_queue``).
 """
 
 from __future__ import annotations
 
 import heapq
 
-from broker.held_messages import HeldMessages
-from broker.message_groups import HeapItem, Ungrouped
 from broker.messages.message import Message
 from broker.queues.arguments import DROP_HEAD, QueueSettings
+from broker.queues.featured.held_messages import HeldMessages
+from broker.queues.featured.message_groups import HeapItem, Ungrouped
 from broker.queues.queue import QueueEntry
 
 

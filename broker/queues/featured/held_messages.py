@@ -4,7 +4,7 @@ Qpid Broker-J ``holdOnPublishEnabled``: a message whose header names a Unix time
 to come is held until then (seed: "held"); the queue's timer makes the due ones available and
 notifies (seed: "a previously unavailable (held) message becomes available").
 
-Called from: the supervisor process (``broker.featured_queue``).
+Called from: the supervisor process (``broker.queues.featured.featured_queue``).
 """
 
 from __future__ import annotations

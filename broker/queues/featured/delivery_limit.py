@@ -7,7 +7,7 @@ it. With a limit, deliveries carry the count as ``x-delivery-count``: redeliveri
 deliveries only to basic.get. Returns are counted with or without a limit (``delivery_count``);
 an entry's count goes with the entry.
 
-Called from: the supervisor process (``broker.featured_queue``).
+Called from: the supervisor process (``broker.queues.featured.featured_queue``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ A featured queue holds one of two objects with the same methods: :class:`Message
 :data:`UNGROUPED` for a queue without a group header, which answers "no group" at once. The
 queue calls them; it never asks whether it is grouped.
 
-Called from: the supervisor process (``broker.featured_queue``).
+Called from: the supervisor process (``broker.queues.featured.featured_queue``).
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ Bounded steps (Overload): expiring a message spends the host's per-step ``expire
 unit, or ``DEAD_LETTER_COST`` when it is dead-lettered (:mod:`broker.queues.queue_host`); with the
 budget spent, the rest wait for the next step. The queue removes what expired
 (:meth:`FeaturedQueue._drop_available`); pending zero-TTL entries are exempt while their round
-of pulls lasts (:mod:`broker.zero_ttl`).
+of pulls lasts (:mod:`broker.queues.featured.zero_ttl`).
 
-Called from: the supervisor process (``broker.featured_queue``).
+Called from: the supervisor process (``broker.queues.featured.featured_queue``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import heapq
 from collections.abc import Mapping
 from typing import Any
 
-from broker.message_groups import HeapItem
 from broker.queues.arguments import parse_expiration
+from broker.queues.featured.message_groups import HeapItem
 from broker.queues.queue import QueueEntry
 from broker.queues.queue_host import QueueHost
 

@@ -1,0 +1,1 @@
+"""Queues with the features the plain queue leaves out: TTL, length limits, priorities, groups, delivery limits."""
