@@ -1,7 +1,7 @@
 """Durable topology and users on disk: ``DIR/definitions.db``, an SQLite database the supervisor owns.
 
 Definitions change rarely and in small numbers, so SQLite (stdlib, crash-safe, one file) is
-worth more here than a log of our own. Every batch of changes (:mod:`broker.definitions`) is
+worth more here than a log of our own. Every batch of changes (:mod:`broker.topology.definitions`) is
 one transaction, committed with ``synchronous=FULL`` in WAL mode: the commit is on disk
 (fsync) before it returns, and a crash mid-commit leaves the previous state. Arguments are
 stored as msgpack with sorted keys -- the encoding the rings use, so what comes back is
@@ -38,7 +38,8 @@ from typing import Any
 import msgspec
 
 from broker.data_dir import DataDir, new_node_id
-from broker.definitions import (
+from broker.errors import AMQPError
+from broker.topology.definitions import (
     BindingDef,
     Change,
     Definitions,
@@ -47,8 +48,7 @@ from broker.definitions import (
     Removed,
     Unbound,
 )
-from broker.errors import AMQPError
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 
 log = logging.getLogger("shoal.definitions")
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 The supervisor is the single owner of queue state (DESIGN.md). Every worker's
 request ring is drained in order and each record is applied to the domain
-(:class:`broker.vhost.VirtualHost`) here. Nothing in this module does IO: the
+(:class:`broker.topology.vhost.VirtualHost`) here. Nothing in this module does IO: the
 answers are appended to a per-worker *outbox* and the consumers to wake are
 appended to a per-worker *notify* list; the runtime (``broker.supervisor``)
 writes outboxes into event rings, sets notify slots and kicks eventfds.
@@ -66,7 +66,7 @@ from broker.open_channels import (
 from broker.paging import Pager
 from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.queue import Queue, QueueEntry
-from broker.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
+from broker.topology.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
 from ipc import records as r
 
 log = logging.getLogger("shoal.dispatch")
@@ -407,7 +407,7 @@ class Dispatcher:
     def tick(self, now: float) -> float | None:
         """The timer: expire messages, delete unused x-expires queues, release held
         messages, free a slice of purged and deleted queues' bodies -- a bounded step
-        (broker.step_host). Returns the next deadline (None: nothing pending; ``now`` or
+        (broker.topology.step_host). Returns the next deadline (None: nothing pending; ``now`` or
         earlier: more to do at once)."""
         self.vhost.advance(now)
         self._return_budget = self.return_slice

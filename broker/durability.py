@@ -32,7 +32,6 @@ import trio
 
 from broker.data_dir import DataDir
 from broker.definition_store import DefinitionStore, Opened, open_definitions, restore
-from broker.definitions import TopologyJournal
 from broker.dispatch import Dispatcher
 from broker.index_moves import move_oldest
 from broker.message_store import (
@@ -50,6 +49,7 @@ from broker.message_store import (
 from broker.message_store import restore as restore_messages
 from broker.messages.message_journal import MessageJournal
 from broker.passwords import NOBODY, users_at_start
+from broker.topology.definitions import TopologyJournal
 from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause, write_all
 from ipc.logfile import segments as body_segments
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from broker.messages.message import Message
 from broker.messages.message_journal import MessageJournal
 from broker.queues.queue import Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 
 KEEP_FILES = 4  # an index of at most this many files is left as it is
 MOVE_LIMIT = 4096  # live messages a file may hold and still be moved out of, at once

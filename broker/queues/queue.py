@@ -109,7 +109,7 @@ class Queue:
         self.consumers = QueueConsumerManager()
         self.has_ever_had_consumers = False
         self.deleted = False
-        # Its virtual host's count of queues declared, when it was (broker.vhost.Routing: a
+        # Its virtual host's count of queues declared, when it was (broker.topology.vhost.Routing: a
         # publish split over steps skips a queue declared after it under a chosen name).
         self.declared = 0
         self._on_drop = on_drop

@@ -6,7 +6,7 @@ its next deadline (``schedule``) and hands it messages to dead-letter (``dead_le
 :class:`QueueHost` is generic in the queue type so that this module need not import
 :mod:`broker.queues.queue`: a queue's host is a ``QueueHost[Queue]``.
 
-Called from: the supervisor process (``broker.queues.queue``; ``broker.step_host`` is a virtual host's).
+Called from: the supervisor process (``broker.queues.queue``; ``broker.topology.step_host`` is a virtual host's).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from broker.messages.deadletter import DeadLetterReason
 from broker.messages.message import Message
 from broker.queues.graveyard import Graveyard, Words
 
-# Work per step (a batch of requests, a timer tick; see broker.step_host), each about 2 ms on the
+# Work per step (a batch of requests, a timer tick; see broker.topology.step_host), each about 2 ms on the
 # project's shared 2-core machine (perf/bench_supervisor_slices.py): entries of purged and
 # deleted queues let go of (a message reference dropped, maybe a body freed) ...
 REAP_SLICE = 1000
@@ -46,7 +46,7 @@ class BodyCodec(Protocol):
 
 
 class QueueHost(Protocol[_Queue_contra]):
-    """What a queue needs from its virtual host (broker.vhost.VirtualHost implements it: StepHost)."""
+    """What a queue needs from its virtual host (broker.topology.vhost.VirtualHost implements it: StepHost)."""
 
     now: float  # the latest monotonic time the runtime passed in
     epoch_offset: float  # Unix time minus monotonic time

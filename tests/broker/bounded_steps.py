@@ -6,7 +6,7 @@ helpers that publish, tick until idle and check each body is freed once. The `sl
 from __future__ import annotations
 
 from broker.messages.message import Message
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import message
 
 K = 7  # entries let go of per step

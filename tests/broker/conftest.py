@@ -6,7 +6,7 @@ import pytest
 
 from broker.messages.message import Message
 from broker.queues.queue import Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.bounded_steps import K
 from tests.broker.support import EPOCH, ME
 

@@ -11,7 +11,7 @@ from broker.queues.arguments import parse_expiration, parse_queue_arguments
 from broker.queues.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
 from broker.queues.featured.featured_queue import FeaturedQueue
 from broker.queues.queue import Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, message
 
 SUBJECT = "queue 'q' in vhost '/'"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from broker.messages.message import Message
 from broker.queues.queue import QueueEntry
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import EPOCH, ME, message
 
 QUEUES: dict[str, dict[str, Any]] = {

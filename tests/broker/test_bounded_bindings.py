@@ -15,8 +15,8 @@ from collections.abc import Callable
 import pytest
 
 from broker.errors import NotFound
-from broker.exchange import ExchangeDestination
-from broker.vhost import VirtualHost
+from broker.topology.exchange import ExchangeDestination
+from broker.topology.vhost import VirtualHost
 from tests.broker.bounded_steps import K, N, _reap_all
 from tests.broker.support import ME, message
 

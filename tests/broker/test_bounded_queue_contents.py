@@ -21,7 +21,7 @@ import pytest
 from broker.dispatch import Dispatcher
 from broker.messages.message import Message
 from broker.queues.queue import DEAD_LETTER_COST, Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from ipc import records as r
 from tests.broker.bounded_steps import K, N, _exactly_once, _publish, _reap_all
 from tests.broker.support import ME, attach, consumer, message

@@ -16,7 +16,7 @@ from broker.dispatch import Dispatcher
 from broker.errors import ResourceLocked
 from broker.messages.message import Message
 from broker.queues.consumer_manager import QueueConsumer
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from ipc import records as r
 from tests.broker.bounded_steps import OTHER, K, N, _exactly_once, _publish, _reap_all
 from tests.broker.support import ME, consumer

@@ -20,8 +20,8 @@ from broker.definition_store import (
     inspect,
     open_definitions,
 )
-from broker.definitions import QueueDef
 from broker.passwords import hashed
+from broker.topology.definitions import QueueDef
 
 # The schema of the Shoal that wrote no marker (schema 1): what an upgraded directory holds.
 _SCHEMA_1 = """

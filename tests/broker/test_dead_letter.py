@@ -7,7 +7,7 @@ import datetime
 from broker.messages.deadletter import DeadLetter, dead_letter_copy, is_cycle
 from broker.messages.message import Message, drop_reference
 from broker.queues.queue import Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import EPOCH, ME, attach, consumer, message
 
 DLX_ARGS = {"x-dead-letter-exchange": "dlx"}

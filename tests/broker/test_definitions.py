@@ -1,5 +1,5 @@
 """Durable topology: the journal the virtual host keeps, the SQLite store, restoring from it,
-and the data directory's lock (broker.definitions, broker.definition_store, broker.data_dir)."""
+and the data directory's lock (broker.topology.definitions, broker.definition_store, broker.data_dir)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from broker.data_dir import DataDir, DataDirInUse, default_data_dir
 from broker.definition_store import DefinitionStore, DefinitionStoreError, restore
-from broker.definitions import (
+from broker.queues.consumer_manager import QueueConsumer
+from broker.topology.definitions import (
     BindingDef,
     Definitions,
     ExchangeDef,
@@ -21,8 +22,7 @@ from broker.definitions import (
     TopologyJournal,
     Unbound,
 )
-from broker.queues.consumer_manager import QueueConsumer
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 
 ME = ("w0", 1)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker.messages.message import Message
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, message
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from broker.errors import CommandInvalid, PreconditionFailed
-from broker.exchange import Exchange, _HeadersMatcher, topic_words
+from broker.topology.exchange import Exchange, _HeadersMatcher, topic_words
 
 
 def _topic(*patterns: str) -> Exchange:

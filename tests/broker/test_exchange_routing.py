@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from broker.errors import AccessRefused, NotFound, PreconditionFailed
-from broker.exchange import ExchangeDestination
 from broker.messages.message import Message
-from broker.vhost import VirtualHost
+from broker.topology.exchange import ExchangeDestination
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from broker.queues.entry_state import AVAILABLE, HELD
 from broker.queues.featured.featured_queue import FeaturedQueue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import EPOCH, ME, attach, consumer, message
 
 HOLD = {"holdOnPublishEnabled": True}

@@ -10,7 +10,7 @@ import msgspec
 
 from broker.message_store import IndexLog, load_index, restore, set_aside
 from broker.messages.message_journal import MessageJournal
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from ipc import logfile
 from ipc.arena import Arena
 from ipc.logfile import FRAME, INDEX_MAGIC, INDEX_MAGIC_V1, SYNC, BodyLog, frame, scan_index

@@ -7,7 +7,7 @@ from typing import Any
 from broker.messages.message import Message
 from broker.queues.featured.featured_queue import FeaturedQueue
 from broker.queues.queue import Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from broker.messages.message import Message
 from broker.queues.queue import Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, keys, message
 
 SHARED = {"qpid.group_header_key": "grp", "qpid.shared_msg_group": 1}

@@ -10,7 +10,7 @@ from broker.messages.body_ref import body_log_at, pack_body_ref, paged_body_ref,
 from broker.messages.message import FullMessage
 from broker.messages.message_journal import MessageJournal
 from broker.paging import Pager
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from ipc import records as r
 from ipc.arena import Arena
 from ipc.logfile import BODY_OVERHEAD, BodyLog

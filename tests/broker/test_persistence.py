@@ -15,7 +15,7 @@ from broker.message_store import ArenasFull, IndexLog, load_index, restore
 from broker.messages.body_ref import unpack_body_ref
 from broker.messages.message import Message
 from broker.messages.message_journal import ConfirmGate, MessageJournal
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from ipc import logfile
 from ipc import records as r
 from ipc.arena import Arena

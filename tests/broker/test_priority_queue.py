@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message
 
 

@@ -8,7 +8,7 @@ from broker.errors import AccessRefused
 from broker.queues.consumer_manager import NOT_INTERESTED
 from broker.queues.consumer_modes import SingleActiveConsumer
 from broker.queues.queue import Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, fill, keys, message
 
 SAC = {"x-single-active-consumer": True}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from broker.messages.message import Message
 from broker.queues.entry_state import ACQUIRED
 from broker.queues.featured.featured_queue import FeaturedQueue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, message
 
 

@@ -15,7 +15,7 @@ from broker.errors import (
     ResourceLocked,
 )
 from broker.messages.message import Message
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import attach, consumer, message
 
 ME, OTHER = ("w0", 1), ("w1", 2)

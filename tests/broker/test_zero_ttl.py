@@ -19,7 +19,7 @@ from broker.queues.entry_state import ACQUIRED
 from broker.queues.featured.featured_queue import FeaturedQueue
 from broker.queues.featured.zero_ttl import ZERO_TTL_GRACE
 from broker.queues.queue import Queue
-from broker.vhost import VirtualHost
+from broker.topology.vhost import VirtualHost
 from tests.broker.support import ME, attach, consumer, keys, message
 
 DLX_ARGS = {"x-dead-letter-exchange": "dlx"}

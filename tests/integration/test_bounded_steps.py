@@ -3,7 +3,7 @@ keep being served, and every body is freed (its arena space is used again); one 
 channel close settling tens of thousands of deliveries at once works like a small one.
 
 The supervisor frees a purged or deleted queue's bodies a slice at a time between other work
-(broker.vhost, "bounded steps"); this checks what a client can see of that, never a time:
+(broker.topology.vhost, "bounded steps"); this checks what a client can see of that, never a time:
 - queue.purge-ok / queue.delete-ok carry the message count, and the queue is empty (or, declared
   again, new and empty) in the very next answer;
 - a client on another queue gets its answers meanwhile;

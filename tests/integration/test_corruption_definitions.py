@@ -18,7 +18,7 @@ import pika.exceptions
 import pytest
 
 from broker.definition_store import DefinitionStore
-from broker.definitions import QueueDef
+from broker.topology.definitions import QueueDef
 from tests.integration.harness import (
     HOST,
     REPO_ROOT,

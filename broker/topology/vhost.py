@@ -7,15 +7,15 @@ deleting a missing queue or exchange succeeds, unbinding a missing binding succe
 exclusive queue is never durable, and exclusivity mismatches are 405 RESOURCE_LOCKED.
 
 ``owner`` is an opaque connection key (the runtime uses ``(worker, conn)``); exclusive queues
-belong to one owner and go with it (:mod:`broker.exclusive_queues`). The bindings *to* each
-queue and exchange are indexed (:mod:`broker.binding_index`) so that deleting one is O(those).
+belong to one owner and go with it (:mod:`broker.topology.exclusive_queues`). The bindings *to* each
+queue and exchange are indexed (:mod:`broker.topology.binding_index`) so that deleting one is O(those).
 
-Routing is :class:`broker.routing.Router`'s (RabbitMQ ``rabbit_exchange:route``); the virtual
+Routing is :class:`broker.topology.routing.Router`'s (RabbitMQ ``rabbit_exchange:route``); the virtual
 host keeps the two fast paths of basic.publish and says what a publish did in a
 :class:`PublishOutcome`.
 
 Time, timers, dead letters and bounded steps -- what the virtual host is to its queues and to
-the runtime's timer -- are :class:`broker.step_host.StepHost`'s, which it derives from.
+the runtime's timer -- are :class:`broker.topology.step_host.StepHost`'s, which it derives from.
 
 Called from: the supervisor process (``broker.dispatch``).
 """
@@ -29,15 +29,7 @@ from itertools import islice
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from broker.binding_index import BindingIndex
-from broker.definitions import TopologyJournal
 from broker.errors import AccessRefused, NotFound, PreconditionFailed
-from broker.exchange import (
-    Exchange,
-    ExchangeDestination,
-    check_exchange_type,
-)
-from broker.exclusive_queues import ExclusiveQueues
 from broker.messages.field_tables import args_inequivalence, field_inequivalence
 from broker.messages.headers import has_routing_headers
 from broker.messages.message import Message, drop_reference
@@ -46,8 +38,16 @@ from broker.queues.arguments import QUEUE_ARG_DEFAULTS, QUEUE_ARG_KEYS, check_re
 from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.featured.queue_kinds import make_queue, upgrade
 from broker.queues.queue import Queue
-from broker.routing import DeadLetterRouter, Router
-from broker.step_host import StepHost
+from broker.topology.binding_index import BindingIndex
+from broker.topology.definitions import TopologyJournal
+from broker.topology.exchange import (
+    Exchange,
+    ExchangeDestination,
+    check_exchange_type,
+)
+from broker.topology.exclusive_queues import ExclusiveQueues
+from broker.topology.routing import DeadLetterRouter, Router
+from broker.topology.step_host import StepHost
 
 # AMQP 0-9-1 §3.1.3: the default exchange plus the amq.* ones a broker must pre-declare.
 STANDARD_EXCHANGES = (
@@ -145,7 +145,7 @@ class VirtualHost(StepHost):
         for exchange_name, type_name in STANDARD_EXCHANGES:
             self._exchanges[exchange_name] = Exchange(exchange_name, type_name, durable=True, vhost=name)
         self._router = self.router = Router(self._exchanges, self._queues)
-        # Time, steps, deadlines and dead letters (broker.step_host).
+        # Time, steps, deadlines and dead letters (broker.topology.step_host).
         dead_letters = DeadLetterRouter(self._router, self._exchanges, on_drop)
         super().__init__(dead_letters, now=now, epoch_offset=epoch_offset)
         # Queues whose kind is not plain: while there are none, publishing through an exchange

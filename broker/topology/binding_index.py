@@ -1,11 +1,11 @@
 """A virtual host's reverse binding index: for each queue and exchange, the exchanges bound to it.
 
-An exchange holds its own bindings, by destination (:mod:`broker.exchange`). Deleting a queue
+An exchange holds its own bindings, by destination (:mod:`broker.topology.exchange`). Deleting a queue
 or an exchange must find the bindings *to* it without looking at every exchange, so the virtual
 host keeps this index beside them: a delete is O(the bindings to it). Queues and exchanges
 have separate indexes (a queue and an exchange may share a name).
 
-Called from: the supervisor process (``broker.vhost``).
+Called from: the supervisor process (``broker.topology.vhost``).
 """
 
 from __future__ import annotations

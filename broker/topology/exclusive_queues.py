@@ -6,7 +6,7 @@ RESOURCE_LOCKED. RabbitMQ check_exclusive_access/3: the lax check (consume, get,
 delete) lets anyone use a non-exclusive queue; the strict one (a non-passive redeclare) also
 wants the declared exclusivity to match.
 
-Called from: the supervisor process (``broker.vhost``).
+Called from: the supervisor process (``broker.topology.vhost``).
 """
 
 from __future__ import annotations

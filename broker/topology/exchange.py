@@ -23,7 +23,7 @@ fanout and headers ignore routing keys anyway).
 Field values -- how they freeze, compare and print, and the redeclare checks built on that
 (RabbitMQ ``assert_equivalence``) -- are :mod:`broker.messages.field_tables`'s, shared with queues.
 
-Called from: the supervisor process, through :class:`broker.vhost.VirtualHost`.
+Called from: the supervisor process, through :class:`broker.topology.vhost.VirtualHost`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a virtual host is to its queues and to the runtime's timer: time, steps, deadlines.
 
-:class:`broker.vhost.VirtualHost` derives from :class:`StepHost`: its queues call it as their
+:class:`broker.topology.vhost.VirtualHost` derives from :class:`StepHost`: its queues call it as their
 :class:`broker.queues.queue_host.QueueHost` (``now``, ``schedule``, ``dead_letter``, ``bury``,
 ``discard``, ``expire_budget``), and the runtime calls :meth:`StepHost.advance`,
 :meth:`StepHost.next_deadline`, :meth:`StepHost.tick` and :meth:`StepHost.drain`.
@@ -8,7 +8,7 @@
 Time, timers and dead letters. The domain reads no clock: ``now`` (monotonic seconds) comes in
 as an argument, and the virtual host remembers the latest (:meth:`StepHost.advance`).
 Queues register deadlines (TTL at the head, held messages, x-expires leases; kept by
-:class:`broker.timers.Timers`) and the runtime calls :meth:`StepHost.tick` when
+:class:`broker.topology.timers.Timers`) and the runtime calls :meth:`StepHost.tick` when
 :meth:`StepHost.next_deadline` is reached. A queue that
 dead-letters a message asks the virtual host for a copy (:meth:`StepHost.dead_letter`) at
 once, pinning the body; the copy is routed by :meth:`StepHost.drain`, which publish and tick
@@ -27,7 +27,7 @@ budget leaves the queue's deadline due: the same. Dead-letter copies are offered
 ``dead_letter_slice`` queues a step (a dead-letter exchange may be bound to thousands); the rest
 wait in order, :meth:`next_deadline` says "now", and a tick expires nothing until they are gone.
 
-Called from: the supervisor process (``broker.vhost``; ``broker.dispatch`` through it).
+Called from: the supervisor process (``broker.topology.vhost``; ``broker.dispatch`` through it).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.graveyard import Graveyard, Words
 from broker.queues.queue import Queue
 from broker.queues.queue_host import DEAD_LETTER_SLICE, EXPIRE_SLICE, REAP_SLICE, BodyCodec
-from broker.routing import DeadLetterRouter
-from broker.timers import Timers
+from broker.topology.routing import DeadLetterRouter
+from broker.topology.timers import Timers
 
 
 class TickOutcome(NamedTuple):
@@ -85,7 +85,7 @@ class StepHost:
         self.body_codec: BodyCodec | None = None
 
     def _delete_queue(self, queue: Queue) -> list[QueueConsumer]:
-        """Delete ``queue`` from the virtual host; returns its consumers (broker.vhost)."""
+        """Delete ``queue`` from the virtual host; returns its consumers (broker.topology.vhost)."""
         raise NotImplementedError
 
     def advance(self, now: float) -> None:

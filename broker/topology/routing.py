@@ -9,7 +9,7 @@ its routing key and every CC and BCC key at each step, still reaching each queue
 The virtual host keeps its own two fast paths (the default exchange, and an exchange bound only
 to plain queues) and comes here for everything else: publishes that need checks, and dead-letter
 copies (:class:`DeadLetterRouter`; what a copy carries is :mod:`broker.messages.deadletter`'s).
-Called from: the supervisor process (``broker.vhost``; dead letters ``broker.step_host``).
+Called from: the supervisor process (``broker.topology.vhost``; dead letters ``broker.topology.step_host``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from broker.errors import PreconditionFailed
-from broker.exchange import (
-    Exchange,
-    ExchangeDestination,
-)
 from broker.messages.deadletter import DeadLetter, DeadLetterReason, dead_letter_copy, is_cycle
 from broker.messages.headers import has_routing_headers, header_routes
 from broker.messages.message import (
@@ -35,6 +31,10 @@ from broker.messages.message import (
 )
 from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.queue import Queue
+from broker.topology.exchange import (
+    Exchange,
+    ExchangeDestination,
+)
 
 
 class Router:
@@ -100,7 +100,7 @@ class Router:
                     d.name in self._exchanges if type(d) is ExchangeDestination else d in self._queues
                     for d in destinations):
                 # Nothing, or only bindings of a deleted queue or exchange still going
-                # (broker.vhost _unbind_destination), which RabbitMQ would have removed with it.
+                # (broker.topology.vhost _unbind_destination), which RabbitMQ would have removed with it.
                 destinations = (ExchangeDestination(current.alternate),)
             for destination in destinations:
                 if type(destination) is not ExchangeDestination:

@@ -3,7 +3,7 @@
 A queue asks for a tick at a deadline (a TTL at its head, a held message, an x-expires lease)
 through :meth:`VirtualHost.schedule`; an earlier request replaces a later one. The heap keeps
 superseded entries and skips them lazily, so a reschedule is O(log n) and never a search.
-Called from: the supervisor process (``broker.step_host``, for ``broker.vhost``).
+Called from: the supervisor process (``broker.topology.step_host``, for ``broker.topology.vhost``).
 """
 
 from __future__ import annotations
