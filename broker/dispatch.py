@@ -63,9 +63,9 @@ from broker.open_channels import (
     Returning,
     Subscription,
 )
-from broker.paging import Pager
 from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.queue import Queue, QueueEntry
+from broker.storage.paging import Pager
 from broker.topology.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
 from ipc import records as r
 
@@ -244,7 +244,7 @@ class Dispatcher:
         # Publisher confirms waiting for the index log's sync (shoal serve --data-dir).
         self.confirms = ConfirmGate()
         self.listings = Listings()  # shoal list-connections requests in progress
-        # Message bodies paged out of arenas past their mark (--data-dir; broker.paging).
+        # Message bodies paged out of arenas past their mark (--data-dir; broker.storage.paging).
         self.pager = Pager(self.region_bytes, self._free,
                            lambda message: drop_reference(message, self._drop), self._paged_body,
                            self._channels.viewed)
@@ -527,7 +527,7 @@ class Dispatcher:
 
     def index_synced(self, mark: int) -> None:
         """The index log is on disk up to journal mark ``mark``: send the confirms it held."""
-        if self.vhost.messages is not None:  # old index files wait for it (broker.index_moves)
+        if self.vhost.messages is not None:  # old index files wait for it (broker.storage.index_moves)
             self.vhost.messages.synced = max(self.vhost.messages.synced, mark)
         for (worker, _, _), event in self.confirms.release(mark):
             if type(event) is r.Confirm:

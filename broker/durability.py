@@ -14,8 +14,8 @@ the supervisor calls it at four moments:
   the meantime cancel out and are not written, ``broker.messages.message_journal``), then fsyncs off the
   event loop; after it, the publisher confirms held for it go out.
 
-Layout and what each file holds: ``broker.data_dir``, ``broker.definition_store``,
-``broker.message_store``, ``ipc.logfile``.
+Layout and what each file holds: ``broker.storage.data_dir``, ``broker.storage.definition_store``,
+``broker.storage.message_store``, ``ipc.logfile``.
 """
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from typing import Any
 
 import trio
 
-from broker.data_dir import DataDir
-from broker.definition_store import DefinitionStore, Opened, open_definitions, restore
 from broker.dispatch import Dispatcher
-from broker.index_moves import move_oldest
-from broker.message_store import (
+from broker.messages.message_journal import MessageJournal
+from broker.passwords import NOBODY, users_at_start
+from broker.storage.data_dir import DataDir
+from broker.storage.definition_store import DefinitionStore, Opened, open_definitions, restore
+from broker.storage.index_moves import move_oldest
+from broker.storage.message_store import (
     INDEX_DIR,
     ArenasFull,
     IndexLog,
@@ -46,9 +48,7 @@ from broker.message_store import (
     load_index,
     set_aside,
 )
-from broker.message_store import restore as restore_messages
-from broker.messages.message_journal import MessageJournal
-from broker.passwords import NOBODY, users_at_start
+from broker.storage.message_store import restore as restore_messages
 from broker.topology.definitions import TopologyJournal
 from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause, write_all
 from ipc.logfile import segments as body_segments
@@ -73,7 +73,7 @@ class Durability:
         self.saturated = CpuSaturation()  # whether a busy sync's successor waits (ipc.logfile)
 
     def recover_definitions(self) -> None:
-        """Open the definitions (``broker.definition_store.open_definitions``: refused with
+        """Open the definitions (``broker.storage.definition_store.open_definitions``: refused with
         DataDirDamaged, nothing changed, when they cannot be this directory's) and declare them."""
         started = time.monotonic()
         opened = open_definitions(self.data)
@@ -116,7 +116,7 @@ class Durability:
         return users
 
     def recover_messages(self, arenas: list[Any], arena_mb: int) -> None:
-        """Persistent messages back onto their durable queues. With paging (``broker.paging``)
+        """Persistent messages back onto their durable queues. With paging (``broker.storage.paging``)
         their bodies stay on disk until delivered; without, they go into ``arenas`` (worker k's
         is ``arenas[k]``), and ArenasFull is raised when they do not fit.
 

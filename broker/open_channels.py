@@ -243,7 +243,7 @@ def delivery(entry_id: int, entry: QueueEntry, *, basic_get: bool = False) -> r.
     root = message.origin or message  # a dead-letter copy's body is its origin's
     ref = root.body_ref
     headers = entry.queue.delivery_headers(entry, basic_get=basic_get)
-    if ref < 0:  # paged out (broker.paging): the worker reads it from the body log
+    if ref < 0:  # paged out (broker.storage.paging): the worker reads it from the body log
         return _paged_delivery(entry_id, entry, ref, headers)
     region, offset, header_len, body_len = unpack_body_ref(ref)
     if headers is None:

@@ -10,7 +10,7 @@ in the data directory, plus those given at this start (``--user``, ``--users-fil
 directory with none given, ``guest``/``guest`` is created, as RabbitMQ creates its default user
 on first boot only; a user given there instead means no guest. Never on a later start: a deleted
 guest stays deleted, and a data directory that lost its users is not opened
-(``broker.definition_store.open_definitions``).
+(``broker.storage.definition_store.open_definitions``).
 
 A pure module: the workers import it too (they check passwords against these hashes).
 """

@@ -39,13 +39,13 @@ import msgspec
 import trio
 
 from broker.control import ControlServer, default_control_path
-from broker.data_dir import DataDirDamaged, DataDirInUse
-from broker.definition_store import DefinitionStoreError
 from broker.dispatch import Dispatcher
 from broker.dispatch_trace import DispatchTrace
 from broker.durability import Durability
-from broker.message_store import ArenasFull
 from broker.passwords import DEFAULT_USER, hashed
+from broker.storage.data_dir import DataDirDamaged, DataDirInUse
+from broker.storage.definition_store import DefinitionStoreError
+from broker.storage.message_store import ArenasFull
 from ipc import collector
 from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
@@ -106,8 +106,8 @@ class ServeConfig:
     # fraction of the high watermark (RabbitMQ's vm_memory_high_watermark_paging_ratio).
     memory_paging_ratio: float = 0.5
     trace: str | None = None  # directory for trace files (shoal report reads them)
-    # Durable topology lives here (broker.data_dir); None: nothing survives a restart.
-    # `shoal serve` always passes one (--data-dir, default broker.data_dir.default_data_dir).
+    # Durable topology lives here (broker.storage.data_dir); None: nothing survives a restart.
+    # `shoal serve` always passes one (--data-dir, default broker.storage.data_dir.default_data_dir).
     data_dir: str | None = None
     # The disk alarm: publishers are blocked while the data directory has less free space
     # (bytes; RabbitMQ's disk_free_limit, 50 MB by default). 0: no disk alarm.

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import click
 from click.core import ParameterSource
 
-from broker.data_dir import default_data_dir
+from broker.storage.data_dir import default_data_dir
 from broker.supervisor import ServeConfig, run
 from cli.control import list_connections
 from cli.report import report

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from broker.data_dir import DataDir, DataDirDamaged, DataDirInUse, default_data_dir
-from broker.definition_store import DefinitionStore, DefinitionStoreError, open_definitions
+from broker.storage.data_dir import DataDir, DataDirDamaged, DataDirInUse, default_data_dir
+from broker.storage.definition_store import DefinitionStore, DefinitionStoreError, open_definitions
 
 _DATA_DIR = click.option(
     "--data-dir", default=None, type=click.Path(file_okay=False),

@@ -13,7 +13,7 @@ frames are read one after the other, and one damaged frame must not hide the one
 begins one (``SHOALI2``); files of the previous version (``SHOALI1``, no SYNC) are read too,
 resynchronising by trying every offset. What was skipped comes back as a gap; whether a gap
 at a file's end is a torn tail (a crash mid-append: never confirmed, since a confirm waits
-for the sync that covers its frames) or damage is the reader's call (``broker.message_store``).
+for the sync that covers its frames) or damage is the reader's call (``broker.storage.message_store``).
 Nothing here raises on damaged input.
 
 Bodies (:class:`BodyLog`, :class:`BodyReader`): each worker appends the header and body of every
@@ -424,7 +424,7 @@ class BodyReader:
 
 class FrameSizes:
     """Checks that body frames are whole without reading them (a restart that leaves bodies on
-    disk, ``broker.paging``): each segment is mapped once, and a frame's length fields are read
+    disk, ``broker.storage.paging``): each segment is mapped once, and a frame's length fields are read
     from the mapping. The CRC is checked when the body is read, on delivery."""
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:

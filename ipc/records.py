@@ -379,7 +379,7 @@ class Delivery(msgspec.Struct, frozen=True, array_like=True):
     """One message handed to a consumer. ``reheader``: the content header must
     be re-encoded with ``headers`` and ``expiration`` (a dead-lettered message
     carries x-death; a redelivery from a delivery-limited queue x-delivery-count).
-    ``stored``: the body was paged out of the arena (``broker.paging``); it is in the body
+    ``stored``: the body was paged out of the arena (``broker.storage.paging``); it is in the body
     log at (worker, segment, offset, length), and ``region`` and ``offset`` mean nothing."""
 
     entry: int
@@ -486,7 +486,7 @@ class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
 class PageOut(_Record, frozen=True, tag="pageout"):
     """Append these transient bodies of this worker's arena -- (offset, header_len, body_len)
     -- to its body log and say where they went (``PagedOut``); the supervisor keeps each block
-    until then (broker.paging)."""
+    until then (broker.storage.paging)."""
 
     bodies: list[tuple[int, int, int]]
 

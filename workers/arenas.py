@@ -5,7 +5,7 @@ Channels hold this object (``workers.channel_config.ChannelResources``) to turn 
 handle into the content header and body they hand the connection, zero-copy, and to free
 their own worker's blocks; the worker uses it for every region's published counters.
 
-A message the supervisor paged out of its arena (``broker.paging``) is read back from the body
+A message the supervisor paged out of its arena (``broker.storage.paging``) is read back from the body
 log it is in (``Delivery.stored``: any worker's segment files under the
 data directory), checksum checked. The files opened for a batch of deliveries are closed after
 it (``close_files``), so a segment the supervisor removes is not held open.

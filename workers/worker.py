@@ -297,7 +297,7 @@ class Worker:
 
     def page_out(self, bodies: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         """Transient bodies of our arena, (offset, header_len, body_len), to the body log for
-        the supervisor to page out (broker.paging); where each went: (offset, segment, offset
+        the supervisor to page out (broker.storage.paging); where each went: (offset, segment, offset
         in it), segment -1 where it could not be written. Never synced: they are transient."""
         body_log = self.body_log
         if body_log is None:

@@ -33,7 +33,7 @@ def unpack_body_ref(ref: int) -> tuple[int, int, int, int]:
 
 
 
-# A paged-out body's handle (broker.paging) is negative: ~(the fields below, packed), so one
+# A paged-out body's handle (broker.storage.paging) is negative: ~(the fields below, packed), so one
 # comparison tells it apart. It says where the body is in the body log (worker, segment,
 # offset of its frame) besides the region and sizes; the frame's length follows from the sizes.
 # Bits, low to high: region 16, header_len 24, body_len 32, worker 16, segment 32, offset 32.

@@ -82,7 +82,7 @@ class PlainMessage(Message):
 
 class PageableMessage(PlainMessage):
     """A plain message published while its worker's arena was past half the paging mark: the
-    pager holds it and may page its body out (``broker.paging``), changing ``body_ref``. A
+    pager holds it and may page its body out (``broker.storage.paging``), changing ``body_ref``. A
     queue keeps it as an object until then; a :class:`PlainMessage` (never paged) or a paged
     one that only its queue holds may be kept as its body handle alone (``broker.queues.fifo_entries``).
     The class is the flag: no slot is spent on it."""

@@ -6,7 +6,7 @@ Here the publishing worker has already written the body (``ipc.logfile.BodyLog``
 first delivered (so a restart marks it redelivered), removed for good (ack, reject, expiry,
 drop-head...), or swept by a purge or a queue deletion -- in a :class:`MessageJournal`. The
 runtime takes the records after each batch and appends them to the index log
-(``broker.message_store``); a publisher confirm for a message with records waits until the log
+(``broker.storage.message_store``); a publisher confirm for a message with records waits until the log
 is synced up to them (``mark``).
 
 The journal also counts what each file on disk still holds, so the runtime can remove files as
@@ -72,10 +72,10 @@ class MessageJournal:
         self.segments_free: list[tuple[int, int]] = []  # (worker, segment) the runtime may remove
         self.index_file = 0  # the index file records go to now (the runtime moves it on)
         self._file_live: dict[int, int] = {}  # index file -> stored messages with E records there
-        # At start (broker.message_store.restore): restored messages' E and D records are in
+        # At start (broker.storage.message_store.restore): restored messages' E and D records are in
         # the index files already, and are not written again; everything else is.
         self.replaying = False
-        # Index files whose live messages were recorded again in a newer one (broker.index_moves):
+        # Index files whose live messages were recorded again in a newer one (broker.storage.index_moves):
         # file -> the mark those records end at; the file goes once the log is synced past it.
         self._moved: dict[int, int] = {}
         self.synced = 0  # the mark the index log is on disk up to (the runtime sets it)
@@ -132,7 +132,7 @@ class MessageJournal:
 
     def segment_used(self, worker: int, segment: int) -> None:
         """A message's body is in this segment: a persistent one, or a transient one paged out
-        (``broker.paging``; no index records: a restart forgets it). Needed while it lives."""
+        (``broker.storage.paging``; no index records: a restart forgets it). Needed while it lives."""
         key = (worker, segment)
         self._segment_live[key] = self._segment_live.get(key, 0) + 1
         if segment > self._segment_max.get(worker, -1):
@@ -184,7 +184,7 @@ class MessageJournal:
 
     def recorded_again(self, queue: str, message: Message, delivered: bool, now: float) -> None:
         """``message``, on durable ``queue``, is recorded again in the current index file (its
-        E record, and D if it was delivered), to let its old file go (broker.index_moves). The
+        E record, and D if it was delivered), to let its old file go (broker.storage.index_moves). The
         message counts in the new file from now on; call once per queue holding it."""
         stored = message.stored
         assert stored is not None

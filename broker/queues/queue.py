@@ -205,7 +205,7 @@ class Queue:
         return notify
 
     def restore(self, message: Message, *, redelivered: bool, now: float) -> None:
-        """A persistent message comes back at start, in enqueue order (broker.message_store);
+        """A persistent message comes back at start, in enqueue order (broker.storage.message_store);
         ``redelivered`` if it had been delivered. Nobody is notified: no consumer exists yet."""
         if self.deleted:
             raise InternalError(f"restore on deleted {self.description}")
@@ -384,7 +384,7 @@ class Queue:
 
     def stored_in(self, file: int, limit: int) -> list[tuple[Message, bool]] | None:
         """The messages held here whose E record is in index file ``file``, each with whether
-        it was delivered (broker.index_moves); None when that cannot be told by looking at
+        it was delivered (broker.storage.index_moves); None when that cannot be told by looking at
         ``limit`` entries past the delivered ones. The queue holds them in enqueue order, so
         the look stops at the first message recorded in a later file."""
         found: list[tuple[Message, bool]] = []

@@ -5,9 +5,9 @@ restarts; transient ones, exclusive queues (never durable) and the default bindi
 to ``""`` by its name, made again with the queue) are not kept. The virtual host records each
 change to durable topology in a :class:`TopologyJournal` as it happens (creation, deletion --
 auto-delete and x-expires included -- binding, unbinding); the runtime takes the changes after
-each batch and writes them in one transaction (:mod:`broker.definition_store`) before any reply
+each batch and writes them in one transaction (:mod:`broker.storage.definition_store`) before any reply
 of that batch goes out, so a declare-ok is never sent for a definition a crash could lose.
-At start the runtime loads the definitions and :func:`broker.definition_store.restore` declares
+At start the runtime loads the definitions and :func:`broker.storage.definition_store.restore` declares
 them again.
 
 Pure: no IO here.

@@ -427,7 +427,7 @@ class VirtualHost(StepHost):
 
     def restore_message(self, name: str, message: Message, redelivered: bool,
                         enqueued_at: float) -> bool:
-        """A persistent message comes back at start (broker.message_store) onto durable queue
+        """A persistent message comes back at start (broker.storage.message_store) onto durable queue
         ``name``, as enqueued at Unix time ``enqueued_at``; False if there is no such queue."""
         queue = self._queues.get(name)
         if queue is None or not queue.durable:

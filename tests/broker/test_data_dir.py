@@ -1,6 +1,6 @@
 """A data directory that was ever initialised is never taken for a new one: the marker, the
-node id in definitions.db, the digest and the generation (broker.data_dir,
-broker.definition_store.open_definitions)."""
+node id in definitions.db, the digest and the generation (broker.storage.data_dir,
+broker.storage.definition_store.open_definitions)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.data_dir import DataDir, DataDirDamaged
-from broker.definition_store import (
+from broker.passwords import hashed
+from broker.storage.data_dir import DataDir, DataDirDamaged
+from broker.storage.definition_store import (
     DefinitionStore,
     DefinitionStoreError,
     GenerationFile,
     inspect,
     open_definitions,
 )
-from broker.passwords import hashed
 from broker.topology.definitions import QueueDef
 
 # The schema of the Shoal that wrote no marker (schema 1): what an upgraded directory holds.

@@ -1,5 +1,5 @@
 """Durable topology: the journal the virtual host keeps, the SQLite store, restoring from it,
-and the data directory's lock (broker.topology.definitions, broker.definition_store, broker.data_dir)."""
+and the data directory's lock (broker.topology.definitions, broker.storage.definition_store, broker.storage.data_dir)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.data_dir import DataDir, DataDirInUse, default_data_dir
-from broker.definition_store import DefinitionStore, DefinitionStoreError, restore
 from broker.queues.consumer_manager import QueueConsumer
+from broker.storage.data_dir import DataDir, DataDirInUse, default_data_dir
+from broker.storage.definition_store import DefinitionStore, DefinitionStoreError, restore
 from broker.topology.definitions import (
     BindingDef,
     Definitions,

@@ -1,4 +1,4 @@
-"""Damage in the index files and body segments (broker.message_store, ipc.logfile): a damaged
+"""Damage in the index files and body segments (broker.storage.message_store, ipc.logfile): a damaged
 record is skipped and every intact one after it kept; only the newest file's tail after an
 unclean stop is a torn tail; what recovery cannot account for is set aside, never deleted."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import msgspec
 
-from broker.message_store import IndexLog, load_index, restore, set_aside
 from broker.messages.message_journal import MessageJournal
+from broker.storage.message_store import IndexLog, load_index, restore, set_aside
 from broker.topology.vhost import VirtualHost
 from ipc import logfile
 from ipc.arena import Arena
@@ -147,7 +147,7 @@ def test_a_damaged_magic_is_damage_and_the_frames_are_still_read(tmp_path: Path)
 
 
 def test_a_torn_tail_is_cut_off_so_that_a_later_start_does_not_call_it_damage(tmp_path: Path) -> None:
-    from broker.message_store import cut_torn_tail
+    from broker.storage.message_store import cut_torn_tail
     path = write_file(tmp_path, 0, [e_record("q", 1), e_record("q", 2)])
     path.write_bytes(path.read_bytes()[:-3])
     cut_torn_tail(load_index(tmp_path, clean=False))

@@ -1,4 +1,4 @@
-"""One old unacknowledged message does not keep every newer index file (broker.index_moves):
+"""One old unacknowledged message does not keep every newer index file (broker.storage.index_moves):
 the oldest file's last live messages are recorded again and the file goes once that is on
 disk; a restart then finds them as they were."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 from broker.dispatch import Dispatcher
 from broker.durability import Durability
-from broker.index_moves import KEEP_FILES
 from broker.messages.message_journal import MessageJournal
+from broker.storage.index_moves import KEEP_FILES
 from ipc import records as r
 from ipc.logfile import BodyLog, sync_files
 

@@ -1,15 +1,15 @@
-"""Paging (broker.paging): persistent bodies leave an arena past its mark, newest first, and
+"""Paging (broker.storage.paging): persistent bodies leave an arena past its mark, newest first, and
 deliveries of them name where they are on disk; restore leaves what is past the mark there."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from broker.message_store import IndexLog, load_index, restore
 from broker.messages.body_ref import body_log_at, pack_body_ref, paged_body_ref, unpack_paged_ref
 from broker.messages.message import FullMessage
 from broker.messages.message_journal import MessageJournal
-from broker.paging import Pager
+from broker.storage.message_store import IndexLog, load_index, restore
+from broker.storage.paging import Pager
 from broker.topology.vhost import VirtualHost
 from ipc import records as r
 from ipc.arena import Arena

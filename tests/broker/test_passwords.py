@@ -6,8 +6,8 @@ import base64
 import hashlib
 from pathlib import Path
 
-from broker.definition_store import DefinitionStore
 from broker.passwords import check_password, hash_password, hashed, users_at_start
+from broker.storage.definition_store import DefinitionStore
 
 
 def test_the_stored_form_is_rabbitmqs_salted_sha256() -> None:

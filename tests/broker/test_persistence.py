@@ -1,6 +1,6 @@
 """Persistent messages, the supervisor's half: index records per durable queue, confirms held for
 the index sync, body segments freed, the index file read back and messages restored
-(broker.messages.message_journal, broker.message_store)."""
+(broker.messages.message_journal, broker.storage.message_store)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from broker.dispatch import Dispatcher
-from broker.message_store import ArenasFull, IndexLog, load_index, restore
 from broker.messages.body_ref import unpack_body_ref
 from broker.messages.message import Message
 from broker.messages.message_journal import ConfirmGate, MessageJournal
+from broker.storage.message_store import ArenasFull, IndexLog, load_index, restore
 from broker.topology.vhost import VirtualHost
 from ipc import logfile
 from ipc import records as r
@@ -452,7 +452,7 @@ def test_a_barrier_with_nothing_unsynced_is_answered_at_once(h: Harness) -> None
 
 
 def test_records_made_again_to_move_an_old_file_on_are_never_cancelled(h: Harness) -> None:
-    """An E record written again in the newest index file (broker.index_moves) must be
+    """An E record written again in the newest index file (broker.storage.index_moves) must be
     followed by its R: the old file's E is on disk until the new one is."""
     h.declare("d", durable=True)
     h.publish("d", confirm=False)

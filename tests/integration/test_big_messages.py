@@ -54,7 +54,7 @@ def test_20_and_100_mib_bodies_go_through_with_the_defaults(broker: Broker, name
         del body
     # 120 MiB queued passes the default arena's paging mark (40% of 256 MiB): the newest body,
     # the 100 MiB one, is paged out to the data directory and its segment goes; the 20 MiB one
-    # keeps its own (broker.paging).
+    # keeps its own (broker.storage.paging).
     wait_until(lambda: len(_large_segments(broker)) == 1, 30, "the 100 MiB body paged out")
     assert "message bodies are paged out" in broker.log_tail()
     channel.basic_qos(prefetch_count=1)

@@ -355,7 +355,7 @@ def test_connection_blocked_and_unblocked(tmp_path: Path) -> None:
     connection.blocked; when the queue is purged it gets connection.unblocked and publishing
     goes on. pika only registers for these when the broker advertises the capability."""
     watermark = 64 * 1024
-    # The alarm itself: no paging before it (broker.paging).
+    # The alarm itself: no paging before it (broker.storage.paging).
     broker = start_broker(tmp_path / "broker", extra_args=[
         "--memory-high-watermark", str(watermark), "--memory-paging-ratio", "0"])
     driver = AsyncDriver(broker, "select")

@@ -257,7 +257,7 @@ def test_connection_blocked_and_unblocked_callbacks(tmp_path: Path) -> None:
     """py-amqp (and so kombu and celery) takes connection.blocked / unblocked through the
     on_blocked / on_unblocked callbacks; Shoal sends them around --memory-high-watermark."""
     watermark = 64 * 1024
-    # The alarm itself: no paging before it (broker.paging).
+    # The alarm itself: no paging before it (broker.storage.paging).
     broker = start_broker(tmp_path / "broker", extra_args=[
         "--memory-high-watermark", str(watermark), "--memory-paging-ratio", "0"])
     events: list[str] = []

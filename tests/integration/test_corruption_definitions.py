@@ -17,7 +17,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from broker.definition_store import DefinitionStore
+from broker.storage.definition_store import DefinitionStore
 from broker.topology.definitions import QueueDef
 from tests.integration.harness import (
     HOST,

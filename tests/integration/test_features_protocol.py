@@ -53,7 +53,7 @@ def small_messages_broker(tmp_path: Path) -> Iterator[Broker]:
 @pytest.fixture
 def watermark_broker(tmp_path: Path) -> Iterator[Broker]:
     """A broker started with --memory-high-watermark HIGH_WATERMARK (bytes)."""
-    # The alarm itself: no paging before it (broker.paging).
+    # The alarm itself: no paging before it (broker.storage.paging).
     instance = start_broker(tmp_path / "broker", extra_args=[
         "--memory-high-watermark", str(HIGH_WATERMARK), "--memory-paging-ratio", "0"])
     try:

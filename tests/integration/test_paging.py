@@ -1,4 +1,4 @@
-"""Queues longer than memory (broker.paging): with --data-dir, message bodies past a worker's
+"""Queues longer than memory (broker.storage.paging): with --data-dir, message bodies past a worker's
 paging mark leave its arena for the body log (persistent ones are there already, transient ones
 are written out first) and are read back when delivered, so a queue three times the size of
 --arena-mb fills without the memory alarm and drains with nothing lost; a durable one across a

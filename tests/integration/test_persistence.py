@@ -161,7 +161,7 @@ def test_a_committed_transaction_survives_a_sigkill(tmp_path: Path) -> None:
 
 @pytest.mark.deadline(180)
 def test_acks_and_deliveries_after_a_restart_hold_across_the_next_crash(tmp_path: Path) -> None:
-    """A restart keeps the index files it read (broker.message_store): what happens after it is
+    """A restart keeps the index files it read (broker.storage.message_store): what happens after it is
     recorded in a new file, and a start after a SIGKILL reads both -- acked messages stay gone,
     the rest come back in order, every one redelivered: after an unclean stop a delivery not
     yet recorded may have been lost, so each may have been delivered."""

@@ -1,4 +1,4 @@
-"""Paged-out bodies on the worker side (broker.paging): a delivery naming a body log location
+"""Paged-out bodies on the worker side (broker.storage.paging): a delivery naming a body log location
 is read back from disk, checksum checked; one that cannot be read is dropped, never sent."""
 
 from __future__ import annotations

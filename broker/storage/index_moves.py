@@ -1,6 +1,6 @@
 """Letting the oldest index file go while a few of its messages live on (Durability: disk use).
 
-An index file (``broker.message_store``) can only go once no live message has its E record in
+An index file (``broker.storage.message_store``) can only go once no live message has its E record in
 it, oldest first. One old message that stays queued or unacknowledged -- a consumer that holds a
 delivery for an hour -- would then keep every newer file too, however many messages have come
 and gone since (RabbitMQ's users report 400 GiB on disk for 1 GiB queued, rabbitmq-server#13939).

@@ -326,7 +326,7 @@ def restore(state: IndexState, journal: MessageJournal, data_dir: str | os.PathL
     ``arenas[k]`` is worker k's arena (``ipc.arena.Arena``); ``place(queue_name, message,
     redelivered, enqueued_at)`` enqueues one message on a queue and returns False when the queue
     does not exist any more (``Restored.gone``: the caller decides what becomes of its
-    entries). ``lazy`` (paging on, ``broker.paging``): every body stays on disk, paged out, and
+    entries). ``lazy`` (paging on, ``broker.storage.paging``): every body stays on disk, paged out, and
     only its frame is checked for being whole; its CRC is checked when it is read, on delivery.
     Otherwise each body is read, checked and placed in an arena, and :class:`ArenasFull` is
     raised when they do not fit. An entry whose body is not there is recorded as removed."""

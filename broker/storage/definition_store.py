@@ -13,7 +13,7 @@ checksum of its own on the main file's pages. So:
 * each commit is checkpointed into the main file at once (``wal_checkpoint(TRUNCATE)``): a
   damaged WAL can cost at most the batch a crash caught between its commit and checkpoint;
 * the ``meta`` table holds the node id (the data directory's marker holds it too,
-  ``broker.data_dir``), the generation (one more per committed batch; ``DIR/definitions.gen``
+  ``broker.storage.data_dir``), the generation (one more per committed batch; ``DIR/definitions.gen``
   gets it after each commit, so a database that comes back behind is seen) and a digest: the
   XOR of a hash of every row, kept by triggers in the transaction that changes the row. A start
   checks the digest and ``PRAGMA integrity_check``: a damaged page is refused, never half-read;
@@ -37,8 +37,8 @@ from typing import Any
 
 import msgspec
 
-from broker.data_dir import DataDir, new_node_id
 from broker.errors import AMQPError
+from broker.storage.data_dir import DataDir, new_node_id
 from broker.topology.definitions import (
     BindingDef,
     Change,
@@ -458,7 +458,7 @@ class Opened:
 def open_definitions(data: DataDir, vhost: str = "/", *, create: bool = True) -> Opened:
     """The definitions of ``data``, never those of a new directory in place of lost ones.
 
-    With the marker (``broker.data_dir``), definitions.db must be there, intact, and hold the
+    With the marker (``broker.storage.data_dir``), definitions.db must be there, intact, and hold the
     marker's node id; without it, a directory is new only if it has no tables, no WAL frames
     and no queue data (``create``: may one be created here), and a database from a Shoal that
     wrote no marker is adopted. Anything else raises DataDirDamaged: one line naming the file,

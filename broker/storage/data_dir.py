@@ -7,7 +7,7 @@ there so that a second broker can say who holds it. Layout::
 
     DIR/lock             the lock, and the PID of the broker holding it
     DIR/node.json        the marker: this directory's node id, written once its first start is done
-    DIR/definitions.db   durable exchanges, queues and bindings, and users (broker.definition_store)
+    DIR/definitions.db   durable exchanges, queues and bindings, and users (broker.storage.definition_store)
     DIR/definitions.gen  the number of the latest change batch committed there
 
 A directory that was ever initialised is never taken for a new one: the marker says it was,
@@ -31,7 +31,7 @@ MARKER = "node.json"
 DEFINITIONS = "definitions.db"
 GENERATION = "definitions.gen"
 FORMAT = 1  # the layout's version, in the marker: a newer one is refused
-# What holds queue data: files there mean the directory was in use (broker.message_store).
+# What holds queue data: files there mean the directory was in use (broker.storage.message_store).
 QUEUE_DATA = ("index", "bodies", "quarantine")
 _NODE = re.compile(r"[0-9a-f]{32}")
 
