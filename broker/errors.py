@@ -5,7 +5,7 @@ Soft errors close the channel (channel.close), hard errors close the connection
 The reply text is the explanation only; RabbitMQ sends ``"<REPLY_NAME> - <text>"`` on the
 wire, which :attr:`AMQPError.frame_text` builds.
 
-Called from: the supervisor process (the domain raises, ``broker.dispatch`` catches
+Called from: the supervisor process (the domain raises, ``broker.runtime.dispatch`` catches
 ``AMQPError`` -- never bare ``Exception`` -- and answers the worker) and the worker processes
 (``workers/`` raises the same classes; ``AMQPConnection.handle_error`` turns them into frames,
 and ``error_for_code`` rebuilds the supervisor's ``Error`` records).

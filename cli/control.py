@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from broker.control import default_control_path
+from broker.runtime.control import default_control_path
 
 COLUMNS = ("name", "user", "vhost", "state", "channels", "worker", "client", "recv_oct", "send_oct")
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import click
 from click.core import ParameterSource
 
+from broker.runtime.supervisor import ServeConfig, run
 from broker.storage.data_dir import default_data_dir
-from broker.supervisor import ServeConfig, run
 from cli.control import list_connections
 from cli.report import report
 from cli.users import delete_user, list_users

@@ -6,7 +6,7 @@ write ``DIR/<role>-<pid>.prof`` when they end (a clean stop: SIGTERM or Ctrl-C),
 ``python -m pstats``. cProfile roughly doubles the cost of each
 Python call, so rates measured meanwhile mean nothing; the split between functions does.
 
-Shared by the supervisor (``broker.supervisor``) and the workers (``workers.main``): the one
+Shared by the supervisor (``broker.runtime.supervisor``) and the workers (``workers.main``): the one
 place both may import from without crossing the layer rules is ``ipc``.
 """
 

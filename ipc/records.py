@@ -223,7 +223,7 @@ class PublishRun(_Publishing, frozen=True, tag="pubrun"):
     properties the supervisor reads (headers, expiration, priority) and not persistent: what a
     publisher sending to one queue makes, one record instead of one each. ``bodies``: offset,
     header length and body length of each, in publish order (flat). The supervisor applies
-    them as that many ``Publish`` records (``broker.dispatch.Dispatcher._publish_run``)."""
+    them as that many ``Publish`` records (``broker.runtime.dispatch.Dispatcher._publish_run``)."""
 
     bodies: list[int]
 

@@ -1,6 +1,6 @@
 """What the supervisor holds per queued message: bytes per message, by tracemalloc.
 
-In-process: a :class:`broker.dispatch.Dispatcher` is fed publish records the way the runtime
+In-process: a :class:`broker.runtime.dispatch.Dispatcher` is fed publish records the way the runtime
 feeds it (batches of 1,024, 128-byte bodies, one queue, default exchange), and tracemalloc
 counts what the supervisor's Python heap grew by, divided by the messages queued. Two shapes:
 
@@ -25,12 +25,12 @@ import gc
 import time
 import tracemalloc
 
-from broker.dispatch import Dispatcher
+from broker.runtime.dispatch import Dispatcher
 from ipc import records as r
 
 W = 0
 CONN, CH = 1, 1
-BATCH = 1024  # records per ring batch, as broker.supervisor.BATCH
+BATCH = 1024  # records per ring batch, as broker.runtime.supervisor.BATCH
 SIZE = 16 + 128  # content header + body
 
 

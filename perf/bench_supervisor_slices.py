@@ -1,6 +1,6 @@
 """How long one supervisor operation can hold the supervisor: purge, delete, a TTL burst.
 
-In-process: a :class:`broker.dispatch.Dispatcher` is fed records the way the runtime feeds it
+In-process: a :class:`broker.runtime.dispatch.Dispatcher` is fed records the way the runtime feeds it
 (``begin_batch`` / ``handle`` / ``end_batch`` for requests, ``tick`` for the timer), with a
 fake arena that counts frees (and raises on a double free). For each scenario it prints the
 longest single call -- the request that starts the work, or one timer tick finishing it -- the
@@ -25,13 +25,13 @@ import gc
 import time
 from collections.abc import Callable, Iterable
 
-from broker.dispatch import Dispatcher
-from broker.supervisor import STEP_WORK
+from broker.runtime.dispatch import Dispatcher
+from broker.runtime.supervisor import STEP_WORK
 from ipc import records as r
 
 W = 0
 CONN, CH = 1, 1
-PUBLISH_BATCH = 1024  # records per ring batch, as broker.supervisor.BATCH
+PUBLISH_BATCH = 1024  # records per ring batch, as broker.runtime.supervisor.BATCH
 FREEZE = True  # --keep-gc: False
 
 

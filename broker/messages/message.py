@@ -34,7 +34,7 @@ class Message:
     published without headers, expiration or priority (and not traced) is a
     :class:`PlainMessage`, which stores these five slots and reads the other fields as the
     class-level defaults below. Everything else is a :class:`FullMessage`. Annotations say
-    ``Message`` for either; only the runtime (``broker.dispatch``) and tests build them.
+    ``Message`` for either; only the runtime (``broker.runtime.dispatch``) and tests build them.
     """
 
     __slots__ = ("body_ref", "body_size", "exchange", "refs", "routing_key")

@@ -16,7 +16,7 @@ later file's ``R`` records only matter while an earlier one's ``E`` records are 
 segments in any order.
 
 A message that goes before its records are written leaves nothing to write: while the runtime
-holds the records (it writes them when the next sync starts, ``broker.durability``), an ``R``
+holds the records (it writes them when the next sync starts, ``broker.runtime.durability``), an ``R``
 for a message whose ``E`` is still among them cancels that ``E``, its ``D`` and itself
 (``cancelled``). A consumer that keeps up acks most messages inside one sync, and none of its
 messages reaches the index at all, as RabbitMQ's message store skips the write of a message

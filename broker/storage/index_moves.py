@@ -12,7 +12,7 @@ were delivered -- and the old file goes once the log is synced past them
 (one held elsewhere -- a dead-letter copy's origin, a purged queue's entry not yet let go of --
 keeps the file until a later attempt). Done once per new index file, in the batch that began it.
 
-Called from: the supervisor process (``broker.durability``).
+Called from: the supervisor process (``broker.runtime.durability``).
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ class Pager:
         self._free = free  # (region, offset, size): hand an arena block back
         self._unpin = unpin  # drop the reference a transient page-out held
         self._account = account  # (worker, segment): a message now lives in that segment
-        # A delivery of the message is held (broker.open_channels): its block stays, as a
+        # A delivery of the message is held (broker.runtime.open_channels): its block stays, as a
         # worker's unsent output may view it (ipc.records.VIEWED_BODY_MIN); paged later.
         self._viewed = viewed
         # Messages registered per arena, oldest first (some since gone or paged: dropped when

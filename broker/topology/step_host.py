@@ -27,7 +27,7 @@ budget leaves the queue's deadline due: the same. Dead-letter copies are offered
 ``dead_letter_slice`` queues a step (a dead-letter exchange may be bound to thousands); the rest
 wait in order, :meth:`next_deadline` says "now", and a tick expires nothing until they are gone.
 
-Called from: the supervisor process (``broker.topology.vhost``; ``broker.dispatch`` through it).
+Called from: the supervisor process (``broker.topology.vhost``; ``broker.runtime.dispatch`` through it).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class StepHost:
         self._dead_letter_budget = DEAD_LETTER_SLICE
         self._graveyard = Graveyard()
         self._reaping = False  # _reap is not re-entered (see there)
-        # The runtime's (broker.dispatch): lets plain queues keep a waiting message as its
+        # The runtime's (broker.runtime.dispatch): lets plain queues keep a waiting message as its
         # body handle alone (broker.queues.fifo_entries). None: they never do.
         self.body_codec: BodyCodec | None = None
 

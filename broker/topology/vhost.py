@@ -17,7 +17,7 @@ host keeps the two fast paths of basic.publish and says what a publish did in a
 Time, timers, dead letters and bounded steps -- what the virtual host is to its queues and to
 the runtime's timer -- are :class:`broker.topology.step_host.StepHost`'s, which it derives from.
 
-Called from: the supervisor process (``broker.dispatch``).
+Called from: the supervisor process (``broker.runtime.dispatch``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ dispatch tests and the tests built on them (standing pulls, flow control)."""
 
 from __future__ import annotations
 
-from broker.dispatch import Dispatcher
+from broker.runtime.dispatch import Dispatcher
 from ipc import records as r
 
 W0, W1 = 0, 1

@@ -3,8 +3,8 @@ down to nine), for the paging tests and the viewed-bodies tests built on them.""
 
 from __future__ import annotations
 
-from broker.dispatch import Dispatcher
 from broker.messages.message_journal import MessageJournal
+from broker.runtime.dispatch import Dispatcher
 from ipc import records as r
 from ipc.logfile import BODY_OVERHEAD
 

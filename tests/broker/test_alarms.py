@@ -1,11 +1,11 @@
-"""Resource alarms (broker.alarms): the disk alarm blocks every worker, the memory alarm its own
+"""Resource alarms (broker.runtime.alarms): the disk alarm blocks every worker, the memory alarm its own
 worker, the queued-messages alarm (the supervisor's memory) every worker, and each worker hears
 only about changes of its blocked state."""
 
 from __future__ import annotations
 
-from broker.alarms import Alarms
-from broker.dispatch import QUEUED_CHECK_INTERVAL, Dispatcher
+from broker.runtime.alarms import Alarms
+from broker.runtime.dispatch import QUEUED_CHECK_INTERVAL, Dispatcher
 from ipc import records as r
 
 

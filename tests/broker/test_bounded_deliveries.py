@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from broker.dispatch import Dispatcher
+from broker.runtime.dispatch import Dispatcher
 from ipc import records as r
 from tests.broker.bounded_steps import K, N
 

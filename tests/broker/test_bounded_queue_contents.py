@@ -18,9 +18,9 @@ import itertools
 
 import pytest
 
-from broker.dispatch import Dispatcher
 from broker.messages.message import Message
 from broker.queues.queue import DEAD_LETTER_COST, Queue
+from broker.runtime.dispatch import Dispatcher
 from broker.topology.vhost import VirtualHost
 from ipc import records as r
 from tests.broker.bounded_steps import K, N, _exactly_once, _publish, _reap_all

@@ -12,10 +12,10 @@ import itertools
 
 import pytest
 
-from broker.dispatch import Dispatcher
 from broker.errors import ResourceLocked
 from broker.messages.message import Message
 from broker.queues.consumer_manager import QueueConsumer
+from broker.runtime.dispatch import Dispatcher
 from broker.topology.vhost import VirtualHost
 from ipc import records as r
 from tests.broker.bounded_steps import OTHER, K, N, _exactly_once, _publish, _reap_all

@@ -6,8 +6,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from broker.control import sweep_stale_sockets
-from broker.dispatch import Dispatcher
+from broker.runtime.control import sweep_stale_sockets
+from broker.runtime.dispatch import Dispatcher
 from cli.control import format_table
 from ipc import records as r
 

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from broker.credit_flow import FLOW_HOLD
-from broker.dispatch import CREDIT_CHUNK, FLOW_BACKLOG
+from broker.runtime.credit_flow import FLOW_HOLD
+from broker.runtime.dispatch import CREDIT_CHUNK, FLOW_BACKLOG
 from ipc import records as r
 from tests.broker.dispatch_harness import Harness as DispatchHarness
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.dispatch import Dispatcher
-from broker.durability import Durability
 from broker.messages.message_journal import MessageJournal
+from broker.runtime.dispatch import Dispatcher
+from broker.runtime.durability import Durability
 from broker.storage.index_moves import KEEP_FILES
 from ipc import records as r
 from ipc.logfile import BodyLog, sync_files

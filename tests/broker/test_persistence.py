@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.dispatch import Dispatcher
 from broker.messages.body_ref import unpack_body_ref
 from broker.messages.message import Message
 from broker.messages.message_journal import ConfirmGate, MessageJournal
+from broker.runtime.dispatch import Dispatcher
 from broker.storage.message_store import ArenasFull, IndexLog, load_index, restore
 from broker.topology.vhost import VirtualHost
 from ipc import logfile
@@ -315,7 +315,7 @@ def test_messages_of_a_failed_body_write_are_lost_at_restart_and_the_rest_kept(
 
 def _restart(tmp_path: Path, *queues: str) -> tuple[VirtualHost, MessageJournal, IndexLog]:
     """A start: the index read back, its messages restored onto durable ``queues``, the new
-    index file begun (as broker.durability.Durability.recover_messages does)."""
+    index file begun (as broker.runtime.durability.Durability.recover_messages does)."""
     state = load_index(tmp_path, clean=True)
     journal = MessageJournal(last_id=state.max_id)
 
@@ -465,7 +465,7 @@ def test_records_made_again_to_move_an_old_file_on_are_never_cancelled(h: Harnes
 
 async def test_a_sync_with_only_cancelled_records_writes_nothing_and_skips_the_fsync(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from broker import durability
+    from broker.runtime import durability
 
     fsyncs: list[list[int]] = []
     monkeypatch.setattr(durability, "sync_files", lambda fds: fsyncs.append(list(fds)))
@@ -501,7 +501,7 @@ async def test_after_an_index_sync_that_covered_many_records_the_next_one_waits(
     one, none."""
     import trio
 
-    from broker import durability
+    from broker.runtime import durability
 
     monkeypatch.setattr(logfile, "SYNC_GAP", 60.0)
     d = Dispatcher(2, lambda region, offset: None)

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from broker.dispatch import Dispatcher
 from broker.errors import NotFound, PreconditionFailed
 from broker.messages.deadletter import DeadLetter
 from broker.messages.headers import header_routes
 from broker.messages.message import BlindCopied, FullMessage, Message, delivered_headers
 from broker.queues.queue import Queue
+from broker.runtime.dispatch import Dispatcher
 from broker.topology.exchange import Exchange
 from broker.topology.vhost import VirtualHost
 from ipc import records as r

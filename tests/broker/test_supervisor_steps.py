@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import trio
 
-from broker.supervisor import STEP_WORK, ServeConfig, Supervisor
+from broker.runtime.supervisor import STEP_WORK, ServeConfig, Supervisor
 from ipc import records as r
 
 ENTRIES = 1000  # per Settle: the work of a thousand acks

@@ -1,6 +1,6 @@
 """A delivery of a big body (ipc.records.VIEWED_BODY_MIN octets or more) may be sent from views
 of its arena block that wait for the client's socket: while a channel holds such a delivery the
-pager leaves its block where it is (broker.open_channels.viewed, broker.storage.paging), before a
+pager leaves its block where it is (broker.runtime.open_channels.viewed, broker.storage.paging), before a
 page-out and when one comes back; settled, the message is freed or paged as any other."""
 
 from __future__ import annotations

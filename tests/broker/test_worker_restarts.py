@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.supervisor import RESTART_BACKOFF, ServeConfig, Supervisor, _WorkerSlot
+from broker.runtime.supervisor import RESTART_BACKOFF, ServeConfig, Supervisor, _WorkerSlot
 from ipc.region import NOT_ACCEPTING, starting_deadline
 
 

@@ -137,7 +137,7 @@ def test_one_ack_nack_or_close_settling_tens_of_thousands_of_deliveries(tmp_path
         finish(broker)
 
 
-FANOUT = 3000  # queues: a publish to them is offered to them in three steps (broker.dispatch)
+FANOUT = 3000  # queues: a publish to them is offered to them in three steps (broker.runtime.dispatch)
 
 
 @pytest.mark.deadline(300)

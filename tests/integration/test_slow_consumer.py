@@ -17,7 +17,7 @@ from typing import Any
 import pika
 import pytest
 
-from broker.credit_flow import FLOW_BACKLOG
+from broker.runtime.credit_flow import FLOW_BACKLOG
 from tests.integration.harness import Broker, close_quietly
 from tests.integration.rawclient import unique_name
 

@@ -8,7 +8,7 @@ worker processes that inherit the socket and the fds (gunicorn's arbiter
 shape: signal handlers only record, the main loop reaps and restarts).
 
 For each worker one trio task drains its request ring into the
-:class:`~broker.dispatch.Dispatcher` and then *flushes*: every worker's
+:class:`~broker.runtime.dispatch.Dispatcher` and then *flushes*: every worker's
 outbox goes into its event ring, notify slots are set, and a worker's
 eventfd is written only if that worker said it was going to sleep. A busy
 broker therefore makes no syscall per message.
@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING
 import msgspec
 import trio
 
-from broker.control import ControlServer, default_control_path
-from broker.dispatch import Dispatcher
-from broker.dispatch_trace import DispatchTrace
-from broker.durability import Durability
 from broker.passwords import DEFAULT_USER, hashed
+from broker.runtime.control import ControlServer, default_control_path
+from broker.runtime.dispatch import Dispatcher
+from broker.runtime.dispatch_trace import DispatchTrace
+from broker.runtime.durability import Durability
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
 from broker.storage.message_store import ArenasFull
@@ -137,7 +137,7 @@ class _WorkerSlot:
 
 class Supervisor:
     """The supervisor process: owns the queues and the consumer manager (through the
-    :class:`broker.dispatch.Dispatcher`), starts and replaces the workers, applies each worker's
+    :class:`broker.runtime.dispatch.Dispatcher`), starts and replaces the workers, applies each worker's
     request ring in order, flushes events and notify slots back, and runs the timer and the
     control socket."""
 

@@ -1,6 +1,6 @@
 """``shoal list-connections`` in progress: each worker's rows as they come back.
 
-The control socket (``broker.control``) asks the dispatcher, which sends every live worker a
+The control socket (``broker.runtime.control``) asks the dispatcher, which sends every live worker a
 ``ListConnections`` record; each answers with ``ConnectionsListed``. A worker that dies before
 answering counts as answered (it has no connections to list any more).
 """

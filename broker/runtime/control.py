@@ -8,7 +8,7 @@ enter), by default ``$XDG_RUNTIME_DIR/shoal-<port>.sock`` or
 line, ``{"command": "list_connections"}``, and reads one JSON line back:
 ``{"connections": [...]}`` or ``{"error": "..."}``. ``{"command": "credit_flow"}`` answers
 ``{"withheld": [{"worker", "conn", "grants"}, ...]}``: per connection, how many times the
-supervisor held its publish credit back (broker.credit_flow), since the start.
+supervisor held its publish credit back (broker.runtime.credit_flow), since the start.
 
 Connections live in the workers, so listing them is a round trip on the rings: the
 supervisor sends ``ListConnections(request)`` to every worker that is up and waits (at
@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 import trio
 
-from broker.dispatch import Dispatcher
+from broker.runtime.dispatch import Dispatcher
 
 log = logging.getLogger("shoal.control")
 

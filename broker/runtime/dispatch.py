@@ -6,13 +6,13 @@ The supervisor is the single owner of queue state (DESIGN.md). Every worker's
 request ring is drained in order and each record is applied to the domain
 (:class:`broker.topology.vhost.VirtualHost`) here. Nothing in this module does IO: the
 answers are appended to a per-worker *outbox* and the consumers to wake are
-appended to a per-worker *notify* list; the runtime (``broker.supervisor``)
+appended to a per-worker *notify* list; the runtime (``broker.runtime.supervisor``)
 writes outboxes into event rings, sets notify slots and kicks eventfds.
 
 A consumer is known to the domain as a :class:`QueueConsumer` keyed by
 ``(worker, consumer id, slot)``: setting notify slot ``slot`` in that
 worker's shared memory is the seed's ``QueueConsumer#notifyWork``. Acquired entries are tracked per channel
-``(worker, conn, ch)`` (:mod:`broker.open_channels`) so that a channel, connection or whole
+``(worker, conn, ch)`` (:mod:`broker.runtime.open_channels`) so that a channel, connection or whole
 worker going away requeues exactly what it held, to its original position.
 
 Bodies never pass through here: a message carries its arena handle
@@ -31,12 +31,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from broker.alarms import Alarms
 from broker.constants import REPLY_TO
-from broker.credit_flow import ANYWHERE, CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
-from broker.dispatch_trace import DispatchTrace
 from broker.errors import AMQPError, InternalError
-from broker.listing import Listing, Listings
 from broker.messages.body_ref import (
     ARENA_BODY_CODEC,
     arena_block,
@@ -53,7 +49,13 @@ from broker.messages.message import (
     drop_reference,
 )
 from broker.messages.message_journal import ConfirmGate
-from broker.open_channels import (
+from broker.queues.consumer_manager import QueueConsumer
+from broker.queues.queue import Queue, QueueEntry
+from broker.runtime.alarms import Alarms
+from broker.runtime.credit_flow import ANYWHERE, CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
+from broker.runtime.dispatch_trace import DispatchTrace
+from broker.runtime.listing import Listing, Listings
+from broker.runtime.open_channels import (
     Channel,
     ChannelKey,
     Detaching,
@@ -63,8 +65,6 @@ from broker.open_channels import (
     Returning,
     Subscription,
 )
-from broker.queues.consumer_manager import QueueConsumer
-from broker.queues.queue import Queue, QueueEntry
 from broker.storage.paging import Pager
 from broker.topology.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
 from ipc import records as r
@@ -176,7 +176,7 @@ class Dispatcher:
         # Exchange-to-exchange walks count as a step's work (exchanges visited), as routed copies do.
         self._router = self.vhost.router
         self._returning = self._channels.returning  # closed channels' deliveries still held
-        # The runtime's bounded steps (broker.supervisor.STEP_WORK): work done since it last set
+        # The runtime's bounded steps (broker.runtime.supervisor.STEP_WORK): work done since it last set
         # this to 0 (a settled entry, a routed copy of a message; other requests are bounded by
         # the batch), and the most a step may do (None: no limit). A PublishRun that reaches
         # the limit stops, as does a publish to more queues than the step has left; what is
@@ -232,7 +232,7 @@ class Dispatcher:
         self._pub_seq = [0] * workers  # Publish records seen per worker incarnation
         # Memory alarm, per worker arena: bytes of messages held in region k; its publishers
         # are blocked at high_watermark and unblocked below low_watermark (hysteresis).
-        self.alarms = Alarms(workers)  # broker.alarms: memory per arena, disk
+        self.alarms = Alarms(workers)  # broker.runtime.alarms: memory per arena, disk
         self.region_bytes = self.alarms.region_bytes  # kept here, on the hot path
         self._queued_checked = float("-inf")  # when the last count of them began
         self._queued_count: _QueuedCount | None = None  # one under way
@@ -321,7 +321,7 @@ class Dispatcher:
         self.flow_tick()
 
     def flow_tick(self, *, all_credit: bool = False) -> None:
-        """Give back publish credit unless the supervisor is behind (broker.credit_flow);
+        """Give back publish credit unless the supervisor is behind (broker.runtime.credit_flow);
         raise or clear each worker's memory alarm. Called after every batch and by the timer
         (so credit held back while nothing else arrives is released within a tick)."""
         if self._credit.due:

@@ -30,9 +30,9 @@ from typing import Any
 
 import trio
 
-from broker.dispatch import Dispatcher
 from broker.messages.message_journal import MessageJournal
 from broker.passwords import NOBODY, users_at_start
+from broker.runtime.dispatch import Dispatcher
 from broker.storage.data_dir import DataDir
 from broker.storage.definition_store import DefinitionStore, Opened, open_definitions, restore
 from broker.storage.index_moves import move_oldest

@@ -11,7 +11,7 @@ The dispatcher holds one :class:`OpenChannels` and does what closing means to th
 what closed channels held and the dispatcher has not requeued yet (:class:`Returning`): a
 channel without prefetch can hold millions of deliveries, and they go back a slice per step.
 
-Called from: the supervisor process (``broker.dispatch``).
+Called from: the supervisor process (``broker.runtime.dispatch``).
 """
 
 from __future__ import annotations
