@@ -249,3 +249,43 @@ def test_a_channel_reaches_neither_its_connection_handler_nor_its_worker() -> No
     owners = {"workers.connection_handler", "workers.worker", "workers.server"}
     assert "workers.channel_consumers" in reached and "workers.consumer_target" in reached
     assert not reached & owners, sorted(reached & owners)
+
+
+# broker/'s groups, each importing only the groups before it (as Broker-J's server/queue,
+# exchange, virtualhost and store stack up): broker/ itself keeps what workers/ may import.
+BROKER_GROUPS = ("broker", "broker.messages", "broker.queues", "broker.queues.featured",
+                 "broker.topology", "broker.storage", "broker.runtime")
+
+
+def _group(module: str) -> str:
+    return max((g for g in BROKER_GROUPS if module == g or module.startswith(g + ".")), key=len)
+
+
+def group_order_offenders(graph: dict[str, list[Import]]) -> list[str]:
+    """Each import within broker/ that runs from a group to a later one."""
+    rank = {g: i for i, g in enumerate(BROKER_GROUPS)}
+    return [f"{imp.where}: {imp.source} ({_group(imp.source)}) imports {imp.target} "
+            f"({_group(imp.target)})"
+            for edges in graph.values() for imp in edges
+            if rank[_group(imp.target)] > rank[_group(imp.source)]]
+
+
+def test_broker_groups_import_only_the_groups_before_them() -> None:
+    """broker/: messages, then queues, featured queues, topology, storage, runtime; a module
+    imports its own group and the ones before it, never one after (read as mypy reads it)."""
+    graph = import_graph(("broker",))
+    ungrouped = [m for m in graph if _group(m) == "broker" and m not in (
+        "broker", "broker.errors", "broker.constants", "broker.passwords")]
+    assert not ungrouped, f"modules of broker/ outside its groups: {ungrouped}"
+    offenders = group_order_offenders(graph)
+    assert not offenders, "imports that run back up broker/'s groups:\n" + "\n".join(offenders)
+
+
+def test_the_group_order_check_finds_an_edge_that_runs_back() -> None:
+    """The check above can fail: a queue importing the runtime is reported, the runtime
+    importing a queue is not."""
+    back = Import("broker.queues.queue", "broker.runtime.dispatch", "broker/queues/queue.py:1")
+    down = Import("broker.runtime.dispatch", "broker.queues.queue", "broker/runtime/dispatch.py:1")
+    offenders = group_order_offenders({"broker.queues.queue": [back], "broker.runtime.dispatch": [down]})
+    assert offenders == ["broker/queues/queue.py:1: broker.queues.queue (broker.queues) imports "
+                         "broker.runtime.dispatch (broker.runtime)"]

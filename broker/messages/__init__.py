@@ -1,1 +1,2 @@
-"""A message and what travels with it: its body reference, routing headers, field tables, dead-letter copies and index records."""
+"""A message and what travels with it: body reference, routing headers, field tables,
+dead-letter copies, index records."""

@@ -6,7 +6,8 @@ its next deadline (``schedule``) and hands it messages to dead-letter (``dead_le
 :class:`QueueHost` is generic in the queue type so that this module need not import
 :mod:`broker.queues.queue`: a queue's host is a ``QueueHost[Queue]``.
 
-Called from: the supervisor process (``broker.queues.queue``; ``broker.topology.step_host`` is a virtual host's).
+Called from: the supervisor process (``broker.queues.queue``; ``broker.topology.step_host`` is
+a virtual host's).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class BodyCodec(Protocol):
 
 
 class QueueHost(Protocol[_Queue_contra]):
-    """What a queue needs from its virtual host (broker.topology.vhost.VirtualHost implements it: StepHost)."""
+    """What a queue needs from its virtual host (broker.topology.vhost.VirtualHost implements it:
+    StepHost)."""
 
     now: float  # the latest monotonic time the runtime passed in
     epoch_offset: float  # Unix time minus monotonic time

@@ -1,1 +1,2 @@
-"""The supervisor process: its loop, the dispatcher of ring records, credit flow, alarms, durability, control."""
+"""The supervisor process: its loop, the dispatcher of ring records, credit flow, alarms,
+durability, control."""

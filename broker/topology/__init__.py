@@ -1,1 +1,2 @@
-"""A virtual host's topology: exchanges and routing, bindings, exclusive queues, definitions, the stepped work it hosts."""
+"""A virtual host's topology: exchanges and routing, bindings, exclusive queues, definitions,
+the stepped work it hosts."""

@@ -1,1 +1,2 @@
-"""Queues with the features the plain queue leaves out: TTL, length limits, priorities, groups, delivery limits."""
+"""Queues with what the plain queue leaves out: TTL, length limits, priorities, groups,
+delivery limits."""

@@ -29,8 +29,8 @@ O(log n) per message) and is chosen at declare time only for queues that need it
 A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"``) is RabbitMQ's replacement for the
 ``immediate`` flag: delivered only to a consumer that can take it at once, else expired on
 arrival. How that is decided across a notification and the pulls it causes -- the *round* --
-is :mod:`broker.queues.featured.zero_ttl`'s; the queue holds a :class:`broker.queues.featured.zero_ttl.ZeroTtlRound`
-(``_zero``) and asks it.
+is :mod:`broker.queues.featured.zero_ttl`'s; the queue holds a
+:class:`broker.queues.featured.zero_ttl.ZeroTtlRound` (``_zero``) and asks it.
 
 Bounded steps (Overload). Expiring and releasing held messages spend the host's per-step
 ``expire_budget`` (a dead-lettered message costs ``DEAD_LETTER_COST``): when it runs out, the
@@ -104,8 +104,9 @@ class FeaturedQueue(Queue):
     def adopt_plain_entries(self) -> None:
         """Take over a plain queue's entries after its class was switched to this one.
 
-        broker.queues.featured.queue_kinds.upgrade: the first message with a per-message ``expiration`` turns a
-        plain queue into this kind. Positions, redelivered flags and acquired entries carry over.
+        broker.queues.featured.queue_kinds.upgrade: the first message with a per-message
+        ``expiration`` turns a plain queue into this kind. Positions, redelivered flags and acquired
+        entries carry over.
         """
         available = Queue.available_entries(self)
         for entry in available:  # a plain queue draws ids at delivery; this kind at enqueue

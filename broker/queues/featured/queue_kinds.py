@@ -11,7 +11,8 @@ any feature. Arguments select, at declare time:
 A per-message ``expiration`` needs featured storage too, but may reach any queue: the first one
 to arrive at a plain queue upgrades it in place (:func:`upgrade`), once. That includes
 ``expiration: "0"`` (delivered only to a consumer that can take it at once, else expired on
-arrival: see :mod:`broker.queues.featured.featured_queue`), so the plain queue's fast path never looks at TTLs.
+arrival: see :mod:`broker.queues.featured.featured_queue`), so the plain queue's fast path
+never looks at TTLs.
 
 Called from: the supervisor process (VirtualHost.declare_queue / publish).
 """

@@ -1,8 +1,9 @@
 """Zero-TTL messages of a featured queue: the round of pulls that may still take them.
 
 A TTL of 0 (``x-message-ttl: 0``, or ``expiration: "0"`` -- which upgrades a plain queue to
-featured storage, :func:`broker.queues.featured.queue_kinds.upgrade`) is RabbitMQ's replacement for the ``immediate``
-flag: the message "will expire upon reaching a queue unless it can be delivered to a consumer immediately",
+featured storage, :func:`broker.queues.featured.queue_kinds.upgrade`) is RabbitMQ's
+replacement for the ``immediate`` flag: the message "will expire upon reaching a queue unless it
+can be delivered to a consumer immediately",
 and is then dead-lettered with reason ``expired``. RabbitMQ decides that synchronously
 (``deliver_or_enqueue``: ``attempt_delivery`` to a consumer with credit, else discard). Here
 delivery is a notification followed by the consumer's pull, so the decision is split in two:
