@@ -1,5 +1,6 @@
 """Durable topology: the journal the virtual host keeps, the SQLite store, restoring from it,
-and the data directory's lock (broker.topology.definitions, broker.storage.definition_store, broker.storage.data_dir)."""
+and the data directory's lock (broker.topology.definitions, broker.storage.definition_store,
+broker.storage.data_dir)."""
 
 from __future__ import annotations
 
