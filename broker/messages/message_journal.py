@@ -263,9 +263,9 @@ class MessageJournal:
         self._append(("X", queue))
 
 
-class ConfirmGate:
-    """Publisher confirms (and tx.commit's answer) that wait for the index log to be synced,
-    per channel, in order.
+class IndexSyncGate:
+    """Publisher confirms (and tx.commit's answer) that wait for the index log's sync (the
+    supervisor's group commit, not the workers' body-log sync), per channel, in order.
 
     A confirm for a publish that wrote index records waits until the log is on disk up to them;
     so does the answer to the Sync that ends a tx.commit. Whatever the channel is answered after

@@ -48,7 +48,7 @@ from broker.messages.message import (
     delivered_headers,
     drop_reference,
 )
-from broker.messages.message_journal import ConfirmGate
+from broker.messages.message_journal import IndexSyncGate
 from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.queue import Queue, QueueEntry
 from broker.runtime.alarms import Alarms
@@ -56,8 +56,8 @@ from broker.runtime.credit_flow import ANYWHERE, CREDIT_CHUNK, FLOW_BACKLOG, Cre
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.listing import Listing, Listings
 from broker.runtime.open_channels import (
-    Channel,
     ChannelKey,
+    ChannelLedger,
     Detaching,
     Held,
     OpenChannels,
@@ -77,7 +77,7 @@ log = logging.getLogger("shoal.dispatch")
 RETURN_SLICE = 1000
 # Consumers of closed channels taken off their queues per step (~1.2 µs each warm, ~2.3 µs
 # cold: a channel with 20,000 consumers held the supervisor 25-46 ms in one call). Meanwhile
-# the rest stay on their queues, closed (``Channel.closed``): a standing pull of theirs is
+# the rest stay on their queues, closed (``ChannelLedger.closed``): a standing pull of theirs is
 # never served, and what their queue notified them of goes on to another consumer as each
 # is taken off.
 DETACH_SLICE = 512
@@ -117,10 +117,10 @@ class _QueuedCount:
 
     __slots__ = ("at", "channels", "open_channels", "queues", "total")
 
-    def __init__(self, queues: list[Queue], open_channels: Callable[[], list[Channel]]) -> None:
+    def __init__(self, queues: list[Queue], open_channels: Callable[[], list[ChannelLedger]]) -> None:
         self.queues = queues
         self.open_channels = open_channels
-        self.channels: list[Channel] | None = None
+        self.channels: list[ChannelLedger] | None = None
         self.at = 0  # into queues, then into channels
         self.total = 0
 
@@ -242,7 +242,7 @@ class Dispatcher:
         self._arena_freed = [0] * workers
         self._credit = CreditFlow()  # publish credit due, and whether we are behind
         # Publisher confirms waiting for the index log's sync (shoal serve --data-dir).
-        self.confirms = ConfirmGate()
+        self.confirms = IndexSyncGate()
         self.listings = Listings()  # shoal list-connections requests in progress
         # Message bodies paged out of arenas past their mark (--data-dir; broker.storage.paging).
         self.pager = Pager(self.region_bytes, self._free,

@@ -28,7 +28,7 @@ from broker.queues.queue import Queue, QueueEntry
 from ipc import records as r
 
 ChannelKey = tuple[int, int, int]  # (worker, conn, ch)
-Owner = tuple[int, int]  # (worker, conn): who owns an exclusive queue
+ConnectionKey = tuple[int, int]  # (worker, conn): who owns an exclusive queue
 
 
 class Pin:
@@ -44,7 +44,7 @@ class Pin:
 Held = QueueEntry | Pin  # what a channel holds per delivery id
 
 
-class Channel:
+class ChannelLedger:
     """One channel's unsettled deliveries (delivery id → what it holds) and consumer ids;
     ``closed`` once the channel is (its consumers may still be on their queues, going a slice
     per step: see :class:`Detaching`)."""
@@ -67,11 +67,11 @@ class Subscription:
         self.consumer = consumer
         self.queue = queue
         self.channel = channel
-        self.chan: Channel = _NO_CHANNEL
+        self.chan: ChannelLedger = _NO_CHANNEL
         self.pull_seq = 0  # the consumer's last Pull applied (r.Pull.seq), told in each Pulled
 
 
-_NO_CHANNEL = Channel()  # a Subscription's until it is subscribed
+_NO_CHANNEL = ChannelLedger()  # a Subscription's until it is subscribed
 
 
 class Detaching:
@@ -80,7 +80,7 @@ class Detaching:
 
     __slots__ = ("at", "chan", "cids", "worker")
 
-    def __init__(self, worker: int, chan: Channel) -> None:
+    def __init__(self, worker: int, chan: ChannelLedger) -> None:
         self.worker = worker
         self.chan = chan
         self.cids = sorted(chan.consumers)
@@ -116,40 +116,40 @@ class OpenChannels:
         # the id() of the message that owns the body): a worker's unsent output may view its
         # arena block, so the pager leaves it there (``viewed``).
         self._viewed: dict[int, int] = {}
-        self._channels: dict[ChannelKey, Channel] = {}
-        self._conns: dict[Owner, set[int]] = {}  # the channel numbers each connection used
+        self._channels: dict[ChannelKey, ChannelLedger] = {}
+        self._conns: dict[ConnectionKey, set[int]] = {}  # the channel numbers each connection used
         self._pin_ids = itertools.count(-1, -1)
         # Closed channels' deliveries still held, oldest channel first (the dispatcher
         # requeues them a slice per step): they count as held until they have gone.
         self.returning: deque[Returning] = deque()
 
-    def channel(self, key: ChannelKey) -> Channel:
-        """Channel ``key``, opened here on its first use."""
+    def channel(self, key: ChannelKey) -> ChannelLedger:
+        """The ledger of channel ``key``, opened here on its first use."""
         chan = self._channels.get(key)
         if chan is None:
-            chan = self._channels[key] = Channel()
+            chan = self._channels[key] = ChannelLedger()
             self._conns.setdefault(key[:2], set()).add(key[2])
         return chan
 
-    def get(self, key: ChannelKey) -> Channel | None:
+    def get(self, key: ChannelKey) -> ChannelLedger | None:
         return self._channels.get(key)
 
-    def open_channels(self) -> list[Channel]:
+    def open_channels(self) -> list[ChannelLedger]:
         """Every open channel, as they are now (O(channels))."""
         return list(self._channels.values())
 
-    def connection_opened(self, owner: Owner) -> None:
+    def connection_opened(self, owner: ConnectionKey) -> None:
         self._conns.setdefault(owner, set())
 
-    def connections_on(self, worker: int) -> set[Owner]:
+    def connections_on(self, worker: int) -> set[ConnectionKey]:
         """The connections of ``worker`` known here."""
         return {o for o in self._conns if o[0] == worker}
 
-    def close_connection(self, owner: Owner) -> list[int]:
+    def close_connection(self, owner: ConnectionKey) -> list[int]:
         """Forget connection ``owner``; returns its channel numbers, in order, to close."""
         return sorted(self._conns.pop(owner, ()))
 
-    def close(self, key: ChannelKey) -> Channel | None:
+    def close(self, key: ChannelKey) -> ChannelLedger | None:
         """Forget channel ``key``; returns it (None if it held nothing) for the caller to
         release its consumers (:class:`Detaching`, :meth:`forget`) and what it held; marked
         ``closed``."""
@@ -175,7 +175,7 @@ class OpenChannels:
             sub.chan.consumers.discard(cid)
         return sub
 
-    def forget(self, worker: int, cid: int, chan: Channel) -> Subscription | None:
+    def forget(self, worker: int, cid: int, chan: ChannelLedger) -> Subscription | None:
         """Consumer ``cid`` of closed channel ``chan``: its subscription, forgotten (None if a
         queue deleted meanwhile took it)."""
         key = (worker, cid)
@@ -187,7 +187,7 @@ class OpenChannels:
 
     # ----------------------------------------------------------- deliveries
 
-    def acquire(self, chan: Channel, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
+    def acquire(self, chan: ChannelLedger, entry: QueueEntry, *, basic_get: bool = False) -> r.Delivery:
         """``chan`` holds ``entry`` until it is settled (``released``); the delivery to send."""
         chan.acquired[entry.id] = entry
         message = entry.message
@@ -195,7 +195,7 @@ class OpenChannels:
             self._view(message)
         return delivery(entry.id, entry, basic_get=basic_get)
 
-    def pin(self, chan: Channel, entry: QueueEntry) -> r.Delivery:
+    def pin(self, chan: ChannelLedger, entry: QueueEntry) -> r.Delivery:
         """A browser's delivery: ``chan`` holds a reference to the message until settled."""
         pin_id = next(self._pin_ids)
         message = entry.message

@@ -12,7 +12,7 @@ import pytest
 
 from broker.messages.body_ref import unpack_body_ref
 from broker.messages.message import Message
-from broker.messages.message_journal import ConfirmGate, MessageJournal
+from broker.messages.message_journal import IndexSyncGate, MessageJournal
 from broker.runtime.dispatch import Dispatcher
 from broker.storage.message_store import ArenasFull, IndexLog, load_index, restore
 from broker.topology.vhost import VirtualHost
@@ -199,7 +199,7 @@ def test_an_unroutable_persistent_message_does_not_keep_its_segment(h: Harness) 
 
 
 def test_confirm_gate_releases_in_order_per_key() -> None:
-    gate = ConfirmGate()
+    gate = IndexSyncGate()
     assert gate.admit("a", "a1", 0)  # nothing held, nothing needed: at once
     assert not gate.admit("a", "a2", 5)
     assert not gate.admit("a", "a3", 0)
