@@ -11,6 +11,7 @@ task in ``workers.server`` feeds it bytes and writes what it produced.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -78,7 +79,10 @@ class ConnectionHandler:
     and supervisor events to them, and holds the connection-wide limits (publish credit,
     output bounds, connection.blocked)."""
 
-    def __init__(self, worker: HandlerWorker, conn_id: int, proto: AMQPConnection) -> None:
+    def __init__(self, worker: HandlerWorker, conn_id: int, proto: AMQPConnection, *,
+                 arena: Arena | None = None, peer: str = "", local: str = "",
+                 connected_at: float = 0.0,
+                 socket_queues: Callable[[], object] | None = None) -> None:
         self.worker = worker
         self.conn_id = conn_id
         self.proto = proto
@@ -109,10 +113,12 @@ class ConnectionHandler:
         self.seal_writer = lambda: None  # the writer copies the views it holds (SocketWriter.seal)
         self.closed_ticks = 0  # heartbeat ticks seen since the protocol closed (workers.server)
         # The runtime's view of the socket's kernel queues (unread input, unacknowledged output).
-        self.socket_queues: Callable[[], object] = _no_queues
-        self.peer = ""  # host:port of the client, set by the runtime
-        self.local = ""  # host:port it connected to
-        self.connected_at = 0.0
+        self.socket_queues: Callable[[], object] = socket_queues or _no_queues
+        self.peer = peer  # host:port of the client
+        self.local = local  # host:port it connected to
+        self.connected_at = connected_at
+        if arena is not None:  # big bodies are received into blocks of the worker's arena
+            proto.place_bodies(functools.partial(self.place_body, arena), self.release_body)
 
     @property
     def label(self) -> str:

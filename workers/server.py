@@ -5,16 +5,17 @@ Tasks of a worker process:
 * ``_accept``: takes connections from the listening socket shared with the
   other workers, standing back when it holds more than a peer does
   (:mod:`workers.balance`); each connection gets a reader task (bytes → protocol →
-  handler) and a writer task (protocol output → socket, :mod:`workers.socket_writer`);
+  handler, :mod:`workers.socket_reader`) and a writer task (protocol output → socket,
+  :mod:`workers.socket_writer`);
 * ``_events``: drains the event ring and notify slots; sleeps on the worker's
   eventfd only after saying so in shared memory and checking once more;
 * ``_flusher``: the request outbox goes to the ring once per scheduling round
   (a trio instrument, :class:`_RoundFlush`), this task retrying while it is full;
 * ``_body_syncer`` (``--data-dir``): syncs the body log of persistent messages, then lets the
-  publisher confirms that waited for it go (:func:`sync_bodies`);
+  publisher confirms that waited for it go (:func:`workers.body_sync.sync_bodies`);
 * ``_heartbeats``: heartbeat ticks for every connection;
 * ``_watch_supervisor``: EOF on the alive pipe means the supervisor died: exit;
-* ``_signals``: SIGTERM closes every client with 320 CONNECTION_FORCED.
+* ``_signals``: SIGTERM closes every client with CONNECTION_FORCED (``_SHUTDOWN``).
 """
 
 from __future__ import annotations
@@ -31,51 +32,31 @@ import socket
 import sys
 import termios
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import Any, Final
 
 import trio
 
 from broker import errors
 from ipc import collector
 from ipc import records as r
-from ipc.logfile import BodyLog, CpuSaturation, sync_files, sync_pause
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
-from workers import events as ev
 from workers.balance import AcceptBalance
+from workers.body_sync import sync_bodies
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import PULL_DEFER
+from workers.socket_reader import RECEIVE_SIZE, PublishGates, SocketReader
 from workers.socket_writer import Doorbell, SocketWriter
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
 log_connection = logging.getLogger("shoal.connection")
 
-RECEIVE_SIZE = 256 << 10
-# What a read asks for after one that did not fill its ask (a client between messages): a bytes
-# this size comes from malloc's heap. One of RECEIVE_SIZE is over glibc's mmap threshold, and
-# as recv shrinks it to what came, it is never reused: an mmap, an mremap and a munmap per read
-# (one publish at a time at 1,000 msg/s: a fifth of the publishing worker's time).
-RECEIVE_SMALL = 64 << 10
-# A client streaming big messages (a full read of at least BIG_EVENT octets per event) is read
-# RECEIVE_BIG at a time, a few messages a read, so that each of the worker's turns and each
-# wake-up of the supervisor takes several: with 256 KiB bodies, 1 MiB reads against 256 KiB ones
-# took S6 from 3,400 to 4,300 msg/s and the supervisor's CPU a message from 57 to 26 µs. Small
-# messages stay at RECEIVE_SIZE: a read is then thousands of publishes, and a bigger one only
-# lets more of them in past credit flow (S1u: the backlog grew sixfold).
-RECEIVE_BIG = 1 << 20
-BIG_EVENT = 32 << 10
 CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
-EVENTS_PER_TURN = 64  # client events handled between two checkpoints of a connection's reader
-EAGER_READS = 4  # reads a connection's reader may make in a row without waiting (see _reader)
 SHUTDOWN_GRACE = 1.0
 CLOSE_LINGER = 2.0  # how long a closed connection's socket is read (and dropped) for its EOF
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
-# A publish waiting for arena room is woken by ArenaFreed; it also looks again this often,
-# for room freed while its ArenaWait was on the way (the supervisor did not count that).
-ARENA_RECHECK = 0.25
 ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
 # Blocks of its arena a worker looks at per heartbeat tick (0.5 s) to give free pages back
 # (ipc.arena.Arena.trim): ~2 ms at most, a pass over a full arena of 128-byte messages in ~10 s.
@@ -112,6 +93,10 @@ def server_properties(worker_index: int) -> dict[str, Any]:
     }
 
 
+# RabbitMQ's words for the connections a stopping broker closes.
+_SHUTDOWN: Final = errors.ConnectionForced("broker forced connection closure with reason 'shutdown'")
+
+
 class _RoundFlush(trio.abc.Instrument):
     """Server._flusher's hook: the worker's request outbox goes to the ring at the end
     of each scheduling round (``before_io_wait``), outside any task. It must not raise
@@ -144,19 +129,18 @@ class Server:
 
     def __init__(self, config: r.WorkerConfig) -> None:
         self.config = config
-        self.worker = Worker(config, Region.attach(config.regions[config.index]))
+        self._flush_bell = Doorbell()
+        self._gates = PublishGates()
+        self.worker = Worker(
+            config, Region.attach(config.regions[config.index]),
+            on_blocked=self._gates.blocked, on_arena_freed=self._gates.on_arena_freed,
+            want_flush=self._flush_bell.ring,  # until _flusher installs its round hook
+        )
         self._properties = server_properties(config.index)
         self._stopping = False
         self._accepting = False
         self._open = 0  # client connections held now
         self._scopes: dict[int, trio.CancelScope] = {}
-        self._flush_bell = Doorbell()
-        self.worker.want_flush = self._flush_bell.ring  # until _flusher installs its round hook
-        self._unblocked = trio.Event()
-        self._unblocked.set()
-        self.worker.on_blocked = self._blocked
-        self._arena_freed = trio.Event()
-        self.worker.on_arena_freed = self._on_arena_freed
         self._balance = AcceptBalance(config.index, self.worker.connection_counts)
 
     async def run(self) -> None:
@@ -195,8 +179,7 @@ class Server:
         self._accepting = False
         self.worker.region.connections = NOT_ACCEPTING  # peers must not wait for us
         for handler in list(self.worker.handlers.values()):
-            handler.proto.close(320, "CONNECTION_FORCED - broker forced connection closure "
-                                "with reason 'shutdown'")
+            handler.proto.close(_SHUTDOWN.reply_code, _SHUTDOWN.frame_text)
             handler.wake_writer()
         with trio.move_on_after(SHUTDOWN_GRACE):
             while self.worker.handlers:
@@ -224,16 +207,6 @@ class Server:
                 await trio.lowlevel.checkpoint()
                 continue
             await wait_for_work(flag, worker.event_efd, has_work)
-
-    def _blocked(self, active: bool) -> None:
-        if active and self._unblocked.is_set():
-            self._unblocked = trio.Event()
-        elif not active:
-            self._unblocked.set()
-
-    def _on_arena_freed(self) -> None:
-        self._arena_freed.set()
-        self._arena_freed = trio.Event()
 
     async def _flusher(self) -> None:
         """Write the request outbox once per scheduling round, after every task that
@@ -319,8 +292,9 @@ class Server:
             targets.arm_defer = None
 
     async def _body_syncer(self) -> None:
-        """With a body log: a persistent publish rings, the log is synced (:func:`sync_bodies`)
-        and the worker sends the confirms that waited for it (Worker.body_synced)."""
+        """With a body log: a persistent publish rings, the log is synced
+        (:func:`workers.body_sync.sync_bodies`) and the worker sends the confirms that waited
+        for it (Worker.body_synced)."""
         worker = self.worker
         body_log = worker.body_log
         if body_log is None:
@@ -413,25 +387,24 @@ class Server:
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
-            max_body_size=c.max_message_size, users=c.users or None,
+            max_body_size=c.max_message_size, users=c.users,
             peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
         )
-        handler = ConnectionHandler(self.worker, next(self.worker.conn_ids), proto)
-        proto.place_bodies(functools.partial(handler.place_body, self.worker.region.arena),
-                           handler.release_body)
-        handler.connected_at = time.time()
-        handler.peer, handler.local = peer, local
+        handler = ConnectionHandler(
+            self.worker, next(self.worker.conn_ids), proto, arena=self.worker.region.arena,
+            peer=peer, local=local, connected_at=time.time(),
+            socket_queues=functools.partial(_socket_queues, sock),
+        )
         log_connection.info("accepting AMQP connection %s", handler.label)
         self.worker.handlers[handler.conn_id] = handler
         writer = SocketWriter(sock, handler, self.worker.after_batch)
-        handler.wake_writer = writer.send_now
-        handler.socket_queues = functools.partial(_socket_queues, sock)
+        reader = SocketReader(sock, handler, self.worker, self._gates)
         try:
             with trio.CancelScope() as scope:
                 self._scopes[handler.conn_id] = scope
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(writer.run)
-                    await self._reader(handler, sock)
+                    await reader.run()
                     await writer.drain(SHUTDOWN_GRACE)
                     nursery.cancel_scope.cancel()
                 handler.finish()
@@ -447,168 +420,8 @@ class Server:
             self._count_connection(-1)
             await stream.aclose()
 
-    async def _reader(self, handler: ConnectionHandler, sock: socket.socket) -> None:
-        proto = handler.proto
-        worker = self.worker
-        arena = worker.region.arena
-        recv = sock.recv
-        recv_into = sock.recv_into
-        eager = 0  # reads that may still go without waiting first
-        ask = RECEIVE_SMALL  # the next read's size: more after one that filled its ask
-        while not proto.closed:
-            if handler.reading_stop is not None:
-                await self._stop_reading(handler)
-            # Wait, then read: what trio's receive_some does, less its two checkpoints and
-            # the failed recv it tries first (a client is mostly quiet between messages).
-            # A read that filled what it asked for is likely followed by more: the next read
-            # goes first, without the wait (at most EAGER_READS in a row, so a client that
-            # never pauses cannot hog the worker). A big body frame's payload is received
-            # straight into the arena block its publish goes to (AMQPConnection.place_bodies),
-            # the rest of another big frame where it is being assembled: no copy either way.
-            try:
-                waited = not eager
-                if waited:
-                    await trio.lowlevel.wait_readable(sock)
-                # Asked after the wait: meanwhile another task may have closed the channel
-                # whose publish the room was in, and freed its block.
-                room = proto.receive_room()
-                if room is None:
-                    want = ask
-                    data = recv(want)
-                    size = len(data)
-                else:
-                    want = len(room)
-                    size = recv_into(room)
-            except BlockingIOError:
-                eager = 0
-                continue
-            except (OSError, trio.ClosedResourceError):
-                return
-            if not size:
-                return
-            eager = 0 if size != want else EAGER_READS if waited else eager - 1
-            try:
-                events = proto.receive_data(data) if room is None else proto.received_into(size)
-                if room is None:
-                    ask = _next_ask(want, size, len(events))
-                for n, event in enumerate(events, 1):
-                    if isinstance(event, ev.PublishReceived):
-                        if worker.blocked or handler.publish_at_once(event, arena):
-                            await self._publish(handler, event)
-                    else:
-                        handler.handle(event)
-                    if not n % EVENTS_PER_TURN:
-                        # One read can hold a few thousand publishes (tens of ms of work):
-                        # hand what we have to the supervisor and let the worker's other
-                        # connections and the event ring have a turn.
-                        worker.after_batch()
-                        await trio.lowlevel.checkpoint()
-            except Exception:  # one connection's bug must not end the worker
-                log.exception("connection %d: internal error", handler.conn_id)
-                handler.fail(errors.InternalError("internal error"))
-            if handler.proto_has_output():  # publishes alone give the writer nothing to do
-                worker.dirty.add(handler)
-            worker.after_batch()
-
-    async def _stop_reading(self, handler: ConnectionHandler) -> None:
-        """Credit flow and bounded output: leave the socket unread (the client's TCP
-        window fills and its writes stop, as RabbitMQ's reader does) until the
-        supervisor gives credit back or the writer has sent enough."""
-        with _not_reading(handler):
-            try:
-                while (why := handler.reading_stop) is not None:
-                    # Unsent output is the client's doing, not ours: its heartbeats are then
-                    # looked for in the socket's queues (ConnectionHandler.heartbeat_tick).
-                    handler.proto.reading_paused = why == "flow"
-                    resume = trio.Event()
-                    handler.wake_reader = resume.set
-                    self.worker.after_batch()
-                    await resume.wait()
-            finally:
-                handler.wake_reader = _nothing
-
-    async def _publish(self, handler: ConnectionHandler, event: ev.PublishReceived) -> None:
-        """A publish that waits: while a memory alarm is on, and for room in this worker's
-        arena (the client is back-pressured by our not reading its socket). The rest take
-        ``ConnectionHandler.publish_at_once`` without a coroutine."""
-        worker = self.worker
-        if worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
-            handler.publishes = True
-            with _not_reading(handler):
-                while worker.blocked:
-                    handler.set_blocked(True, worker.block_reason)
-                    worker.after_batch()
-                    await self._unblocked.wait()
-        arena = worker.region.arena
-        while needed := handler.publish_at_once(event, arena):
-            await self._wait_for_room(handler, needed)
-
-    async def _wait_for_room(self, handler: ConnectionHandler, size: int) -> None:
-        """The arena has no block of ``size``: tell our publishers connection.blocked and
-        wait until the supervisor has freed that much here (ArenaFreed), not polling."""
-        worker = self.worker
-        arena = worker.region.arena
-        with _not_reading(handler):
-            while True:
-                worker.set_arena_full(True)
-                worker.send(r.ArenaWait(size))
-                worker.after_batch()
-                with trio.move_on_after(ARENA_RECHECK):
-                    await self._arena_freed.wait()
-                offset = arena.alloc(size)
-                if offset is not None:  # room: the caller allocates it again, with nothing between
-                    arena.free(offset)
-                    worker.set_arena_full(False)
-                    return
-
-
 def _nothing() -> None:
     pass
-
-
-def _next_ask(asked: int, got: int, events: int) -> int:
-    """What a connection's next plain read asks for, after one that asked ``asked`` octets
-    and got ``got``, which made ``events``: RECEIVE_SMALL after a short read (the client paused),
-    else RECEIVE_SIZE, or RECEIVE_BIG once a full read of at least that much came to BIG_EVENT
-    octets an event or more (big messages)."""
-    if got < asked:
-        return RECEIVE_SMALL
-    if got >= RECEIVE_SIZE and got >= BIG_EVENT * events:
-        return RECEIVE_BIG
-    return RECEIVE_SIZE
-
-
-async def sync_bodies(body_log: BodyLog, bell: Doorbell, synced: Callable[[], object],
-                      write: Callable[[], object] = _nothing,
-                      saturated: Callable[[], bool] | None = None) -> NoReturn:
-    """Sync ``body_log`` whenever it has unsynced appends (``bell`` rings after each), calling
-    ``write`` before each sync (Worker.write_bodies: the queued frames written, a failure dealt
-    with) and ``synced`` after it. Group commit: appends made while a sync runs in its thread
-    are covered by the next one, which starts as soon as that one is done; with nothing
-    unsynced it sleeps on the bell. A failed sync ends the worker: the confirms waiting for
-    it are never sent, and the supervisor sees the worker go. Under load the next sync waits a
-    little (ipc.logfile.sync_pause; ``saturated`` says whether the host's CPUs are busy)."""
-    if saturated is None:
-        saturated = CpuSaturation()
-    while True:
-        if not body_log.unsynced:
-            await bell.wait()
-            continue
-        write()
-        began = trio.current_time()
-        appended, fds = body_log.sync_plan()
-        try:
-            await trio.to_thread.run_sync(sync_files, fds)
-        except OSError:
-            log.critical("worker %d: syncing its body log in %s failed", body_log.worker,
-                         body_log.data_dir)
-            raise
-        covered = appended - body_log.synced
-        body_log.synced_to(appended, fds)
-        synced()
-        pause = sync_pause(covered, trio.current_time() - began, saturated)
-        if pause:  # under load: let the next sync cover more
-            await trio.sleep(pause)
 
 
 async def _linger(sock: socket.socket) -> None:
@@ -668,17 +481,6 @@ def _log_closed(handler: ConnectionHandler) -> None:
             log_connection.error("closing AMQP connection %s, %s: %s", handler.label, who, reason)
     else:
         log_connection.info("connection %s closed before it was opened: %s", handler.label, reason)
-
-
-@contextlib.contextmanager
-def _not_reading(handler: ConnectionHandler) -> Iterator[None]:
-    """While the broker leaves a connection's socket unread (credit flow, unsent output, an
-    alarm, no arena room), the client's silence is ours: no missed-heartbeat timeout."""
-    handler.proto.reading_paused = True
-    try:
-        yield
-    finally:
-        handler.proto.reading_paused = False
 
 
 async def serve(config: r.WorkerConfig) -> None:

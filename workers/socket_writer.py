@@ -1,6 +1,6 @@
 """A connection's output to its socket: the handler's direct send, and the writer task.
 
-The server makes one ``SocketWriter`` per connection and gives the handler its ``send_now`` as
+The server makes one ``SocketWriter`` per connection, which gives the handler its ``send_now`` as
 ``wake_writer``. While the writer task is idle (waiting on its doorbell), output is sent from
 the caller, on the non-blocking socket: a delivery then costs no task switch and no trip through
 trio's ``send_all``. What the socket does not take, and all output while the writer is sending,
@@ -111,6 +111,7 @@ class SocketWriter:
         self.busy = True  # the writer is not waiting for a ring (sending, or not started)
         self.pending: list[Buffer] | None = None  # what a direct send left for the writer
         self.sending: list[Buffer] | None = None  # what the writer is sending (_send_all)
+        handler.wake_writer = self.send_now
         handler.seal_writer = self.seal
 
     def send_now(self) -> None:

@@ -45,6 +45,14 @@ LAZY_SETTLE_DELAY = 0.005
 SETTLE_MAX = 4096
 
 
+def _ignore(_: bool) -> None:
+    pass
+
+
+def _nothing() -> None:
+    pass
+
+
 class Worker:
     """One worker process's state, without IO: its region and rings, its connection handlers
     (client connections) and consumer targets, and with ``--data-dir`` its body log (persistent
@@ -52,7 +60,10 @@ class Worker:
     scheduling round), events come in through ``handle_events``; :class:`workers.server.Server`
     drives it from trio (and syncs the body log)."""
 
-    def __init__(self, config: r.WorkerConfig, region: Region) -> None:
+    def __init__(self, config: r.WorkerConfig, region: Region, *,
+                 on_blocked: Callable[[bool], object] = _ignore,
+                 on_arena_freed: Callable[[], object] = _nothing,
+                 want_flush: Callable[[], object] | None = None) -> None:
         self.config = config
         self.index = config.index
         self.region = region
@@ -86,9 +97,10 @@ class Worker:
         self.blocked = False  # the supervisor says: a resource alarm (memory, disk) is on
         self.block_reason = "low on memory"  # connection.blocked's reason while it is
         self.arena_full = False  # a publish found no room in our arena and waits for some
-        self.on_blocked: Callable[[bool], object] = lambda active: None
-        self.on_arena_freed: Callable[[], object] = lambda: None
-        self.want_flush: Callable[[], object] = self.flush_requests  # the server defers it
+        self.on_blocked = on_blocked  # an alarm went on or off (the server's readers wait on it)
+        self.on_arena_freed = on_arena_freed  # ArenaFreed came: publishes waiting for room look
+        # The outbox has records: written at once, unless the server defers it to its round.
+        self.want_flush: Callable[[], object] = want_flush or self.flush_requests
         # shoal serve --data-dir: persistent bodies are appended here as they are published;
         # the server's sync task syncs them (want_body_sync) and calls body_synced.
         self.body_log: BodyLog | None = None

@@ -1,5 +1,5 @@
 """The worker's body log and its sync task: made from WorkerConfig.data_dir, closed with the
-worker; workers.server.sync_bodies syncs when there is something to sync, and group-commits
+worker; workers.body_sync.sync_bodies syncs when there is something to sync, and group-commits
 what arrives while a sync runs."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ipc import records as r
 from ipc.logfile import BodyLog
 from ipc.region import Region
 from ipc.wakeup import EventFd
-from workers import server
-from workers.server import sync_bodies
+from workers import body_sync, server
+from workers.body_sync import sync_bodies
 from workers.socket_writer import Doorbell
 from workers.worker import Worker
 
@@ -101,7 +101,7 @@ async def _until(condition: Callable[[], object], timeout: float = 5.0) -> None:
 async def test_nothing_unsynced_means_no_sync(body_log: BodyLog,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     syncs = Syncs()
-    monkeypatch.setattr(server, "sync_files", syncs)
+    monkeypatch.setattr(body_sync, "sync_files", syncs)
     bell = Doorbell()
     called: list[int] = []
     async with trio.open_nursery() as nursery:
@@ -115,7 +115,7 @@ async def test_nothing_unsynced_means_no_sync(body_log: BodyLog,
 async def test_an_append_is_synced_then_announced(body_log: BodyLog,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     syncs = Syncs()
-    monkeypatch.setattr(server, "sync_files", syncs)
+    monkeypatch.setattr(body_sync, "sync_files", syncs)
     bell = Doorbell()
     called: list[int] = []
     async with trio.open_nursery() as nursery:
@@ -133,7 +133,7 @@ async def test_an_append_is_synced_then_announced(body_log: BodyLog,
 async def test_appends_during_a_sync_are_covered_by_the_next_one(
         body_log: BodyLog, monkeypatch: pytest.MonkeyPatch) -> None:
     syncs = Syncs(hold=True)
-    monkeypatch.setattr(server, "sync_files", syncs)
+    monkeypatch.setattr(body_sync, "sync_files", syncs)
     bell = Doorbell()
     called: list[int] = []
     async with trio.open_nursery() as nursery:
@@ -161,7 +161,7 @@ async def test_after_a_sync_that_covered_many_appends_the_next_one_waits_on_a_bu
     (where the wait would only hold confirms back), the next starts at once. (SYNC_GAP is set
     far beyond the test.)"""
     syncs = Syncs()
-    monkeypatch.setattr(server, "sync_files", syncs)
+    monkeypatch.setattr(body_sync, "sync_files", syncs)
     monkeypatch.setattr(logfile, "SYNC_GAP", 60.0)
     bell = Doorbell()
     called: list[int] = []
@@ -194,7 +194,7 @@ async def test_a_failed_sync_ends_the_task(body_log: BodyLog,
     def failing(fds: list[int]) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(server, "sync_files", failing)
+    monkeypatch.setattr(body_sync, "sync_files", failing)
     body_log.append(b"h", b"never confirmed")
     called: list[int] = []
     with pytest.raises(OSError):

@@ -45,7 +45,7 @@ def _publish(h: Harness, properties: commands.Basic.Properties, data: bytes = b"
 
 
 def _sync(h: Harness, log: BodyLog) -> None:
-    """What workers.server.sync_bodies does for one sync."""
+    """What workers.body_sync.sync_bodies does for one sync."""
     appended, fds = log.sync_plan()
     logfile.sync_files(fds)
     log.synced_to(appended, fds)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from workers.server import (
+from workers.server import _is_loopback
+from workers.socket_reader import (
     RECEIVE_BIG,
     RECEIVE_SIZE,
     RECEIVE_SMALL,
-    _is_loopback,
     _next_ask,
 )
 

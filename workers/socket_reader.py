@@ -1,0 +1,225 @@
+"""A connection's input from its socket: the reader task (the pair of ``socket_writer.py``).
+
+The server makes one ``SocketReader`` per connection. Its task waits for the socket, reads
+what came (into a new bytes, or straight into the arena block a big body goes to), hands it
+to the sans-IO protocol (``AMQPConnection.receive_data``) and the events that come out to the
+connection's handler, in order. It stops reading, and so lets the client's TCP window fill,
+while the handler says so (credit flow, unsent output), while a memory alarm is on (for
+publishers) and while a publish waits for room in the worker's arena (``PublishGates``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+import trio
+
+from broker import errors
+from ipc import records as r
+from workers import events as ev
+from workers.connection_handler import ConnectionHandler
+from workers.worker import Worker
+
+log = logging.getLogger("shoal.worker")
+
+RECEIVE_SIZE = 256 << 10
+# What a read asks for after one that did not fill its ask (a client between messages): a bytes
+# this size comes from malloc's heap. One of RECEIVE_SIZE is over glibc's mmap threshold, and
+# as recv shrinks it to what came, it is never reused: an mmap, an mremap and a munmap per read.
+RECEIVE_SMALL = 64 << 10
+# A client streaming big messages (a full read of at least BIG_EVENT octets per event) is read
+# RECEIVE_BIG at a time, a few messages a read, so that each of the worker's turns and each
+# wake-up of the supervisor takes several (perf/README.md has the figures). Small messages stay
+# at RECEIVE_SIZE: a read is then thousands of publishes, and a bigger one only lets more of
+# them in past credit flow.
+RECEIVE_BIG = 1 << 20
+BIG_EVENT = 32 << 10
+EVENTS_PER_TURN = 64  # client events handled between two checkpoints of a connection's reader
+EAGER_READS = 4  # reads a connection's reader may make in a row without waiting (see run)
+# A publish waiting for arena room is woken by ArenaFreed; it also looks again this often,
+# for room freed while its ArenaWait was on the way (the supervisor did not count that).
+ARENA_RECHECK = 0.25
+
+
+class PublishGates:
+    """What a worker's publishes may have to wait for, shared by its readers: the end of a
+    resource alarm (``unblocked``) and room freed in its arena (``arena_freed``). The worker
+    calls ``blocked`` and ``on_arena_freed`` (``Worker.on_blocked``, ``on_arena_freed``)."""
+
+    def __init__(self) -> None:
+        self.unblocked = trio.Event()
+        self.unblocked.set()
+        self.arena_freed = trio.Event()
+
+    def blocked(self, active: bool) -> None:
+        if active and self.unblocked.is_set():
+            self.unblocked = trio.Event()
+        elif not active:
+            self.unblocked.set()
+
+    def on_arena_freed(self) -> None:
+        self.arena_freed.set()
+        self.arena_freed = trio.Event()
+
+
+class SocketReader:
+    """One connection's input: read from ``sock`` (non-blocking, waited on with trio), fed to
+    ``handler``'s protocol, its events to ``handler``."""
+
+    __slots__ = ("_gates", "_handler", "_sock", "_worker")
+
+    def __init__(self, sock: socket.socket, handler: ConnectionHandler, worker: Worker,
+                 gates: PublishGates) -> None:
+        self._sock = sock
+        self._handler = handler
+        self._worker = worker
+        self._gates = gates
+
+    async def run(self) -> None:
+        """Read until the protocol closes or the client does (EOF, a socket error)."""
+        handler = self._handler
+        proto = handler.proto
+        worker = self._worker
+        arena = worker.region.arena
+        sock = self._sock
+        recv = sock.recv
+        recv_into = sock.recv_into
+        eager = 0  # reads that may still go without waiting first
+        ask = RECEIVE_SMALL  # the next read's size: more after one that filled its ask
+        while not proto.closed:
+            if handler.reading_stop is not None:
+                await self._stop_reading()
+            # Wait, then read: what trio's receive_some does, less its two checkpoints and
+            # the failed recv it tries first (a client is mostly quiet between messages).
+            # A read that filled what it asked for is likely followed by more: the next read
+            # goes first, without the wait (at most EAGER_READS in a row, so a client that
+            # never pauses cannot hog the worker). A big body frame's payload is received
+            # straight into the arena block its publish goes to (AMQPConnection.place_bodies),
+            # the rest of another big frame where it is being assembled: no copy either way.
+            try:
+                waited = not eager
+                if waited:
+                    await trio.lowlevel.wait_readable(sock)
+                # Asked after the wait: meanwhile another task may have closed the channel
+                # whose publish the room was in, and freed its block.
+                room = proto.receive_room()
+                if room is None:
+                    want = ask
+                    data = recv(want)
+                    size = len(data)
+                else:
+                    want = len(room)
+                    size = recv_into(room)
+            except BlockingIOError:
+                eager = 0
+                continue
+            except (OSError, trio.ClosedResourceError):
+                return
+            if not size:
+                return
+            eager = 0 if size != want else EAGER_READS if waited else eager - 1
+            try:
+                events = proto.receive_data(data) if room is None else proto.received_into(size)
+                if room is None:
+                    ask = _next_ask(want, size, len(events))
+                for n, event in enumerate(events, 1):
+                    if isinstance(event, ev.PublishReceived):
+                        if worker.blocked or handler.publish_at_once(event, arena):
+                            await self._publish(event)
+                    else:
+                        handler.handle(event)
+                    if not n % EVENTS_PER_TURN:
+                        # One read can hold a few thousand publishes (tens of ms of work):
+                        # hand what we have to the supervisor and let the worker's other
+                        # connections and the event ring have a turn.
+                        worker.after_batch()
+                        await trio.lowlevel.checkpoint()
+            except Exception:  # one connection's bug must not end the worker
+                log.exception("connection %d: internal error", handler.conn_id)
+                handler.fail(errors.InternalError("internal error"))
+            if handler.proto_has_output():  # publishes alone give the writer nothing to do
+                worker.dirty.add(handler)
+            worker.after_batch()
+
+    async def _stop_reading(self) -> None:
+        """Credit flow and bounded output: leave the socket unread (the client's TCP
+        window fills and its writes stop, as RabbitMQ's reader does) until the
+        supervisor gives credit back or the writer has sent enough."""
+        handler = self._handler
+        with _not_reading(handler):
+            try:
+                while (why := handler.reading_stop) is not None:
+                    # Unsent output is the client's doing, not ours: its heartbeats are then
+                    # looked for in the socket's queues (ConnectionHandler.heartbeat_tick).
+                    handler.proto.reading_paused = why == "flow"
+                    resume = trio.Event()
+                    handler.wake_reader = resume.set
+                    self._worker.after_batch()
+                    await resume.wait()
+            finally:
+                handler.wake_reader = _nothing
+
+    async def _publish(self, event: ev.PublishReceived) -> None:
+        """A publish that waits: while a memory alarm is on, and for room in this worker's
+        arena (the client is back-pressured by our not reading its socket). The rest take
+        ``ConnectionHandler.publish_at_once`` without a coroutine."""
+        handler = self._handler
+        worker = self._worker
+        if worker.blocked:  # memory alarm: stop reading publishers (RabbitMQ does)
+            handler.publishes = True
+            with _not_reading(handler):
+                while worker.blocked:
+                    handler.set_blocked(True, worker.block_reason)
+                    worker.after_batch()
+                    await self._gates.unblocked.wait()
+        arena = worker.region.arena
+        while needed := handler.publish_at_once(event, arena):
+            await self._wait_for_room(needed)
+
+    async def _wait_for_room(self, size: int) -> None:
+        """The arena has no block of ``size``: tell our publishers connection.blocked and
+        wait until the supervisor has freed that much here (ArenaFreed), not polling."""
+        worker = self._worker
+        arena = worker.region.arena
+        with _not_reading(self._handler):
+            while True:
+                worker.set_arena_full(True)
+                worker.send(r.ArenaWait(size))
+                worker.after_batch()
+                with trio.move_on_after(ARENA_RECHECK):
+                    await self._gates.arena_freed.wait()
+                offset = arena.alloc(size)
+                if offset is not None:  # room: the caller allocates it again, with nothing between
+                    arena.free(offset)
+                    worker.set_arena_full(False)
+                    return
+
+
+def _nothing() -> None:
+    pass
+
+
+def _next_ask(asked: int, got: int, events: int) -> int:
+    """What a connection's next plain read asks for, after one that asked ``asked`` octets
+    and got ``got``, which made ``events``: RECEIVE_SMALL after a short read (the client paused),
+    else RECEIVE_SIZE, or RECEIVE_BIG once a full read of at least that much came to BIG_EVENT
+    octets an event or more (big messages)."""
+    if got < asked:
+        return RECEIVE_SMALL
+    if got >= RECEIVE_SIZE and got >= BIG_EVENT * events:
+        return RECEIVE_BIG
+    return RECEIVE_SIZE
+
+
+@contextlib.contextmanager
+def _not_reading(handler: ConnectionHandler) -> Iterator[None]:
+    """While the broker leaves a connection's socket unread (credit flow, unsent output, an
+    alarm, no arena room), the client's silence is ours: no missed-heartbeat timeout."""
+    handler.proto.reading_paused = True
+    try:
+        yield
+    finally:
+        handler.proto.reading_paused = False
