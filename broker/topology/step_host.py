@@ -38,9 +38,10 @@ from typing import Any, NamedTuple
 from broker.messages.deadletter import DeadLetterReason
 from broker.messages.message import Message
 from broker.queues.consumer_manager import QueueConsumer
-from broker.queues.graveyard import Graveyard, Words
+from broker.queues.graveyard import REAP, Graveyard, Words
 from broker.queues.queue import Queue
 from broker.queues.queue_host import DEAD_LETTER_SLICE, EXPIRE_SLICE, REAP_SLICE, BodyCodec
+from broker.queues.sliced_work import SlicedWork
 from broker.topology.routing import DeadLetterRouter
 from broker.topology.timers import Timers
 
@@ -73,13 +74,13 @@ class StepHost:
         self._dead_letters = dead_letters
         # Work per step (module docstring): the slices, and what is left of them in this step.
         self.expire_slice = EXPIRE_SLICE
-        self.reap_slice = REAP_SLICE
         self.expire_budget = EXPIRE_SLICE
-        self._reap_budget = REAP_SLICE
         self.dead_letter_slice = DEAD_LETTER_SLICE
         self._dead_letter_budget = DEAD_LETTER_SLICE
-        self._graveyard = Graveyard()
-        self._reaping = False  # _reap is not re-entered (see there)
+        # The step's sliced work (broker.queues.sliced_work): the graveyard's line (``REAP``),
+        # and the lines the runtime adds (closed channels' consumers and deliveries).
+        self.sliced = SlicedWork(**{REAP: REAP_SLICE})
+        self._graveyard = Graveyard(self.sliced)
         # The runtime's (broker.runtime.dispatch): lets plain queues keep a waiting message as its
         # body handle alone (broker.queues.fifo_entries). None: they never do.
         self.body_codec: BodyCodec | None = None
@@ -94,7 +95,7 @@ class StepHost:
         if now > self.now:
             self.now = now
             self.expire_budget = self.expire_slice
-            self._reap_budget = self.reap_slice
+            self.sliced.refill(REAP)
             self._dead_letter_budget = self.dead_letter_slice
 
     # Graveyard (broker.queues.queue_host.QueueHost): what purged and deleted queues let go of.
@@ -117,17 +118,21 @@ class StepHost:
         self._graveyard.defer(job)
         self._reap()
 
+    @property
+    def reap_slice(self) -> int:
+        """Graveyard work a step may do (module docstring)."""
+        return self.sliced.slices[REAP]
+
+    @reap_slice.setter
+    def reap_slice(self, n: int) -> None:
+        self.sliced.slices[REAP] = n
+
     def _reap(self) -> None:
         # Deferred work may bury or defer more (a queue deleted a slice at a time buries its
         # messages; an exchange auto-deleted with its last binding defers the bindings to it):
-        # that goes to the end of the graveyard, which the reap under way reaches as its budget
-        # allows -- never a reap inside a reap, which would run the same job twice at once.
-        if self._reap_budget > 0 and self._graveyard and not self._reaping:
-            self._reaping = True
-            try:
-                self._reap_budget -= self._graveyard.reap(self._reap_budget)
-            finally:
-                self._reaping = False
+        # that goes to the end of the line, which the reap under way reaches as its budget
+        # allows (broker.queues.sliced_work).
+        self.sliced.run(REAP)
 
     @property
     def buried(self) -> int:
@@ -172,9 +177,10 @@ class StepHost:
     def next_deadline(self) -> float | None:
         """When the runtime's timer should next call :meth:`tick` (monotonic seconds), or None.
 
-        ``now`` while purged or deleted queues' entries are left to drop.
+        ``now`` while sliced work is left (purged or deleted queues' entries to drop, the
+        runtime's closed channels to tear down) or dead letters to route.
         """
-        if self._graveyard or self._dead_letters.pending:
+        if self.sliced or self._dead_letters.pending:
             return self.now
         return self._timers.next_deadline()
 
@@ -189,7 +195,7 @@ class StepHost:
         the budget is spent is ticked again at once.
         """
         self.advance(now)
-        self._reap_budget = self.reap_slice
+        self.sliced.refill(REAP)
         self._dead_letter_budget = self.dead_letter_slice
         self._reap()
         # Dead letters still to route come first; no more expire until they have gone.
