@@ -25,9 +25,6 @@ import os
 from collections.abc import Mapping
 
 DEFAULT_USER = ("guest", "guest")
-# Who may log in when no user is left: one nameless user whose stored password is not base64,
-# so that no password matches it. The workers take an empty table for "none given" (guest).
-NOBODY = {"": "!"}
 _SALT = 4
 
 

@@ -568,4 +568,4 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     # command line or in the environment, where other local users (ps, /proc/PID/environ)
     # could read them. -1: none.
     users_fd: int = -1
-    users: dict[str, str] = {}  # name -> password; empty: guest/guest. Filled from users_fd
+    users: dict[str, str] = {}  # name -> password; empty: nobody logs in. Filled from users_fd

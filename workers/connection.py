@@ -185,7 +185,8 @@ class AMQPConnection:
         frame_max: int = 131072,
         channel_max: int = 2047,
         heartbeat: int = 60,
-        users: Mapping[str, str] | None = None,  # name -> stored password (broker.passwords)
+        # name -> stored password (broker.passwords); empty: nobody; None: guest/guest (tests)
+        users: Mapping[str, str] | None = None,
         max_body_size: int = 128 << 20,
         handshake_timeout: float = 10.0,
         peer_is_loopback: bool = True,

@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from broker.messages.message_journal import MessageJournal
-from broker.passwords import NOBODY, users_at_start
+from broker.passwords import users_at_start
 from broker.runtime.dispatch import Dispatcher
 from broker.storage.data_dir import DataDir
 from broker.storage.definition_store import DefinitionStore, Opened, open_definitions, restore
@@ -112,7 +112,7 @@ class Durability:
         if not users:
             log.warning("data directory %s: no users stored and none given: nobody can log in "
                         "(start with --user NAME:PASSWORD)", self.path)
-            return dict(NOBODY)
+            return {}
         return users
 
     def recover_messages(self, arenas: list[Any], arena_mb: int) -> None:
