@@ -7,15 +7,18 @@ deleting a missing queue or exchange succeeds, unbinding a missing binding succe
 exclusive queue is never durable, and exclusivity mismatches are 405 RESOURCE_LOCKED.
 
 ``owner`` is an opaque connection key (the runtime uses ``(worker, conn)``); exclusive queues
-belong to one owner and go with it (:mod:`broker.topology.exclusive_queues`). The bindings *to* each
-queue and exchange are indexed (:mod:`broker.topology.binding_index`) so that deleting one is O(those).
+belong to one owner and go with it (:mod:`broker.topology.exclusive_queues`).
 
-Routing is :class:`broker.topology.routing.Router`'s (RabbitMQ ``rabbit_exchange:route``); the virtual
-host keeps the two fast paths of basic.publish and says what a publish did in a
-:class:`PublishOutcome`.
+The virtual host is this module's declare/delete rules and the parts it derives from, each a
+module of its own (as Broker-J's ``virtualhost/`` and LavinMQ's ``vhost``):
 
-Time, timers, dead letters and bounded steps -- what the virtual host is to its queues and to
-the runtime's timer -- are :class:`broker.topology.step_host.StepHost`'s, which it derives from.
+* bindings, and the bindings of deleted queues and exchanges going a slice per step:
+  :class:`broker.topology.bindings.BindingHost`;
+* basic.publish, its fast paths and routing in slices (:class:`PublishOutcome`):
+  :class:`broker.topology.publishing.PublishingHost` (routing itself is
+  :class:`broker.topology.routing.Router`'s, RabbitMQ ``rabbit_exchange:route``);
+* time, timers, dead letters and bounded steps -- what the virtual host is to its queues and to
+  the runtime's timer: :class:`broker.topology.step_host.StepHost`.
 
 Called from: the supervisor process (``broker.runtime.dispatch``).
 """
@@ -27,27 +30,25 @@ from collections.abc import Callable, Hashable, Mapping
 from functools import partial
 from itertools import islice
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 from broker.errors import AccessRefused, NotFound, PreconditionFailed
 from broker.messages.field_tables import args_inequivalence, field_inequivalence
-from broker.messages.headers import has_routing_headers
-from broker.messages.message import Message, drop_reference
+from broker.messages.message import Message
 from broker.messages.message_journal import MessageJournal
-from broker.queues.arguments import QUEUE_ARG_DEFAULTS, QUEUE_ARG_KEYS, check_resource_arg, parse_expiration
+from broker.queues.arguments import QUEUE_ARG_DEFAULTS, QUEUE_ARG_KEYS, check_resource_arg
 from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.featured.queue_kinds import make_queue, upgrade
 from broker.queues.queue import Queue
 from broker.topology.binding_index import BindingIndex
+from broker.topology.bindings import DEFAULT_EXCHANGE_REFUSED, BindingHost
 from broker.topology.definitions import TopologyJournal
-from broker.topology.exchange import (
-    Exchange,
-    ExchangeDestination,
-    check_exchange_type,
-)
+from broker.topology.exchange import Exchange, ExchangeDestination, check_exchange_type
 from broker.topology.exclusive_queues import ExclusiveQueues
+from broker.topology.publishing import NO_ROUTE, PublishingHost, PublishOutcome, Routing
 from broker.topology.routing import DeadLetterRouter, Router
-from broker.topology.step_host import StepHost
+
+__all__ = ["NO_ROUTE", "PublishOutcome", "Routing", "VirtualHost"]  # the runtime's names for a publish
 
 # AMQP 0-9-1 §3.1.3: the default exchange plus the amq.* ones a broker must pre-declare.
 STANDARD_EXCHANGES = (
@@ -59,73 +60,17 @@ STANDARD_EXCHANGES = (
     ("amq.match", "headers"),
 )
 
-_DEFAULT_EXCHANGE_REFUSED = "operation not permitted on the default exchange"
-
 # The bindings to a deleted queue or exchange are removed at once up to this many; more go a
-# slice per step (a queue bound 50,000 times to a topic exchange held the supervisor 81 ms).
+# slice per step (docs/design.md, "Bounded step": a queue may be bound tens of thousands of times).
 UNBIND_AT_ONCE = 256
 # A closed connection's exclusive queues are deleted at once up to this many; more go a slice per
-# step (20,000 held the supervisor 58 ms), each queue counting this many units of the step's work
-# (~3 µs a queue against ~1 µs a binding).
+# step (a connection may own tens of thousands), each queue counting this many units of the
+# step's work (deleting a queue costs about what unbinding four bindings does).
 CLOSE_AT_ONCE = 256
 QUEUE_DELETE_WORK = 4
 
 
-# basic.return's reply code for a mandatory message routed nowhere (AMQP 0-9-1 §1.8.3.9): a
-# reply, not an error -- the channel stays open -- so it has no class in broker.errors.
-NO_ROUTE = 312
-
-
-class PublishOutcome(NamedTuple):
-    """What basic.publish did (VirtualHost.publish): all a confirming channel needs.
-
-    RabbitMQ nacks a confirm when any queue refused the message (reject-publish) and acks it
-    otherwise; a mandatory return is only for a message routed nowhere (``routed == 0``).
-    """
-
-    routed: int  # queues the message was routed to (0: basic.return if mandatory, else free it)
-    notify: list[QueueConsumer]  # consumers to notifyWork
-    rejected: tuple[str, ...] = ()  # queues that refused it (x-overflow reject-publish*): nack
-    dead_lettered: int = 0  # dead-letter copies made on the way (drop-head, reject-publish-dlx)
-    # Set when the publish is routed to more queues than ``publish``'s ``limit``: the queues
-    # still to come (``VirtualHost.route_on``). ``notify`` is then this slice's only, and the
-    # other fields are the last slice's outcome's.
-    routing: Routing | None = None
-
-
-class Routing:
-    """A publish routed to more queues than one bounded step offers it to (a fanout to
-    thousands): the queues still to come, ``limit`` at a time (``VirtualHost.route_on``).
-
-    The queues were chosen when it was published; one deleted meanwhile gets nothing (nor does one
-    declared again under its name), one bound meanwhile gets nothing either. The message holds
-    one reference of its own until the last queue is offered it, so that a queue acking or
-    dropping it meanwhile does not free it.
-    """
-
-    __slots__ = ("dead_lettered", "declared", "destinations", "message", "next", "now", "offered",
-                 "rejected", "routed")
-
-    def __init__(self, message: Message, destinations: list[Any], now: float | None,
-                 declared: int) -> None:
-        self.message = message
-        self.declared = declared  # queues declared before it was published: a later one is new
-        # Queue names (the fast path's, looked up as they come) or Queue objects.
-        self.destinations = destinations
-        self.next = 0  # index of the next destination
-        self.now = now
-        self.offered = 0  # destinations offered it in the last slice: the step's work
-        self.routed = 0
-        self.rejected: list[str] = []
-        self.dead_lettered = 0
-
-
-# tuple.__new__ with every field skips the NamedTuple's generated __new__ (defaults, keywords):
-# one is made per publish.
-_outcome = tuple.__new__
-
-
-class VirtualHost(StepHost):
+class VirtualHost(BindingHost, PublishingHost):
     """Exchanges, queues and bindings of one vhost; the supervisor's domain entry point."""
 
     def __init__(
@@ -175,9 +120,6 @@ class VirtualHost(StepHost):
         """Queues by name (read-only view)."""
         return MappingProxyType(self._queues)
 
-    def _rs(self, kind: str, name: str) -> str:
-        return f"{kind} '{name}' in vhost '{self.name}'"
-
     # ------------------------------------------------------------------- exchanges
 
     def exchange(self, name: str) -> Exchange:
@@ -202,7 +144,7 @@ class VirtualHost(StepHost):
         if not passive:
             check_exchange_type(type)
         if name == "":
-            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
+            raise AccessRefused(DEFAULT_EXCHANGE_REFUSED)
         if passive:
             return self.exchange(name)
         exchange = self._exchanges.get(name)
@@ -233,7 +175,7 @@ class VirtualHost(StepHost):
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         """exchange.delete; deleting a missing exchange succeeds (RabbitMQ ensure_deleted)."""
         if name == "":
-            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
+            raise AccessRefused(DEFAULT_EXCHANGE_REFUSED)
         if name.startswith("amq."):
             raise AccessRefused(f"deletion of system {self._rs('exchange', name)} not allowed")
         exchange = self._exchanges.get(name)
@@ -253,89 +195,14 @@ class VirtualHost(StepHost):
         del self._exchanges[exchange.name]
         if self.journal is not None:
             self.journal.removed("exchange", exchange.name, durable=exchange.durable)
-        # Its own bindings go a slice per step (an exchange bound 50,000 times held the
-        # supervisor 54 ms): nothing routes through it from now on, and until then the reverse
+        # Its own bindings go a slice per step (it may be bound tens of thousands of times):
+        # nothing routes through it from now on, and until then the reverse
         # index may still name it as a source of its destinations (see _unbind_deleted).
         if exchange.has_bindings:
             self.defer(partial(self._unbind_deleted, exchange))
         # RabbitMQ remove_for_destination: bindings to it go too, and may auto-delete sources.
         self._unbind_destination(ExchangeDestination(exchange.name),
                                  self._bindings.pop_sources(exchange.name, to_exchange=True))
-
-    def _unbind_deleted(self, exchange: Exchange, n: int) -> int:
-        """Up to ``n`` bindings of the deleted ``exchange`` go; the reverse index forgets it as a
-        source of each destination left with none, unless an exchange declared again under its
-        name is bound there by then. Returns how many went.
-
-        Meanwhile the index may name a source that is gone (or is a new exchange not bound
-        there): who reads it (a queue or exchange deleted) finds no binding to remove in it."""
-        count, unbound = exchange.unbind_some(n)
-        name = exchange.name
-        current = self._exchanges.get(name)
-        for destination in unbound:
-            if current is not None and current.is_bound(destination):
-                continue
-            if type(destination) is ExchangeDestination:
-                self._bindings.unbound(name, destination.name, to_exchange=True)
-            else:
-                self._bindings.unbound(name, str(destination), to_exchange=False)
-        return count
-
-    def _maybe_auto_delete(self, exchange: Exchange) -> None:
-        # An auto-delete exchange goes when its last binding -- to a queue or an exchange --
-        # does (RabbitMQ conditional_delete: no bindings with it as the source).
-        if (exchange.auto_delete and not exchange.has_bindings
-                and self._exchanges.get(exchange.name) is exchange):
-            self._remove_exchange(exchange)
-
-    def bind_exchange(
-        self,
-        destination: str,
-        source: str,
-        routing_key: str,
-        arguments: Mapping[str, Any] | None = None,
-    ) -> None:
-        """exchange.bind: messages ``source`` routes by this binding go on through ``destination``.
-
-        Binding twice is a no-op. The default exchange can be neither end (403); a missing end
-        is 404, the source first (rabbit_binding call_with_source_and_destination).
-        """
-        if destination == "" or source == "":
-            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
-        src = self.exchange(source)
-        dst = self.exchange(destination)
-        if src.bind(ExchangeDestination(destination), routing_key, arguments):
-            self._bindings.bound(source, destination, to_exchange=True)
-            if self.journal is not None:
-                self.journal.bound(source, destination, routing_key, arguments, to_exchange=True,
-                                   durable=src.durable and dst.durable)
-
-    def unbind_exchange(
-        self,
-        destination: str,
-        source: str,
-        routing_key: str,
-        arguments: Mapping[str, Any] | None = None,
-    ) -> None:
-        """exchange.unbind; may auto-delete the source.
-
-        As RabbitMQ 3.10 (rabbit_binding absent_errs_only): unbinding what is not bound, or
-        naming an exchange that does not exist, succeeds; the default exchange is still 403.
-        """
-        if destination == "" or source == "":
-            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
-        src = self._exchanges.get(source)
-        as_destination = ExchangeDestination(destination)
-        if src is None or not src.unbind(as_destination, routing_key, arguments):
-            return
-        if self.journal is not None:
-            dst = self._exchanges.get(destination)
-            self.journal.unbound(source, destination, routing_key, arguments, to_exchange=True,
-                                 durable=src.durable and dst is not None and dst.durable)
-        if not src.is_bound(as_destination):
-            self._bindings.unbound(source, destination, to_exchange=True)
-        self._maybe_auto_delete(src)
-
 
     # ---------------------------------------------------------------------- queues
 
@@ -485,59 +352,6 @@ class VirtualHost(StepHost):
             self._exclusive.remove(queue)
         return queue.delete()
 
-    def _unbind_destination(self, destination: Hashable, sources: dict[str, None]) -> None:
-        """A queue (its name) or an exchange (its ExchangeDestination) is deleted; ``sources``
-        name the exchanges bound to it (taken out of the reverse index). Their bindings to it go,
-        ``unbind_at_once`` of them now and the rest a slice per step (a queue bound 50,000 times
-        held the supervisor 81-95 ms), each source auto-deleting after its last (RabbitMQ
-        remove_for_destination). Until then routes through them lead nowhere: no queue or
-        exchange has that name, and one declared under it first has them removed at once."""
-        if not sources:
-            return
-        self._unbind_from(destination, sources, self.unbind_at_once)
-        if sources:
-            self._unbinding[destination] = sources
-            self.defer(partial(self._unbind_pending, destination, sources))
-
-    def _unbind_pending(self, destination: Hashable, sources: dict[str, None], n: int) -> int:
-        """A step's slice of :meth:`_unbind_destination`; none once they were removed at once
-        (_finish_unbinding): the bindings to that name now are a new queue's or exchange's."""
-        if self._unbinding.get(destination) is not sources:
-            return 0
-        done = self._unbind_from(destination, sources, n)
-        if not sources:
-            del self._unbinding[destination]
-        return done
-
-    def _unbind_from(self, destination: Hashable, sources: dict[str, None], n: int | None) -> int:
-        """Remove up to ``n`` (None: all) bindings to the deleted ``destination`` from the
-        exchanges named in ``sources``, dropping each name once its exchange holds none; a
-        name with no exchange (deleted: its own bindings go with it, _unbind_deleted) counts
-        one. Returns the work done."""
-        done = 0
-        exchanges = self._exchanges
-        while sources and (n is None or done < n):
-            name, _ = sources.popitem()
-            exchange = exchanges.get(name)
-            if exchange is None:
-                done += 1
-                continue
-            removed = exchange.unbind_destination(destination, None if n is None else n - done)
-            done += removed or 1
-            if exchange.is_bound(destination):
-                sources[name] = None  # the rest of its bindings first, next time
-            elif removed:
-                self._maybe_auto_delete(exchange)
-        return done
-
-    def _finish_unbinding(self, destination: Hashable) -> None:
-        """Remove now what is left of the bindings to the deleted ``destination`` (a queue or
-        exchange is declared under its name, which they must not lead to; an exchange.delete
-        if-unused)."""
-        sources = self._unbinding.pop(destination, None)
-        if sources:
-            self._unbind_from(destination, sources, None)
-
     def queues_owned_by(self, owner: Hashable) -> list[Queue]:
         """Exclusive queues declared by ``owner``."""
         return [self._queues[name] for name in self._exclusive.names(owner)]
@@ -592,185 +406,3 @@ class VirtualHost(StepHost):
             self._delete_queue(target)
             return []
         return notify
-
-    # -------------------------------------------------------------------- bindings
-
-    def bind_queue(
-        self,
-        queue_name: str,
-        exchange_name: str,
-        routing_key: str,
-        arguments: Mapping[str, Any] | None = None,
-        *,
-        owner: Hashable,
-    ) -> None:
-        """queue.bind; binding twice is a no-op. The default exchange refuses bindings (403)."""
-        exchange, queue = self._binding_ends(queue_name, exchange_name, owner)
-        if exchange.bind(queue.name, routing_key, arguments):
-            self._bindings.bound(exchange.name, queue.name, to_exchange=False)
-            if self.journal is not None:
-                self.journal.bound(exchange.name, queue.name, routing_key, arguments, to_exchange=False,
-                                   durable=exchange.durable and queue.durable)
-
-    def unbind_queue(
-        self,
-        queue_name: str,
-        exchange_name: str,
-        routing_key: str,
-        arguments: Mapping[str, Any] | None = None,
-        *,
-        owner: Hashable,
-    ) -> None:
-        """queue.unbind; may auto-delete the exchange.
-
-        As RabbitMQ 3.10 (rabbit_binding:remove, absent_errs_only): unbinding what is not bound,
-        or naming an exchange or a queue that does not exist (an auto-delete queue gone with its
-        last consumer, say, and its exchange with it: aio-pika's RPC.close), succeeds; the
-        default exchange is still 403 and someone else's exclusive queue 405.
-        """
-        if exchange_name == "":
-            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
-        exchange = self._exchanges.get(exchange_name)
-        if exchange is None or queue_name not in self._queues:
-            return
-        queue = self.queue(queue_name, owner=owner)
-        if not exchange.unbind(queue.name, routing_key, arguments):
-            return
-        if self.journal is not None:
-            self.journal.unbound(exchange.name, queue.name, routing_key, arguments, to_exchange=False,
-                                 durable=exchange.durable and queue.durable)
-        if not exchange.is_bound(queue.name):
-            self._bindings.unbound(exchange.name, queue.name, to_exchange=False)
-        self._maybe_auto_delete(exchange)
-
-    def _binding_ends(self, queue_name: str, exchange_name: str, owner: Hashable) -> tuple[Exchange, Queue]:
-        # rabbit_channel binding_action_with_checks: default exchange first, then existence
-        # (source before destination), then exclusive access to the queue.
-        if exchange_name == "":
-            raise AccessRefused(_DEFAULT_EXCHANGE_REFUSED)
-        exchange = self.exchange(exchange_name)
-        return exchange, self.queue(queue_name, owner=owner)
-
-    # ------------------------------------------------------------------ publishing
-
-    def publish(self, exchange_name: str, message: Message, *, now: float | None = None,
-                limit: int | None = None) -> PublishOutcome:
-        """basic.publish: enqueue on every matched queue once; what happened (PublishOutcome).
-
-        With 0 queues nothing references the message and ``on_drop`` is not called: the runtime
-        returns it (mandatory) or frees it. Otherwise the domain owns it: if every queue refused
-        or at once dropped it, ``on_drop`` has been called. The domain's answer does not depend
-        on mandatory, so it is not passed in. Checks, in rabbit_channel's order: the exchange
-        exists (404), is not internal (403), the expiration is valid (406), the CC / BCC
-        headers are arrays (406, rabbit_basic:message).
-
-        CC / BCC headers (sender-selected distribution) add routing keys; a message with BCC
-        becomes a :class:`BlindCopied` (delivered without it). Only a message with headers
-        pays for the check: one dict lookup per header name.
-        """
-        exchange = self._exchanges.get(exchange_name)
-        if exchange is None:
-            raise NotFound(f"no {self._rs('exchange', exchange_name)}")
-        if exchange.internal:
-            raise AccessRefused(f"cannot publish to internal {exchange.description}")
-        if message.expiration is not None:
-            parse_expiration(message.expiration)
-            return self._deliver(self._router.route_published(exchange, message), message, now,
-                                 limit)
-        headers = message.headers
-        if headers is not None and has_routing_headers(headers):
-            return self._deliver(self._router.route_published(exchange, message), message, now,
-                                 limit)
-        if exchange_name == "":
-            # Hot path: the default exchange's bindings are exactly "each queue by its name".
-            queue = self._queues.get(message.routing_key)
-            if queue is None:
-                return _outcome(PublishOutcome, (0, [], (), 0, None))
-            if queue.plain:
-                return _outcome(PublishOutcome, (1, queue.enqueue(message), (), 0, None))
-            return self._deliver([queue], message, now)
-        if not exchange.routes_only_to_queues or self._featured_queues:
-            return self._deliver(self._router.route(exchange, message), message, now, limit)
-        notify: list[QueueConsumer] = []
-        routed = 0
-        destinations = exchange.route(message.routing_key, message.headers)
-        if limit is not None and len(destinations) > limit:
-            return self._begin_routing(list(destinations), message, now, limit)
-        for destination in destinations:
-            queue = self._queues.get(destination)  # type: ignore[call-overload]
-            if queue is not None:
-                notify += queue.enqueue(message)
-                routed += 1
-        return _outcome(PublishOutcome, (routed, notify, (), 0, None))
-
-    def _begin_routing(self, destinations: list[Any], message: Message, now: float | None,
-                       limit: int) -> PublishOutcome:
-        message.refs += 1  # the routing's own, dropped when the last queue has been offered it
-        return self.route_on(Routing(message, destinations, now, self._declared), limit)
-
-    def route_on(self, routing: Routing, limit: int | None) -> PublishOutcome:
-        """Offer ``routing``'s message to its next ``limit`` queues (None: all that are left),
-        as ``publish`` would have. The outcome's ``routing`` is ``routing`` while queues are
-        left; the last slice's outcome is the whole publish's."""
-        message, now = routing.message, routing.now
-        if now is not None:
-            self.advance(now)
-        before = self.dead_lettered
-        destinations = routing.destinations
-        start = routing.next
-        end = len(destinations) if limit is None else min(start + limit, len(destinations))
-        queues, declared = self._queues, routing.declared
-        # Those deleted since it was published (and maybe declared again) are left out.
-        live = [queue for destination in destinations[start:end]
-                if (queue := queues.get(destination) if type(destination) is str else destination)
-                is not None and not queue.deleted and queue.declared <= declared]
-        notify = self._offer(live, message, now, routing.rejected)
-        routing.routed += len(live)
-        notify += self.drain()
-        routing.next, routing.offered = end, end - start
-        routing.dead_lettered += self.dead_lettered - before
-        if end < len(destinations):
-            return PublishOutcome(0, notify, (), 0, routing)
-        if routing.routed:
-            drop_reference(message, self._on_drop)
-        else:
-            message.refs -= 1  # every queue went meanwhile: the runtime returns or frees it
-        return PublishOutcome(routing.routed, notify, tuple(routing.rejected),
-                              routing.dead_lettered)
-
-    def _offer(self, queues: list[Queue], message: Message, now: float | None,
-               rejected: list[str]) -> list[QueueConsumer]:
-        """Offer ``message`` to each of ``queues`` (a plain queue meeting its first expiration
-        is upgraded); the names of those that refuse it go to ``rejected``. Returns whom to
-        wake."""
-        notify: list[QueueConsumer] = []
-        for queue in queues:
-            if message.expiration is not None and queue.plain:
-                upgrade(queue)
-                self._featured_queues += 1
-            taken = queue.offer(message, now)
-            if taken is None:
-                rejected.append(queue.name)
-            else:
-                notify += taken
-        return notify
-
-    def _deliver(self, queues: list[Queue], message: Message, now: float | None,
-                 limit: int | None = None) -> PublishOutcome:
-        """Offer to queues that may refuse, drop or dead-letter it at once; then drain."""
-        if limit is not None and len(queues) > limit:
-            return self._begin_routing(queues, message, now, limit)
-        if now is not None:
-            self.advance(now)
-        before = self.dead_lettered
-        rejected: list[str] = []
-        # Held while routing: a queue dropping it (drop-head, TTL) must not free it under the
-        # queues still to come.
-        message.refs += 1
-        notify = self._offer(queues, message, now, rejected)
-        if queues:
-            drop_reference(message, self._on_drop)
-        else:
-            message.refs -= 1  # unroutable: the runtime returns or frees it
-        notify += self.drain()
-        return PublishOutcome(len(queues), notify, tuple(rejected), self.dead_lettered - before)
