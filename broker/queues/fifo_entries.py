@@ -267,6 +267,32 @@ class FifoEntries(Generic[_Entry]):
                 message = slot if isinstance(slot, Message) else slot.message  # type: ignore[union-attr]
                 yield (message.origin or message).body_ref
 
+    def stored_in(self, file: int, limit: int) -> list[tuple[Message, bool]] | None:
+        """The available messages whose E record is in index file ``file``, each with whether
+        it was delivered (``Queue.stored_in``); None when that cannot be told by looking at
+        ``limit`` log slots. The log holds them in enqueue order, so the look stops at the first
+        message recorded in a later file."""
+        found = [(entry.message, True) for _, entry in self.released
+                 if entry.message.stored is not None and entry.message.stored[5] == file]
+        log = self.log
+        stop = min(len(log), self.head + limit)
+        for index in range(self.head, stop):
+            slot = log[index]
+            if isinstance(slot, Message):
+                message, delivered = slot, False
+            elif slot is PACKED or type(slot) is int:
+                continue  # a handle: a transient message
+            else:
+                message, delivered = slot.message, slot.redelivered  # type: ignore[union-attr]
+            stored = message.stored
+            if stored is None:
+                continue
+            if stored[5] > file:
+                return found
+            if stored[5] == file:
+                found.append((message, delivered))
+        return found if stop == len(log) else None
+
     # ------------------------------------------------------------------ browsing
 
     def next_after(self, acquired: Mapping[int, _Entry], position: int) -> _Entry | None:

@@ -46,7 +46,6 @@ from broker.queues.consumer_manager import (
 from broker.queues.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
 from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
 from broker.queues.fifo_entries import FifoEntries
-from broker.queues.queue_host import DEAD_LETTER_COST as DEAD_LETTER_COST  # re-exported: it was defined here
 from broker.queues.queue_host import QueueHost, StandaloneHost
 
 
@@ -385,33 +384,11 @@ class Queue:
     def stored_in(self, file: int, limit: int) -> list[tuple[Message, bool]] | None:
         """The messages held here whose E record is in index file ``file``, each with whether
         it was delivered (broker.storage.index_moves); None when that cannot be told by looking at
-        ``limit`` entries past the delivered ones. The queue holds them in enqueue order, so
-        the look stops at the first message recorded in a later file."""
-        found: list[tuple[Message, bool]] = []
-        for entry in self._acquired.values():
-            if entry.message.stored is not None and entry.message.stored[5] == file:
-                found.append((entry.message, True))
-        for _, entry in self._fifo.released:
-            if entry.message.stored is not None and entry.message.stored[5] == file:
-                found.append((entry.message, True))
-        fifo = self._fifo
-        stop = min(len(fifo.log), fifo.head + limit)
-        for index in range(fifo.head, stop):
-            slot = fifo.log[index]
-            if isinstance(slot, QueueEntry):
-                message, delivered = slot.message, slot.redelivered
-            elif isinstance(slot, Message):
-                message, delivered = slot, False
-            else:
-                continue  # a handle: a transient message
-            stored = message.stored
-            if stored is None:
-                continue
-            if stored[5] > file:
-                return found
-            if stored[5] == file:
-                found.append((message, delivered))
-        return found if stop == len(fifo.log) else None
+        ``limit`` entries past the delivered ones (:meth:`FifoEntries.stored_in`)."""
+        acquired = [(entry.message, True) for entry in self._acquired.values()
+                    if entry.message.stored is not None and entry.message.stored[5] == file]
+        available = self._fifo.stored_in(file, limit)
+        return None if available is None else acquired + available
 
     # ----------------------------------------------------------------------- timers
 

@@ -19,7 +19,8 @@ import itertools
 import pytest
 
 from broker.messages.message import Message
-from broker.queues.queue import DEAD_LETTER_COST, Queue
+from broker.queues.queue import Queue
+from broker.queues.queue_host import DEAD_LETTER_COST
 from broker.runtime.dispatch import Dispatcher
 from broker.topology.vhost import VirtualHost
 from ipc import records as r
