@@ -10,7 +10,7 @@ from ipc.logfile import BODY_OVERHEAD
 
 # A message's body handle (Message.body_ref, opaque to the domain) packs where its header and
 # body sit into one int: ((offset * 2**24 + header_len) * 2**32 + body_len) * 2**16 + region.
-# A tuple of four ints cost 104 bytes per queued message, the int costs 36-40 (S8).
+# One int per queued message, not a tuple of four: S8's queues hold millions (perf/README.md).
 _REGION_BITS, _BODY_BITS, _HEADER_BITS = 16, 32, 24
 _REGION_MASK = (1 << _REGION_BITS) - 1
 _BODY_MASK = (1 << _BODY_BITS) - 1

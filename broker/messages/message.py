@@ -1,6 +1,6 @@
 """A published message as the supervisor sees it: routing data and a handle, never the body.
 
-DESIGN.md (MUST): the supervisor never touches body bytes on the hot path. ``body_ref`` is an
+docs/design.md ("The contract"): the supervisor never touches body bytes on the hot path. ``body_ref`` is an
 opaque handle to the body in a worker's shared-memory arena; the domain only counts how many
 queue entries hold it (``refs``) and calls the queue's ``on_drop`` when that reaches zero so the
 runtime can free the block.

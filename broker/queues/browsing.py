@@ -1,4 +1,6 @@
-"""Browsers' positions: where a browser goes next, and which browsers an entry concerns (seed 001).
+"""Browsers' positions: where a browser goes next, and which browsers an entry concerns.
+
+Qpid's Message Delivery (docs/design.md, "Browser position").
 
 Browsers see the queue's contents -- available entries and acquired ones not yet settled -- in
 position order, keep their own pointer (``QueueConsumer.browse_position``) and never rewind, so

@@ -1,24 +1,25 @@
-"""The queue's view of its consumers: Qpid's QueueConsumerManager (seed 002), single-threaded.
+"""The queue's view of its consumers: Qpid's QueueConsumerManager, single-threaded.
 
 Theory of operation
 -------------------
-The seed keeps five lists -- All, NonAcquiring, NotInterested, Interested, Notified -- with one
+Qpid keeps five lists (docs/design.md, "QueueConsumerManager states") -- All, NonAcquiring,
+NotInterested, Interested, Notified -- with one
 Interested and one Notified list per consumer priority, and moves a consumer between them to
 record what the queue knows about it. Qpid needs lock-free linked lists for that because
 consumers and queues run on different threads. Here one supervisor process owns every queue,
-so (STYLE.md) each list is an insertion-ordered dict used as an ordered set:
+so (docs/design.md, "QueueConsumerManager") each list is an insertion-ordered dict used as an ordered set:
 
 * a consumer's state is a field on the consumer, so the list holding it is found in O(1);
 * every state change goes through one guarded function, :meth:`QueueConsumerManager._move`,
   which refuses (returns False) when the consumer is not in one of the expected states --
   Qpid's ``QueueConsumerNode#moveFromTo``;
 * ``del bucket[c]; bucket2[c] = None`` is O(1), and "delete then re-insert" into the same
-  list is "move to the back" (seed: "moved to the back of the Interested list");
+  list is "move to the back" (Qpid: "moved to the back of the Interested list");
 * the Interested lists are ``OrderedDict`` because taking the *front* of a plain dict after
   many front deletions walks over the deleted slots; ``OrderedDict`` keeps a linked list.
 
 Acquiring consumers live in exactly one of NotInterested / Interested[p] / Notified[p];
-non-acquiring ones (browsers) in exactly one of NotInterested / NonAcquiring (seed: they "can
+non-acquiring ones (browsers) in exactly one of NotInterested / NonAcquiring (Qpid: they "can
 only move between the NonAcquiring and NotInterested lists"). All holds every consumer.
 
 The manager knows nothing about messages: :class:`broker.queues.queue.Queue` decides *whether* there
@@ -35,7 +36,7 @@ from typing import Any
 
 
 class ConsumerState(enum.Enum):
-    """Where a consumer sits in the QueueConsumerManager (seed: Qpid's NodeState)."""
+    """Where a consumer sits in the QueueConsumerManager (Qpid: Qpid's NodeState)."""
 
     REMOVED = "removed"  # not attached to any queue
     NOT_INTERESTED = "not_interested"
@@ -66,10 +67,10 @@ Bucket = OrderedDict  # an ordered set: keys are consumers, values None
 
 
 class QueueConsumer:
-    """The queue's proxy for one consumer (seed: QueueConsumer) -- keyed by the runtime.
+    """The queue's proxy for one consumer (Qpid: QueueConsumer) -- keyed by the runtime.
 
     ``key`` is opaque to the domain; the runtime uses ``(worker, consumer id, slot)`` and sets
-    that notify slot when the queue returns this consumer (seed: ``QueueConsumer#notifyWork``).
+    that notify slot when the queue returns this consumer (Qpid: ``QueueConsumer#notifyWork``).
     """
 
     __slots__ = (
@@ -99,13 +100,13 @@ class QueueConsumer:
         self.exclusive = exclusive
         self.no_ack = no_ack
         self.state = REMOVED
-        # seed 001: a browser's pointer into the queue -- the last position it has seen.
+        # Qpid's Message Delivery: a browser's pointer into the queue -- the last position it has seen.
         # Acquiring consumers need none: without selectors they all share the queue head.
         self.browse_position = 0
 
     @property
     def interested(self) -> bool:
-        """True in Interested, Notified or NonAcquiring (seed: ``isNotifyWorkDesired``)."""
+        """True in Interested, Notified or NonAcquiring (Qpid: ``isNotifyWorkDesired``)."""
         return self.state in _ACTIVE or self.state is NON_ACQUIRING
 
     def __repr__(self) -> str:
@@ -116,7 +117,7 @@ class QueueConsumer:
 
 
 class QueueConsumerManager:
-    """Keeps every consumer of one queue in the list matching its state (seed 002: the QCM).
+    """Keeps every consumer of one queue in the list matching its state (Qpid's QCM).
 
     Called from: the supervisor process, only through :class:`broker.queues.queue.Queue`.
     """
@@ -130,13 +131,13 @@ class QueueConsumerManager:
         self._not_interested: Bucket[QueueConsumer, None] = self._new_bucket()
         self._interested: dict[int, Bucket[QueueConsumer, None]] = {}
         self._notified: dict[int, Bucket[QueueConsumer, None]] = {}
-        # seed: "a list per consumer priority"; highest first so iteration order is the
+        # Qpid: "a list per consumer priority"; highest first so iteration order is the
         # notification order. Counts let an unused priority be dropped.
         self._priorities: list[int] = []
         self._per_priority: dict[int, int] = {}
 
     def _new_bucket(self) -> Bucket[QueueConsumer, None]:
-        """One list of the seed; a method so a test can count how the lists are walked."""
+        """One of Qpid's lists; a method so a test can count how the lists are walked."""
         return OrderedDict()
 
     # ----------------------------------------------------------------- the one mover
@@ -172,7 +173,7 @@ class QueueConsumerManager:
     # ------------------------------------------------------------------ membership
 
     def add(self, consumer: QueueConsumer) -> None:
-        """Attach a consumer, NotInterested until it says otherwise (seed: addConsumer).
+        """Attach a consumer, NotInterested until it says otherwise (Qpid: addConsumer).
 
         Called by Queue.add_consumer (basic.consume arriving at the supervisor).
         """
@@ -194,7 +195,7 @@ class QueueConsumerManager:
             return REMOVED
         self._move(consumer, _ATTACHED, REMOVED)
         del self._all[consumer]
-        # seed 001 "Removal": null the pointer so nothing keeps a position alive.
+        # Qpid's Message Delivery, "Removal": null the pointer so nothing keeps a position alive.
         consumer.browse_position = 0
         if consumer.acquiring:
             self._release_priority(consumer.priority)
@@ -202,7 +203,7 @@ class QueueConsumerManager:
 
     def clear(self) -> list[QueueConsumer]:
         """Detach everyone (queue deleted); returns them in attach order. The lists go
-        whole: one by one, 20,000 consumers took ~8 ms."""
+        whole, not one consumer at a time (a queue may have tens of thousands)."""
         consumers = list(self._all)
         for consumer in consumers:
             consumer.state = REMOVED
@@ -232,7 +233,7 @@ class QueueConsumerManager:
     def set_interest(self, consumer: QueueConsumer, interested: bool) -> bool:
         """Move between NotInterested and Interested/NonAcquiring; False if nothing changed.
 
-        seed ``QueueConsumerManagerImpl#setInterest``; called by Queue.set_notify_work_desired.
+        Qpid ``QueueConsumerManagerImpl#setInterest``; called by Queue.set_notify_work_desired.
         """
         if interested:
             target = INTERESTED if consumer.acquiring else NON_ACQUIRING
@@ -241,13 +242,13 @@ class QueueConsumerManager:
         return self._move(consumer, source, NOT_INTERESTED)
 
     def mark_notified(self, consumer: QueueConsumer) -> bool:
-        """Interested → Notified (seed: "moved to the Notified list" once told of work)."""
+        """Interested → Notified (Qpid: "moved to the Notified list" once told of work)."""
         if consumer.state is NOTIFIED:
             return True  # already there: keep its place rather than re-inserting
         return consumer.acquiring and self._move(consumer, _ONLY_INTERESTED, NOTIFIED)
 
     def back_of_interested(self, consumer: QueueConsumer) -> bool:
-        """Interested/Notified → back of Interested (seed: "asymptotic fairness")."""
+        """Interested/Notified → back of Interested (Qpid: "asymptotic fairness")."""
         return self._move(consumer, _ACTIVE, INTERESTED)
 
     # ----------------------------------------------------------- choosing whom to notify
@@ -262,7 +263,7 @@ class QueueConsumerManager:
     def higher_priority_active(self, consumer: QueueConsumer) -> bool:
         """True while an acquiring consumer of strictly higher priority wants work.
 
-        seed ``AbstractQueue#noHigherPriorityWithCredit``: that consumer will take the message.
+        Qpid ``AbstractQueue#noHigherPriorityWithCredit``: that consumer will take the message.
         """
         top = self.top_active_priority()
         return top is not None and top > consumer.priority
@@ -270,7 +271,7 @@ class QueueConsumerManager:
     def notify_one(self, *, unless_notified: bool = False) -> QueueConsumer | None:
         """Move the first Interested consumer at the top active priority to Notified.
 
-        seed: the queue "will only notify a single interested Consumer to avoid spurious
+        Qpid: the queue "will only notify a single interested Consumer to avoid spurious
         wake-ups", highest priority first. With ``unless_notified`` nobody is woken when a
         consumer at that priority is already Notified: it will pull the work anyway (used when
         work is handed over rather than newly arrived).
@@ -296,11 +297,11 @@ class QueueConsumerManager:
         return consumer in self._all
 
     def all(self) -> list[QueueConsumer]:
-        """Every attached consumer, in attach order (seed: the "All" list)."""
+        """Every attached consumer, in attach order (Qpid: the "All" list)."""
         return list(self._all)
 
     def non_acquiring(self) -> list[QueueConsumer]:
-        """Interested browsers (seed: the "NonAcquiring" list); all are told of new messages."""
+        """Interested browsers (Qpid: the "NonAcquiring" list); all are told of new messages."""
         return list(self._non_acquiring)
 
     def iter_non_acquiring(self) -> Iterator[QueueConsumer]:
@@ -313,7 +314,7 @@ class QueueConsumerManager:
         return bool(self._non_acquiring)
 
     def not_interested(self) -> list[QueueConsumer]:
-        """Consumers that asked not to be woken (seed: the "NotInterested" list)."""
+        """Consumers that asked not to be woken (Qpid: the "NotInterested" list)."""
         return list(self._not_interested)
 
     def interested(self) -> list[QueueConsumer]:

@@ -20,7 +20,7 @@ class SingleActiveConsumer:
     its priority, and a later higher-priority consumer does not take over; when the active
     consumer goes, the waiting consumer with the highest priority -- earliest registered among
     equals -- becomes active. Waiting consumers are attached (counted in consumer_count) but
-    stay in the seed's NotInterested list; their wish to work is remembered for when they
+    stay in Qpid's NotInterested list; their wish to work is remembered for when they
     become active. An exclusive basic.consume is refused: 403 "... in exclusive use".
     """
 

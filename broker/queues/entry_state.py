@@ -11,10 +11,10 @@ import itertools
 
 
 class EntryState(enum.Enum):
-    """Where a queue entry is in its life (seed: QueueEntry available / acquired / deleted)."""
+    """Where a queue entry is in its life (Qpid: QueueEntry available / acquired / deleted)."""
 
     AVAILABLE = "available"
-    HELD = "held"  # seed: "held" -- not available before its not-valid-before time
+    HELD = "held"  # Qpid: "held" -- not available before its not-valid-before time
     ACQUIRED = "acquired"
     DELETED = "deleted"
 

@@ -1,8 +1,9 @@
 """A plain queue's available entries: the log from its head on, and the released ones before it.
 
-Seed 001 models a subscription as a pointer into the queue that only moves back when a
-message is released. Without selectors every acquiring consumer's pointer is the same -- the
-first available entry -- so the plain queue keeps one head for all of them:
+Qpid's Message Delivery (docs/design.md, "The seeds") models a subscription as a pointer into
+the queue that only moves back when a message is released. Without selectors every acquiring
+consumer's pointer is the same -- the first available entry -- so the plain queue keeps one
+head for all of them:
 
 * ``log`` holds the never-acquired entries from index ``head`` on. Acquisition only ever
   takes the first available entry, so the live part of the log is a run of *consecutive*
@@ -10,7 +11,7 @@ first available entry -- so the plain queue keeps one head for all of them:
 * ``released`` is a heap of released entries, keyed by their original position. A released
   entry was acquired from below the head, so its position is below every log entry: the next
   entry for an acquiring consumer is the heap's minimum if there is one, else the log head
-  (seed 001: "the next entry that that subscriber sees is the returned message").
+  (Qpid's Message Delivery: "the next entry that that subscriber sees is the returned message").
 * browsers keep their own pointer (``QueueConsumer.browse_position``) and never rewind: their
   next entry is the first available one *after* the pointer (:meth:`FifoEntries.next_after`,
   which also searches the queue's acquired entries).
@@ -36,10 +37,8 @@ waits needs no object of its own, so a slot holds the least that says what it is
   words: the domain does not know the handle's layout; without one, as in a queue made outside
   a runtime, nothing is swept.
 
-Memory per queued 128-byte message, the supervisor's part (tracemalloc,
-``perf/bench_queue_memory.py``, 300,000 messages): 232 B with an entry per message, about 120 B
-with the message alone, 53 B (61 B paged out) as an int handle, 31 B (32 B) as two words and
-the slot -- 24 B of it, the rest the unswept tail's messages.
+What each form costs per queued message, the supervisor's part, is measured by
+``perf/bench_queue_memory.py`` (tracemalloc); the two words and the slot are the least.
 
 Every operation is O(1) (O(log r) for r released entries; sweeping is amortised O(1) per
 append), :meth:`FifoEntries.bury` included: the lists go to the host's

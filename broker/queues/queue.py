@@ -1,8 +1,9 @@
-"""A queue: its entries, its consumers, and the three seed interfaces between them.
+"""A queue: its entries, its consumers, and Qpid's three interfaces between them.
 
 Theory of operation
 -------------------
-Seed 002 names three calls between consumers and a queue; each is a method here, called by the
+Qpid's Consumer-Queue Interactions (docs/design.md, "The seeds"; the quotes below are its
+rules) names three calls between consumers and a queue; each is a method here, called by the
 supervisor when a worker's request arrives, and each returns the consumers to wake:
 
 * ``AbstractQueue#setNotifyWorkDesired``  → :meth:`Queue.set_notify_work_desired`
@@ -11,7 +12,7 @@ supervisor when a worker's request arrives, and each returns the consumers to wa
 * ``AbstractQueue#deliverSingleMessage``  → :meth:`Queue.pull` (a batch of them)
 
 Storage. The available entries are a :class:`broker.queues.fifo_entries.FifoEntries` (``_fifo``): one
-head for every acquiring consumer, released entries before it (seed 001), browsers' pointers
+head for every acquiring consumer, released entries before it (Qpid's Message Delivery), browsers' pointers
 past it; a waiting entry is its message, or only its body handle, until it is handed out.
 Acquired entries are indexed by id (``_acquired``) so that :meth:`delete` can drop
 them. Every per-message operation is O(1) (O(log r) for r released entries); ``purge`` and
@@ -50,7 +51,7 @@ from broker.queues.queue_host import QueueHost, StandaloneHost
 
 
 class QueueEntry:
-    """One message on one queue (seed: QueueEntry).
+    """One message on one queue (Qpid: QueueEntry).
 
     ``id`` is the runtime's handle for the entry, unique in the process
     (:func:`new_entry_id`). A plain queue makes the entry only when it is
@@ -78,7 +79,7 @@ class QueueEntry:
 
 
 class Queue:
-    """A queue of one virtual host (seed: AbstractQueue) with its QueueConsumerManager."""
+    """A queue of one virtual host (Qpid: AbstractQueue) with its QueueConsumerManager."""
 
     # Class-level facts the virtual host reads on publish, so a plain queue costs no branch.
     plain: ClassVar[bool] = True
@@ -183,9 +184,9 @@ class Queue:
     # --------------------------------------------------------------------- entries
 
     def enqueue(self, message: Message) -> list[QueueConsumer]:
-        """Append a message; returns the consumers to notify (seed: "A new message arrives").
+        """Append a message; returns the consumers to notify (Qpid: "A new message arrives").
 
-        Called by VirtualHost.publish (basic.publish). seed: exactly one interested acquiring
+        Called by VirtualHost.publish (basic.publish). Qpid: exactly one interested acquiring
         consumer is notified, highest priority first, and every interested browser; nobody
         when nobody is interested.
         """
@@ -196,7 +197,7 @@ class Queue:
         self._next_position += 1
         if self.store is not None and (message.stored is not None or message.origin is not None):
             self.store.enqueued(self.name, message, self._host.now)
-        # seed: non-acquiring consumers "should always be notified about new messages".
+        # Qpid: non-acquiring consumers "should always be notified about new messages".
         notify = self.consumers.non_acquiring() if self.consumers.has_non_acquiring else []
         consumer = self.consumers.notify_one()
         if consumer is not None:
@@ -231,11 +232,11 @@ class Queue:
     ) -> tuple[list[QueueEntry], bool]:
         """Deliver up to ``max_n`` entries to ``consumer``; returns ``(entries, more)``.
 
-        seed ``AbstractQueue#deliverSingleMessage``, batched; called when a worker's pull
+        Qpid ``AbstractQueue#deliverSingleMessage``, batched; called when a worker's pull
         request arrives. Acquiring consumers acquire; browsers only advance their pointer.
         ``more`` is True when ``max_n`` came back and more is available to this consumer: it
         stays Notified and should pull again. Otherwise it moves to the back of Interested
-        (seed: "asymptotic fairness") and waits for the next notification. ``now`` matters to
+        (Qpid: "asymptotic fairness") and waits for the next notification. ``now`` matters to
         queues with TTLs (expired messages are never delivered); a plain queue ignores it.
         """
         if max_n < 1:
@@ -245,7 +246,7 @@ class Queue:
         if not consumer.acquiring:
             return self._browse(consumer, max_n)
         if self.consumers.higher_priority_active(consumer):
-            # seed: a higher-priority consumer that wants work takes the message.
+            # Qpid: a higher-priority consumer that wants work takes the message.
             self.consumers.back_of_interested(consumer)
             return [], False
         entries = self._acquire(max_n)
@@ -259,7 +260,7 @@ class Queue:
     def get(self, now: float | None = None) -> QueueEntry | None:
         """Acquire the next available entry for basic.get, or None (basic.get-empty).
 
-        seed 001: Basic.Get is "a temporary subscription that can only ever receive one
+        Qpid's Message Delivery: Basic.Get is "a temporary subscription that can only ever receive one
         message" -- a subscription at the queue head that acquires once and goes away, so it
         needs no consumer record and notifies nobody. basic.get restarts an x-expires lease
         (rabbit_amqqueue_process ensure_expiry_timer).
@@ -276,10 +277,11 @@ class Queue:
         """Put an acquired entry back at its original position, redelivered; returns whom to wake.
 
         Called for basic.reject/nack with requeue, basic.recover, and a channel, connection or
-        worker going away with unacknowledged messages. seed 001: acquiring consumers see the
-        returned message next; browsers are not rewound, so only those that have not yet passed
-        its position are told. seed 002: "a previously unavailable message becomes available"
-        notifies one interested acquiring consumer. No-op for an entry that is not acquired
+        worker going away with unacknowledged messages. Qpid's Message Delivery: acquiring
+        consumers see the returned message next; browsers are not rewound, so only those that
+        have not yet passed its position are told. Qpid's Consumer-Queue Interactions: "a
+        previously unavailable message becomes available" notifies one interested acquiring
+        consumer. No-op for an entry that is not acquired
         (e.g. its queue was deleted).
         """
         if entry.queue is not self or entry.state is not ACQUIRED:
@@ -301,7 +303,7 @@ class Queue:
 
         The message's body is dropped (``on_drop``) when no entry references it any more.
         No-op for an entry that is not acquired (already settled, or its queue was deleted).
-        Only a message-group queue wakes anyone: settling can free a group (seed: "a
+        Only a message-group queue wakes anyone: settling can free a group (Qpid: "a
         previously unavailable (blocked by message grouping) message becomes available").
         """
         if entry.queue is not self or entry.state is not ACQUIRED:
@@ -462,7 +464,7 @@ class Queue:
     def remove_consumer(self, consumer: QueueConsumer) -> list[QueueConsumer]:
         """Detach a consumer, leaving no reference to it; returns whom to wake instead.
 
-        Called for basic.cancel, channel/connection close and worker death. seed: if it was
+        Called for basic.cancel, channel/connection close and worker death. Qpid: if it was
         Notified ("did not do the work we expected") or was the higher priority holding others
         back, the work goes to another consumer. x-expires: the lease starts again when the last
         consumer goes; x-single-active-consumer: the next in line takes over when the active one
@@ -492,12 +494,12 @@ class Queue:
         return []
 
     def set_notify_work_desired(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
-        """seed ``AbstractQueue#setNotifyWorkDesired``: credit, channel.flow, TCP back-pressure.
+        """Qpid ``AbstractQueue#setNotifyWorkDesired``: credit, channel.flow, TCP back-pressure.
 
-        Becoming interested with work available notifies that consumer (seed: "Consumer
+        Becoming interested with work available notifies that consumer (Qpid: "Consumer
         becomes Interested"). A Notified consumer turning uninterested hands its work to
         another, and a higher-priority one turning uninterested lets lower priorities consume
-        (seed: "A high priority consumer becomes uninterested"). A waiting single-active
+        (Qpid: "A high priority consumer becomes uninterested"). A waiting single-active
         consumer's wish is only recorded.
         """
         single = self.single_active

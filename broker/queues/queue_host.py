@@ -28,7 +28,7 @@ REAP_SLICE = 1000
 EXPIRE_SLICE = 250
 DEAD_LETTER_COST = 4
 # ... and dead-letter copies enqueued (a copy to a dead-letter exchange bound to 1,000 queues
-# is 1,000 of them: a tick expiring 62 such messages was 53-81 ms). What a step leaves waits
+# is 1,000 of them, so a few dozen expiring at once are a step's work). What a step leaves waits
 # for the next one, in order, and no more messages expire meanwhile.
 DEAD_LETTER_SLICE = 2000
 

@@ -394,7 +394,7 @@ class VirtualHost(BindingHost, PublishingHost):
     def remove_consumer(self, queue: Queue | str, consumer: QueueConsumer) -> list[QueueConsumer]:
         """Detach a consumer; an auto-delete queue goes with its last one. Returns whom to wake.
 
-        seed 001 "Removal": "if the queue is of auto-delete type and the subscription being
+        Qpid's Message Delivery, "Removal": "if the queue is of auto-delete type and the subscription being
         removed is the last subscription attached to the queue, then the queue needs to be
         deleted".
         """

@@ -1,4 +1,4 @@
-"""A featured queue's entries in arrival order: what browsers see (seed 001).
+"""A featured queue's entries in arrival order: what browsers see (Qpid's Message Delivery).
 
 The heaps of :mod:`broker.queues.featured.featured_queue` keep entries in delivery order (priority, groups,
 holds), so browsers -- who see arrival order and never rewind -- read this list instead. It

@@ -11,14 +11,14 @@ O(log n) per message) and is chosen at declare time only for queues that need it
   FIFO within a priority, and a released entry goes back to its original place in its priority.
 * ``_held`` -- entries held until their ``x-qpid-not-valid-before`` time (Qpid Broker-J
   ``holdOnPublishEnabled``), a :class:`broker.queues.featured.held_messages.HeldMessages`. :meth:`tick` moves
-  the due ones into ``_ready`` and notifies (seed: "a previously unavailable (held) message
+  the due ones into ``_ready`` and notifies (Qpid: "a previously unavailable (held) message
   becomes available").
 * ``_groups`` -- message groups (Qpid ``qpid.group_header_key``), a
   :class:`broker.queues.featured.message_groups.MessageGroups` (or ``UNGROUPED``): it parks the entries of a
   group someone else owns in that group's own heap and hands them back to ``_ready`` when the
   group is free again; the queue then notifies one consumer.
 * ``_order`` -- every entry by position, for browsers (they see arrival order and never rewind,
-  seed 001): a :class:`broker.queues.featured.arrival_order.ArrivalOrder`.
+  Qpid's Message Delivery): a :class:`broker.queues.featured.arrival_order.ArrivalOrder`.
 * ``_expiry`` -- expiry times per entry id, a :class:`broker.queues.featured.message_expiry.MessageExpiry`
   (RabbitMQ's TTL rules are in that module).
 * ``_deliveries`` -- how many times each entry was returned, under ``x-delivery-limit``, a
@@ -187,7 +187,7 @@ class FeaturedQueue(Queue):
     def pull(
         self, consumer: QueueConsumer, max_n: int, now: float | None = None
     ) -> tuple[list[QueueEntry], bool]:
-        """seed ``deliverSingleMessage``, batched, skipping what this consumer may not take.
+        """Qpid ``deliverSingleMessage``, batched, skipping what this consumer may not take.
 
         Expired entries met on the way are dead-lettered, never delivered. In a grouped queue a
         higher-priority consumer does not hold lower ones back (it cannot take their groups).
@@ -228,7 +228,7 @@ class FeaturedQueue(Queue):
         return entries, more
 
     def _get(self, now: float | None) -> QueueEntry | None:
-        """basic.get: the next entry no consumer's group blocks, or None (seed 001 one-shot).
+        """basic.get: the next entry no consumer's group blocks, or None (Qpid's one-message subscription).
 
         Never a pending zero-TTL entry: it is on its way to a consumer (module docstring).
         Get-empty, too, when more expired messages are in the way than this step may expire.
@@ -416,7 +416,7 @@ class FeaturedQueue(Queue):
         return notify
 
     def _set_interest(self, consumer: QueueConsumer, desired: bool) -> list[QueueConsumer]:
-        """seed setNotifyWorkDesired, plus the zero-TTL round (module docstring).
+        """Qpid's setNotifyWorkDesired, plus the zero-TTL round (module docstring).
 
         A consumer becoming interested while zero-TTL entries are pending could not have taken
         them when they arrived, so it is marked late for them; one losing interest may end the
@@ -460,7 +460,7 @@ class FeaturedQueue(Queue):
         return notify
 
     def _announce(self, entry: QueueEntry) -> list[QueueConsumer]:
-        """seed notifyWork for an entry that became available: browsers behind it, one acquirer."""
+        """Qpid's notifyWork for an entry that became available: browsers behind it, one acquirer."""
         notify = browsers_before(self.consumers, entry.position)
         owner = self._groups.owner_of(entry.message)
         if owner is None:
@@ -549,7 +549,7 @@ class FeaturedQueue(Queue):
 
     def _unpark(self, parked: list[HeapItem]) -> list[QueueConsumer]:
         """A freed group may go to anyone again: its entries go back to _ready, and one
-        consumer is notified (seed notifyWork)."""
+        consumer is notified (Qpid's notifyWork)."""
         for item in parked:
             heapq.heappush(self._ready, item)
         consumer = self.consumers.notify_one()

@@ -1,8 +1,8 @@
 """Held messages of a featured queue: not available before their ``x-qpid-not-valid-before``.
 
 Qpid Broker-J ``holdOnPublishEnabled``: a message whose header names a Unix time (ms) still
-to come is held until then (seed: "held"); the queue's timer makes the due ones available and
-notifies (seed: "a previously unavailable (held) message becomes available").
+to come is held until then (Qpid: "held"); the queue's timer makes the due ones available and
+notifies (Qpid: "a previously unavailable (held) message becomes available").
 
 Called from: the supervisor process (``broker.queues.featured.featured_queue``).
 """

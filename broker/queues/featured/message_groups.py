@@ -1,7 +1,7 @@
 """Message groups of a featured queue (Qpid ``qpid.group_header_key``): who may take what.
 
 While a group belongs to one consumer its entries are skipped by the others. An entry of
-someone else's group met at the head is parked in that group's own heap (seed: "blocked by
+someone else's group met at the head is parked in that group's own heap (Qpid: "blocked by
 message grouping"); when the group is free again its parked entries go back to the queue's
 ready heap and one consumer is notified. Shared groups (``qpid.shared_msg_group=1``) belong to
 a consumer while it holds unsettled messages of the group; standard groups stay with their
@@ -29,7 +29,7 @@ HeapItem = tuple[int, QueueEntry]
 
 
 class GetOwner:
-    """The owner of the groups one basic.get acquired (seed 001: a one-message subscription)."""
+    """The owner of the groups one basic.get acquired (Qpid: a one-message subscription)."""
 
     __slots__ = ()
 

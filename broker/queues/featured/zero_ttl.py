@@ -17,8 +17,8 @@ delivery is a notification followed by the consumer's pull, so the decision is s
    have stood. If one can, the entry is *pending* (:attr:`ZeroTtlRound.pending`) and the usual
    notifyWork goes out.
 2. *The round*: a pending entry is exempt from expiry only while the round of pulls that
-   notification started lasts, i.e. while some acquiring consumer of the queue is Notified (the
-   seed's promise that it will pull, or say it is no longer interested, or go). The round is
+   notification started lasts, i.e. while some acquiring consumer of the queue is Notified (Qpid's
+   promise that it will pull, or say it is no longer interested, or go). The round is
    over when no consumer is Notified any more: after a pull that leaves its consumer Interested
    (the "empty" pull: it found nothing more for itself), a consumer losing interest or going
    away with nobody to hand the work to. Then every pending entry that was not taken is an
@@ -33,7 +33,7 @@ While pending, an entry goes only to a consumer that could have taken it when it
 to basic.get, and never to a consumer that became interested after it arrived (the round keeps,
 for such consumers, the last position enqueued before their interest). Those step over pending
 entries and take what lies behind them (such a consumer may be woken for pending entries it
-then does not get: a spurious wake-up, as the seed allows). A pending entry taken by a pull is
+then does not get: a spurious wake-up, as Qpid allows). A pending entry taken by a pull is
 acquired once, like any other; its expiry is kept, so if it is requeued it expires at the head
 at once (RabbitMQ keeps the original expiry on requeue). Nothing of this costs a queue without
 zero-TTL messages more than an empty-dict check, nor the plain queue anything (untouched).
