@@ -42,7 +42,7 @@ from workers.channel_frames import method_ids
 from workers.confirm_gate import ConfirmGate
 from workers.consumer_target import ConsumerTarget
 from workers.delivery_tags import DeliveryTags
-from workers.outgoing import DeclareOk, Deliveries, Delivery, GetOk, Method, Outgoing, Return
+from workers.outgoing import BasicGetOk, DeclareOk, Deliveries, Delivery, Method, Outgoing, Return
 from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
 
@@ -327,7 +327,7 @@ class Channel:
             return
         header, body = content
         tag = self.tags.tag(d.entry, None, no_ack)
-        self._reply(GetOk(
+        self._reply(BasicGetOk(
             self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
             header, body,
         ))

@@ -18,7 +18,7 @@ else: no socket, no clock, no trio.  The runtime around it does four things:
 
 Bytes go through a ``FrameBuffer`` (complete frames only, size checked
 against the negotiated frame_max before the payload is buffered).  Frames on
-channel 0 drive the connection state machine, ``_TRANSITIONS``: a table of
+channel 0 drive the connection state machine, ``workers.connection_state``: a table of
 ``(state, input) -> state`` applied by ``_transition``, which raises
 ``UnexpectedMethod`` naming the state and the input when the pair is not in
 it.  The states and their names are RabbitMQ's (rabbit_reader), because the
@@ -34,7 +34,7 @@ client-visible answer to an error depends on them:
 * a framing error means we have lost sync with the byte stream: the close is
   sent and the connection is finished at once.
 
-The connection owns three helpers, each for one job, as h2's connection
+The connection owns four helpers, each for one job, as h2's connection
 owns its FrameBuffer and WindowManager:
 
 * ``ChannelFrames`` (``workers.channel_frames``): frames on the other
@@ -42,9 +42,12 @@ owns its FrameBuffer and WindowManager:
   handler``; each channel's ``ContentAssembler`` turns basic.publish, its
   content header and its body frames into one ``PublishReceived``, capping
   the body a peer can make us buffer;
+* ``Handshake`` (``workers.handshake``): start, start-ok (the login,
+  ``workers.sasl``), tune, tune-ok and open, checked and answered;
 * ``Liveness`` (``workers.liveness``): heartbeats sent and expected, the
   handshake and close timeouts, and the pause rule;
-* ``sasl.Authenticator`` (``workers.sasl``): the login in start-ok.
+* ``OutputQueue`` (``workers.output_queue``): the frames queued for the
+  socket, big bodies as views of their arena blocks.
 
 All protocol errors are ``broker.errors.AMQPError`` subclasses (the code is a
 class attribute) and are turned into frames in one place, ``handle_error``:
@@ -57,21 +60,15 @@ event (``workers.outgoing``: deliveries, get-oks, returns, confirms, any
 other method), splitting content by the negotiated frame_max, and refuses
 (returns False) once the connection, or the event's channel, is no longer
 open: nothing may follow a close on the wire but close-ok.  ``send_raw``
-queues bytes already encoded, under the same check.
-
-Output is taken as one bytes (``data_to_send``) or, by the runtime, as parts
-(``output_parts``): a big body of a delivery or get-ok is queued as views of
-its arena block, never copied in user space, for the runtime to hand the kernel
-with ``sendmsg``. Such a view must not outlive the synchronous step that queued
-it (the block may be freed once the delivery is settled): the runtime sends it
-at once or copies it (``seal_output``).
+queues bytes already encoded, under the same check.  Output is taken as one
+bytes (``data_to_send``) or, by the runtime, as parts (``output_parts``: big
+bodies not copied, until ``seal_output``; see ``workers.output_queue``).
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
 from pamqp import base, commands
 
@@ -79,6 +76,7 @@ from broker import errors
 from broker.errors import AMQPError
 from workers import codec, sasl
 from workers.channel_frames import ChannelFrames, decode_method, method_ids
+from workers.connection_state import METHOD_INPUTS, TRANSITIONS, Input, State, UnexpectedMethod
 from workers.content_assembler import Place, Release
 from workers.events import (
     ConnectionClosed,
@@ -94,85 +92,10 @@ from workers.frame_buffer import (
     Frame,
     FrameBuffer,
 )
+from workers.handshake import ACCEPTED_PROTOCOL_HEADERS, Handshake
 from workers.liveness import Liveness
-from workers.outgoing import (
-    Deliveries,
-    GetOk,
-    Method,
-    Outgoing,
-    deliveries_into,
-    encode,
-    get_ok_into,
-)
-
-# -- the connection state machine ---------------------------------------------
-
-
-class State(enum.Enum):
-    """Connection states, named as RabbitMQ's rabbit_reader names them."""
-
-    HANDSHAKE = "handshake"  # waiting for the protocol header
-    STARTING = "starting"  # connection.start sent
-    TUNING = "tuning"  # connection.tune sent
-    OPENING = "opening"  # tune-ok received, waiting for connection.open
-    RUNNING = "running"
-    CLOSING = "closing"  # we sent connection.close; waiting for close-ok
-    CLOSED = "closed"
-
-
-class Input(enum.Enum):
-    PROTOCOL_HEADER = "protocol header"
-    START_OK = "connection.start-ok"
-    TUNE_OK = "connection.tune-ok"
-    OPEN = "connection.open"
-    CLOSE = "connection.close"
-    CLOSE_OK = "connection.close-ok"
-    UPDATE_SECRET = "connection.update-secret"
-    SEND_CLOSE = "server connection.close"
-    ABORT = "abort"
-
-
-_TRANSITIONS: dict[tuple[State, Input], State] = {
-    (State.HANDSHAKE, Input.PROTOCOL_HEADER): State.STARTING,
-    (State.STARTING, Input.START_OK): State.TUNING,
-    (State.TUNING, Input.TUNE_OK): State.OPENING,
-    (State.OPENING, Input.OPEN): State.RUNNING,
-    (State.RUNNING, Input.CLOSE): State.CLOSED,
-    (State.RUNNING, Input.UPDATE_SECRET): State.RUNNING,
-    (State.CLOSING, Input.CLOSE): State.CLOSED,
-    (State.CLOSING, Input.CLOSE_OK): State.CLOSED,
-    **{
-        (state, Input.SEND_CLOSE): State.CLOSING
-        for state in (State.STARTING, State.TUNING, State.OPENING, State.RUNNING)
-    },
-    **{(state, Input.ABORT): State.CLOSED for state in State if state is not State.CLOSED},
-}
-
-_METHOD_INPUTS: dict[int, Input] = {
-    commands.Connection.StartOk.index: Input.START_OK,
-    commands.Connection.TuneOk.index: Input.TUNE_OK,
-    commands.Connection.Open.index: Input.OPEN,
-    commands.Connection.Close.index: Input.CLOSE,
-    commands.Connection.CloseOk.index: Input.CLOSE_OK,
-    commands.Connection.UpdateSecret.index: Input.UPDATE_SECRET,
-}
-
-
-class UnexpectedMethod(errors.ChannelError):
-    """A (state, input) pair the connection table does not have."""
-
-    def __init__(self, state: State, input_: Input | str, class_id: int, method_id: int) -> None:
-        # RabbitMQ's wording; 504 is what rabbit_reader answers.
-        super().__init__(
-            f"unexpected method in connection state {state.value}", class_id, method_id
-        )
-        self.state = state
-        self.input = input_
-
-
-# Accepted protocol headers.  RabbitMQ also takes the 0-9 header (AMQP 1 1 0 9)
-# as 0-9-1 (rabbit_reader version_negotiation); anything else is refused.
-ACCEPTED_PROTOCOL_HEADERS: Final = frozenset((PROTOCOL_HEADER, b"AMQP\x01\x01\x00\x09"))
+from workers.outgoing import BasicGetOk, Deliveries, Method, Outgoing, encode
+from workers.output_queue import OutputQueue
 
 
 class AMQPConnection:
@@ -192,27 +115,15 @@ class AMQPConnection:
         peer_is_loopback: bool = True,
         loopback_users: frozenset[str] = frozenset({"guest"}),
     ) -> None:
-        self._server_properties = server_properties
-        self._server_frame_max = frame_max
-        self._server_channel_max = channel_max
-        self._server_heartbeat = heartbeat
-        self._authenticator = sasl.Authenticator(
-            sasl.DEFAULT_USERS if users is None else users,
-            # RabbitMQ's loopback_users: these may log in only from a loopback address.
+        self._handshake = Handshake(
+            server_properties=server_properties, frame_max=frame_max, channel_max=channel_max,
+            heartbeat=heartbeat, users=sasl.DEFAULT_USERS if users is None else users,
             peer_is_loopback=peer_is_loopback, loopback_users=loopback_users,
         )
 
         self._state = State.HANDSHAKE
         self._buffer = FrameBuffer(FRAME_MIN_SIZE)
-        self._out: list[bytes | bytearray | memoryview] = []
-        self.unsent_bytes = 0  # queued in _out (bounded by the runtime: it stops reading)
-        # Set by the runtime around a pull's deliveries: where each message's frames end
-        # (octets from the start of its Deliveries event), for the body views it holds.
-        self.message_ends: list[int] | None = None
-        # Index in _out of the first part that may be a view of a body (an arena block,
-        # codec.content_into) not yet sent or copied; -1: none (see output_parts).
-        self._views_at = -1
-        self._big = False  # _out holds a big body (a view, or copied by seal_output)
+        self._output = OutputQueue()
         self._events: list[Event] = []
         self._channels = ChannelFrames(max_body_size, channel_max)
         self._sendable = self._channels.sendable  # send's check, one set lookup per event
@@ -224,8 +135,6 @@ class AMQPConnection:
         self.user = ""
         self.client_properties: dict[str, Any] = {}
         self.close_reason: str | None = None
-        self.refused_login: tuple[str, str] | None = None  # (user, why) for the runtime's log
-        self._auth_failure_close = False
 
         # Heartbeats and timeouts, in the runtime's clock (heartbeat_tick), from byte counts.
         self._liveness = Liveness(handshake_timeout)
@@ -260,13 +169,38 @@ class AMQPConnection:
         self._liveness.reading_paused = paused
 
     @property
+    def refused_login(self) -> tuple[str, str] | None:
+        """(user, why) of a refused login, for the runtime's log."""
+        return self._handshake.refused_login
+
+    @property
     def closed(self) -> bool:
         """True once the socket should be closed (after flushing data_to_send)."""
         return self._state is State.CLOSED
 
     @property
     def has_data_to_send(self) -> bool:
-        return bool(self._out)
+        return bool(self._output.parts)
+
+    @property
+    def _out(self) -> list[bytes | bytearray | memoryview]:
+        """The queued parts, in order (``OutputQueue.parts``)."""
+        return self._output.parts
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Output queued and not taken yet (bounded by the runtime: it stops reading)."""
+        return self._output.unsent_bytes
+
+    @property
+    def message_ends(self) -> list[int] | None:
+        """Set by the runtime around a pull's deliveries: where each message's frames end
+        (octets from the start of its Deliveries event), for the body views it holds."""
+        return self._output.message_ends
+
+    @message_ends.setter
+    def message_ends(self, ends: list[int] | None) -> None:
+        self._output.message_ends = ends
 
     def is_channel_open(self, channel: int) -> bool:
         """Open and not closing: frames may be sent on it."""
@@ -359,60 +293,34 @@ class AMQPConnection:
 
     def data_to_send(self) -> bytes:
         """Everything queued for the socket since the last call, as one bytes (copied)."""
-        out = self._out
-        if not out:
-            return b""
-        # One item (a 256 KiB delivery, say) goes out as it is: joining would copy it.
-        data = out[0] if len(out) == 1 and type(out[0]) is bytes else b"".join(out)
-        out.clear()
-        self._views_at = -1
-        self._big = False
-        self.unsent_bytes = 0
+        data = self._output.take_bytes()
         self._liveness.bytes_sent += len(data)
         return data
 
     def output_parts(self) -> list[bytes | bytearray | memoryview]:
         """Everything queued for the socket since the last call, as buffers to send in order
-        (``socket.sendmsg``): one bytes when no big body is queued (``data_to_send``: small
-        messages cost less joined than as many buffers), else the queued parts as they are, big
-        bodies as views of their arena blocks (not copied) or as ``seal_output`` copied them.
+        (``socket.sendmsg``, ``OutputQueue.take_parts``): big bodies as views of their arena
+        blocks, or as ``seal_output`` copied them.
 
         The views may wait for the socket as long as nothing lets the supervisor free the
         blocks under them: the runtime copies them (``seal_output``, and its writer's) before
         a Settle naming one of their deliveries, a ChanClose or a ConnClose leaves
         (``ConnectionHandler.held``, ``workers.worker.Worker.send``)."""
-        if not self._big:
-            data = self.data_to_send()
-            return [data] if data else []
-        parts = self._out
-        self._out = []
-        self._views_at = -1
-        self._big = False
-        self._liveness.bytes_sent += self.unsent_bytes
-        self.unsent_bytes = 0
-        return parts
+        output = self._output
+        self._liveness.bytes_sent += output.unsent_bytes
+        return output.take_parts()
 
     @property
     def holds_views(self) -> bool:
         """Queued output holds views of message bodies (``output_parts``, ``seal_output``)."""
-        return self._views_at >= 0
+        return self._output.holds_views
 
     def seal_output(self) -> None:
-        """Copy the body views queued since the last call (with the parts after them) into
-        bytes: the output may then wait for the socket past the point where the arena blocks
-        under them may be freed (a record that allows it is about to go)."""
-        start = self._views_at
-        if start < 0:
-            return
-        out = self._out
-        tail = b"".join(out[start:])
-        del out[start:]
-        out.append(tail)
-        self._views_at = -1
+        """Copy the body views queued since the last call into bytes (``OutputQueue.seal``)."""
+        self._output.seal()
 
     def _queue_out(self, data: bytes | bytearray | memoryview) -> None:
-        self._out.append(data)
-        self.unsent_bytes += len(data)
+        self._output.append(data)
 
     def send(self, event: Outgoing) -> bool:
         """Encode one outgoing event (``workers.outgoing``) and queue its frames; False
@@ -421,33 +329,12 @@ class AMQPConnection:
         if self._state is not State.RUNNING or (channel and channel not in self._sendable):
             return False
         if type(event) is Deliveries:
-            # Parts, not joined: a big body stays a view of its arena block (output_parts).
-            out = self._out
-            start = len(out)
-            ends = self.message_ends
-            try:
-                self.unsent_bytes += deliveries_into(out, event, self.frame_max, ends)
-            except BaseException:  # nothing of the event is queued (unsent_bytes is right)
-                del out[start:]
-                if ends is not None:
-                    ends.clear()
-                raise
-            # A message copied whole is one part; one with its body as views is more.
-            if len(out) - start > len(event.messages) and self._views_at < 0:
-                self._views_at = start
-                self._big = True
+            self._output.deliveries(event, self.frame_max)
             return True
-        if type(event) is GetOk:
-            out = self._out
-            start = len(out)
-            self.unsent_bytes += get_ok_into(out, event, self.frame_max)
-            if len(out) - start > 1 and self._views_at < 0:
-                self._views_at = start
-                self._big = True
+        if type(event) is BasicGetOk:
+            self._output.get_ok(event, self.frame_max)
             return True
-        data = encode(event, self.frame_max)
-        self._out.append(data)  # _queue_out, inlined: every confirm comes this way
-        self.unsent_bytes += len(data)
+        self._output.append(encode(event, self.frame_max))
         return True
 
     def send_method(self, channel: int, method: base.Frame) -> bool:
@@ -459,8 +346,7 @@ class AMQPConnection:
         connection, or ``channel`` when given, is no longer open."""
         if not self._can_send(0 if channel is None else channel):
             return False
-        self._out.append(data)  # _queue_out, inlined: every delivery comes this way
-        self.unsent_bytes += len(data)
+        self._output.append(data)
         return True
 
     def close_channel(
@@ -510,7 +396,7 @@ class AMQPConnection:
     # -- connection state machine ---------------------------------------------------
 
     def _transition(self, input_: Input, class_id: int = 0, method_id: int = 0) -> State:
-        target = _TRANSITIONS.get((self._state, input_))
+        target = TRANSITIONS.get((self._state, input_))
         if target is None:
             raise UnexpectedMethod(self._state, input_, class_id, method_id)
         return target
@@ -538,7 +424,8 @@ class AMQPConnection:
         if self._state is State.TUNING:
             return exc.reply_code == errors.NotAllowed.reply_code
         if self._state is State.STARTING:
-            return exc.reply_code == errors.AccessRefused.reply_code and self._auth_failure_close
+            return (exc.reply_code == errors.AccessRefused.reply_code
+                    and self._handshake.auth_failure_close)
         return False
 
     def _read_protocol_header(self) -> None:
@@ -551,14 +438,7 @@ class AMQPConnection:
             self._finish(Input.ABORT, f"bad protocol header {header!r}")
             return
         self._enter(self._transition(Input.PROTOCOL_HEADER))
-        start = commands.Connection.Start(
-            version_major=0,
-            version_minor=9,
-            server_properties=self._server_properties,
-            mechanisms=" ".join(sasl.MECHANISMS),
-            locales="en_US",
-        )
-        self._queue_out(codec.encode_method(0, start))
+        self._queue_out(self._handshake.start())
 
     def _read_frames(self) -> None:
         buffer = self._buffer
@@ -615,7 +495,7 @@ class AMQPConnection:
 
     def _on_connection_method(self, method: base.Frame) -> None:
         class_id, method_id = method_ids(method)
-        input_ = _METHOD_INPUTS.get(method.index)
+        input_ = METHOD_INPUTS.get(method.index)
         if input_ is None:
             # A known method we never take (connection.start, secure-ok, blocked, a channel's
             # method): 504, as RabbitMQ 3.10 answers it. Ids AMQP 0-9-1 does not define were
@@ -626,41 +506,23 @@ class AMQPConnection:
         self._enter(target)
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
-        self.client_properties = dict(method.client_properties or {})
-        capabilities = self.client_properties.get("capabilities")
-        self._auth_failure_close = (
-            isinstance(capabilities, dict)
-            and capabilities.get("authentication_failure_close") is True
-        )
+        handshake = self._handshake
         try:
-            self.user = self._authenticator.authenticate(method.mechanism, method.response)
-        except sasl.LoginRefused as exc:
-            self.refused_login = (exc.user, exc.why)  # for the runtime's log
-            raise
-        tune = commands.Connection.Tune(
-            channel_max=self._server_channel_max,
-            frame_max=self._server_frame_max,
-            heartbeat=self._server_heartbeat,
-        )
-        self._queue_out(codec.encode_method(0, tune))
+            self._queue_out(handshake.start_ok(method))
+        finally:  # the properties also when the login is refused
+            self.user = handshake.user
+            self.client_properties = handshake.client_properties
 
     def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
-        self.frame_max = _negotiate(
-            "frame_max", method.frame_max, self._server_frame_max, FRAME_MIN_SIZE
-        )
-        self.channel_max = _negotiate(
-            "channel_max", method.channel_max, self._server_channel_max, 1
-        )
-        self._channels.channel_max = self.channel_max
-        # RabbitMQ takes the client's heartbeat as is; 0 disables heartbeats.
-        self._liveness.heartbeat = method.heartbeat
-        self._buffer.frame_max = self.frame_max
+        tuned = self._handshake.tune_ok(method)
+        self.frame_max = tuned.frame_max
+        self.channel_max = tuned.channel_max
+        self._channels.channel_max = tuned.channel_max
+        self._liveness.heartbeat = tuned.heartbeat
+        self._buffer.frame_max = tuned.frame_max
 
     def _on_open(self, method: commands.Connection.Open) -> None:
-        vhost = method.virtual_host
-        if vhost != "/":
-            raise errors.NotAllowed(f"vhost {vhost} not found", 10, 40)
-        self.vhost = vhost
+        self.vhost = vhost = self._handshake.open(method)
         self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
         self._events.append(
             ConnectionOpened(
@@ -702,17 +564,6 @@ _CONNECTION_HANDLERS: dict[Input, Callable[[AMQPConnection, Any], None]] = {
     Input.CLOSE_OK: AMQPConnection._on_close_ok,
     Input.UPDATE_SECRET: AMQPConnection._on_update_secret,
 }
-
-def _negotiate(name: str, client: int, server: int, minimum: int) -> int:
-    """Tune-ok value: the client's when lower and non-zero, else ours."""
-    if 0 < client < minimum:
-        raise errors.NotAllowed(
-            f"negotiated {name} = {client} is lower than the minimum allowed value ({minimum})",
-            10,
-            30,
-        )
-    return min(client, server) if client else server
-
 
 def _shortstr(text: str) -> str:
     """Reply texts are short strings: at most 255 octets on the wire."""

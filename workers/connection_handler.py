@@ -29,7 +29,8 @@ from workers import codec
 from workers import events as ev
 from workers.channel import Channel
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
-from workers.connection import AMQPConnection, State
+from workers.connection import AMQPConnection
+from workers.connection_state import State
 from workers.consumer_target import Backpressure, ConsumerTarget
 from workers.outgoing import Method, Outgoing
 

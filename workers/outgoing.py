@@ -36,7 +36,7 @@ class Deliveries(NamedTuple):
     messages: list[Delivery]
 
 
-class GetOk(NamedTuple):
+class BasicGetOk(NamedTuple):
     """basic.get-ok with the message's content header and body."""
 
     channel: int
@@ -95,7 +95,7 @@ class Method(NamedTuple):
     method: base.Frame
 
 
-Outgoing = Deliveries | GetOk | Return | DeclareOk | Ack | Nack | Method
+Outgoing = Deliveries | BasicGetOk | Return | DeclareOk | Ack | Nack | Method
 
 
 def encode(event: Outgoing, frame_max: int) -> bytes:
@@ -107,7 +107,7 @@ def encode(event: Outgoing, frame_max: int) -> bytes:
         return codec.encode_ack(*event)
     if isinstance(event, Method):
         return codec.encode_method(event.channel, event.method)
-    if isinstance(event, GetOk):
+    if isinstance(event, BasicGetOk):
         return codec.encode_get_ok(*event, frame_max)
     if isinstance(event, Return):
         return codec.encode_return(*event, frame_max)
@@ -132,7 +132,7 @@ def deliveries_into(out: list[Buffer], event: Deliveries, frame_max: int,
     return size
 
 
-def get_ok_into(out: list[Buffer], event: GetOk, frame_max: int) -> int:
+def get_ok_into(out: list[Buffer], event: BasicGetOk, frame_max: int) -> int:
     """A get-ok's frames appended to ``out`` (``codec.content_into``); the octets appended."""
     return codec.get_ok_into(out, *event, frame_max)
 

@@ -19,8 +19,9 @@ MECHANISMS = tuple(_DECODERS)
 DEFAULT_USERS = hashed(dict([DEFAULT_USER]))
 
 
-class LoginRefused(errors.LoginRefused):
-    """A refused login, with what the runtime's log says of it (never on the wire)."""
+class SaslRefusal(errors.LoginRefused):
+    """A login the SASL check refused, with what the runtime's log says of it (the user and
+    why: never on the wire)."""
 
     def __init__(self, reply_text: str, user: str, why: str) -> None:
         super().__init__(reply_text)
@@ -42,7 +43,7 @@ class Authenticator:
         self._loopback_users = loopback_users
 
     def authenticate(self, mechanism: str, response: str | bytes) -> str:
-        """The user start-ok's response names; raises LoginRefused, or 503/502 (start-ok ids)."""
+        """The user start-ok's response names; raises SaslRefusal, or 503/502 (start-ok ids)."""
         decoder = _DECODERS.get(mechanism)
         if decoder is None:
             raise errors.CommandInvalid(f"unknown authentication mechanism '{mechanism}'", 10, 11)
@@ -52,13 +53,13 @@ class Authenticator:
         except codec.DecodeError as exc:
             raise errors.SyntaxError_(str(exc), 10, 11) from exc
         if user not in self._users or not check_password(self._users[user], password):
-            raise LoginRefused(
+            raise SaslRefusal(
                 f"Login was refused using authentication mechanism {mechanism}. "
                 "For details see the broker logfile.",
                 user, "unknown user" if user not in self._users else "invalid credentials",
             )
         if user in self._loopback_users and not self._peer_is_loopback:
-            raise LoginRefused(
+            raise SaslRefusal(
                 f"{mechanism} login refused: user '{user}' can only connect via localhost",
                 user, "can only connect via localhost",
             )

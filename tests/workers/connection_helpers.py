@@ -8,7 +8,8 @@ from typing import Any
 from pamqp import base, body, commands, frame, header
 
 from tests.workers.helpers import decode, default_server_properties
-from workers.connection import AMQPConnection, State
+from workers.connection import AMQPConnection
+from workers.connection_state import State
 from workers.frame_buffer import PROTOCOL_HEADER
 
 

@@ -23,12 +23,8 @@ from tests.workers.connection_helpers import (
     tuned,
 )
 from tests.workers.helpers import default_server_properties
-from workers.connection import (
-    AMQPConnection,
-    Input,
-    State,
-    UnexpectedMethod,
-)
+from workers.connection import AMQPConnection
+from workers.connection_state import Input, State, UnexpectedMethod
 from workers.events import (
     AckReceived,
     ChannelClosed,

@@ -19,8 +19,8 @@ from ipc import records as r
 from ipc.arena import Arena, BlockState
 from tests.workers.helpers import CONN, Harness, consumer, methods, pulls
 from workers import events as ev
-from workers.connection import State
 from workers.connection_handler import HIGH_WATER, PUBLISH_CREDIT
+from workers.connection_state import State
 from workers.outgoing import Method
 
 # -- back-pressure --------------------------------------------------------------

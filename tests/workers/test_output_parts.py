@@ -19,7 +19,7 @@ from tests.workers.helpers import Harness
 from workers import codec
 from workers.codec import Buffer
 from workers.connection import AMQPConnection
-from workers.outgoing import Ack, DeclareOk, Deliveries, GetOk, Method, Return
+from workers.outgoing import Ack, BasicGetOk, DeclareOk, Deliveries, Method, Return
 from workers.socket_writer import IOV_MAX, SocketWriter, send_parts, unsent
 
 BIG = codec.ZEROCOPY_MIN
@@ -56,7 +56,7 @@ def _events(arena: Arena, sizes: list[int]) -> list[Any]:
         Ack(1, 4, True),
         Deliveries(1, "ctag", messages[: len(messages) // 2]),
         Method(1, commands.Basic.QosOk()),
-        GetOk(1, 99, False, "ex", "rk", 3, get_head, get_body),
+        BasicGetOk(1, 99, False, "ex", "rk", 3, get_head, get_body),
         Return(1, 312, "NO_ROUTE", "ex", "rk", ret_head, ret_body),
         Deliveries(1, "ctag", messages[len(messages) // 2 :]),
         DeclareOk(1, "q", 1, 2),
