@@ -1,15 +1,14 @@
 """The C allocator in a worker process: freed heap memory kept for the next read.
 
-A worker reads a busy client's socket up to a megabyte at a time (``workers.server._next_ask``),
+A worker reads a busy client's socket up to a megabyte at a time (``workers.socket_reader._next_ask``),
 and each read is a fresh ``bytes`` object, freed once its frames are parsed and its bodies
 copied to their arena blocks. glibc hands a freed chunk at the top of the heap back to the
 kernel when more than ``M_TRIM_THRESHOLD`` is free there (``brk``), so the next read's buffer
-is fresh memory again, every page of it faulted in while the kernel copies the data: in S6
-(256 KiB bodies) the publishing worker took ~1 page fault and 0.008 ``brk`` calls a message,
-16,669 faults in 3 s (``perf stat``). :func:`settle` raises the trim threshold to
-``TRIM_THRESHOLD`` and fixes the size from which allocations get their own mapping at
-``MMAP_THRESHOLD`` (above the largest read): 930 faults and no ``brk`` in the same 3 s. A
-worker then keeps up to 16 MiB of freed heap for reuse.
+is fresh memory again, every page of it faulted in while the kernel copies the data (about a
+page fault a message with 256 KiB bodies; perf/README.md has the figures). :func:`settle`
+raises the trim threshold to ``TRIM_THRESHOLD`` and fixes the size from which allocations get
+their own mapping at ``MMAP_THRESHOLD`` (above the largest read). A worker then keeps up to
+16 MiB of freed heap for reuse.
 
 Only where the C library is glibc (``mallopt`` found); ``SHOAL_MALLOC_DEFAULT=1`` leaves it as
 glibc sets it (to measure against).

@@ -52,7 +52,7 @@ offset never meets its predecessor's segment: a crash at any point leaves a
 LARGE block whose segment may or may not exist, which :meth:`Arena.sweep`
 (a dead worker's unfinished publishes) and the region's unlink at shutdown
 remove. An arena without a name (tests over a bytearray) has no segments and
-refuses what it cannot hold, as before.
+refuses what it cannot hold.
 """
 
 from __future__ import annotations

@@ -156,14 +156,14 @@ class Cancel(_Record, frozen=True, tag="cancel"):
 
 
 class Interest(_Record, frozen=True, tag="interest"):
-    """seed: AbstractQueue#setNotifyWorkDesired (credit, flow, back-pressure)."""
+    """setNotifyWorkDesired (docs/design.md; credit, flow, back-pressure)."""
 
     consumer: int
     desired: bool
 
 
 class Pull(_Record, frozen=True, tag="pull"):
-    """seed: AbstractQueue#deliverSingleMessage, up to ``max`` times.
+    """deliverSingleMessage (docs/design.md), up to ``max`` times.
 
     ``standing``: what the queue does not have for the consumer now stays asked for. The
     supervisor keeps the rest of the pull open, says nothing while nothing comes, and runs it
@@ -479,6 +479,14 @@ class ListConnections(_Record, frozen=True, tag="lsconns"):
     request: int
 
 
+class CloseConnection(_Record, frozen=True, tag="closeconn"):
+    """Close connection ``conn`` with 320 CONNECTION_FORCED, ``reason`` its text (the
+    management API's ``DELETE /api/connections/{name}``, its X-Reason header)."""
+
+    conn: int
+    reason: str
+
+
 class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
     """Blocks of this worker's arena were freed since its ``ArenaWait``: allocate again."""
 
@@ -505,6 +513,7 @@ Event = (
     | ArenaFreed
     | PageOut
     | ListConnections
+    | CloseConnection
 )
 
 
@@ -562,6 +571,7 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     channel_max: int = 2047
     max_message_size: int = 128 << 20
     log_level: str = "info"
+    loopback_users: frozenset[str] = frozenset({"guest"})  # may log in only from loopback
     trace_dir: str = ""  # shoal serve --trace: write trace files here
     data_dir: str = ""  # shoal serve --data-dir: persistent bodies go to DIR/bodies/w<index>
     # The users (JSON {name: password}) are read from this pipe at start, not passed on the

@@ -1,4 +1,4 @@
-"""An AMQP channel (the seed's Session) on the worker side.
+"""An AMQP channel (a Session, docs/design.md) on the worker side.
 
 Theory of operation
 -------------------
@@ -39,9 +39,9 @@ from workers import codec, topology
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.channel_consumers import ChannelConsumers
 from workers.channel_frames import method_ids
-from workers.confirm_gate import ConfirmGate
+from workers.confirm_gate import BodySyncGate
 from workers.consumer_target import ConsumerTarget
-from workers.delivery_tags import DeliveryTags
+from workers.delivery_tags import DeliveryTags, unknown_tag
 from workers.outgoing import BasicGetOk, DeclareOk, Deliveries, Delivery, Method, Outgoing, Return
 from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
@@ -52,12 +52,6 @@ _ACK_IDS: Final = (codec.BASIC_CLASS, codec.BASIC_ACK)
 _ACK: Final = r.ACK
 _Settle: Final = r.Settle
 
-
-def _unknown_tag(tag: int, m: base.Frame | None) -> errors.PreconditionFailed:
-    """406 for an ack, nack or reject (``m``; None: a basic.ack read on the hot path) naming a
-    delivery tag the channel does not hold."""
-    return errors.PreconditionFailed(f"unknown delivery tag {tag}",
-                                     *(method_ids(m) if m is not None else _ACK_IDS))
 
 class _HeldPublish(NamedTuple):
     """A publish waiting in the channel's inbox (behind a server-named queue.declare)."""
@@ -75,7 +69,7 @@ class _HeldPublish(NamedTuple):
 
 
 class Channel:
-    """One AMQP channel of a client connection (the seed's Session): turns client methods into
+    """One AMQP channel of a client connection (a Session, docs/design.md): turns client methods into
     requests to the supervisor and its events into frames, in order; holds the channel's
     consumers, unacked deliveries, confirms and transaction."""
 
@@ -120,7 +114,7 @@ class Channel:
         return self.confirms.published
 
     @property
-    def confirm_gate(self) -> ConfirmGate | None:
+    def confirm_gate(self) -> BodySyncGate | None:
         return self.confirms.gate
 
     @property
@@ -198,7 +192,7 @@ class Channel:
         else:  # one delivery, the common case: _settle_tags without its lists
             held = self.tags.held.pop(delivery_tag, None)
             if held is None:
-                raise _unknown_tag(delivery_tag, None)
+                raise unknown_tag(delivery_tag, _ACK_IDS)
             entry, target = held
             self._settle([entry], _ACK)
             if target is not None:
@@ -424,14 +418,13 @@ class Channel:
         self._refresh_all()
         self._local_reply(spec.Channel.FlowOk(self.credit.flow_active))
 
-
     # ------------------------------------------------------ acknowledgements
 
     def _settle_tags(self, tag: int, multiple: bool, action: int, m: base.Frame | None) -> None:
         """basic.ack, nack or reject (``m``; None: a basic.ack read on the hot path)."""
         taken = self.tags.take(tag, multiple)
         if not taken and not (multiple and tag == 0):
-            raise _unknown_tag(tag, m)
+            raise unknown_tag(tag, method_ids(m) if m is not None else _ACK_IDS)
         if self._trace is not None:
             self._trace.acked_many(time.monotonic_ns(), [e for _, e, _ in taken],
                                    _TRACE_OUTCOME[action])
@@ -518,8 +511,8 @@ class Channel:
         return self.take_output()
 
     def on_pulled(self, target: ConsumerTarget, ev: r.Pulled) -> ChannelOutput:
-        """Deliveries from a pull: the seed's step 12, onto the IO buffer. The target's credit
-        is looked at again in :meth:`after_pull`, once the owner has handed the deliveries
+        """Deliveries from a pull (deliverSingleMessage, docs/design.md), onto the IO buffer.
+        The target's credit is looked at again in :meth:`after_pull`, once the owner has handed the deliveries
         to the connection (whose back-pressure they may turn on)."""
         asked = self.credit.pull_answered(target, ev.open, ev.seq)
         if self.closing:  # ChanClose requeues whatever this pull acquired
@@ -556,8 +549,7 @@ class Channel:
         # A standing pull that stays open covers every later notification: the supervisor
         # runs it instead of setting our slot, and one set before it ran is answered here.
         # One that deliveries used up is asked for again as soon as there is credit
-        # (ConsumerTarget.renew; at 1,000 msg/s with prefetch 100, every hundredth message
-        # waited for a notification and a pull).
+        # (ConsumerTarget.renew), not after a notification and another pull.
         target.renew = (0 < asked == len(ev.deliveries) and not ev.open
                         and not self.credit.global_prefetch)
         target.notified = ev.more or target.renew or (target.renotified and not ev.open)
@@ -582,7 +574,7 @@ class Channel:
     # ------------------------------------------------------------- credit
 
     def notify(self, target: ConsumerTarget) -> ChannelOutput:
-        """seed: QueueConsumer#notifyWork reached this target (its slot was set)."""
+        """notifyWork (docs/design.md) reached this target (its slot was set)."""
         self.consuming.notify(target, self._out)
         return self.take_output()
 

@@ -18,7 +18,7 @@ from typing import Protocol
 from ipc import records as r
 from ipc.logfile import BodyLog
 from tracing import TraceWriter
-from workers.confirm_gate import ConfirmGate
+from workers.confirm_gate import BodySyncGate
 from workers.consumer_target import Backpressure, ConsumerTargets
 from workers.outgoing import Outgoing
 
@@ -52,7 +52,7 @@ class ChannelResources:
     bodies: Bodies
     targets: ConsumerTargets
     body_log: BodyLog | None = None
-    confirm_waiters: set[ConfirmGate] | None = None
+    confirm_waiters: set[BodySyncGate] | None = None
     trace: TraceWriter | None = None
 
 

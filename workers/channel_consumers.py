@@ -1,5 +1,6 @@
-"""A channel's consumers: their targets, the credit they share, and the seed's credit →
-interest → pull steps (``setNotifyWorkDesired``, ``notifyWork``, ``deliverSingleMessage``).
+"""A channel's consumers: their targets, the credit they share, and the credit →
+interest → pull steps (docs/design.md: ``setNotifyWorkDesired``, ``notifyWork``,
+``deliverSingleMessage``).
 
 The channel (``workers.channel.Channel``) holds one of these and passes it the
 ``ChannelOutput`` of the call in progress: the ``Interest`` and ``Pull`` records go there.
@@ -98,7 +99,7 @@ class ChannelConsumers:
     # ------------------------------------------------------------- credit
 
     def notify(self, target: ConsumerTarget, out: ChannelOutput) -> None:
-        """seed: QueueConsumer#notifyWork reached this target (its slot was set)."""
+        """notifyWork (docs/design.md) reached this target (its slot was set)."""
         target.notified = True
         if target.pulling:
             target.renotified = True
@@ -113,7 +114,7 @@ class ChannelConsumers:
             self.refresh(target, out)
 
     def refresh(self, target: ConsumerTarget, out: ChannelOutput) -> None:
-        """seed: setNotifyWorkDesired follows credit; pull while notified and able. Under
+        """setNotifyWorkDesired (docs/design.md) follows credit; pull while notified and able. Under
         basic.qos global=true the channel's credit is pulled for its consumers together
         (:meth:`_pull_shared`)."""
         if self.credit.global_prefetch:
@@ -183,7 +184,7 @@ class ChannelConsumers:
                 # notified, for PULL_DEFER at most, so that the next ack's credit finds it
                 # waiting beside the consumer that pulled last instead of a notification's
                 # round trip behind it (RabbitMQ's queues share a channel's prefetch about
-                # evenly; here the consumer notified first used to take nearly all of it).
+                # evenly; without this the consumer notified first takes nearly all of it).
                 target.pulling or (target.more and self._targets.defer(target))):
             return
         if (credit > 0) != target.interested:

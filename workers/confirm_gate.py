@@ -23,14 +23,14 @@ from ipc import records as r
 from ipc.logfile import BodyLog
 
 
-class ConfirmGate:
+class BodySyncGate:
     """One channel's confirms held until the body log is synced, in publish order. ``conn`` and
     ``ch`` name the channel (the worker routes a release to it); the gate holds no reference
     to it: the channel passes its count of confirms applied."""
 
     __slots__ = ("_log", "_waiters", "_waits", "ch", "conn", "held")
 
-    def __init__(self, conn: int, ch: int, log: BodyLog, waiters: set[ConfirmGate]) -> None:
+    def __init__(self, conn: int, ch: int, log: BodyLog, waiters: set[BodySyncGate]) -> None:
         self.conn = conn
         self.ch = ch
         self._log = log

@@ -37,7 +37,7 @@ from workers.outgoing import Method, Outgoing
 log = logging.getLogger("shoal.connection")
 
 # Output buffered for one connection beyond which its consumers stop pulling
-# (seed: TCP back-pressure turns into setNotifyWorkDesired(false)).
+# (docs/design.md, Consumer target: back-pressure turns into setNotifyWorkDesired(false)).
 HIGH_WATER: Final = 4 << 20
 # Unsent output beyond which the worker stops reading the connection, whatever produced
 # it (replies to a pipelined method flood, say): a client that does not read cannot make
@@ -76,7 +76,7 @@ _UNWRITTEN: Final = 1 << 62  # a delivery's place in the output stream until its
 
 class ConnectionHandler:
     """One client connection on this worker: owns its ``AMQPConnection`` (the protocol) and
-    its ``Channel`` objects (the AMQP channels, the seed's Sessions), routes protocol events
+    its ``Channel`` objects (the AMQP channels, Sessions in docs/design.md), routes protocol events
     and supervisor events to them, and holds the connection-wide limits (publish credit,
     output bounds, connection.blocked)."""
 

@@ -1,9 +1,9 @@
-"""A consuming client's subscription, as its worker sees it (the seed's ConsumerTarget), and
+"""A consuming client's subscription, as its worker sees it (docs/design.md: Consumer target), and
 the credit it draws on.
 
 The target turns what limits a consumer — prefetch credit, channel.flow, a
-connection whose socket cannot keep up — into the seed's
-``setNotifyWorkDesired`` (an ``Interest`` record), and a notification
+connection whose socket cannot keep up — into
+``setNotifyWorkDesired`` (docs/design.md) (an ``Interest`` record), and a notification
 (its notify slot set by the supervisor) into pulls (``deliverSingleMessage``)
 while it has credit.
 
@@ -100,7 +100,7 @@ class ChannelCredit:
 
 
 class ConsumerTarget:
-    """One basic.consume as its worker sees it (seed: ConsumerTarget): prefetch credit, whether
+    """One basic.consume as its worker sees it (docs/design.md: Consumer target): prefetch credit, whether
     the supervisor was told it is interested, whether it was notified, and the pull in flight.
     ``conn`` and ``ch`` say whose it is; ``pool`` is its channel's credit."""
 

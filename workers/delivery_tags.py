@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Generic, TypeVar
 
+from broker import errors
+
 T = TypeVar("T")  # the consumer target a delivery came through
+
+
+def unknown_tag(tag: int, ids: tuple[int, int]) -> errors.PreconditionFailed:
+    """406 for an ack, nack or reject (``ids``: its class and method ids) naming a delivery tag
+    the channel does not hold, in RabbitMQ's words."""
+    return errors.PreconditionFailed(f"unknown delivery tag {tag}", *ids)
 
 
 class DeliveryTags(Generic[T]):

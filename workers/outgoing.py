@@ -4,8 +4,8 @@ wsproto's model (``Connection.send(event) -> bytes``): the runtime hands
 ``AMQPConnection.send`` an event; the connection checks that it is running and that the
 event's channel is open (nothing may follow a close on the wire but close-ok), encodes the
 event -- content split into body frames by the negotiated frame_max -- and queues the bytes.
-The content-bearing events and the confirms wrap ``workers.codec``'s hand-written encoders,
-the same fast paths as before; ``Method`` takes any other method through pamqp.
+The content-bearing events and the confirms wrap ``workers.codec``'s hand-written encoders
+(the hot path); ``Method`` takes any other method through pamqp.
 
 Immutable NamedTuples, not frozen dataclasses: they are made on the hot path (a confirm per
 publish batch, deliveries per pull), where a frozen dataclass's ``__init__`` costs several

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ipc import records as r
 from ipc.logfile import BodyLog
-from workers.confirm_gate import ConfirmGate
+from workers.confirm_gate import BodySyncGate
 from workers.outgoing import Ack, Nack, Outgoing
 
 
@@ -23,7 +23,7 @@ class PublisherConfirms:
                  "gate", "published")
 
     def __init__(self, conn: int, ch: int, body_log: BodyLog | None,
-                 waiters: set[ConfirmGate] | None) -> None:
+                 waiters: set[BodySyncGate] | None) -> None:
         self._conn = conn
         self._ch = ch
         self._body_log = body_log
@@ -32,7 +32,7 @@ class PublisherConfirms:
         self.published = 0  # publish sequence numbers in confirm mode
         self.confirmed = 0  # confirms received from the supervisor
         self.acked_upto = 0  # confirms sent to the client
-        self.gate: ConfirmGate | None = None  # confirms waiting for the body log
+        self.gate: BodySyncGate | None = None  # confirms waiting for the body log
 
     @property
     def owed(self) -> bool:
@@ -46,7 +46,7 @@ class PublisherConfirms:
         if persistent and self._body_log is not None:
             if self.gate is None:
                 waiters = self._waiters
-                self.gate = ConfirmGate(self._conn, self._ch, self._body_log,
+                self.gate = BodySyncGate(self._conn, self._ch, self._body_log,
                                         set() if waiters is None else waiters)
             self.gate.expect(self.published)
 

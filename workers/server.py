@@ -240,10 +240,10 @@ class Server:
         with the next record that does) reach it within LAZY_SETTLE_DELAY all the same.
 
         The timer is armed when an ack is sent (``Worker.want_lazy_timer``), in the task step
-        that handled it: a deadline set there counts for the loop's next sleep. (The flush that
-        leaves the acks unannounced runs in _RoundFlush.before_io_wait, after trio chose how
-        long to sleep: arming there took a trip through the trio token, an extra round and
-        task step each time, a fifth of a consuming worker's CPU at 1,000 msg/s.)"""
+        that handled it: a deadline set there counts for the loop's next sleep. Not in
+        _RoundFlush.before_io_wait (where the flush that leaves the acks unannounced runs):
+        trio has chosen how long to sleep by then, and arming there takes a trip through the
+        trio token, an extra round and task step each time."""
         worker = self.worker
         scope = trio.CancelScope()
 
@@ -389,6 +389,7 @@ class Server:
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users,
             peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
+            loopback_users=c.loopback_users,
         )
         handler = ConnectionHandler(
             self.worker, next(self.worker.conn_ids), proto, arena=self.worker.region.arena,

@@ -3,8 +3,8 @@
 The worker end of the rings (no trio here; ``workers.server`` drives it):
 requests are encoded into an outbox and written to the request ring in
 batches; events are drained from the event ring and routed to connection
-handlers and consumer targets; set notify slots are the seed's notifyWork and
-lead to pulls (the seed's steps 3–11, collapsed: target → channel → pull).
+handlers and consumer targets; set notify slots are notifyWork and lead to pulls
+(deliverSingleMessage: target → channel → pull; docs/design.md, Glossary).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tracing import TraceWriter
 from workers import codec
 from workers.arenas import Arenas
 from workers.channel_config import ChannelResources
-from workers.confirm_gate import ConfirmGate
+from workers.confirm_gate import BodySyncGate
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTargets
 
@@ -39,9 +39,8 @@ EVENT_BATCH = 1024
 LAZY_SETTLE_DELAY = 0.005
 # Entries per Settle record. One basic.ack (or nack, or basic.recover) with multiple=true can
 # settle everything a channel without prefetch holds, a million deliveries and more; as one
-# record it outgrew the request ring (it could never be written whole; the ring now takes such
-# records in fragments) and held the supervisor for seconds. Records of at most 4,096 entry ids
-# (37 KB) are a bounded step each.
+# record it would hold the supervisor for seconds. Records of at most 4,096 entry ids (37 KB)
+# are a bounded step each (docs/design.md, Glossary: Bounded step).
 SETTLE_MAX = 4096
 
 
@@ -111,7 +110,7 @@ class Worker:
         # After a failed body write closed connections: their writers must be woken (the server
         # defers it through the trio token: the write may run just before the loop sleeps).
         self.want_after_batch: Callable[[], object] = self.after_batch
-        self.confirm_waiters: set[ConfirmGate] = set()  # channels' confirms held for a sync
+        self.confirm_waiters: set[BodySyncGate] = set()  # channels' confirms held for a sync
         # (BodyLog.appended to reach, then what to call): tx.commits waiting for a sync
         self._sync_waiters: list[tuple[int, Callable[[], object]]] = []
         # What every channel of this worker draws on (workers.channel_config).
@@ -418,6 +417,10 @@ class Worker:
             case r.ListConnections(request=request):
                 rows = [handler.info() for handler in self.handlers.values() if handler.opened]
                 self.send(r.ConnectionsListed(request, rows))
+            case r.CloseConnection(conn=conn, reason=reason):  # the management API's close
+                if (handler := self.handlers.get(conn)) is not None:
+                    handler.proto.close(320, f"CONNECTION_FORCED - {reason}")
+                    handler.wake_writer()
             case r.Returned():
                 self._handler_event(event)
                 self.region.arena.free(event.offset)  # our own block, always

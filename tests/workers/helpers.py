@@ -20,7 +20,7 @@ from ipc.wakeup import EventFd
 from workers import events as ev
 from workers.channel import Channel
 from workers.channel_config import ChannelResources
-from workers.confirm_gate import ConfirmGate
+from workers.confirm_gate import BodySyncGate
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTarget, ConsumerTargets
@@ -118,7 +118,7 @@ class FakeWorker:
         self.arena_full = False
         self.trace = None
         self.body_log = body_log  # with --data-dir
-        self.confirm_waiters: set[ConfirmGate] = set()
+        self.confirm_waiters: set[BodySyncGate] = set()
         self.body_sync_wanted = 0  # times a persistent publish asked the sync task for a sync
         self._sync_waiters: list[tuple[int, Any]] = []
         self._body_conns: set[int] = set()
