@@ -13,8 +13,14 @@ A worker is blocked while any alarm concerns it; it is sent ``Blocked`` only whe
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ipc import records as r
+
+if TYPE_CHECKING:
+    from broker.queues.queue import Queue
+    from broker.runtime.open_channels import ChannelLedger
 
 log = logging.getLogger("shoal.dispatch")
 
@@ -95,3 +101,34 @@ class Alarms:
             if active != told[k]:
                 told[k] = active
                 outbox[k].append(r.Blocked(True, self.reason()) if active else r.Blocked(False))
+
+
+class QueuedCount:
+    """A count of the messages in every queue and the deliveries held by every channel (the
+    supervisor's memory alarm), a slice per step over the queues there were when it began, then
+    the channels there were when those were done: an alarm needs the order of magnitude, not
+    one instant's exact figure."""
+
+    __slots__ = ("at", "channels", "open_channels", "queues", "total")
+
+    def __init__(self, queues: list[Queue], open_channels: Callable[[], list[ChannelLedger]]) -> None:
+        self.queues = queues
+        self.open_channels = open_channels
+        self.channels: list[ChannelLedger] | None = None
+        self.at = 0  # into queues, then into channels
+        self.total = 0
+
+    def step(self, n: int) -> bool:
+        """Count ``n`` more; True once all are counted."""
+        if self.channels is None:
+            chunk = self.queues[self.at:self.at + n]
+            self.total += sum(q.message_count for q in chunk)
+            self.at += len(chunk)
+            if self.at < len(self.queues) or len(chunk) == n:
+                return False
+            n -= len(chunk)
+            self.channels, self.at = self.open_channels(), 0
+        held = self.channels[self.at:self.at + n]
+        self.total += sum(len(chan.acquired) for chan in held)
+        self.at += len(held)
+        return self.at >= len(self.channels)
