@@ -45,7 +45,7 @@ class Alarms:
         # count) and deliveries not settled (Dispatcher.queued_messages), at which every
         # publisher is blocked, and below which they are unblocked; 0: never. What it holds
         # per queued copy does not scale with the bodies (those are in the arenas): a
-        # publisher to a fanout of 1,000 queues grew it by a gigabyte in 40 s.
+        # publisher to a wide fanout grows it by a copy per queue per message.
         self.queued_high = 0
         self.queued_low = 0
         self.queued_full = False

@@ -1,7 +1,7 @@
 """The dispatcher's deliveries: consumers on queues, their pulls and wake-ups, gets, settles.
 
 A consumer is known to the domain as a :class:`QueueConsumer` keyed by ``(worker, consumer id,
-slot)``: setting notify slot ``slot`` in that worker's shared memory is the seed's
+slot)``: setting notify slot ``slot`` in that worker's shared memory is
 ``QueueConsumer#notifyWork`` (docs/design.md, notifyWork). The worker then pulls
 (docs/design.md, Standing pull): what a pull takes is acquired by the consumer's channel
 (:mod:`broker.runtime.open_channels`) until it is settled, or pinned when a browser took it.
@@ -212,7 +212,7 @@ class Deliveries:
     # ------------------------------------------------------------ wake-ups
 
     def wake(self, consumers: Iterable[QueueConsumer]) -> None:
-        """seed: QueueConsumer#notifyWork: the consumer's notify slot is set, or, when it has
+        """docs/design.md, notifyWork: the consumer's notify slot is set, or, when it has
         a standing pull, that pull runs (before the flush: ``serve_standing``)."""
         trace = self.trace
         woke = self._credit.woke

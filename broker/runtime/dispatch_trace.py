@@ -2,8 +2,8 @@
 
 The dispatcher holds one :class:`DispatchTrace` while tracing, else None, so every hook costs the
 untraced broker one ``is not None`` check. Besides forwarding events it keeps the two joins the
-report needs: which pull a notifyWork caused (seed: it found work, or the wake-up was spurious),
-and when each entry was pulled (a settle row's delivery time).
+report needs: which pull a notifyWork caused (docs/design.md, notifyWork: it found work, or
+the wake-up was spurious), and when each entry was pulled (a settle row's delivery time).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class DispatchTrace:
         self._notified.add((worker, cid))
 
     def pulled(self, worker: int, cid: int, queue: str, entries: Sequence[QueueEntry]) -> None:
-        """seed: a pull a notifyWork caused either found work or was a spurious wake-up."""
+        """docs/design.md, notifyWork: a pull a notifyWork caused either found work or was a
+        spurious wake-up."""
         now = time.monotonic_ns()
         key = (worker, cid)
         found = bool(entries) if key in self._notified else None

@@ -121,9 +121,9 @@ class Durability:
         is ``arenas[k]``), and ArenasFull is raised when they do not fit.
 
         A restore makes millions of objects that all live on: the cyclic garbage collector
-        would scan the growing heap again and again (a restore of 1,000,000 messages took 6.8 s
-        with it, 3.9 s without). It is off meanwhile, and what was restored is then frozen out
-        of later collections (still freed by reference counting; perf/README.md, R1)."""
+        would scan the growing heap again and again, for nothing. It is off meanwhile, and what
+        was restored is then frozen out of later collections (still freed by reference counting;
+        the figures are perf/README.md's, R1)."""
         gc.disable()
         try:
             self._recover_messages(arenas, arena_mb)

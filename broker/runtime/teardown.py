@@ -34,8 +34,8 @@ RETURN = "return"
 # Deliveries of closed channels requeued (or unpinned) per step: a channel without prefetch can
 # hold a million; what a step leaves goes back over the next timer ticks, which come at once.
 RETURN_SLICE = 1000
-# Consumers of closed channels taken off their queues, or of deleted queues told, per step
-# (~1.2 µs each warm, ~2.3 µs cold; perf/README.md).
+# Consumers of closed channels taken off their queues, or of deleted queues told, per step: a
+# channel may have tens of thousands (perf.bench_supervisor_slices measures the longest step).
 DETACH_SLICE = 512
 # Consumers cancelled at once when their queue goes (the rest share DETACH_SLICE a step).
 CANCEL_AT_ONCE = 256
@@ -143,7 +143,7 @@ class Teardown:
         if ret.done < len(ret.held):
             return done, False
         self._channels.returning.popleft()
-        if ret.done > self.sliced.slices[RETURN]:  # a million-item dict freed at once: ~10 ms
+        if ret.done > self.sliced.slices[RETURN]:  # a million-item dict freed at once would hold the step
             self.vhost.discard(ret.held)  # the graveyard's, a slice per step
         return done, True
 
