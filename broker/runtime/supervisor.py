@@ -117,6 +117,8 @@ class ServeConfig:
     control_socket: str | None = None  # shoal list-connections asks here; None: the default path
     # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
     users: dict[str, str] = field(default_factory=dict)
+    # RabbitMQ's loopback_users: these may log in only from a loopback address.
+    loopback_users: frozenset[str] = frozenset({"guest"})
 
 
 class _WorkerSlot:
@@ -353,6 +355,7 @@ class Supervisor:
             event_fd=w.event_efd.fileno(), alive_fd=self._alive_r,
             heartbeat=c.heartbeat, frame_max=c.frame_max, channel_max=c.channel_max,
             max_message_size=c.max_message_size, log_level=c.log_level,
+            loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             data_dir=str(self.durability.path) if self.durability is not None else "",
         )
