@@ -17,7 +17,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ("broker", "workers", "ipc", "tracing")  # the broker's processes: import neither of the two below
 OFF_RUNTIME = ("report", "perf")  # `shoal report` and the perf scripts read the runtime's output
-SHOAL = ("broker", "workers", "ipc", "cli", "tracing", "report")  # no import cycle among these
+SHOAL = ("broker", "workers", "ipc", "cli", "tracing", "report", "management")  # no import cycle among these
 # DESIGN's package table: which of Shoal's other packages each may import.
 ALLOWED = {
     "broker": {"ipc", "tracing"},
@@ -26,12 +26,16 @@ ALLOWED = {
     "tracing": set(),
     "report": {"tracing"},  # not perf: a cluster's executors import report and tracing only
     "cli": {"broker", "workers", "ipc", "tracing", "report"},
+    "management": {"ipc"},  # and broker's public data modules (ALLOWED_MODULES)
 }
 # Single modules a package may import from a package it may not: the workers raise the one
 # error type, use the names both sides agree on and check passwords as the supervisor stores
 # them (pure modules that import nothing of Shoal's).
 ALLOWED_MODULES = {
     "workers": {"broker.errors", "broker.constants", "broker.passwords"},
+    # The management process reads the supervisor over its control socket, not its objects:
+    # of broker/ it takes the pure modules only (stored passwords, names, errors).
+    "management": {"broker.errors", "broker.constants", "broker.passwords"},
 }
 
 
@@ -173,6 +177,16 @@ def test_the_runtime_imports_neither_report_nor_perf() -> None:
                  for imp in imports_of(module, path)
                  if _in_packages(imp.target, OFF_RUNTIME)]
     assert not offenders, "the runtime imports report/ or perf/:\n" + "\n".join(offenders)
+
+
+def test_the_runtime_does_not_import_management() -> None:
+    """DESIGN: the HTTP API is never on the message path: nothing in broker/, workers/, ipc/ or
+    tracing/ imports management/ (the supervisor starts it by module name, as a process)."""
+    offenders = [f"{imp.where}: {imp.source} imports {imp.target}"
+                 for module, path in source_modules(RUNTIME).items()
+                 for imp in imports_of(module, path)
+                 if _in_packages(imp.target, ("management",))]
+    assert not offenders, "the runtime imports management/:\n" + "\n".join(offenders)
 
 
 def _allowed(source: str, target: str) -> bool:

@@ -43,6 +43,7 @@ from broker.runtime.control import ControlServer, default_control_path
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.durability import Durability
+from broker.runtime.management_child import ManagementChild
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
 from broker.storage.message_store import ArenasFull
@@ -115,10 +116,13 @@ class ServeConfig:
     log_level: str = "info"
     ready_file: str | None = None
     control_socket: str | None = None  # shoal list-connections asks here; None: the default path
+    # The management HTTP API (management/, a process of its own): its port (0: none) and
+    # address (None: --host's).
+    management_port: int = 0
+    management_host: str | None = None
+    management_required: bool = True  # False: a management port in use is a warning, not a failure
     # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
     users: dict[str, str] = field(default_factory=dict)
-    # RabbitMQ's loopback_users: these may log in only from a loopback address.
-    loopback_users: frozenset[str] = frozenset({"guest"})
 
 
 class _WorkerSlot:
@@ -164,6 +168,7 @@ class Supervisor:
         self.durability: Durability | None = None  # --data-dir
         self.users: dict[str, str] = {}  # who may log in: name -> stored password (setup)
         self.samples: ProcSampleWriter | None = None  # --trace: CPU and memory of the processes
+        self.management: ManagementChild | None = None  # --management-port
 
     # ------------------------------------------------------------ lifecycle
 
@@ -173,6 +178,15 @@ class Supervisor:
         half-recovered broker), then sweep what dead instances left and create the regions and
         the control socket."""
         self._listener = self._bind()
+        if self.config.management_port:
+            try:
+                self.management = ManagementChild(  # binds: a port in use fails here
+                    self.config.management_host or self.config.host, self.config.management_port)
+            except OSError as exc:
+                if self.config.management_required:
+                    raise
+                log.warning("management API not started: port %d: %s (--management-port "
+                            "chooses another)", self.config.management_port, exc.strerror or exc)
         if self.config.data_dir:
             self.durability = Durability(self.config.data_dir, self.dispatcher)
             self.durability.recover_definitions()
@@ -251,6 +265,8 @@ class Supervisor:
             self._control.close(self._control_sock, self.control_path)
         if self._listener is not None:
             self._listener.close()
+        if self.management is not None:
+            self.management.close()
         for fd in (self._alive_r, self._alive_w):
             os.close(fd)
         if self.durability is not None:
@@ -275,6 +291,9 @@ class Supervisor:
                                        self.flush)
             assert self._control_sock is not None
             nursery.start_soon(self._control.serve, self._control_sock)
+            if self.management is not None:
+                nursery.start_soon(self.management.supervise, self._management_settings,
+                                   lambda: self.stopping)
             for w in self.workers:
                 nursery.start_soon(self._supervise, w)
                 nursery.start_soon(self._drain, w)
@@ -292,6 +311,8 @@ class Supervisor:
         self.stopping = True
         self._sample()  # with the sample at each worker's hello: a CPU figure for a short run
         procs = [w.process for w in self.workers if w.process is not None]
+        if self.management is not None and self.management.process is not None:
+            procs.append(self.management.process)
         for p in procs:
             if p.returncode is None:
                 p.send_signal(signal.SIGTERM)
@@ -355,7 +376,6 @@ class Supervisor:
             event_fd=w.event_efd.fileno(), alive_fd=self._alive_r,
             heartbeat=c.heartbeat, frame_max=c.frame_max, channel_max=c.channel_max,
             max_message_size=c.max_message_size, log_level=c.log_level,
-            loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             data_dir=str(self.durability.path) if self.durability is not None else "",
         )
@@ -593,6 +613,14 @@ class Supervisor:
         if all(s.ready for s in self.workers):
             self._write_ready_file()
 
+    def _management_settings(self) -> dict[str, object]:
+        """What the management process is told at each start (management.process)."""
+        c = self.config
+        return {"control_path": self.control_path, "amqp_host": c.host, "amqp_port": self.port,
+                "heartbeat": c.heartbeat, "frame_max": c.frame_max, "channel_max": c.channel_max,
+                "data_dir": str(self.durability.path) if self.durability is not None else "",
+                "log_level": c.log_level, "alive_fd": self._alive_r, "users": self.users}
+
     def _write_ready_file(self) -> None:
         path = self.config.ready_file
         if not path:
@@ -603,6 +631,7 @@ class Supervisor:
             "worker_pids": [s.process.pid if s.process else 0 for s in self.workers],
             "instance": self.instance,
             "control": self.control_path,
+            "management_port": self.management.port if self.management is not None else 0,
         }
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:

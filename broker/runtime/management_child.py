@@ -1,0 +1,100 @@
+"""The management process as the supervisor's child: bound, started, restarted, ended.
+
+The supervisor binds the HTTP listener at setup (a port in use fails the start, as the AMQP
+port does) and starts ``python -m management.process`` as it starts a worker: the listener, the
+read end of the ``alive`` pipe and a pipe with the users' stored passwords are inherited file
+descriptors, the rest is a JSON argument without secrets. A management process that dies is
+started again (after RESTART_BACKOFF when it dies within it: it must not spin); SIGTERM at
+shutdown ends it with the workers. Nothing here imports ``management/``: the supervisor knows
+it by its module name only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import msgspec
+import trio
+
+log = logging.getLogger("shoal.supervisor")
+
+RESTART_BACKOFF = 1.0
+USERS_PIPE_MAX = 60_000  # what a pipe takes without a reader
+MODULE = "management.process"
+
+
+def shoal_version() -> str:
+    try:
+        return version("shoal")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+class ManagementChild:
+    """The management process of one broker: its listener and its current process."""
+
+    def __init__(self, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+        self.port: int = sock.getsockname()[1]
+        self.process: trio.Process | None = None
+
+    def close(self) -> None:
+        self.sock.close()
+
+    async def supervise(self, settings: Callable[[], dict[str, Any]],
+                        stopping: Callable[[], bool]) -> None:
+        """Start the management process, and again whenever it dies, until the broker stops."""
+        while not stopping():
+            started = trio.current_time()
+            try:
+                self.process = await self._spawn(settings())
+            except (OSError, ValueError) as exc:
+                log.error("cannot start the management process: %s", exc)
+                await trio.sleep(RESTART_BACKOFF)
+                continue
+            code = await self.process.wait()
+            if stopping():
+                return
+            log.warning("management process (pid %d) exited with %s; restarting it",
+                        self.process.pid, code)
+            if trio.current_time() - started < RESTART_BACKOFF:
+                await trio.sleep(RESTART_BACKOFF)
+
+    async def _spawn(self, settings: dict[str, Any]) -> trio.Process:
+        users = settings.pop("users")
+        alive_fd = settings["alive_fd"]
+        users_r, users_w = os.pipe()
+        try:
+            payload = msgspec.json.encode(users)  # stored passwords, never the passwords
+            if len(payload) > USERS_PIPE_MAX:
+                raise ValueError(f"{len(users)} users: {len(payload)} bytes, over {USERS_PIPE_MAX}")
+            os.write(users_w, payload)
+            os.close(users_w)
+            users_w = -1
+            config = dict(settings, listen_fd=self.sock.fileno(), users_fd=users_r,
+                          http_port=self.port, version=shoal_version())
+            argv = [sys.executable, "-m", MODULE, msgspec.json.encode(config).decode()]
+            env = {k: v for k, v in os.environ.items() if k != "SHOAL_USERS"}
+            return await trio.lowlevel.open_process(
+                argv, pass_fds=(self.sock.fileno(), users_r, alive_fd), env=env)
+        finally:
+            os.close(users_r)
+            if users_w >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(users_w)

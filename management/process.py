@@ -1,0 +1,109 @@
+"""The management process: ``python -m management.process CONFIG_JSON`` (the supervisor starts it).
+
+The supervisor binds the HTTP listener (so a port in use fails ``shoal serve`` at start, as
+the AMQP port does) and passes it, with the read end of its ``alive`` pipe and a pipe holding
+the users' stored passwords, as inherited file descriptors; the JSON config on argv holds no
+secret. The process runs trio: hypercorn serves the API (management.app), the sampler polls
+the control socket (management.stats), and EOF on the ``alive`` pipe (the supervisor died)
+ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from management.app import Context, make_app, node_name
+from management.auth import Users
+from management.shapes import Node
+from management.stats import Sampler
+
+log = logging.getLogger("shoal.management")
+
+
+@dataclass
+class ManagementConfig:
+    """What the supervisor tells the management process (argv: no secrets here)."""
+
+    listen_fd: int
+    users_fd: int
+    alive_fd: int
+    control_path: str
+    amqp_host: str
+    amqp_port: int
+    http_port: int
+    version: str
+    interval: float = 5.0  # collect_statistics_interval, seconds
+    fresh: float = 1.0  # a read older than this asks the supervisor for a new sample
+    heartbeat: int = 60
+    frame_max: int = 131072
+    channel_max: int = 2047
+    data_dir: str = ""
+    log_level: str = "info"
+
+
+def read_users(fd: int) -> dict[str, str]:
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    users: dict[str, str] = json.loads(data) if data else {}
+    return users
+
+
+async def watch_alive(fd: int, cancel: trio.CancelScope) -> None:
+    """EOF on the supervisor's alive pipe: it died; so does this process."""
+    while True:
+        await trio.lowlevel.wait_readable(fd)
+        if not os.read(fd, 1):
+            log.warning("the supervisor is gone; management exits")
+            cancel.cancel()
+            return
+
+
+async def serve(config: ManagementConfig, users: dict[str, str]) -> None:
+    from hypercorn.config import Config as HyperConfig
+    from hypercorn.trio import serve as hyper_serve
+
+    sampler = Sampler(config.control_path, config.interval, config.fresh)
+    node = Node(node_name(), config.amqp_host, config.amqp_port, config.http_port, config.version,
+                config.heartbeat, config.frame_max, config.channel_max)
+    amqp_host = "127.0.0.1" if config.amqp_host in ("0.0.0.0", "") else (
+        "::1" if config.amqp_host == "::" else config.amqp_host)
+    ctx = Context(sampler, node, Users(users), config.control_path, amqp_host, config.amqp_port,
+                  config.data_dir)
+    hyper = HyperConfig()
+    hyper.bind = [f"fd://{config.listen_fd}"]
+    hyper.accesslog = None
+    hyper.errorlog = logging.getLogger("shoal.management.http")
+    hyper.keep_alive_timeout = 30
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch_alive, config.alive_fd, nursery.cancel_scope)
+        nursery.start_soon(sampler.run)
+        await hyper_serve(make_app(ctx), hyper, shutdown_trigger=trio.sleep_forever)  # type: ignore[arg-type]
+        nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    raw: dict[str, Any] = json.loads(args[0])
+    config = ManagementConfig(**raw)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
+    )
+    users = read_users(config.users_fd)
+    log.info("management API on port %d", config.http_port)
+    try:
+        trio.run(serve, config, users)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

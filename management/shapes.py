@@ -1,0 +1,303 @@
+"""RabbitMQ 3.x management objects (its field names and shapes) made from a sample. Pure.
+
+Every function takes the latest :class:`management.stats.Sample` (and the one rates are
+measured against) and returns plain dicts, as RabbitMQ's management API answers them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote_plus, unquote
+
+from management.stats import Sample, rate
+
+DEFAULT_EXCHANGE_PATH = "amq.default"  # the default exchange's name in paths
+
+
+@dataclass
+class Node:
+    """Who this broker is, as the API names it."""
+
+    name: str  # shoal@HOST, RabbitMQ's rabbit@HOST
+    amqp_host: str
+    amqp_port: int
+    http_port: int
+    version: str
+    heartbeat: int = 60
+    frame_max: int = 131072
+    channel_max: int = 2047
+
+
+def details(value: float) -> dict[str, float]:
+    return {"rate": value}
+
+
+def _rate(latest: Sample, base: Sample | None, pick: Any) -> float:
+    if base is None:
+        return 0.0
+    return rate(pick(latest), pick(base), latest.time - base.time)
+
+
+# ---------------------------------------------------------------- bindings' properties_key
+
+def quote_binding(text: str) -> str:
+    """rabbit_mgmt_format:quote_binding: quote_plus, then every % as %25."""
+    return quote_plus(text, safe="").replace("%", "%25")
+
+
+def args_hash(arguments: dict[str, Any]) -> str:
+    """A short stable hash of a binding's arguments (RabbitMQ uses erlang:phash2; any stable
+    hash does: the key is only read back by this API)."""
+    canonical = json.dumps(arguments, sort_keys=True, default=str).encode()
+    return base64.urlsafe_b64encode(hashlib.sha1(canonical).digest()[:6]).decode()
+
+
+def properties_key(routing_key: str, arguments: dict[str, Any] | None) -> str:
+    """What names one binding among those between the same two ends: ``~`` for an empty key
+    without arguments, else the quoted key (and ``~`` and the arguments' hash)."""
+    if not arguments:
+        return "~" if routing_key == "" else quote_binding(routing_key)
+    return f"{quote_binding(routing_key)}~{quote_binding(args_hash(arguments))}"
+
+
+def matches_properties_key(given: str, routing_key: str, arguments: dict[str, Any] | None) -> bool:
+    """Whether ``given`` (a path segment, decoded once) names this binding: RabbitMQ's key,
+    or its form decoded once more (clients differ in how often they quote)."""
+    key = properties_key(routing_key, arguments)
+    return given in (key, unquote(key), unquote(unquote(key)))
+
+
+# ------------------------------------------------------------------------------- objects
+
+def queue_items(latest: Sample, base: Sample | None, node: Node,
+                consumers_by_queue: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    snapshot = latest.snapshot
+    vhost = snapshot.get("vhost", "/")
+    names = connection_names(latest)
+    seconds = latest.time - base.time if base is not None else 0.0
+    old = base.queue_counters if base is not None else {}
+    items = []
+    for name, durable, auto_delete, owner, arguments, ready, unacked, consumers, enqueued in \
+            snapshot.get("queues", ()):
+        before = old.get(name)
+        messages = ready + unacked
+        if before is not None:
+            m_rate = rate(messages, before[0], seconds)
+            r_rate = rate(ready, before[1], seconds)
+            u_rate = rate(unacked, before[2], seconds)
+            p_rate = rate(enqueued, before[3], seconds)
+        else:
+            m_rate = r_rate = u_rate = p_rate = 0.0
+        item: dict[str, Any] = {
+            "name": name,
+            "vhost": vhost,
+            "durable": durable,
+            "auto_delete": auto_delete,
+            "exclusive": owner is not None,
+            "arguments": arguments,
+            "node": node.name,
+            "type": "classic",
+            "state": "running",
+            "policy": None,
+            "exclusive_consumer_tag": None,
+            "owner_pid_details": ({"name": names.get((owner[0], owner[1]), ""),
+                                   "peer_host": "", "peer_port": 0}
+                                  if owner is not None else None),
+            "consumers": consumers,
+            "consumer_utilisation": None,
+            "consumer_capacity": 0,
+            "messages": messages,
+            "messages_details": details(m_rate),
+            "messages_ready": ready,
+            "messages_ready_details": details(r_rate),
+            "messages_unacknowledged": unacked,
+            "messages_unacknowledged_details": details(u_rate),
+            "message_stats": {"publish": enqueued, "publish_details": details(p_rate)},
+            "idle_since": None,
+        }
+        if owner is None:
+            del item["owner_pid_details"]
+        items.append(item)
+    return items
+
+
+EXCHANGE_DESCRIPTIONS = {
+    "direct": "AMQP direct exchange",
+    "fanout": "AMQP fanout exchange",
+    "topic": "AMQP topic exchange",
+    "headers": "AMQP headers exchange",
+}
+
+
+def exchange_items(latest: Sample, node: Node) -> list[dict[str, Any]]:
+    vhost = latest.snapshot.get("vhost", "/")
+    return [{
+        "name": name,
+        "vhost": vhost,
+        "type": type,
+        "durable": durable,
+        "auto_delete": auto_delete,
+        "internal": internal,
+        "arguments": arguments,
+        "user_who_performed_action": "rmq-internal" if name == "" or name.startswith("amq.") else "",
+        "policy": None,
+    } for name, type, durable, auto_delete, internal, arguments in latest.snapshot.get("exchanges", ())]
+
+
+def binding_items(latest: Sample) -> list[dict[str, Any]]:
+    """Every binding, the default exchange's (one per queue) first, as RabbitMQ lists them."""
+    vhost = latest.snapshot.get("vhost", "/")
+    items = [binding_item(vhost, "", q[0], "queue", q[0], {})
+             for q in latest.snapshot.get("queues", ())]
+    items += [binding_item(vhost, source, destination, kind, key, arguments)
+              for source, destination, kind, key, arguments in latest.snapshot.get("bindings", ())]
+    return items
+
+
+def binding_item(vhost: str, source: str, destination: str, destination_type: str,
+                 routing_key: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "source": source,
+        "vhost": vhost,
+        "destination": destination,
+        "destination_type": destination_type,
+        "routing_key": routing_key,
+        "arguments": arguments,
+        "properties_key": properties_key(routing_key, arguments),
+    }
+
+
+def connection_names(latest: Sample) -> dict[tuple[int, int], str]:
+    """(worker, conn) → the connection's name."""
+    return {(c["worker"], c["conn"]): c["name"] for c in latest.connections}
+
+
+def _split_peer(peer: str) -> tuple[str, int]:
+    host, _, port = peer.rpartition(":")
+    try:
+        return host.strip("[]"), int(port)
+    except ValueError:
+        return peer, 0
+
+
+def connection_items(latest: Sample, base: Sample | None, node: Node) -> list[dict[str, Any]]:
+    seconds = latest.time - base.time if base is not None else 0.0
+    old = base.conn_counters if base is not None else {}
+    items = []
+    for c in latest.connections:
+        peer_host, peer_port = _split_peer(c.get("peer", ""))
+        recv, send = c.get("recv_oct", 0), c.get("send_oct", 0)
+        before = old.get(c["name"])
+        items.append({
+            "name": c["name"],
+            "node": node.name,
+            "vhost": c.get("vhost", "/"),
+            "user": c.get("user", ""),
+            "user_who_performed_action": c.get("user", ""),
+            "state": c.get("state", "running"),
+            "channels": c.get("channels", 0),
+            "peer_host": peer_host,
+            "peer_port": peer_port,
+            "host": node.amqp_host,
+            "port": node.amqp_port,
+            "protocol": "AMQP 0-9-1",
+            "type": "network",
+            "auth_mechanism": "PLAIN",
+            "ssl": False,
+            "timeout": node.heartbeat,
+            "frame_max": node.frame_max,
+            "channel_max": node.channel_max,
+            "client_properties": {"product": c["client"]} if c.get("client") else {},
+            "connected_at": int(c.get("connected_at", 0) * 1000),
+            "recv_oct": recv,
+            "recv_oct_details": details(rate(recv, before[0], seconds) if before else 0.0),
+            "send_oct": send,
+            "send_oct_details": details(rate(send, before[1], seconds) if before else 0.0),
+            "worker": c.get("worker"),
+        })
+    return items
+
+
+def channel_items(latest: Sample, node: Node) -> list[dict[str, Any]]:
+    """The channels the supervisor keeps books for (a consumer or an unsettled delivery)."""
+    by_conn = {(c["worker"], c["conn"]): c for c in latest.connections}
+    items = []
+    for worker, conn, ch, consumers, unacked in latest.snapshot.get("channels", ()):
+        c = by_conn.get((worker, conn))
+        if c is None:
+            continue
+        items.append(channel_item(c, ch, consumers, unacked, node))
+    return items
+
+
+def channel_item(c: dict[str, Any], number: int, consumers: int, unacked: int,
+                 node: Node) -> dict[str, Any]:
+    peer_host, peer_port = _split_peer(c.get("peer", ""))
+    return {
+        "name": f"{c['name']} ({number})",
+        "number": number,
+        "node": node.name,
+        "vhost": c.get("vhost", "/"),
+        "user": c.get("user", ""),
+        "state": "running",
+        "consumer_count": consumers,
+        "messages_unacknowledged": unacked,
+        "messages_unconfirmed": 0,
+        "messages_uncommitted": 0,
+        "acks_uncommitted": 0,
+        "prefetch_count": 0,
+        "global_prefetch_count": 0,
+        "confirm": False,
+        "transactional": False,
+        "connection_details": {"name": c["name"], "peer_host": peer_host, "peer_port": peer_port},
+    }
+
+
+def consumer_items(latest: Sample) -> list[dict[str, Any]]:
+    vhost = latest.snapshot.get("vhost", "/")
+    by_conn = {(c["worker"], c["conn"]): c for c in latest.connections}
+    items = []
+    for queue, tag, worker, conn, ch, exclusive, ack_required, priority, active in \
+            latest.snapshot.get("consumers", ()):
+        c = by_conn.get((worker, conn), {"name": "", "peer": ""})
+        peer_host, peer_port = _split_peer(c.get("peer", ""))
+        items.append({
+            "queue": {"name": queue, "vhost": vhost},
+            "consumer_tag": tag,
+            "channel_details": {"name": f"{c['name']} ({ch})", "number": ch,
+                                "connection_name": c["name"], "peer_host": peer_host,
+                                "peer_port": peer_port, "node": "", "user": c.get("user", "")},
+            "exclusive": exclusive,
+            "ack_required": ack_required,
+            "prefetch_count": 0,
+            "active": active,
+            "activity_status": "up" if active else "waiting",
+            "arguments": {"x-priority": priority} if priority else {},
+        })
+    return items
+
+
+def queue_totals(latest: Sample, base: Sample | None) -> dict[str, Any]:
+    messages, ready, unacked, _ = latest.totals()
+    if base is not None:
+        bm, br, bu, _ = base.totals()
+        seconds = latest.time - base.time
+        rates = (rate(messages, bm, seconds), rate(ready, br, seconds), rate(unacked, bu, seconds))
+    else:
+        rates = (0.0, 0.0, 0.0)
+    return {
+        "messages": messages, "messages_details": details(rates[0]),
+        "messages_ready": ready, "messages_ready_details": details(rates[1]),
+        "messages_unacknowledged": unacked, "messages_unacknowledged_details": details(rates[2]),
+    }
+
+
+def message_stats(latest: Sample, base: Sample | None) -> dict[str, Any]:
+    """Messages that entered queues (each queue's copy counts), and their rate."""
+    enqueued = latest.totals()[3]
+    return {"publish": enqueued,
+            "publish_details": details(_rate(latest, base, lambda s: s.totals()[3]))}

@@ -1,0 +1,109 @@
+"""The management API's pure parts: RabbitMQ's list parameters, binding keys, rates, auth."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from broker.passwords import hash_password
+from management import listing, shapes
+from management.auth import Users, parse_basic
+from management.stats import Sample, rate
+
+ITEMS = [{"name": f"q{i:02}", "messages": i % 3, "stats": {"rate": float(i)}} for i in range(25)]
+
+
+def test_without_page_a_plain_list_sorted_by_name() -> None:
+    out = listing.apply(list(reversed(ITEMS)), {})
+    assert isinstance(out, list) and [i["name"] for i in out] == [i["name"] for i in ITEMS]
+
+
+def test_pages_carry_rabbitmqs_counts() -> None:
+    out = listing.apply(ITEMS, {"page": "2", "page_size": "10"})
+    assert isinstance(out, dict)
+    assert {k: out[k] for k in ("page", "page_count", "page_size", "filtered_count", "total_count",
+                                "item_count")} == {"page": 2, "page_count": 3, "page_size": 10,
+                                                    "filtered_count": 25, "total_count": 25,
+                                                    "item_count": 10}
+    assert out["items"][0]["name"] == "q10"
+
+
+def test_name_filters_by_substring_or_regex() -> None:
+    out = listing.apply(ITEMS, {"page": "1", "name": "Q1"})
+    assert isinstance(out, dict) and out["filtered_count"] == 10 and out["total_count"] == 25
+    for flag in ("true", "True"):
+        out = listing.apply(ITEMS, {"page": "1", "name": "^q0[12]$", "use_regex": flag})
+        assert isinstance(out, dict) and [i["name"] for i in out["items"]] == ["q01", "q02"]
+    assert listing.apply(ITEMS, {"name": "^q0[12]$", "use_regex": "false"}) == []
+
+
+def test_sort_by_a_dotted_column_reversed_and_columns_kept() -> None:
+    out = listing.apply(ITEMS, {"sort": "stats.rate", "sort_reverse": "true",
+                                "columns": "name,stats.rate"})
+    assert isinstance(out, list)
+    assert out[0] == {"name": "q24", "stats": {"rate": 24.0}}
+    out = listing.apply(ITEMS, {"sort": "messages,name"})
+    assert isinstance(out, list) and [i["name"] for i in out[:2]] == ["q00", "q03"]
+
+
+@pytest.mark.parametrize("query", [{"page": "9"}, {"page": "0"}, {"page": "1", "page_size": "501"},
+                                   {"page": "x"}, {"name": "(", "use_regex": "true"}])
+def test_bad_list_parameters_are_400s(query: dict[str, str]) -> None:
+    with pytest.raises(listing.BadRequest):
+        listing.apply(ITEMS, query)
+
+
+def test_truthy_takes_rabbitmqs_booleans() -> None:
+    assert listing.truthy(True) and listing.truthy("true") and listing.truthy("TRUE")
+    assert not listing.truthy(False) and not listing.truthy("false") and not listing.truthy("")
+
+
+def test_properties_key() -> None:
+    assert shapes.properties_key("", {}) == "~"
+    assert shapes.properties_key("a.b", None) == "a.b"
+    assert shapes.properties_key("a/b c", {}) == "a%252Fb+c"
+    with_args = shapes.properties_key("k", {"x-match": "all", "a": 1})
+    assert with_args.startswith("k~") and with_args == shapes.properties_key("k", {"a": 1, "x-match": "all"})
+    assert shapes.matches_properties_key("~", "", {})
+    assert shapes.matches_properties_key("a%2Fb+c", "a/b c", {})  # the URL decoded once
+    assert not shapes.matches_properties_key("k", "k", {"a": 1})
+
+
+def _sample(t: float, ready: int, unacked: int, enqueued: int, recv: int) -> Sample:
+    snapshot = {"time": t, "vhost": "/", "queues": [["q", True, False, None, {}, ready, unacked, 0,
+                                                     enqueued]],
+                "exchanges": [], "bindings": [], "consumers": [], "channels": []}
+    conns = [{"name": "c", "worker": 0, "conn": 1, "peer": "127.0.0.1:5000", "recv_oct": recv,
+              "send_oct": 0}]
+    return Sample.of(snapshot, conns)
+
+
+def test_rates_are_deltas_over_the_time_between_samples() -> None:
+    assert rate(30, 10, 5.0) == 4.0 and rate(1, 0, 0.0) == 0.0
+    node = shapes.Node("shoal@h", "127.0.0.1", 5672, 15672, "0.1.0")
+    old, new = _sample(100.0, 10, 0, 100, 0), _sample(105.0, 20, 5, 150, 5000)
+    (q,) = shapes.queue_items(new, old, node)
+    assert q["messages"] == 25 and q["messages_details"] == {"rate": 3.0}
+    assert q["messages_ready_details"] == {"rate": 2.0}
+    assert q["message_stats"] == {"publish": 150, "publish_details": {"rate": 10.0}}
+    (c,) = shapes.connection_items(new, old, node)
+    assert c["recv_oct_details"] == {"rate": 1000.0} and c["peer_port"] == 5000
+    assert shapes.queue_totals(new, old)["messages_details"] == {"rate": 3.0}
+    (first,) = shapes.queue_items(new, None, node)
+    assert first["messages_details"] == {"rate": 0.0}
+
+
+def test_basic_auth_against_stored_hashes_and_guest_only_from_loopback() -> None:
+    users = Users({"guest": hash_password("guest"), "ann": hash_password("pw")})
+
+    def header(user: str, password: str) -> str:
+        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    assert users.check(header("ann", "pw"), "10.0.0.5") == ("ann", "pw")
+    assert users.check(header("ann", "nope"), "127.0.0.1") is None
+    assert users.check(header("guest", "guest"), "127.0.0.1") == ("guest", "guest")
+    assert users.check(header("guest", "guest"), "::1") == ("guest", "guest")
+    assert users.check(header("guest", "guest"), "10.0.0.5") is None
+    assert users.check(None, "127.0.0.1") is None and parse_basic("Bearer x") is None
+    assert Users({}).check(header("guest", "guest"), "127.0.0.1") is None
