@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Callable
 
@@ -12,6 +11,8 @@ from click.core import ParameterSource
 
 from broker.runtime.supervisor import ServeConfig, run
 from broker.storage.data_dir import default_data_dir
+from cli.config_file import ConfigFileError, Setting, parse_size
+from cli.config_file import read as read_config_file
 from cli.control import list_connections
 from cli.report import report
 from cli.users import delete_user, list_users
@@ -25,27 +26,6 @@ def _parse_users(ctx: click.Context, param: click.Parameter, values: tuple[str, 
             raise click.BadParameter("expected NAME:PASSWORD (a non-empty name, then ':')")
         users[name] = password
     return users
-
-
-# RabbitMQ's information units (rabbit_resource_monitor_misc:parse_information_unit, as its
-# rabbitmq.conf takes them for disk_free_limit, vm_memory_high_watermark.absolute and
-# max_message_size): kB, MB, GB, TB are powers of 1000; KiB, MiB, GiB, TiB and the bare letters
-# k, M, G, T are powers of 1024; no unit is bytes. Case does not matter.
-_UNITS = {"": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
-          "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_SIZE = re.compile(r"([0-9]+)([a-z]*)")
-_SIZE_HELP = "bytes, or a number with kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB, k, M, G, T"
-
-
-def parse_size(text: str) -> int:
-    """A size in RabbitMQ's information units: 50MB is 50,000,000 bytes, 50MiB and 50M 52,428,800.
-
-    Raises ValueError for anything else (a fraction, a sign, an unknown unit)."""
-    match = _SIZE.fullmatch(str(text).strip().lower().replace(" ", ""))
-    if match is None or match.group(2) not in _UNITS:
-        raise ValueError(f"expected {_SIZE_HELP}")
-    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 def _parse_bytes(ctx: click.Context, param: click.Parameter, value: str) -> int:
@@ -65,6 +45,65 @@ def _size_in(low: int, high: int | None = None) -> Callable[[click.Context, clic
             raise click.BadParameter(f"{value} is {size} bytes; expected {bounds} bytes")
         return size
     return callback
+
+
+def _high_watermark(ctx: click.Context, param: click.Parameter, value: str) -> int | float:
+    """--memory-high-watermark: a size, or a fraction of --arena-mb (0.4: with a decimal point),
+    which serve() turns into bytes once --arena-mb is known."""
+    if "." not in str(value):
+        return _size_in(0)(ctx, param, value)
+    try:
+        fraction = float(value)
+    except ValueError:
+        fraction = -1.0
+    if not 0 < fraction <= 1:
+        raise click.BadParameter(f"{value}: expected a size, or a fraction above 0 and at most 1")
+    return fraction
+
+
+def _parse_loopback_users(ctx: click.Context, param: click.Parameter, value: str) -> frozenset[str]:
+    names = [name.strip() for name in str(value).split(",")]
+    return frozenset() if value == "none" else frozenset(name for name in names if name)
+
+
+def _as_option_value(setting: Setting) -> object:
+    """A config file's typed value in the form the option takes on the command line."""
+    value = setting.value
+    if isinstance(value, dict):  # default_user/default_pass: --user's NAME:PASSWORD
+        return [f"{name}:{password}" for name, password in value.items()]
+    if isinstance(value, frozenset):  # loopback_users
+        return ",".join(sorted(value)) or "none"
+    return value
+
+
+def _load_config(ctx: click.Context, param: click.Parameter, path: str | None) -> str | None:
+    """--config FILE (eager): the file's settings become the options' defaults (ctx.default_map),
+    so options given on the command line, or through their environment variables, still win.
+    A key or value Shoal cannot take stops the start with FILE:LINE: key: reason."""
+    if path is None:
+        return None
+    options = {p.name: p for p in ctx.command.params if p.name}
+    try:
+        settings = read_config_file(path, options)
+    except ConfigFileError as exc:
+        click.echo(str(exc), err=True)
+        ctx.exit(1)
+    except (OSError, UnicodeDecodeError) as exc:
+        click.echo(f"{path}: cannot read it: {exc}", err=True)
+        ctx.exit(1)
+    defaults: dict[str, object] = {}
+    for name, setting in settings.items():
+        defaults[name] = _as_option_value(setting)
+        try:  # the option's own rules (its range, its callback) apply to the file's value
+            options[name].process_value(ctx, defaults[name])
+        except click.BadParameter as exc:
+            click.echo(f"{path}:{setting.line}: {setting.key}: {exc.message}", err=True)
+            ctx.exit(1)
+    if "users" in settings and os.stat(path).st_mode & (stat.S_IRGRP | stat.S_IROTH):
+        click.echo(f"warning: {path} holds default_pass and is readable by other users "
+                   "(chmod 600 it)", err=True)
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return path
 
 
 def _read_users_file(path: str) -> dict[str, str]:
@@ -93,6 +132,11 @@ def main() -> None:
 
 
 @main.command()
+@click.option("--config", default=None, type=click.Path(exists=True, dir_okay=False),
+              envvar="SHOAL_CONFIG_FILE", is_eager=True, callback=_load_config,
+              expose_value=False, help="Read settings from this rabbitmq.conf (RabbitMQ's "
+              "`key = value` format; the keys docs/configuration.md lists); options given here "
+              "win over the file. Also read from $SHOAL_CONFIG_FILE.")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the AMQP listener binds to.")
 @click.option("--port", default=5672, show_default=True, type=click.IntRange(0, 65535),
@@ -118,10 +162,10 @@ def main() -> None:
               "as there): bytes or RabbitMQ's units as for --disk-free-limit; a body over a "
               "sixteenth of --arena-mb gets a shared-memory segment of its own.")
 @click.option("--memory-high-watermark", default="0", show_default="80% of --arena-mb",
-              callback=_size_in(0), metavar="SIZE",
+              callback=_high_watermark, metavar="SIZE",
               help="Messages held in one worker's arena (bytes or RabbitMQ's units, as for "
-              "--disk-free-limit) at which that worker's publishers get connection.blocked and "
-              "are paused (0: the default).")
+              "--disk-free-limit, or a fraction of --arena-mb such as 0.4) at which that "
+              "worker's publishers get connection.blocked and are paused (0: the default).")
 @click.option("--memory-low-watermark", default="0", show_default="90% of the high watermark",
               callback=_size_in(0), metavar="SIZE",
               help="Messages held in a blocked worker's arena (bytes or RabbitMQ's units) below "
@@ -159,7 +203,12 @@ def main() -> None:
               help="Read users from this file, one NAME:PASSWORD per line (# comments): the way "
               "to keep passwords out of `ps` and shell history. Adds to --user / $SHOAL_USERS.")
 @click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]), help="Logging level.")
+              type=click.Choice(["debug", "info", "warning", "error", "critical"]),
+              help="Logging level.")
+@click.option("--loopback-users", default="guest", show_default=True, metavar="NAMES",
+              callback=_parse_loopback_users,
+              help="Users who may log in only from a loopback address, comma-separated "
+              "(RabbitMQ's loopback_users); none: no such user.")
 @click.option("--control-socket", default=None, type=click.Path(dir_okay=False),
               show_default="$XDG_RUNTIME_DIR/shoal-PORT.sock or /tmp/shoal-UID/shoal-PORT.sock",
               help="Unix socket (mode 0600) on which `shoal list-connections` asks the broker.")
@@ -186,6 +235,9 @@ def serve(**options: object) -> None:
     users_file = options.pop("users_file")
     if users_file:
         options["users"] = {**options["users"], **_read_users_file(str(users_file))}  # type: ignore[dict-item]
+    if isinstance(options["memory_high_watermark"], float):  # a fraction of --arena-mb
+        arena = int(options["arena_mb"]) << 20  # type: ignore[call-overload]
+        options["memory_high_watermark"] = int(options["memory_high_watermark"] * arena)
     if not options["data_dir"]:
         options["data_dir"] = str(default_data_dir(int(options["port"])))  # type: ignore[call-overload]
     # RabbitMQ's management port by default; taken (another broker's), the broker runs without

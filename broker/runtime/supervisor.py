@@ -123,6 +123,8 @@ class ServeConfig:
     management_required: bool = True  # False: a management port in use is a warning, not a failure
     # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
     users: dict[str, str] = field(default_factory=dict)
+    # RabbitMQ's loopback_users: these may log in only from a loopback address.
+    loopback_users: frozenset[str] = frozenset({"guest"})
 
 
 class _WorkerSlot:
@@ -376,6 +378,7 @@ class Supervisor:
             event_fd=w.event_efd.fileno(), alive_fd=self._alive_r,
             heartbeat=c.heartbeat, frame_max=c.frame_max, channel_max=c.channel_max,
             max_message_size=c.max_message_size, log_level=c.log_level,
+            loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             data_dir=str(self.durability.path) if self.durability is not None else "",
         )

@@ -191,12 +191,13 @@ class Broker:
         workers: int = WORKERS,
         extra_args: Sequence[str] = (),
         *,
-        port: int = 0,
+        port: int | None = 0,
         wait_ready: bool = True,
     ):
         """Start `shoal serve` and wait for its ready file. With `port` (a free port chosen by
         the test) and `wait_ready=False`, return at once: the test may connect while the workers
-        are still starting, and calls `await_ready()` when it needs `instance` or the PIDs."""
+        are still starting, and calls `await_ready()` when it needs `instance` or the PIDs. With
+        `port=None`, neither --host nor --port is given (a --config file chooses them)."""
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.workers = workers
@@ -212,7 +213,8 @@ class Broker:
         self._exit_expected = False
         command = [
             *serve_command(), "serve",
-            "--host", HOST, "--port", str(port), "--workers", str(workers),
+            *(() if port is None else ("--host", HOST, "--port", str(port))),
+            "--workers", str(workers),
             "--ready-file", str(self.ready_file),
             "--control-socket", str(self.control_dir / "control.sock"),
             "--data-dir", str(directory / "data"),
@@ -230,7 +232,7 @@ class Broker:
         )
         self.pid = self.popen.pid
         self._remember([self.pid])
-        self.port = port
+        self.port = port or 0
         self.instance = ""  # known from the ready file
         self.url = f"amqp://guest:guest@{HOST}:{self.port}/%2F"
         if wait_ready:
