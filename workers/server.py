@@ -1,4 +1,4 @@
-"""The one module of a worker that owns sockets and the trio event loop.
+"""A worker's trio runtime: its tasks, the listening socket, a reader and a writer per connection.
 
 Tasks of a worker process:
 
