@@ -30,12 +30,9 @@ import os
 import secrets
 import signal
 import socket
-import sys
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import msgspec
 import trio
 
 from broker.passwords import DEFAULT_USER, hashed
@@ -44,6 +41,8 @@ from broker.runtime.dispatch import Dispatcher
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.durability import Durability
 from broker.runtime.management_child import ManagementChild
+from broker.runtime.serve_config import ServeConfig
+from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
 from broker.storage.message_store import ArenasFull
@@ -52,7 +51,7 @@ from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
-from ipc.wakeup import EventFd, wait_for_work, wake_if_sleeping
+from ipc.wakeup import wait_for_work, wake_if_sleeping
 
 if TYPE_CHECKING:
     from tracing.procs import ProcSampleWriter
@@ -67,80 +66,8 @@ BATCH = 1024
 # within a message of it); the other requests are bounded by BATCH. A few milliseconds of work;
 # a busy broker's batches are smaller.
 STEP_WORK = 2048
-RESTART_BACKOFF = 1.0
-USERS_ENV = "SHOAL_USERS"  # shoal serve reads --user values from it (cli.main); workers never see it
-USERS_PIPE_MAX = 60_000  # bytes: what a pipe takes without a reader (Linux: 64 KiB)
 IDLE_TICK = 1.0  # the timer's longest sleep
-# The supervisor's memory alarm by default (ServeConfig.queued_high_watermark): RabbitMQ's
-# vm_memory_high_watermark (0.4) of the machine's memory, at the most a queued copy costs the
-# supervisor (a featured queue's entry object, ~200 B; a plain queue's copy is ~30-60 B).
-QUEUED_MEMORY_FRACTION = 0.4
-QUEUED_BYTES = 200
 FORGET_PAGES_INTERVAL = 1.0  # s between dropping the arenas' pages from the supervisor's RSS
-SHM_DIR = "/dev/shm"
-
-
-@dataclass
-class ServeConfig:
-    host: str = "127.0.0.1"
-    port: int = 5672
-    workers: int = os.cpu_count() or 1
-    # Longest time the other workers leave new connections to a worker that is starting or being
-    # replaced (workers.balance); a Python worker takes ~0.5-1.5 s to start. 0: never wait.
-    start_grace: float = 2.0
-    arena_mb: int = 256
-    ring_kb: int = 4096
-    heartbeat: int = 60
-    frame_max: int = 131072
-    channel_max: int = 2047
-    max_message_size: int = 128 << 20
-    # Memory alarm per worker arena: bytes of messages held in one worker's arena at which its
-    # publishers are blocked (0: 80% of --arena-mb), and below which they are unblocked
-    # (0: 90% of the high watermark).
-    memory_high_watermark: int = 0
-    memory_low_watermark: int = 0
-    # The supervisor's memory alarm: messages queued in all queues (each copy counted) at which
-    # every publisher is blocked (0: 40% of the machine's memory at QUEUED_BYTES a copy; -1:
-    # never), unblocked below 90% of it.
-    queued_high_watermark: int = 0
-    # With a data dir, persistent bodies are paged out of an arena holding more than this
-    # fraction of the high watermark (RabbitMQ's vm_memory_high_watermark_paging_ratio).
-    memory_paging_ratio: float = 0.5
-    trace: str | None = None  # directory for trace files (shoal report reads them)
-    # Durable topology lives here (broker.storage.data_dir); None: nothing survives a restart.
-    # `shoal serve` always passes one (--data-dir, default broker.storage.data_dir.default_data_dir).
-    data_dir: str | None = None
-    # The disk alarm: publishers are blocked while the data directory has less free space
-    # (bytes; RabbitMQ's disk_free_limit, 50 MB by default). 0: no disk alarm.
-    disk_free_limit: int = 50_000_000
-    log_level: str = "info"
-    ready_file: str | None = None
-    control_socket: str | None = None  # shoal list-connections asks here; None: the default path
-    # The management HTTP API (management/, a process of its own): its port (0: none) and
-    # address (None: --host's).
-    management_port: int = 0
-    management_host: str | None = None
-    management_required: bool = True  # False: a management port in use is a warning, not a failure
-    # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
-    users: dict[str, str] = field(default_factory=dict)
-    # RabbitMQ's loopback_users: these may log in only from a loopback address.
-    loopback_users: frozenset[str] = frozenset({"guest"})
-
-
-class _WorkerSlot:
-    """What the supervisor keeps for worker index k across its incarnations."""
-
-    def __init__(self, index: int, region: Region) -> None:
-        self.index = index
-        self.region = region
-        self.request_efd = EventFd()  # worker → supervisor
-        self.event_efd = EventFd()  # supervisor → worker
-        self.process: trio.Process | None = None
-        self.ready = False
-        self.pending: list[bytes] = []  # encoded events that did not fit the ring
-        # Requests taken from the ring that a step's STEP_WORK left for the next: they come
-        # before whatever is still in the ring.
-        self.unapplied: list[bytes] = []
 
 
 class Supervisor:
@@ -153,7 +80,7 @@ class Supervisor:
         self.config = config
         self.instance = f"{os.getpid()}-{secrets.token_hex(4)}"
         self.codec = r.Codec()
-        self.workers: list[_WorkerSlot] = []
+        self.workers: list[WorkerSlot] = []
         self.dispatcher = Dispatcher(
             config.workers, self._free_body, now=time.monotonic(),
             epoch_offset=time.time() - time.monotonic(),
@@ -198,20 +125,17 @@ class Supervisor:
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
-        self._fit_arena()
+        self.config.fit_arena()
         c = self.config
         for k in range(c.workers):
             region = Region.create(
                 region_name(self.instance, k), ring_bytes=c.ring_kb << 10,
                 arena_bytes=c.arena_mb << 20,
             )
-            self.workers.append(_WorkerSlot(k, region))
-        high = c.memory_high_watermark or (c.arena_mb << 20) * 4 // 5
+            self.workers.append(WorkerSlot(k, region))
+        high, self.dispatcher.low_watermark = c.arena_watermarks()
         self.dispatcher.high_watermark = high
-        self.dispatcher.low_watermark = min(c.memory_low_watermark or high * 9 // 10, high)
-        queued = c.queued_high_watermark or int(
-            os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * QUEUED_MEMORY_FRACTION
-        ) // QUEUED_BYTES
+        queued = c.queued_watermark()
         if queued > 0:
             self.dispatcher.alarms.queued_high = queued
             self.dispatcher.alarms.queued_low = queued * 9 // 10
@@ -231,20 +155,6 @@ class Supervisor:
             f"{c.host}:{self.port}")
         self._control_sock = self._control.bind(self.control_path)
 
-    def _fit_arena(self) -> None:
-        """Shrink the arenas to what /dev/shm can hold: tmpfs pages are only
-        allocated when touched, and touching one past the mount's size limit
-        kills the worker with SIGBUS."""
-        c = self.config
-        st = os.statvfs(SHM_DIR)
-        free_mb = st.f_bavail * st.f_frsize >> 20
-        per_worker = free_mb // c.workers - 2 * c.ring_kb // 1024 - 1
-        if per_worker < c.arena_mb:
-            fitted = max(per_worker, 4)
-            log.warning("%s has %d MiB free: arenas shrunk from %d to %d MiB per worker",
-                        SHM_DIR, free_mb, c.arena_mb, fitted)
-            c.arena_mb = fitted
-
     def _bind(self) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -259,10 +169,7 @@ class Supervisor:
         if self.samples is not None:
             self.samples.close()
         for w in self.workers:
-            w.region.close()
-            w.region.unlink()
-            w.request_efd.close()
-            w.event_efd.close()
+            w.close()
         if self._control_sock is not None:
             self._control.close(self._control_sock, self.control_path)
         if self._listener is not None:
@@ -338,19 +245,10 @@ class Supervisor:
 
     # -------------------------------------------------------------- workers
 
-    async def _supervise(self, w: _WorkerSlot) -> None:
-        """Start worker k, and start it again on the same region when it dies.
-
-        While it starts, its region carries a starting mark, so the other workers
-        leave new connections to it for up to ``start_grace`` (workers.balance)
-        instead of keeping every connection opened meanwhile. A crash loop is not
-        waited for: a worker that died before it said hello, or within
-        RESTART_BACKOFF of its start for the second time running, is started
-        again after RESTART_BACKOFF (it must not spin) with its region
-        NOT_ACCEPTING until it accepts. A worker that had started and dies once
-        is replaced at once.
-        """
-        quick_deaths = 0  # incarnations in a row that died within RESTART_BACKOFF of their start
+    async def _supervise(self, w: WorkerSlot) -> None:
+        """Start worker k, and start it again on the same region when it dies (a replacement
+        waited for or not, backing off or not: :class:`Restarts`)."""
+        restarts = Restarts()
         w.region.mark_starting(self.config.start_grace)
         while not self.stopping:
             started = trio.current_time()
@@ -361,17 +259,15 @@ class Supervisor:
                 return
             log.warning("worker %d (pid %d) exited with %s; replacing it",
                         w.index, w.process.pid, code)
-            quick = trio.current_time() - started < RESTART_BACKOFF
-            quick_deaths = quick_deaths + 1 if quick else 0
-            awaited = w.ready and quick_deaths < 2
-            self._forget(w, replacement_awaited=awaited)
-            if quick and not awaited:
+            replacement = restarts.died(trio.current_time() - started, w.ready)
+            self._forget(w, replacement_awaited=replacement.awaited)
+            if replacement.back_off:
                 await trio.sleep(RESTART_BACKOFF)  # a worker that cannot start must not spin
 
-    async def _spawn(self, w: _WorkerSlot) -> trio.Process:
+    async def _spawn(self, w: WorkerSlot) -> trio.Process:
         c = self.config
         assert self._listener is not None
-        cfg = r.WorkerConfig(
+        return await start_worker(r.WorkerConfig(
             index=w.index, instance=self.instance,
             regions=[s.region.name for s in self.workers],
             listen_fd=self._listener.fileno(), request_fd=w.request_efd.fileno(),
@@ -381,28 +277,9 @@ class Supervisor:
             loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             data_dir=str(self.durability.path) if self.durability is not None else "",
-        )
-        # Passwords reach the worker through a pipe it reads at start: not argv (ps), not its
-        # environment (/proc/PID/environ), from which $SHOAL_USERS is left out as well.
-        users_r, users_w = os.pipe()
-        try:
-            payload = msgspec.json.encode(self.users)  # stored passwords, never the passwords
-            if len(payload) > USERS_PIPE_MAX:
-                raise ValueError(f"{len(self.users)} users: {len(payload)} bytes, over {USERS_PIPE_MAX}")
-            os.write(users_w, payload)
-            os.close(users_w)
-            users_w = -1
-            cfg = msgspec.structs.replace(cfg, users_fd=users_r)
-            fds = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd, users_r)
-            argv = [sys.executable, "-m", "workers.main", msgspec.json.encode(cfg).decode()]
-            env = {k: v for k, v in os.environ.items() if k != USERS_ENV}
-            return await trio.lowlevel.open_process(argv, pass_fds=fds, env=env)
-        finally:
-            os.close(users_r)
-            if users_w >= 0:
-                os.close(users_w)
+        ), self.users)
 
-    def _forget(self, w: _WorkerSlot, *, replacement_awaited: bool = False) -> None:
+    def _forget(self, w: WorkerSlot, *, replacement_awaited: bool = False) -> None:
         """Seed failure model: a dead worker's consumers and unacked messages
         are released, and its region is made ready for a replacement. Its peers
         leave new connections to the replacement (a starting mark) if it is
@@ -429,15 +306,8 @@ class Supervisor:
             log.info("worker %d: reclaimed %d unfinished body block(s)", w.index, swept)
         self.flush()
 
-    def _kill(self, w: _WorkerSlot) -> None:
-        """A worker whose ring no longer adds up is killed; its replacement
-        starts on reset rings (the failure model of a crashed worker)."""
-        log.error("worker %d: ring corrupt; replacing the worker", w.index)
-        if w.process is not None and w.process.returncode is None:
-            w.process.kill()
-
-    async def _corrupt(self, w: _WorkerSlot) -> None:
-        self._kill(w)
+    async def _corrupt(self, w: WorkerSlot) -> None:
+        w.kill()
         await trio.sleep(RESTART_BACKOFF / 10)  # _supervise resets the rings
 
     def _free_body(self, region: int, offset: int) -> None:
@@ -445,7 +315,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ the rings
 
-    async def _drain(self, w: _WorkerSlot) -> None:
+    async def _drain(self, w: WorkerSlot) -> None:
         """Apply worker k's requests in ring order; sleep on its eventfd when idle."""
         ring = w.region.request_ring
         flag = w.region.supervisor_sleeping
@@ -469,7 +339,7 @@ class Supervisor:
                     continue
             await wait_for_work(flag, w.request_efd, has_work)
 
-    def _apply_all(self, w: _WorkerSlot) -> None:
+    def _apply_all(self, w: WorkerSlot) -> None:
         """Everything worker k's ring holds, what a step left over first."""
         while True:
             batch = w.unapplied or w.region.request_ring.get_all_nowait(BATCH)
@@ -477,7 +347,7 @@ class Supervisor:
                 return
             self._apply(w, batch)
 
-    def _apply(self, w: _WorkerSlot, batch: list[bytes], work: int | None = None) -> None:
+    def _apply(self, w: WorkerSlot, batch: list[bytes], work: int | None = None) -> None:
         """Apply ``batch`` (one step) in order, after what is left of a PublishRun the last
         step stopped; with ``work``, only until that much is done (STEP_WORK), keeping the rest
         in ``w.unapplied`` (and the dispatcher) for the next step."""
@@ -510,7 +380,7 @@ class Supervisor:
         if deadline is not None and (self._deadline is None or deadline < self._deadline):
             self._deadline_changed.set()  # the timer sleeps too long for this one
 
-    def _apply_one(self, w: _WorkerSlot, rec: r.Request | None) -> None:
+    def _apply_one(self, w: WorkerSlot, rec: r.Request | None) -> None:
         """Apply ``rec`` (None: go on with the worker's stopped PublishRun); a bug is logged
         and costs the request's connection, never the supervisor."""
         try:
@@ -544,7 +414,7 @@ class Supervisor:
                     written = w.region.event_ring.put_many_nowait(w.pending)
                 except RingCorrupt as exc:
                     log.error("worker %d: event ring: %s", w.index, exc)
-                    self._kill(w)
+                    w.kill()
                     continue
                 del w.pending[:written]
                 if w.pending:
@@ -590,9 +460,9 @@ class Supervisor:
         """Every FORGET_PAGES_INTERVAL, unmap the arena pages this process touched by freeing
         blocks in them (ipc.region.Region.forget_arena_pages): the supervisor never reads a
         body, and without this its RSS grows to every arena's size and counts each arena a
-        second time (10,000,000 queued messages: about 300 MB). A pipeline's frees stay in
+        second time. A pipeline's frees stay in
         a few pages near each arena's start, so mapping them again costs little; a drain of
-        a paged queue frees ~20 MB of blocks a second, which this keeps out of the RSS."""
+        a paged queue frees blocks all through its arena, which this keeps out of the RSS."""
         while True:
             await trio.sleep(FORGET_PAGES_INTERVAL)
             for w in self.workers:
@@ -609,7 +479,7 @@ class Supervisor:
 
     # ------------------------------------------------------------ readiness
 
-    def _hello(self, w: _WorkerSlot, rec: r.Hello) -> None:
+    def _hello(self, w: WorkerSlot, rec: r.Hello) -> None:
         w.ready = True
         log.info("worker %d ready (pid %d)", w.index, rec.pid)
         self._sample()

@@ -13,7 +13,9 @@ import pytest
 import trio
 import trio.testing
 
-from broker.runtime.supervisor import RESTART_BACKOFF, ServeConfig, Supervisor, _WorkerSlot
+from broker.runtime.supervisor import ServeConfig, Supervisor
+from broker.runtime.worker_lifecycle import RESTART_BACKOFF
+from broker.runtime.worker_lifecycle import WorkerSlot as _WorkerSlot
 from ipc.region import NOT_ACCEPTING, starting_deadline
 
 
