@@ -34,7 +34,8 @@ PERF_ARGS ?=
 COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler.py \
 	workers/consumer_target.py workers/channel_consumers.py workers/outgoing.py \
 	workers/connection.py workers/connection_state.py workers/handshake.py workers/output_queue.py \
-	workers/channel.py workers/connection_handler.py \
+	workers/channel.py workers/channel_inbox.py workers/channel_deliveries.py \
+	workers/connection_handler.py \
 	workers/publisher_confirms.py workers/confirm_gate.py workers/delivery_tags.py \
 	workers/arenas.py workers/channel_config.py workers/frame_buffer.py ipc/ring.py ipc/arena.py
 COMPILE_STAMP := build/.stamp-compiled

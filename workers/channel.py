@@ -10,6 +10,8 @@ that reply into the client's ``*-ok``. Methods answered locally (qos, flow,
 confirm.select, recover) wait behind outstanding replies so the client sees
 replies in the order it asked (AMQP 0-9-1 §2.2.2: a channel is serial).
 The exchange and queue methods' records and -oks are ``workers.topology``'s.
+What cannot run yet (behind a server-named declare, or a commit's body sync) waits in
+``workers.channel_inbox``; a pull's deliveries are ``workers.channel_deliveries``'.
 
 Delivery tags are the channel's (``workers.delivery_tags``). Acks, nacks and rejects
 become ``Settle`` records; an unknown tag is 406 PRECONDITION_FAILED, as in RabbitMQ.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from pamqp import base
 from pamqp import commands as spec
@@ -38,11 +40,13 @@ from tracing import names
 from workers import codec, topology
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.channel_consumers import ChannelConsumers
+from workers.channel_deliveries import next_pull, take_pulled
 from workers.channel_frames import method_ids
+from workers.channel_inbox import HeldPublish, Inbox
 from workers.confirm_gate import BodySyncGate
 from workers.consumer_target import ConsumerTarget
 from workers.delivery_tags import DeliveryTags, unknown_tag
-from workers.outgoing import BasicGetOk, DeclareOk, Deliveries, Delivery, Method, Outgoing, Return
+from workers.outgoing import BasicGetOk, DeclareOk, Deliveries, Method, Outgoing, Return
 from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
 
@@ -51,21 +55,6 @@ _ACK_IDS: Final = (codec.BASIC_CLASS, codec.BASIC_ACK)
 # What the ack path reads of ipc.records (not compiled): bound once, read as C statics.
 _ACK: Final = r.ACK
 _Settle: Final = r.Settle
-
-
-class _HeldPublish(NamedTuple):
-    """A publish waiting in the channel's inbox (behind a server-named queue.declare)."""
-
-    exchange: str
-    routing_key: str
-    mandatory: bool
-    offset: int
-    header_len: int
-    body_len: int
-    headers: dict[str, Any] | None
-    expiration: str | None
-    priority: int | None
-    body_at: tuple[int, int, int] | None
 
 
 class Channel:
@@ -97,10 +86,7 @@ class Channel:
         # Replies owed to the client, in request order: (from_supervisor, fn).
         # A local answer (qos-ok, …) queued behind supervisor replies keeps its place.
         self._expect: deque[tuple[bool, Callable[[Any], None]]] = deque()  # Any: each its Answer
-        # While a server-named queue.declare is unanswered, "" cannot be resolved:
-        # later methods and publishes wait here, in order (RabbitMQ runs a channel's
-        # methods one at a time).
-        self._inbox: deque[base.Frame | _HeldPublish] | None = None
+        self._inbox = Inbox()  # what waits behind a server-named declare or a commit's sync
 
     # ----------------------------------------------------------- plumbing
 
@@ -176,8 +162,8 @@ class Channel:
         """A client method on this channel: what it produced. An ``AMQPError`` raised here
         closes the channel or the connection (the owner takes what came before it with
         :meth:`take_output`)."""
-        if self._inbox is not None:
-            self._inbox.append(m)
+        if self._inbox.held is not None:
+            self._inbox.held.append(m)
         else:
             self._dispatch(m)
         return self.take_output()
@@ -185,8 +171,8 @@ class Channel:
     def on_ack(self, delivery_tag: int, multiple: bool) -> ChannelOutput:
         """basic.ack read on the hot path (``AckReceived``): what ``on_method`` does with a
         ``Basic.Ack``, without making one unless it must wait in the inbox."""
-        if self._inbox is not None:
-            self._inbox.append(spec.Basic.Ack(delivery_tag, multiple))
+        if self._inbox.held is not None:
+            self._inbox.held.append(spec.Basic.Ack(delivery_tag, multiple))
         elif multiple or self.tx or self._trace is not None:
             self._settle_tags(delivery_tag, multiple, r.ACK, None)
         else:  # one delivery, the common case: _settle_tags without its lists
@@ -221,7 +207,7 @@ class Channel:
             self.last_queue = m.queue
         self._request(rec, None if m.nowait else self._declare_ok)
         if not m.queue and not m.nowait:
-            self._inbox = deque()  # "" is unknown until declare-ok names the queue
+            self._inbox.wait()  # "" is unknown until declare-ok names the queue
 
     def _queue_method(self, m: topology.QueueMethod) -> None:
         """queue.bind, unbind (no nowait), purge, delete, on the queue named or the last
@@ -239,15 +225,10 @@ class Channel:
 
     def _resume(self) -> None:
         """Run the methods that waited (a server-named declare's name, a commit's sync)."""
-        inbox, self._inbox = self._inbox, None
-        while inbox and self._inbox is None and not self.closing:
-            held = inbox.popleft()
-            if isinstance(held, _HeldPublish):
-                self._publish(*held)
-            else:
-                self._dispatch(held)
-        if inbox and self._inbox is not None:  # another server-named declare: keep waiting
-            self._inbox.extendleft(reversed(inbox))
+        self._inbox.release(self._dispatch, self._publish_held, self._is_closing)
+
+    def _is_closing(self) -> bool:
+        return self.closing
 
     def _qos(self, m: spec.Basic.Qos) -> None:
         if m.prefetch_size:
@@ -381,7 +362,7 @@ class Channel:
         if any(rec.body_at is not None for rec in publishes):
             # Persistent messages: commit-ok once their bodies are on disk (then the Sync, whose
             # reply the supervisor holds until its index is); later methods wait meanwhile.
-            self._inbox = deque()
+            self._inbox.wait()
             self._out.wait_body_sync = True
             return
         self._commit()
@@ -442,9 +423,10 @@ class Channel:
                 body_at: tuple[int, int, int] | None = None) -> ChannelOutput:
         """A basic.publish whose header and body are in the worker's arena at ``offset``;
         ``body_at``: where its body went in the body log (a persistent message, --data-dir)."""
-        if self._inbox is not None:
-            self._inbox.append(_HeldPublish(exchange, routing_key, mandatory, offset, header_len,
-                                            body_len, headers, expiration, priority, body_at))
+        if self._inbox.held is not None:
+            self._inbox.held.append(HeldPublish(exchange, routing_key, mandatory, offset,
+                                                header_len, body_len, headers, expiration,
+                                                priority, body_at))
         else:
             self._publish(exchange, routing_key, mandatory, offset, header_len, body_len, headers,
                           expiration, priority, body_at)
@@ -464,6 +446,10 @@ class Channel:
             self._tx.hold_publish(rec)
         else:
             self._send_publish(rec)
+
+    def _publish_held(self, p: HeldPublish) -> None:
+        self._publish(p.exchange, p.routing_key, p.mandatory, p.offset, p.header_len, p.body_len,
+                      p.headers, p.expiration, p.priority, p.body_at)
 
     def _send_publish(self, rec: r.Publish) -> None:
         out = self._out
@@ -521,39 +507,12 @@ class Channel:
             self._settle([d.entry for d in ev.deliveries], r.REQUEUE)
             self._drop(target)
             return self.take_output()
-        settled = target.settles_on_delivery
-        done: list[int] = []
-        trace = self._trace
-        body = self._bodies.body
-        held = self.credit.held
-        messages: list[Delivery] = []
-        next_tag = self.tags.tag
-        for d in ev.deliveries:
-            content = body(d)
-            if content is None:  # paged out and unreadable (workers.arenas): gone for good
-                done.append(d.entry)
-                continue
-            tag = next_tag(d.entry, target, settled)
-            if settled:
-                done.append(d.entry)
-            else:  # held until acked: counts against prefetch
-                held(target)
-            messages.append((tag, d.redelivered, d.exchange, d.routing_key, *content))
-            if trace is not None:
-                trace.delivered(time.monotonic_ns(), d.entry, target.queue, target.id, target.tag,
-                                d.redelivered)
+        messages, done = take_pulled(ev.deliveries, target, self.tags, self.credit,
+                                     self._bodies, self._trace)
         if messages:
             self._out.events.append(Deliveries(self.number, target.tag, messages))
         self._settle(done, r.ACK)
-        target.more = ev.more
-        # A standing pull that stays open covers every later notification: the supervisor
-        # runs it instead of setting our slot, and one set before it ran is answered here.
-        # One that deliveries used up is asked for again as soon as there is credit
-        # (ConsumerTarget.renew), not after a notification and another pull.
-        target.renew = (0 < asked == len(ev.deliveries) and not ev.open
-                        and not self.credit.global_prefetch)
-        target.notified = ev.more or target.renew or (target.renotified and not ev.open)
-        target.renotified = False
+        next_pull(target, ev, asked, self.credit.global_prefetch)
         return self.take_output()
 
     def after_pull(self, target: ConsumerTarget) -> ChannelOutput:
@@ -600,10 +559,7 @@ class Channel:
         self.consuming.close()
         self.confirms.drop()  # held confirms are never sent
         self._expect.clear()
-        inbox, self._inbox = self._inbox, None
-        for held in inbox or ():
-            if isinstance(held, _HeldPublish):
-                self._bodies.free(held.offset)
+        self._inbox.drop(self._bodies.free)
         self._out = ChannelOutput()
 
 
