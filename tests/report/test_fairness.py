@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from report.job import _fairness, jain
+from report.summary_sections import fairness as _fairness
+from report.summary_sections import jain
 
 
 def test_jain_index():
