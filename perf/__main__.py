@@ -28,7 +28,8 @@ from typing import Any
 from perf import cgen, overload, report_table
 from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
 from perf.overload import OVERLOAD_SCENARIOS, OverloadOptions, OverloadScenario
-from perf.scenarios import SCENARIOS, Options, Scenario, run
+from perf.scenario_table import SCENARIOS, Options, Scenario
+from perf.scenarios import run
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SCALING_WORKERS = (1, 2, 4, 8)  # those up to the host's CPUs (at least 4) run by default

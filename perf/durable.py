@@ -34,7 +34,8 @@ from pamqp import commands, frame
 
 from perf import loadgen
 from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
-from perf.scenarios import SPAWN_WAIT, _Clients
+from perf.clients import SPAWN_WAIT
+from perf.clients import Clients as _Clients
 from perf.wire import Client, PublishBatch, publish_template, split_frames
 
 QUEUE = "perf.durable"

@@ -50,7 +50,7 @@ import psutil
 from perf import loadgen
 from perf.accounting import latency_summary
 from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
-from perf.scenarios import _Clients
+from perf.clients import Clients as _Clients
 from perf.wire import Client
 
 BODY_SIZE = 128

@@ -62,8 +62,10 @@ from typing import Any
 from perf import cgen, loadgen
 from perf.brokers import Broker
 from perf.cgen import CProcess, GeneratorChoice, histogram_of, histogram_summary, merge_histograms
+from perf.clients import Clients as _Clients
+from perf.clients import progress as _progress
 from perf.sampler import Sampler
-from perf.scenarios import _Clients, _progress, delete_topology
+from perf.scenario_topology import delete_topology
 from perf.wire import Client
 
 C_RATE_CAP = 500_000  # count cap per C publisher: this many msg/s times the seconds

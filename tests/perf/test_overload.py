@@ -42,7 +42,7 @@ from perf.overload import (
     publisher_processes,
     summarise,
 )
-from perf.scenarios import SCENARIOS
+from perf.scenario_table import SCENARIOS
 
 # --------------------------------------------------------------------------- arguments
 
