@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from management import amqp_ops, listing, shapes
+from management import amqp_ops, listing, shapes, webui
 from management.auth import TAGS, Users
 from management.stats import Sampler, ask
 
@@ -886,7 +886,7 @@ def make_app(ctx: Context) -> ASGIApp:
 
     from starlette.exceptions import HTTPException
 
-    app = Starlette(routes=api.routes(), exception_handlers={
+    app = Starlette(routes=[*api.routes(), *webui.routes()], exception_handlers={
         APIError: api_error, HTTPException: http_error})
     return RawPath(app)
 
