@@ -302,9 +302,11 @@ class Sync(_Record, frozen=True, tag="sync"):
 VIEWED_BODY_MIN = 4096
 
 # Settle actions.
-ACK = 0
+ACK = 0  # basic.ack from the client
 REQUEUE = 1
 DROP = 2
+AUTO_ACK = 3  # settled by the worker itself (a no-ack delivery, a browser's): as ACK, but no
+#               client acked it (message statistics count ACK's only)
 
 
 class Settle(_Record, frozen=True, tag="settle"):

@@ -458,7 +458,7 @@ class API:
 
     async def _exchanges(self) -> list[dict[str, Any]]:
         s = await self.sample()
-        return shapes.exchange_items(s, self.ctx.node)
+        return shapes.exchange_items(s, self.ctx.node, self.ctx.sampler.base())
 
     async def exchanges(self, request: Request) -> Response:
         self.auth(request)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote_plus, unquote
 
-from management.stats import Sample, rate
+from management.stats import QUEUE_COUNTERS, Sample, rate
 
 DEFAULT_EXCHANGE_PATH = "amq.default"  # the default exchange's name in paths
 
@@ -40,6 +40,25 @@ def _rate(latest: Sample, base: Sample | None, pick: Any) -> float:
     if base is None:
         return 0.0
     return rate(pick(latest), pick(base), latest.time - base.time)
+
+
+def counters_with_rates(values: dict[str, int], before: dict[str, int] | None,
+                        seconds: float) -> dict[str, Any]:
+    """RabbitMQ's ``message_stats``: each counter and its ``<name>_details.rate`` (0 without
+    an earlier sample), and ``deliver_get``: what was delivered or fetched, every way."""
+    values = dict(values)
+    if "deliver" in values:
+        values["deliver_get"] = sum(values.get(k, 0)
+                                    for k in ("deliver", "deliver_no_ack", "get", "get_no_ack"))
+        if before is not None:
+            before = dict(before, deliver_get=sum(
+                before.get(k, 0) for k in ("deliver", "deliver_no_ack", "get", "get_no_ack")))
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        out[name] = value
+        out[f"{name}_details"] = details(
+            rate(value, before.get(name, value), seconds) if before is not None else 0.0)
+    return out
 
 
 # ---------------------------------------------------------------- bindings' properties_key
@@ -81,17 +100,21 @@ def queue_items(latest: Sample, base: Sample | None, node: Node,
     seconds = latest.time - base.time if base is not None else 0.0
     old = base.queue_counters if base is not None else {}
     items = []
-    for name, durable, auto_delete, owner, arguments, ready, unacked, consumers, enqueued in \
-            snapshot.get("queues", ()):
+    for row in snapshot.get("queues", ()):
+        name, durable, auto_delete, owner, arguments, ready, unacked, consumers, enqueued = row[:9]
         before = old.get(name)
+        counters = latest.queue_counters.get(name, ())
+        stats = counters_with_rates(
+            {"publish": enqueued, **dict(zip(QUEUE_COUNTERS, counters[4:], strict=False))},
+            dict(zip(("publish", *QUEUE_COUNTERS), before[3:], strict=False))
+            if before is not None else None, seconds)
         messages = ready + unacked
         if before is not None:
             m_rate = rate(messages, before[0], seconds)
             r_rate = rate(ready, before[1], seconds)
             u_rate = rate(unacked, before[2], seconds)
-            p_rate = rate(enqueued, before[3], seconds)
         else:
-            m_rate = r_rate = u_rate = p_rate = 0.0
+            m_rate = r_rate = u_rate = 0.0
         item: dict[str, Any] = {
             "name": name,
             "vhost": vhost,
@@ -116,7 +139,7 @@ def queue_items(latest: Sample, base: Sample | None, node: Node,
             "messages_ready_details": details(r_rate),
             "messages_unacknowledged": unacked,
             "messages_unacknowledged_details": details(u_rate),
-            "message_stats": {"publish": enqueued, "publish_details": details(p_rate)},
+            "message_stats": stats,
             "idle_since": None,
         }
         if owner is None:
@@ -133,8 +156,19 @@ EXCHANGE_DESCRIPTIONS = {
 }
 
 
-def exchange_items(latest: Sample, node: Node) -> list[dict[str, Any]]:
+def exchange_items(latest: Sample, node: Node, base: Sample | None = None) -> list[dict[str, Any]]:
     vhost = latest.snapshot.get("vhost", "/")
+    seconds = latest.time - base.time if base is not None else 0.0
+    old = base.exchange_counters if base is not None else {}
+
+    def stats(name: str) -> dict[str, Any]:
+        publish_in, publish_out = latest.exchange_counters.get(name, (0, 0))
+        before = old.get(name)
+        return counters_with_rates(
+            {"publish_in": publish_in, "publish_out": publish_out},
+            {"publish_in": before[0], "publish_out": before[1]} if before is not None else None,
+            seconds)
+
     return [{
         "name": name,
         "vhost": vhost,
@@ -145,7 +179,9 @@ def exchange_items(latest: Sample, node: Node) -> list[dict[str, Any]]:
         "arguments": arguments,
         "user_who_performed_action": "rmq-internal" if name == "" or name.startswith("amq.") else "",
         "policy": None,
-    } for name, type, durable, auto_delete, internal, arguments in latest.snapshot.get("exchanges", ())]
+        "message_stats": stats(name),
+    } for name, type, durable, auto_delete, internal, arguments, *_ in
+        latest.snapshot.get("exchanges", ())]
 
 
 def binding_items(latest: Sample) -> list[dict[str, Any]]:
@@ -297,7 +333,10 @@ def queue_totals(latest: Sample, base: Sample | None) -> dict[str, Any]:
 
 
 def message_stats(latest: Sample, base: Sample | None) -> dict[str, Any]:
-    """Messages that entered queues (each queue's copy counts), and their rate."""
-    enqueued = latest.totals()[3]
-    return {"publish": enqueued,
-            "publish_details": details(_rate(latest, base, lambda s: s.totals()[3]))}
+    """The broker's message counters (overview, vhost): publish (received from publishers),
+    confirm, return_unroutable, drop_unroutable, deliver, deliver_no_ack, get, get_no_ack,
+    get_empty, redeliver, ack, deliver_get, each with its rate."""
+    values = {k: v for k, v in latest.message_counts().items()
+              if k not in ("routed", "publish_confirm")}
+    return counters_with_rates(values, base.message_counts() if base is not None else None,
+                               latest.time - base.time if base is not None else 0.0)

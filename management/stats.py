@@ -53,6 +53,18 @@ def rate(new: float, old: float, seconds: float) -> float:
     return round((new - old) / seconds, 1)
 
 
+# A queue row's message counters (broker.runtime.snapshot), after its nine first columns.
+QUEUE_COUNTERS = ("deliver", "deliver_no_ack", "get", "get_no_ack", "redeliver", "ack",
+                  "get_empty")
+NO_COUNTS = (0,) * len(QUEUE_COUNTERS)
+
+
+def queue_counts(row: list[Any]) -> tuple[int, ...]:
+    """A snapshot queue row's message counters (zeros from a supervisor without them)."""
+    counts = tuple(row[9:9 + len(QUEUE_COUNTERS)])
+    return counts if len(counts) == len(QUEUE_COUNTERS) else NO_COUNTS
+
+
 @dataclass
 class Sample:
     """One snapshot and the connections listed with it, and the counters rates come from."""
@@ -60,28 +72,41 @@ class Sample:
     time: float
     snapshot: dict[str, Any]
     connections: list[dict[str, Any]]
-    # name → (messages, messages_ready, messages_unacknowledged, enqueued)
-    queue_counters: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
+    # name → (messages, messages_ready, messages_unacknowledged, enqueued, *QUEUE_COUNTERS)
+    queue_counters: dict[str, tuple[int, ...]] = field(default_factory=dict)
     conn_counters: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → (recv, send)
+    exchange_counters: dict[str, tuple[int, int]] = field(default_factory=dict)  # (in, out)
+    messages: dict[str, int] = field(default_factory=dict)  # the broker's message counters
 
     @classmethod
     def of(cls, snapshot: dict[str, Any], connections: list[dict[str, Any]]) -> Sample:
         sample = cls(float(snapshot.get("time") or time.time()), snapshot, connections)
-        sample.queue_counters = {row[0]: (row[5] + row[6], row[5], row[6], row[8])
+        sample.queue_counters = {row[0]: (row[5] + row[6], row[5], row[6], row[8],
+                                          *queue_counts(row))
                                  for row in snapshot.get("queues", ())}
         sample.conn_counters = {c["name"]: (c.get("recv_oct", 0), c.get("send_oct", 0))
                                 for c in connections}
+        sample.exchange_counters = {row[0]: (row[6], row[7]) if len(row) >= 8 else (0, 0)
+                                    for row in snapshot.get("exchanges", ())}
+        sample.messages = dict(snapshot.get("messages") or {})
         return sample
 
     def totals(self) -> tuple[int, int, int, int]:
         """(messages, ready, unacknowledged, enqueued) over all queues."""
         m = r = u = e = 0
-        for a, b, c, d in self.queue_counters.values():
-            m += a
-            r += b
-            u += c
-            e += d
+        for counters in self.queue_counters.values():
+            m += counters[0]
+            r += counters[1]
+            u += counters[2]
+            e += counters[3]
         return m, r, u, e
+
+    def message_counts(self) -> dict[str, int]:
+        """The broker's message counters (RabbitMQ's overview ``message_stats`` names); from
+        a supervisor that does not count them, what its queues say."""
+        if self.messages:
+            return self.messages
+        return {"publish": self.totals()[3]}
 
 
 EMPTY = Sample(0.0, {"queues": [], "exchanges": [], "bindings": [], "consumers": [],

@@ -297,7 +297,7 @@ class Channel:
         d = ev.delivery
         content = self._bodies.body(d)
         if content is None:  # paged out and unreadable (workers.arenas): gone for good
-            self._settle([d.entry], r.ACK)
+            self._settle([d.entry], r.AUTO_ACK)
             self._send(spec.Basic.GetEmpty())
             return
         header, body = content
@@ -308,8 +308,8 @@ class Channel:
         ))
         if self._trace is not None:
             self._trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
-        if no_ack:
-            self._settle([d.entry], r.ACK)
+        if no_ack:  # settled here: AUTO_ACK, which message statistics do not count as an ack
+            self._settle([d.entry], r.AUTO_ACK)
 
     def _ack(self, m: spec.Basic.Ack) -> None:
         self._settle_tags(m.delivery_tag, m.multiple, r.ACK, m)
@@ -511,7 +511,7 @@ class Channel:
                                      self._bodies, self._trace)
         if messages:
             self._out.events.append(Deliveries(self.number, target.tag, messages))
-        self._settle(done, r.ACK)
+        self._settle(done, r.AUTO_ACK)  # no-ack and browsers' deliveries: no client acked them
         next_pull(target, ev, asked, self.credit.global_prefetch)
         return self.take_output()
 

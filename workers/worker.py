@@ -130,7 +130,7 @@ class Worker:
             # client acks what it has; then this is a set lookup.
             self._unview(rec.conn, rec.entries)
             self._send_settle(rec)
-            if rec.action != r.ACK:
+            if rec.action == r.REQUEUE or rec.action == r.DROP:
                 self._urgent = True  # a requeue is for other consumers, now
             else:
                 self.want_lazy_timer()

@@ -47,6 +47,7 @@ from broker.queues.consumer_manager import (
 from broker.queues.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
 from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
 from broker.queues.fifo_entries import FifoEntries
+from broker.queues.message_counts import QueueCounts
 from broker.queues.queue_host import QueueHost, StandaloneHost
 
 
@@ -116,7 +117,8 @@ class Queue:
         self._host: QueueHost[Queue] = host if host is not None else StandaloneHost()
         self._fifo: FifoEntries[QueueEntry] = FifoEntries(self, QueueEntry, self._host.body_codec)
         self._acquired: dict[int, QueueEntry] = {}
-        self._next_position = 1
+        self._next_position = 1  # also what ever entered it: its message_stats.publish
+        self.counts = QueueCounts()  # deliveries, gets, acks (broker.queues.message_counts)
         self._exclusive_consumer: QueueConsumer | None = None
         self.settings = settings
         # Consumer modes (broker.queues.consumer_modes), held whatever the storage: None when off.

@@ -13,18 +13,21 @@ from typing import Any
 
 from broker.errors import AMQPError
 from broker.messages.message_journal import IndexSyncGate
+from broker.queues.message_counts import MessageCounts
 from ipc import records as r
 
 
 class Answers:
-    """Every worker's outbox, and the confirms (and answers behind them) held for the sync."""
+    """Every worker's outbox, and the confirms (and answers behind them) held for the sync;
+    and the broker's message counters (``counts``), which the dispatcher's parts share."""
 
-    __slots__ = ("confirms", "outbox")
+    __slots__ = ("confirms", "counts", "outbox")
 
     def __init__(self, workers: int) -> None:
         self.outbox: list[list[r.Event]] = [[] for _ in range(workers)]
         # Publisher confirms waiting for the index log's sync (shoal serve --data-dir).
         self.confirms = IndexSyncGate()
+        self.counts = MessageCounts()  # message statistics (broker.queues.message_counts)
 
     def answer(self, worker: int, conn: int, ch: int, event: r.Event) -> None:
         """An answer to channel (conn, ch): behind its held confirms if it has any."""
@@ -51,6 +54,8 @@ class Answers:
     def confirm(self, worker: int, confirm: r.Confirm, need: int) -> None:
         """A publish's confirm: sent now, or held until the index log is synced to ``need``
         (0: it wrote nothing there), behind the channel's confirms held before it."""
+        if confirm.ack:
+            self.counts.confirm += confirm.count
         if (not need and not self.confirms) or self.confirms.admit(
                 (worker, confirm.conn, confirm.ch), confirm, need):
             send_confirm(self.outbox[worker], confirm)

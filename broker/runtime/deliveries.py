@@ -39,6 +39,7 @@ class Deliveries:
         self.step = step
         self.answers = answers
         self.outbox = answers.outbox
+        self.counts = answers.counts  # message statistics (broker.queues.message_counts)
         self.notify: list[list[int]] = [[] for _ in range(workers)]
         self._channels = channels
         self._subs = channels.subs  # (worker, consumer id) → Subscription, on the hot path
@@ -147,14 +148,29 @@ class Deliveries:
             if not entries:
                 return  # nothing to say: the pull stays open as it was
         deliveries = []
-        store = sub.queue.store
+        queue = sub.queue
+        store = queue.store
+        redelivered = 0
         for entry in entries:
+            if entry.redelivered:
+                redelivered += 1
             if sub.consumer.acquiring:
                 deliveries.append(self._channels.acquire(chan, entry))
                 if store is not None and entry.message.stored is not None and not entry.redelivered:
-                    store.delivered(sub.queue.name, entry.message)  # first delivery: on record
+                    store.delivered(queue.name, entry.message)  # first delivery: on record
             else:
                 deliveries.append(self._channels.pin(chan, entry))
+        # Message statistics: a browser's deliveries need no ack either.
+        counts, q_counts, n = self.counts, queue.counts, len(entries)
+        if sub.consumer.no_ack or not sub.consumer.acquiring:
+            counts.deliver_no_ack += n
+            q_counts.deliver_no_ack += n
+        else:
+            counts.deliver += n
+            q_counts.deliver += n
+        if redelivered:
+            counts.redeliver += redelivered
+            q_counts.redeliver += redelivered
         self.outbox[worker].append(r.Pulled(cid, deliveries, more, still_open, sub.pull_seq))
         if self.trace is not None:
             self.trace.pulled(worker, cid, sub.queue.name, entries)
@@ -162,9 +178,21 @@ class Deliveries:
     def get(self, worker: int, rec: r.Get) -> None:
         q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
         entry = q.get()
+        counts, q_counts = self.counts, q.counts
         if entry is None:
+            counts.get_empty += 1
+            q_counts.get_empty += 1
             self.answers.answer(worker, rec.conn, rec.ch, r.GetEmpty(rec.conn, rec.ch))
             return
+        if rec.no_ack:
+            counts.get_no_ack += 1
+            q_counts.get_no_ack += 1
+        else:
+            counts.get += 1
+            q_counts.get += 1
+        if entry.redelivered:
+            counts.redeliver += 1
+            q_counts.redeliver += 1
         delivery = self._channels.acquire(self._channels.channel((worker, rec.conn, rec.ch)), entry,
                                          basic_get=True)
         if q.store is not None and not entry.redelivered:  # first delivery: on record
@@ -179,24 +207,33 @@ class Deliveries:
         chan = self._channels.get((worker, rec.conn, rec.ch))
         if chan is None:
             return
+        action = rec.action
+        client_ack = action == r.ACK  # a no-ack delivery's own settle is AUTO_ACK: not counted
+        settles = client_ack or action == r.AUTO_ACK
+        acked = 0
         for entry_id in rec.entries:
             held = chan.acquired.pop(entry_id, None)
             if held is None:
                 continue  # the worker validates delivery tags; a stale id is harmless
             self._channels.released(held)
             if self.trace is not None and not isinstance(held, Pin):
-                self.trace.settled(worker, held, rec.action)
+                self.trace.settled(worker, held, action)
             if isinstance(held, Pin):
                 self.unpin(held)
-            elif rec.action == r.ACK:
+            elif settles:
+                if client_ack:  # message statistics
+                    held.queue.counts.ack += 1
+                    acked += 1
                 if woken := held.queue.settle(held):  # a plain queue's ack wakes nobody
                     self.wake(woken)
-            elif rec.action == r.REQUEUE:
+            elif action == r.REQUEUE:
                 self.wake(held.queue.release(held))
-            elif rec.action == r.DROP:  # reject/nack requeue=false: dead-lettered if the queue says so
+            elif action == r.DROP:  # reject/nack requeue=false: dead-lettered if the queue says so
                 self.wake(held.queue.discard(held))
             else:
-                raise InternalError(f"unknown settle action {rec.action}")
+                raise InternalError(f"unknown settle action {action}")
+        if acked:
+            self.counts.ack += acked
 
     def requeue(self, held: Held) -> None:
         """A closed channel's delivery goes back: an entry to its original position, a pin

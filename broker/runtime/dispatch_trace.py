@@ -54,7 +54,8 @@ class DispatchTrace:
         m = entry.message
         pub = m.trace or (None, None, None, None)
         self.writer.settled(
-            now, names.ACKED if action == r.ACK else names.REJECTED, m.id, entry.id, entry.queue.name,
+            now, names.ACKED if action in (r.ACK, r.AUTO_ACK) else names.REJECTED, m.id, entry.id,
+            entry.queue.name,
             pub[0], pub[1], pub[2], consumer_worker=worker, redelivered=int(entry.redelivered),
             enqueued_ns=pub[3], pulled_ns=pulled, exchange=m.exchange,
             routing_key=m.routing_key, body_size=m.body_size,

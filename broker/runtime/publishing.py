@@ -91,6 +91,7 @@ class Publishing:
         self.step = step
         self.answers = answers
         self.outbox = answers.outbox
+        self.counts = answers.counts  # message statistics: a few attribute increments
         self._credit = credit
         self.pager = pager
         self.region_bytes = accounts.region_bytes
@@ -139,12 +140,17 @@ class Publishing:
     def _spent(self, worker: int, rec: r.Publish | r.PublishRun) -> None:
         """The record's publish credit is due, counted as it arrives: one that fails gives its
         credit back too."""
+        counts = self.counts
         if type(rec) is r.PublishRun:
-            self._credit.spent((worker, rec.conn), len(rec.bodies) // 3,
-                               (rec.exchange, rec.routing_key))
+            n = len(rec.bodies) // 3
+            self._credit.spent((worker, rec.conn), n, (rec.exchange, rec.routing_key))
         else:
+            n = 1
             self._credit.spent((worker, rec.conn), 1, (rec.exchange, rec.routing_key)
                                if rec.headers is None else ANYWHERE)  # type: ignore[union-attr]
+        counts.publish += n
+        if rec.confirm:
+            counts.publish_confirm += n
 
     def _run_from(self, worker: int, rec: r.PublishRun, start: int) -> None:
         """The run's publishes from flat index ``start`` on, until the step's ``work_limit``
@@ -240,6 +246,7 @@ class Publishing:
         journal = self.vhost.messages
         routed = outcome.routed
         if routed:
+            self.counts.routed += routed
             self.region_bytes[worker] += header_len + body_len
             if pageable:
                 self.pager.register(worker, message)
@@ -247,6 +254,7 @@ class Publishing:
             journal.body_dropped(message.stored)
         if routed == 0:
             if rec.mandatory:
+                self.counts.return_unroutable += 1
                 # Published with BCC: returned without it (re-encoded), as RabbitMQ returns it.
                 reheader = (
                     (True, delivered_headers(message.headers or {}), expiration)
@@ -257,6 +265,7 @@ class Publishing:
                     offset, header_len, body_len, *reheader,
                 ))
             else:
+                self.counts.drop_unroutable += 1
                 self._free(worker, offset, header_len + body_len)
         if rec.confirm:  # a queue refusing it (x-overflow reject-publish) is a nack
             # Index records written for it: the confirm waits until they are on disk.

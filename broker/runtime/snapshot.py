@@ -5,8 +5,8 @@ Theory of operation
 The management process (``management/``) polls the control socket every
 collect_statistics_interval (5 s) with ``{"command": "snapshot"}`` and computes everything it
 serves from the answer: object lists, totals, and rates from the deltas of the counters
-between two answers. The supervisor only copies what it already keeps: no counter is added
-to the message path for this.
+between two answers. The supervisor only copies what it keeps anyway: depths, and the
+message counters (below), which cost the message path an attribute increment each.
 
 The answer is built in slices of ``SLICE`` objects with a checkpoint between them, so 10,000
 queues cost the supervisor's loop a few short turns rather than one long one; an object
@@ -14,9 +14,12 @@ deleted between two slices is left out. Rows are arrays, not objects (10,000 que
 ~1 MB of JSON, not ~3):
 
 * ``queues``: ``[name, durable, auto_delete, owner, arguments, ready, unacked, consumers,
-  enqueued]`` -- ``owner`` is ``[worker, conn]`` of an exclusive queue's connection, else
-  null; ``enqueued`` counts the messages that ever entered the queue (its next position).
-* ``exchanges``: ``[name, type, durable, auto_delete, internal, arguments]``.
+  enqueued, deliver, deliver_no_ack, get, get_no_ack, redeliver, ack, get_empty]`` --
+  ``owner`` is ``[worker, conn]`` of an exclusive queue's connection, else null;
+  ``enqueued`` counts the messages that ever entered the queue (its next position); the
+  rest are its message counters (``broker.queues.message_counts.QUEUE_FIELDS``).
+* ``exchanges``: ``[name, type, durable, auto_delete, internal, arguments, publish_in,
+  publish_out]``.
 * ``bindings``: ``[source, destination, destination_type, routing_key, arguments]``, without
   the default exchange's (one per queue, which the reader makes up again, as RabbitMQ lists
   them).
@@ -24,6 +27,11 @@ deleted between two slices is left out. Rows are arrays, not objects (10,000 que
 * ``channels``: ``[worker, conn, ch, consumers, unacked]`` for the channels the supervisor
   keeps books for (those with a consumer or an unsettled delivery).
 * ``alarms``: ``{"memory": [worker, ...], "disk": bool, "queued": bool}``.
+* ``messages``: the broker's message counters (``MessageCounts.as_dict``), which outlive the
+  queues they were counted on.
+
+The message counters are integers the dispatcher bumps as it goes (an attribute increment,
+``broker.queues.message_counts``); this copies them, and the management process makes rates.
 """
 
 from __future__ import annotations
@@ -49,18 +57,22 @@ async def build_snapshot(dispatcher: Dispatcher, checkpoint: Callable[[], Awaita
         if q.deleted:
             continue
         owner = q.exclusive_owner
+        counts = q.counts
         queues.append([
             q.name, q.durable, q.auto_delete,
             list(owner) if isinstance(owner, tuple) else (None if owner is None else [0, 0]),
             q.arguments, q.message_count, q.acquired_count, q.consumer_count,
             max(0, getattr(q, "_next_position", 1) - 1),
+            counts.deliver, counts.deliver_no_ack, counts.get, counts.get_no_ack,
+            counts.redeliver, counts.ack, counts.get_empty,
         ])
     await checkpoint()
     exchanges: list[list[Any]] = []
     bindings: list[list[Any]] = []
     count = 0
     for x in list(vhost.exchanges.values()):
-        exchanges.append([x.name, x.type, x.durable, x.auto_delete, x.internal, x.arguments])
+        exchanges.append([x.name, x.type, x.durable, x.auto_delete, x.internal, x.arguments,
+                          x.publish_in, x.publish_out])
         if x.name == "":
             continue
         for b in x.bindings():
@@ -97,4 +109,5 @@ async def build_snapshot(dispatcher: Dispatcher, checkpoint: Callable[[], Awaita
         "channels": [[*key, n, unacked] for key, (n, unacked) in channels.items()],
         "alarms": {"memory": [k for k, on in enumerate(alarms.blocked) if on],
                    "disk": alarms.disk, "queued": alarms.queued_full},
+        "messages": dispatcher.answers.counts.as_dict(),
     }

@@ -398,6 +398,10 @@ class Exchange:
         # No exchange-to-exchange binding and no alternate exchange to follow (a plain
         # attribute: publish reads it every time).
         self.routes_only_to_queues = self.alternate is None
+        # Message statistics (broker.queues.message_counts): basic.publish to it, and the
+        # copies it routed to queues (RabbitMQ's exchange publish_in and publish_out).
+        self.publish_in = 0
+        self.publish_out = 0
 
     @property
     def description(self) -> str:

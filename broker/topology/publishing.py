@@ -121,35 +121,48 @@ class PublishingHost(StepHost):
             raise NotFound(f"no {self._rs('exchange', exchange_name)}")
         if exchange.internal:
             raise AccessRefused(f"cannot publish to internal {exchange.description}")
+        exchange.publish_in += 1  # message statistics: an attribute each, no more
         if message.expiration is not None:
             parse_expiration(message.expiration)
-            return self._deliver(self._router.route_published(exchange, message), message, now,
-                                 limit)
+            return self._counted(exchange, self._deliver(
+                self._router.route_published(exchange, message), message, now, limit))
         headers = message.headers
         if headers is not None and has_routing_headers(headers):
-            return self._deliver(self._router.route_published(exchange, message), message, now,
-                                 limit)
+            return self._counted(exchange, self._deliver(
+                self._router.route_published(exchange, message), message, now, limit))
         if exchange_name == "":
             # Hot path: the default exchange's bindings are exactly "each queue by its name".
             queue = self._queues.get(message.routing_key)
             if queue is None:
                 return _outcome(PublishOutcome, (0, [], (), 0, None))
+            exchange.publish_out += 1
             if queue.plain:
                 return _outcome(PublishOutcome, (1, queue.enqueue(message), (), 0, None))
             return self._deliver([queue], message, now)
         if not exchange.routes_only_to_queues or self._featured_queues:
-            return self._deliver(self._router.route(exchange, message), message, now, limit)
+            return self._counted(exchange, self._deliver(
+                self._router.route(exchange, message), message, now, limit))
         notify: list[QueueConsumer] = []
         routed = 0
         destinations = exchange.route(message.routing_key, message.headers)
         if limit is not None and len(destinations) > limit:
+            exchange.publish_out += len(destinations)  # those deleted meanwhile count too
             return self._begin_routing(list(destinations), message, now, limit)
         for destination in destinations:
             queue = self._queues.get(destination)  # type: ignore[call-overload]
             if queue is not None:
                 notify += queue.enqueue(message)
                 routed += 1
+        exchange.publish_out += routed
         return _outcome(PublishOutcome, (routed, notify, (), 0, None))
+
+    @staticmethod
+    def _counted(exchange: Exchange, outcome: PublishOutcome) -> PublishOutcome:
+        """``outcome``'s copies are the exchange's publish_out (a split publish's: all of them,
+        counted when it begins)."""
+        routing = outcome.routing
+        exchange.publish_out += outcome.routed if routing is None else len(routing.destinations)
+        return outcome
 
     def _begin_routing(self, destinations: list[Any], message: Message, now: float | None,
                        limit: int) -> PublishOutcome:

@@ -86,7 +86,9 @@ def test_rates_are_deltas_over_the_time_between_samples() -> None:
     (q,) = shapes.queue_items(new, old, node)
     assert q["messages"] == 25 and q["messages_details"] == {"rate": 3.0}
     assert q["messages_ready_details"] == {"rate": 2.0}
-    assert q["message_stats"] == {"publish": 150, "publish_details": {"rate": 10.0}}
+    stats = q["message_stats"]
+    assert stats["publish"] == 150 and stats["publish_details"] == {"rate": 10.0}
+    assert stats["deliver_get"] == 0 and stats["ack_details"] == {"rate": 0.0}
     (c,) = shapes.connection_items(new, old, node)
     assert c["recv_oct_details"] == {"rate": 1000.0} and c["peer_port"] == 5000
     assert shapes.queue_totals(new, old)["messages_details"] == {"rate": 3.0}

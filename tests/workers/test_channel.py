@@ -618,14 +618,14 @@ def test_cancel_nowait_with_pull_in_flight_gives_its_credit_back() -> None:
 
 
 def test_no_ack_consumer_ignores_prefetch_and_settles_on_delivery() -> None:
-    """no-ack deliveries are not limited by prefetch and are settled (ACK) right after delivery."""
+    """no-ack deliveries are not limited by prefetch and are settled (AUTO_ACK) right after delivery."""
     h = Harness()
     h.client(1, commands.Basic.Qos(prefetch_count=1))
     target = consumer(h, no_ack=True)
     h.notify(target)
     assert h.take() == [r.Pull(target.id, PULL_BATCH, True, target.pull_seq)]
     deliver(h, target, [21, 22], more=True)
-    assert h.take() == [r.Settle(CONN, 1, [21, 22], r.ACK), r.Pull(target.id, PULL_BATCH, True, target.pull_seq)]
+    assert h.take() == [r.Settle(CONN, 1, [21, 22], r.AUTO_ACK), r.Pull(target.id, PULL_BATCH, True, target.pull_seq)]
     assert delivery_tags(h.frames()) == [(1, 1), (1, 2)]
     assert not h.channel().unacked and target.unacked == 0
 
@@ -789,7 +789,7 @@ def test_get_no_ack_settles_and_get_ack_waits_for_ack() -> None:
     h.client(1, commands.Basic.Get(queue="q"))
     assert [rec.no_ack for rec in h.take()] == [True, False]
     h.supervisor(r.GetOk(CONN, 1, h.delivery(31), 1), r.GetOk(CONN, 1, h.delivery(32), 0))
-    assert h.take() == [r.Settle(CONN, 1, [31], r.ACK)]
+    assert h.take() == [r.Settle(CONN, 1, [31], r.AUTO_ACK)]
     assert delivery_tags(h.frames()) == [(1, 1), (1, 2)]
     h.client(1, commands.Basic.Ack(delivery_tag=2))
     assert h.take() == [r.Settle(CONN, 1, [32], r.ACK)]

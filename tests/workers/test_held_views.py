@@ -70,7 +70,7 @@ def test_a_pull_with_a_lost_body_holds_each_delivery_until_the_whole_pull_is_wri
     target = h.channel().consumers["c1"]
     lost = msgspec.structs.replace(h.delivery(2, b"x" * BIG), stored=(0, 0, 0, BIG))
     h.supervisor(r.Pulled(target.id, [h.delivery(1, b"x" * BIG), lost, h.delivery(3, b"x" * BIG)], False))
-    assert r.Settle(CONN, 1, [2], r.ACK) in h.take()
+    assert r.Settle(CONN, 1, [2], r.AUTO_ACK) in h.take()
     handler.take_parts()
     whole = handler.in_flight
     handler.sent(whole // 2 + 1)  # past the first delivery's frames

@@ -64,5 +64,5 @@ def test_a_consumer_is_not_sent_a_body_that_cannot_be_read_and_it_is_settled(tmp
     missing = r.Delivery(9, False, "", "q", 0, 0, 3, 7, stored=(0, 0, 8, 40))  # no such file
     out = ch.on_pulled(target, r.Pulled(target.id, [missing], more=False))
     assert not any(isinstance(e, Deliveries) for e in out.events)
-    assert out.requests == [r.Settle(3, 1, [9], r.ACK)]
+    assert out.requests == [r.Settle(3, 1, [9], r.AUTO_ACK)]
     assert not ch.unacked and target.unacked == 0
