@@ -25,6 +25,10 @@ import os
 from collections.abc import Mapping
 
 DEFAULT_USER = ("guest", "guest")
+# The tags of a user without stored tags: one stored before Shoal kept tags, or given to
+# `shoal serve --user` (RabbitMQ's default_user, whose default_user_tags these are). A user added
+# at runtime has the tags it is given (rabbitmqctl add_user: none).
+DEFAULT_TAGS = ("administrator",)
 _SALT = 4
 
 

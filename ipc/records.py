@@ -489,6 +489,15 @@ class CloseConnection(_Record, frozen=True, tag="closeconn"):
     reason: str
 
 
+class UsersChanged(_Record, frozen=True, tag="users"):
+    """Who may log in changed at runtime (``shoal ctl add_user`` etc.): ``users`` were added or
+    got a new stored password (name -> ``broker.passwords`` hash), ``removed`` were deleted --
+    their open connections are closed with 320 CONNECTION_FORCED."""
+
+    users: dict[str, str]
+    removed: list[str]
+
+
 class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
     """Blocks of this worker's arena were freed since its ``ArenaWait``: allocate again."""
 
@@ -516,6 +525,7 @@ Event = (
     | PageOut
     | ListConnections
     | CloseConnection
+    | UsersChanged
 )
 
 

@@ -30,7 +30,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from management import amqp_ops, listing, shapes, webui
-from management.auth import TAGS, Users
+from management.auth import Users
 from management.stats import Sampler, ask
 
 VHOST = "/"
@@ -225,7 +225,7 @@ class API:
 
     async def whoami(self, request: Request) -> Response:
         user, _ = self.auth(request)
-        return ok({"name": user, "tags": TAGS})
+        return ok({"name": user, "tags": self.ctx.users.tags_of(user)})
 
     def _node_item(self) -> dict[str, Any]:
         node = self.ctx.node
@@ -306,18 +306,66 @@ class API:
 
     def _user_item(self, name: str) -> dict[str, Any]:
         return {"name": name, "password_hash": self.ctx.users.stored[name],
-                "hashing_algorithm": "rabbit_password_hashing_sha256", "tags": TAGS, "limits": {}}
+                "hashing_algorithm": "rabbit_password_hashing_sha256",
+                "tags": self.ctx.users.tags_of(name), "limits": {}}
+
+    def auth_admin(self, request: Request) -> tuple[str, str]:
+        """As ``auth``, and the user must be tagged administrator (RabbitMQ: 403 otherwise)."""
+        who = self.auth(request)
+        if not self.ctx.users.is_admin(who[0]):
+            raise APIError(403, "not_authorised", "Not administrator user")
+        return who
 
     async def users(self, request: Request) -> Response:
-        self.auth(request)
+        self.auth_admin(request)
         return paged(request, [self._user_item(n) for n in self.ctx.users.stored if n])
 
     async def user(self, request: Request) -> Response:
-        self.auth(request)
+        self.auth_admin(request)
         name = seg(request, "user")
         if name not in self.ctx.users.stored or not name:
             raise not_found()
         return ok(self._user_item(name))
+
+    async def _users_command(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A users change through the supervisor (broker.runtime.users), applied here at once
+        too (the supervisor's line on our stdin says the same, later)."""
+        try:
+            answer = await ask(self.ctx.control_path, request)
+        except (OSError, ValueError) as exc:
+            raise APIError(503, "service_unavailable", f"the broker does not answer: {exc}") from None
+        if "error" in answer:
+            if answer.get("code") == "missing":
+                raise not_found()
+            raise bad_request(str(answer["error"]))
+        if "deleted" in answer:
+            self.ctx.users.apply({"removed": [answer["deleted"]]})
+        else:
+            self.ctx.users.apply({"users": {answer["name"]: answer["password_hash"]},
+                                  "tags": {answer["name"]: answer["tags"]}})
+        return answer
+
+    async def put_user(self, request: Request) -> Response:
+        """PUT /api/users/NAME: ``password`` or ``password_hash``, and ``tags`` (a string of
+        comma-separated tags, or a list); 201 for a new user, 204 for a changed one."""
+        self.auth_admin(request)
+        name = seg(request, "user")
+        body = await body_json(request)
+        command: dict[str, Any] = {"command": "put_user", "name": name, "tags": body.get("tags")}
+        if "password" in body:
+            command["password"] = str(body["password"])
+        elif "password_hash" in body:
+            command["password_hash"] = str(body["password_hash"])
+        if body.get("hashing_algorithm", "rabbit_password_hashing_sha256") != \
+                "rabbit_password_hashing_sha256":
+            raise bad_request(f"hashing algorithm {body['hashing_algorithm']} is not supported")
+        answer = await self._users_command(command)
+        return no_content(201 if answer.get("created") else 204)
+
+    async def delete_user(self, request: Request) -> Response:
+        self.auth_admin(request)
+        await self._users_command({"command": "delete_user", "name": seg(request, "user")})
+        return no_content()
 
     def _permissions(self) -> list[dict[str, Any]]:
         # One vhost, and every user may configure, write and read everything in it (Shoal has
@@ -809,7 +857,9 @@ class API:
             r(f"/api/vhosts/{V}/connections", self.connections),
             r(f"/api/vhosts/{V}/channels", self.channels),
             r("/api/users", self.users),
-            r("/api/users/{user}", self.user),
+            r("/api/users/{user}", self.user, methods=["GET"]),
+            r("/api/users/{user}", self.put_user, methods=["PUT"]),
+            r("/api/users/{user}", self.delete_user, methods=["DELETE"]),
             r("/api/users/{user}/permissions", self.user_permissions),
             r("/api/permissions", self.permissions),
             r(f"/api/permissions/{V}/{{user}}", self.permission),

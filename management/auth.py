@@ -1,8 +1,10 @@
 """HTTP basic authentication against the broker's users (their stored password hashes).
 
 The supervisor hands the stored hashes to the management process through a pipe at start, as
-it hands them to the workers (never argv, never the environment). Shoal has no user tags yet:
-every user who logs in counts as ``administrator`` (the Security issue adds tags). ``guest``
+it hands them to the workers (never argv, never the environment), with their tags; a change made
+at runtime arrives as a line on stdin (management.process, broker.runtime.users). As RabbitMQ's
+management plugin, only a user with one of MANAGEMENT_TAGS may log in (others: 401), and only an
+``administrator`` may list or change users (others: 403). ``guest``
 may log in from the loopback interface only (RabbitMQ's loopback_users). A failed login is
 401 with ``WWW-Authenticate: Basic realm="RabbitMQ Management"``; never 403.
 """
@@ -13,11 +15,13 @@ import base64
 import binascii
 import ipaddress
 from collections.abc import Mapping
+from typing import Any
 
-from broker.passwords import check_password
+from broker.passwords import DEFAULT_TAGS, check_password
 
 LOOPBACK_USERS = frozenset({"guest"})
-TAGS = ["administrator"]  # every user, until Shoal has tags
+TAGS = list(DEFAULT_TAGS)  # a user without stored tags
+MANAGEMENT_TAGS = frozenset({"management", "policymaker", "monitoring", "administrator"})
 
 
 def parse_basic(header: str | None) -> tuple[str, str] | None:
@@ -48,9 +52,26 @@ class Users:
     """Who may log in: name → stored password, as the workers take it (empty: nobody)."""
 
     def __init__(self, stored: Mapping[str, str],
-                 loopback_users: frozenset[str] = LOOPBACK_USERS) -> None:
+                 loopback_users: frozenset[str] = LOOPBACK_USERS,
+                 tags: Mapping[str, list[str]] | None = None) -> None:
         self.stored = dict(stored)
         self.loopback_users = loopback_users
+        self.tags: dict[str, list[str]] = dict(tags or {})
+
+    def tags_of(self, name: str) -> list[str]:
+        return list(self.tags.get(name, TAGS))
+
+    def is_admin(self, name: str) -> bool:
+        return "administrator" in self.tags_of(name)
+
+    def apply(self, change: Mapping[str, Any]) -> None:
+        """A change the supervisor made: ``{"users": {name: stored}, "removed": [name],
+        "tags": {name: [tag]}}`` (broker.runtime.users)."""
+        self.stored.update(change.get("users") or {})
+        self.tags.update(change.get("tags") or {})
+        for name in change.get("removed") or ():
+            self.stored.pop(name, None)
+            self.tags.pop(name, None)
 
     def check(self, header: str | None, client_host: str | None) -> tuple[str, str] | None:
         """(user, password) when the header's credentials log in from ``client_host``."""
@@ -63,4 +84,6 @@ class Users:
             return None
         if user in self.loopback_users and not is_loopback(client_host):
             return None
+        if not MANAGEMENT_TAGS.intersection(self.tags_of(user)):
+            return None  # RabbitMQ: 401 "Not management user"
         return user, password

@@ -48,11 +48,38 @@ class ManagementConfig:
     log_level: str = "info"
 
 
-def read_users(fd: int) -> dict[str, str]:
+def read_users(fd: int) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The users pipe: ``[users, tags]`` (an older supervisor wrote ``users`` alone)."""
     with os.fdopen(fd, "rb") as f:
         data = f.read()
-    users: dict[str, str] = json.loads(data) if data else {}
-    return users
+    loaded = json.loads(data) if data else {}
+    if isinstance(loaded, list):
+        return dict(loaded[0]), dict(loaded[1])
+    return dict(loaded), {}
+
+
+async def watch_user_changes(users: Users, fd: int = 0) -> None:
+    """Users changed at runtime: one JSON line each on stdin (broker.runtime.users); EOF ends it."""
+    stream = trio.lowlevel.FdStream(os.dup(fd))
+    buffer = b""
+    async with stream:
+        while True:
+            try:
+                chunk = await stream.receive_some(65536)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                return
+            if not chunk:
+                return
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                try:
+                    change = json.loads(line)
+                except ValueError:
+                    log.warning("ignored a users change that is not JSON")
+                    continue
+                if isinstance(change, dict):
+                    users.apply(change)
 
 
 async def watch_alive(fd: int, cancel: trio.CancelScope) -> None:
@@ -65,7 +92,8 @@ async def watch_alive(fd: int, cancel: trio.CancelScope) -> None:
             return
 
 
-async def serve(config: ManagementConfig, users: dict[str, str]) -> None:
+async def serve(config: ManagementConfig, users: dict[str, str],
+                tags: dict[str, list[str]] | None = None) -> None:
     from hypercorn.config import Config as HyperConfig
     from hypercorn.trio import serve as hyper_serve
 
@@ -74,8 +102,8 @@ async def serve(config: ManagementConfig, users: dict[str, str]) -> None:
                 config.heartbeat, config.frame_max, config.channel_max)
     amqp_host = "127.0.0.1" if config.amqp_host in ("0.0.0.0", "") else (
         "::1" if config.amqp_host == "::" else config.amqp_host)
-    ctx = Context(sampler, node, Users(users), config.control_path, amqp_host, config.amqp_port,
-                  config.data_dir)
+    ctx = Context(sampler, node, Users(users, tags=tags), config.control_path, amqp_host,
+                  config.amqp_port, config.data_dir)
     hyper = HyperConfig()
     hyper.bind = [f"fd://{config.listen_fd}"]
     hyper.accesslog = None
@@ -84,6 +112,8 @@ async def serve(config: ManagementConfig, users: dict[str, str]) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_alive, config.alive_fd, nursery.cancel_scope)
         nursery.start_soon(sampler.run)
+        if not os.isatty(0):
+            nursery.start_soon(watch_user_changes, ctx.users)
         await hyper_serve(make_app(ctx), hyper, shutdown_trigger=trio.sleep_forever)  # type: ignore[arg-type]
         nursery.cancel_scope.cancel()
 
@@ -96,10 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
     )
-    users = read_users(config.users_fd)
+    users, tags = read_users(config.users_fd)
     log.info("management API on port %d", config.http_port)
     try:
-        trio.run(serve, config, users)
+        trio.run(serve, config, users, tags)
     except KeyboardInterrupt:
         pass
     return 0

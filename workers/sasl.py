@@ -38,7 +38,9 @@ class Authenticator:
     def __init__(
         self, users: Mapping[str, str], *, peer_is_loopback: bool, loopback_users: frozenset[str]
     ) -> None:
-        self._users = dict(users)
+        # The worker's table itself, not a copy: a user added, changed or deleted at runtime
+        # (Worker.users_changed) counts for a connection that logs in after the change.
+        self._users = users
         self._peer_is_loopback = peer_is_loopback
         self._loopback_users = loopback_users
 

@@ -421,11 +421,30 @@ class Worker:
                 if (handler := self.handlers.get(conn)) is not None:
                     handler.proto.close(320, f"CONNECTION_FORCED - {reason}")
                     handler.wake_writer()
+            case r.UsersChanged(users=users, removed=removed):
+                self.users_changed(users, removed)
             case r.Returned():
                 self._handler_event(event)
                 self.region.arena.free(event.offset)  # our own block, always
             case _:
                 self._handler_event(event)
+
+    def users_changed(self, users: dict[str, str], removed: list[str]) -> None:
+        """The supervisor changed who may log in: the table every connection's login checks
+        (``config.users``, which workers.sasl reads at each start-ok) changes in place, and the
+        connections of a deleted user are closed with RabbitMQ's 320 text."""
+        table = self.config.users
+        table.update(users)
+        for name in removed:
+            table.pop(name, None)
+        if not removed:
+            return
+        gone = set(removed)
+        for handler in self.handlers.values():
+            user = handler.proto.user
+            if user in gone and not handler.finished:
+                handler.proto.close(320, f"CONNECTION_FORCED - user '{user}' is deleted")
+                handler.wake_writer()
 
     @property
     def alarmed(self) -> bool:

@@ -18,6 +18,21 @@ Connections live in the workers, so listing them is a round trip on the rings: t
 supervisor sends ``ListConnections(request)`` to every worker that is up and waits (at
 most ANSWER_TIMEOUT) for each ``ConnectionsListed(request, rows)``; a worker that dies
 meanwhile is not waited for. The later management API is meant to grow from here.
+
+``shoal ctl`` (cli.ctl) and the management API's user endpoints send the rest:
+
+* users (broker.runtime.users): ``list_users`` -> ``{"users": [{name, tags, password_hash,
+  hashing_algorithm}]}``; ``add_user`` / ``put_user`` ``{name, password | password_hash,
+  tags}``, ``change_password {name, password}``, ``set_user_tags {name, tags}``,
+  ``delete_user {name}`` -> the user, or ``{"error", "code": missing | exists | invalid}``;
+* ``purge_queue {name}`` -> ``{"purged": n}``; ``delete_queue {name, if_unused, if_empty}`` ->
+  ``{"deleted": n}`` (a missing queue: ``{"error", "code": "missing"}``), as queue.purge and
+  queue.delete of the queue's own connection would (an exclusive queue too);
+* ``close_all_connections {reason, limit}`` -> ``{"closed": n}``;
+* ``import_definitions {definitions}``: RabbitMQ's export JSON, vhost ``/`` only: users
+  (with their password_hash and tags), exchanges, queues, bindings, declared in the
+  supervisor as a client's declares would be -> ``{"imported": {...}, "skipped": [...]}``;
+* ``status`` -> the supervisor's pid, listener, uptime, workers and object counts.
 """
 
 from __future__ import annotations
@@ -29,14 +44,17 @@ import logging
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import trio
 
+from broker.errors import AMQPError
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.snapshot import build_snapshot
+from broker.runtime.users import RuntimeUsers, UserError, parse_tags
 from ipc import records as r
 
 log = logging.getLogger("shoal.control")
@@ -77,8 +95,10 @@ class ControlServer:
     """Answers control requests; ``ready_workers`` names the workers that are up."""
 
     def __init__(self, dispatcher: Dispatcher, ready_workers: Callable[[], list[int]],
-                 flush: Callable[[], None], address: str) -> None:
+                 flush: Callable[[], None], address: str, users: RuntimeUsers | None = None) -> None:
         self._dispatcher = dispatcher
+        self._users = users
+        self._started = time.time()
         self._ready_workers = ready_workers
         self._flush = flush
         self._address = address  # the AMQP listener, for each connection's name
@@ -147,7 +167,155 @@ class ControlServer:
         if command == "close_connection":
             return await self.close_connection(str(request.get("name", "")),
                                                str(request.get("reason") or "Closed via management plugin"))
+        if command == "close_all_connections":
+            return await self.close_all_connections(str(request.get("reason") or "Closed via shoal ctl"),
+                                                    int(request.get("limit") or 0))
+        if command in _USER_COMMANDS:
+            return await self.user_command(command, request)
+        if command in ("purge_queue", "delete_queue"):
+            return self.queue_command(command, request)
+        if command == "import_definitions":
+            return await self.import_definitions(request.get("definitions"))
+        if command == "status":
+            return self.status()
         return {"error": f"unknown command {command!r}"}
+
+    def status(self) -> dict[str, Any]:
+        vhost = self._dispatcher.vhost
+        return {"pid": os.getpid(), "listener": self._address, "started": self._started,
+                "uptime": time.time() - self._started, "workers": self._ready_workers(),
+                "worker_pids": self._dispatcher.worker_pids, "vhost": vhost.name,
+                "queues": len(vhost.queues), "exchanges": len(vhost.exchanges),
+                "users": len(self._users.table) if self._users is not None else None,
+                "queued_messages": self._dispatcher.queued_messages()}
+
+    async def user_command(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
+        users = self._users
+        if users is None:
+            return {"error": "this broker keeps no users at runtime", "code": "invalid"}
+        if command == "list_users":
+            return {"users": users.listing()}
+        name = str(request.get("name") or "")
+        password = request.get("password")
+        password = None if password is None else str(password)
+        stored = request.get("password_hash")
+        stored = None if stored is None else str(stored)
+        tags = parse_tags(request["tags"]) if request.get("tags") is not None else None
+        try:
+            if command == "add_user":
+                return await users.add(name, password, stored, tags)
+            if command == "put_user":
+                return await users.put(name, password, stored, tags)
+            if command == "change_password":
+                return await users.change_password(name, password or "")
+            if command == "set_user_tags":
+                return await users.set_tags(name, tags or [])
+            return await users.delete(name)
+        except UserError as exc:
+            return {"error": str(exc), "code": exc.code}
+
+    def queue_command(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
+        """purge_queue / delete_queue as the queue's own connection would (its owner's, for an
+        exclusive one), in a batch of the dispatcher's own."""
+        d = self._dispatcher
+        name = str(request.get("name") or "")
+        queue = d.vhost.queues.get(name)
+        if queue is None or queue.deleted:
+            return {"error": f"no queue '{name}' in vhost '{d.vhost.name}'", "code": "missing"}
+        d.begin_batch(time.monotonic())
+        try:
+            owner = queue.exclusive_owner
+            if command == "purge_queue":
+                return {"purged": d.vhost.purge_queue(name, owner=owner)}
+            count, consumers = d.vhost.delete_queue(
+                name, owner=owner, if_unused=bool(request.get("if_unused")),
+                if_empty=bool(request.get("if_empty")))
+            d._teardown.cancel_all(consumers)
+            return {"deleted": count}
+        except AMQPError as exc:
+            return {"error": exc.reply_text, "code": "refused"}
+        finally:
+            d.end_batch()
+            self._flush()
+
+    async def close_all_connections(self, reason: str, limit: int) -> dict[str, Any]:
+        rows = await self.list_connections()
+        if limit > 0:
+            rows = rows[:limit]
+        for row in rows:
+            self._dispatcher.outbox[row["worker"]].append(r.CloseConnection(row["conn"], reason))
+        self._flush()
+        return {"closed": len(rows)}
+
+    async def import_definitions(self, body: Any) -> dict[str, Any]:
+        """RabbitMQ's definitions JSON (vhost ``/``): users, then exchanges, queues, bindings;
+        what the broker refuses is skipped and named."""
+        if not isinstance(body, dict):
+            return {"error": "expected the definitions as one JSON object", "code": "invalid"}
+        skipped: list[str] = []
+        counts = {"users": 0, "exchanges": 0, "queues": 0, "bindings": 0}
+        for u in body.get("users") or []:
+            if self._users is None or not isinstance(u, dict):
+                break
+            algorithm = u.get("hashing_algorithm", "rabbit_password_hashing_sha256")
+            if algorithm != "rabbit_password_hashing_sha256":
+                skipped.append(f"user '{u.get('name')}': hashing algorithm {algorithm} is not "
+                               "supported by this Shoal yet")
+                continue
+            try:
+                await self._users.put(str(u.get("name") or ""), None,
+                                      str(u.get("password_hash") or ""), parse_tags(u.get("tags")))
+                counts["users"] += 1
+            except UserError as exc:
+                skipped.append(f"user '{u.get('name')}': {exc}")
+        d = self._dispatcher
+        vhost = d.vhost
+
+        def ours(item: Any) -> bool:
+            return isinstance(item, dict) and item.get("vhost", vhost.name) == vhost.name
+
+        def attempt(kind: str, what: str, declare: Callable[..., object], *args: Any,
+                    **kwargs: Any) -> None:
+            try:
+                declare(*args, **kwargs)
+                counts[kind] += 1
+            except AMQPError as exc:
+                skipped.append(f"{what}: {exc.reply_text}")
+            except (TypeError, ValueError, KeyError) as exc:
+                skipped.append(f"{what}: {exc}")
+
+        d.begin_batch(time.monotonic())
+        try:
+            for x in body.get("exchanges") or []:
+                if ours(x) and x.get("name") and not str(x["name"]).startswith("amq."):
+                    attempt("exchanges", f"exchange '{x['name']}'", vhost.declare_exchange,
+                            str(x["name"]), str(x.get("type", "direct")),
+                            durable=bool(x.get("durable", True)),
+                            auto_delete=bool(x.get("auto_delete", False)),
+                            internal=bool(x.get("internal", False)),
+                            arguments=dict(x.get("arguments") or {}))
+            for q in body.get("queues") or []:
+                if ours(q) and q.get("name"):
+                    args = dict(q.get("arguments") or {})
+                    if args.get("x-queue-type") == "classic":
+                        args.pop("x-queue-type")
+                    attempt("queues", f"queue '{q['name']}'", vhost.declare_queue, str(q["name"]),
+                            owner=None, durable=bool(q.get("durable", True)),
+                            auto_delete=bool(q.get("auto_delete", False)), arguments=args)
+            for b in body.get("bindings") or []:
+                if not (ours(b) and b.get("source")):
+                    continue
+                src, dst = str(b["source"]), str(b.get("destination", ""))
+                key, args = str(b.get("routing_key", "")), dict(b.get("arguments") or {})
+                what = f"binding of '{src}' to '{dst}' ({key!r})"
+                if b.get("destination_type", "queue") == "exchange":
+                    attempt("bindings", what, vhost.bind_exchange, dst, src, key, args)
+                else:
+                    attempt("bindings", what, vhost.bind_queue, dst, src, key, args, owner=None)
+        finally:
+            d.end_batch()
+            self._flush()
+        return {"imported": counts, "skipped": skipped}
 
     async def close_connection(self, name: str, reason: str) -> dict[str, Any]:
         """The connection named ``name`` gets 320 CONNECTION_FORCED from its worker."""
@@ -173,3 +341,7 @@ class ControlServer:
             row["name"] = f"{info.peer} -> {self._address}"
             rows.append(row)
         return rows
+
+
+_USER_COMMANDS = frozenset({"list_users", "add_user", "put_user", "change_password", "set_user_tags",
+                            "delete_user"})

@@ -7,6 +7,11 @@ descriptors, the rest is a JSON argument without secrets. A management process t
 started again (after RESTART_BACKOFF when it dies within it: it must not spin); SIGTERM at
 shutdown ends it with the workers. Nothing here imports ``management/``: the supervisor knows
 it by its module name only.
+
+Users changed at runtime (broker.runtime.users) reach the running process as JSON lines on its
+stdin, a pipe of ours: ``{"users": {name: stored password}, "removed": [name], "tags": {name:
+[tag]}}``. A process started later gets the whole table through its users pipe, as
+``[users, tags]``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextlib
 import logging
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -76,12 +82,22 @@ class ManagementChild:
             if trio.current_time() - started < RESTART_BACKOFF:
                 await trio.sleep(RESTART_BACKOFF)
 
+    async def tell_users(self, change: dict[str, Any]) -> None:
+        """A users change, to the running management process (none running: its next start
+        reads the whole table)."""
+        process = self.process
+        if process is None or process.returncode is not None or process.stdin is None:
+            return
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await process.stdin.send_all(msgspec.json.encode(change) + b"\n")
+
     async def _spawn(self, settings: dict[str, Any]) -> trio.Process:
         users = settings.pop("users")
+        tags = settings.pop("user_tags", {})
         alive_fd = settings["alive_fd"]
         users_r, users_w = os.pipe()
         try:
-            payload = msgspec.json.encode(users)  # stored passwords, never the passwords
+            payload = msgspec.json.encode([users, tags])  # stored passwords, never the passwords
             if len(payload) > USERS_PIPE_MAX:
                 raise ValueError(f"{len(users)} users: {len(payload)} bytes, over {USERS_PIPE_MAX}")
             os.write(users_w, payload)
@@ -92,7 +108,8 @@ class ManagementChild:
             argv = [sys.executable, "-m", MODULE, msgspec.json.encode(config).decode()]
             env = {k: v for k, v in os.environ.items() if k != "SHOAL_USERS"}
             return await trio.lowlevel.open_process(
-                argv, pass_fds=(self.sock.fileno(), users_r, alive_fd), env=env)
+                argv, pass_fds=(self.sock.fileno(), users_r, alive_fd), env=env,
+                stdin=subprocess.PIPE)
         finally:
             os.close(users_r)
             if users_w >= 0:

@@ -42,6 +42,7 @@ from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.durability import Durability
 from broker.runtime.management_child import ManagementChild
 from broker.runtime.serve_config import ServeConfig
+from broker.runtime.users import RuntimeUsers
 from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
@@ -150,9 +151,13 @@ class Supervisor:
             self.samples = ProcSampleWriter(c.trace, "supervisor")
         self.port = self._listener.getsockname()[1]
         self.control_path = c.control_socket or default_control_path(self.port)
+        store = self.durability.definitions if self.durability is not None else None
+        self.user_admin = RuntimeUsers(  # changes self.users (and the tags) in place
+            self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
+            self.flush, self.management.tell_users if self.management is not None else None)
         self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
-            f"{c.host}:{self.port}")
+            f"{c.host}:{self.port}", users=self.user_admin)
         self._control_sock = self._control.bind(self.control_path)
 
     def _bind(self) -> socket.socket:
@@ -492,7 +497,8 @@ class Supervisor:
         return {"control_path": self.control_path, "amqp_host": c.host, "amqp_port": self.port,
                 "heartbeat": c.heartbeat, "frame_max": c.frame_max, "channel_max": c.channel_max,
                 "data_dir": str(self.durability.path) if self.durability is not None else "",
-                "log_level": c.log_level, "alive_fd": self._alive_r, "users": self.users}
+                "log_level": c.log_level, "alive_fd": self._alive_r, "users": self.users,
+                "user_tags": self.user_admin.tags}
 
     def _write_ready_file(self) -> None:
         path = self.config.ready_file

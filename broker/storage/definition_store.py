@@ -52,7 +52,10 @@ from broker.topology.vhost import VirtualHost
 
 log = logging.getLogger("shoal.definitions")
 
-SCHEMA_VERSION = 2  # 2: meta (node id, generation, digest); 1 is adopted (meta added)
+# 2: meta (node id, generation, digest); 1 is adopted (meta added). 3: user_tags; a 2 is
+# upgraded in place (the table added, empty: a user without a row has broker.passwords'
+# DEFAULT_TAGS).
+SCHEMA_VERSION = 3
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS exchanges (
@@ -77,6 +80,7 @@ CREATE TABLE IF NOT EXISTS bindings (
     UNIQUE (vhost, source, destination, to_exchange, routing_key, arguments)
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value NOT NULL);
+CREATE TABLE IF NOT EXISTS user_tags (name TEXT PRIMARY KEY, tags TEXT NOT NULL);
 """
 
 # The columns each row's hash covers (seq is left out: it orders, and is not a definition).
@@ -85,6 +89,7 @@ _HASHED = {
     "queues": ("vhost", "name", "auto_delete", "arguments"),
     "bindings": ("vhost", "source", "destination", "to_exchange", "routing_key", "arguments"),
     "users": ("name", "password_hash"),
+    "user_tags": ("name", "tags"),
     "meta": ("key", "value"),
 }
 _DIGEST = "digest"  # the meta row holding the digest, the one row it does not cover
@@ -179,7 +184,10 @@ def _check_version(db: sqlite3.Connection, path: Path) -> int:
 
 def _digest(db: sqlite3.Connection) -> int:
     acc = 0
+    present = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     for table, columns in _HASHED.items():
+        if table not in present:  # an older schema's (user_tags before 3): no rows
+            continue
         where = f" WHERE key != '{_DIGEST}'" if table == "meta" else ""
         for row in db.execute(f"SELECT {', '.join(columns)} FROM {table}{where}"):
             acc = _mix(acc, table, *row)
@@ -403,9 +411,29 @@ class DefinitionStore:
                                  users.items())
 
     def delete_user(self, name: str) -> bool:
-        """Remove a user; False when there is none of that name."""
+        """Remove a user (and its tags); False when there is none of that name."""
         with self._transaction():
+            self._db.execute("DELETE FROM user_tags WHERE name=?", (name,))
             return self._db.execute("DELETE FROM users WHERE name=?", (name,)).rowcount > 0
+
+    def user_tags(self) -> dict[str, list[str]]:
+        """Name -> tags of the users that have a user_tags row (the others have DEFAULT_TAGS)."""
+        try:
+            return {name: [t for t in tags.split(",") if t] for name, tags in
+                    self._db.execute("SELECT name, tags FROM user_tags ORDER BY name")}
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            raise DefinitionStoreError(f"{self.path}: {exc}") from exc
+
+    def put_user(self, name: str, password_hash: str | None, tags: list[str] | None) -> None:
+        """Add or change one user in one transaction: its stored password (None: unchanged, the
+        user must exist) and its tags (None: unchanged); on disk when this returns."""
+        with self._transaction():
+            if password_hash is not None:
+                self._db.execute("INSERT OR REPLACE INTO users (name, password_hash) VALUES (?, ?)",
+                                 (name, password_hash))
+            if tags is not None:
+                self._db.execute("INSERT OR REPLACE INTO user_tags (name, tags) VALUES (?, ?)",
+                                 (name, ",".join(tags)))
 
     @contextmanager
     def _transaction(self, count: bool = True) -> Iterator[None]:
