@@ -217,6 +217,11 @@ def main() -> None:
               "of its own (0 turns it off).")
 @click.option("--management-host", default=None, show_default="--host",
               help="Address the management HTTP API binds to.")
+@click.option("--prometheus-port", default=15692, show_default=True, type=click.IntRange(0, 65535),
+              help="Port of the Prometheus metrics (/metrics, /metrics/per-object: "
+              "rabbitmq_prometheus's names), served by the management process (0 turns it off).")
+@click.option("--prometheus-host", default=None, show_default="--host",
+              help="Address the Prometheus metrics bind to.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="Write JSON {port, supervisor_pid, worker_pids, instance, control} here once every "
                    "worker accepts connections (rewritten when a worker is replaced).")
@@ -244,6 +249,8 @@ def serve(**options: object) -> None:
     # it and says so; asked for with --management-port, a port in use fails the start.
     options["management_required"] = (
         ctx.get_parameter_source("management_port") is not ParameterSource.DEFAULT)
+    options["prometheus_required"] = (
+        ctx.get_parameter_source("prometheus_port") is not ParameterSource.DEFAULT)
     config = ServeConfig(**options)  # type: ignore[arg-type]
     raise SystemExit(run(config))
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from management import prometheus
 from management.app import Context, make_app, node_name
 from management.auth import Users
 from management.shapes import Node
@@ -46,6 +47,7 @@ class ManagementConfig:
     channel_max: int = 2047
     data_dir: str = ""
     log_level: str = "info"
+    prometheus_fd: int = -1  # the Prometheus listener (--prometheus-port), -1: none
 
 
 def read_users(fd: int) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -112,6 +114,9 @@ async def serve(config: ManagementConfig, users: dict[str, str],
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch_alive, config.alive_fd, nursery.cancel_scope)
         nursery.start_soon(sampler.run)
+        if config.prometheus_fd >= 0:
+            nursery.start_soon(prometheus.serve, config.prometheus_fd, sampler, prometheus.Node(
+                node.name, node.name, config.version, config.data_dir))
         if not os.isatty(0):
             nursery.start_soon(watch_user_changes, ctx.users)
         await hyper_serve(make_app(ctx), hyper, shutdown_trigger=trio.sleep_forever)  # type: ignore[arg-type]

@@ -43,6 +43,20 @@ def shoal_version() -> str:
         return "0.0.0"
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); OSError when it cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class ManagementChild:
     """The management process of one broker: its listener and its current process."""
 
@@ -59,9 +73,26 @@ class ManagementChild:
         self.sock = sock
         self.port: int = sock.getsockname()[1]
         self.process: trio.Process | None = None
+        self.prometheus: socket.socket | None = None  # --prometheus-port, served by the process too
+        self.prometheus_port = 0
+
+    def listen_prometheus(self, host: str, port: int, required: bool) -> None:
+        """Bind the Prometheus listener (``/metrics``) the management process serves too: a port
+        in use fails the start when it was asked for (``required``), else it is left out."""
+        try:
+            self.prometheus = listen(host, port)
+        except OSError as exc:
+            if required:
+                raise
+            log.warning("Prometheus metrics not served: port %d: %s (--prometheus-port chooses "
+                        "another)", port, exc.strerror or exc)
+            return
+        self.prometheus_port = self.prometheus.getsockname()[1]
 
     def close(self) -> None:
         self.sock.close()
+        if self.prometheus is not None:
+            self.prometheus.close()
 
     async def supervise(self, settings: Callable[[], dict[str, Any]],
                         stopping: Callable[[], bool]) -> None:
@@ -105,10 +136,14 @@ class ManagementChild:
             users_w = -1
             config = dict(settings, listen_fd=self.sock.fileno(), users_fd=users_r,
                           http_port=self.port, version=shoal_version())
+            fds = [self.sock.fileno(), users_r, alive_fd]
+            if self.prometheus is not None:
+                config["prometheus_fd"] = self.prometheus.fileno()
+                fds.append(self.prometheus.fileno())
             argv = [sys.executable, "-m", MODULE, msgspec.json.encode(config).decode()]
             env = {k: v for k, v in os.environ.items() if k != "SHOAL_USERS"}
             return await trio.lowlevel.open_process(
-                argv, pass_fds=(self.sock.fileno(), users_r, alive_fd), env=env,
+                argv, pass_fds=fds, env=env,
                 stdin=subprocess.PIPE)
         finally:
             os.close(users_r)

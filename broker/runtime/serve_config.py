@@ -58,6 +58,12 @@ class ServeConfig:
     management_port: int = 0
     management_host: str | None = None
     management_required: bool = True  # False: a management port in use is a warning, not a failure
+    # Prometheus metrics (rabbitmq_prometheus's /metrics), served by the management process on
+    # a listener of their own: port (0: none; none either without the management process) and
+    # address (None: --host's).
+    prometheus_port: int = 0
+    prometheus_host: str | None = None
+    prometheus_required: bool = True  # False: a Prometheus port in use is a warning
     # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
     users: dict[str, str] = field(default_factory=dict)
     # RabbitMQ's loopback_users: these may log in only from a loopback address.

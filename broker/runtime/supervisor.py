@@ -117,6 +117,10 @@ class Supervisor:
                     raise
                 log.warning("management API not started: port %d: %s (--management-port "
                             "chooses another)", self.config.management_port, exc.strerror or exc)
+        if self.management is not None and self.config.prometheus_port:
+            self.management.listen_prometheus(self.config.prometheus_host or self.config.host,
+                                              self.config.prometheus_port,
+                                              self.config.prometheus_required)
         if self.config.data_dir:
             self.durability = Durability(self.config.data_dir, self.dispatcher)
             self.durability.recover_definitions()
