@@ -1,4 +1,5 @@
-"""``shoal list-connections``: ask a running broker over its control socket."""
+"""``shoal list-connections`` (deprecated: ``shoal ctl list_connections``, cli.ctl) and the
+control socket's client, ``ask``."""
 
 from __future__ import annotations
 
@@ -44,9 +45,11 @@ def format_table(rows: list[dict[str, Any]], columns: tuple[str, ...] = COLUMNS)
                    "file of `shoal serve --ready-file` names it).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def list_connections(port: int, control_path: str | None, as_json: bool) -> None:
-    """Client connections with their state, as `rabbitmqctl list_connections`: running,
+    """Deprecated: `shoal ctl list_connections`. Client connections with their state: running,
     flow (the broker stopped reading it: credit flow or unsent output), blocking / blocked
     (memory alarm), closing."""
+    click.echo("shoal list-connections is deprecated: use `shoal ctl list_connections` "
+               "(rabbitmqctl's columns and options)", err=True)
     path = control_path or default_control_path(port)
     try:
         answer = ask(path, {"command": "list_connections"})

@@ -14,6 +14,7 @@ from broker.storage.data_dir import default_data_dir
 from cli.config_file import ConfigFileError, Setting, parse_size
 from cli.config_file import read as read_config_file
 from cli.control import list_connections
+from cli.ctl import ctl
 from cli.report import report
 from cli.users import delete_user, list_users
 
@@ -257,6 +258,7 @@ def serve(**options: object) -> None:
 
 main.add_command(report)
 main.add_command(list_connections)
+main.add_command(ctl)
 main.add_command(list_users)
 main.add_command(delete_user)
 
