@@ -225,7 +225,8 @@ def main() -> None:
               help="Address the Prometheus metrics bind to.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="Write JSON {port, supervisor_pid, worker_pids, instance, control} here once every "
-                   "worker accepts connections (rewritten when a worker is replaced).")
+                   "worker accepts connections (rewritten when a worker is replaced); with "
+                   "management_port, the management API's.")
 def serve(**options: object) -> None:
     """Start the supervisor and its IO workers, and serve AMQP 0-9-1 until SIGTERM/SIGINT."""
     ctx = click.get_current_context()
