@@ -421,6 +421,17 @@ class Queue:
             lease.last_used = self._time(now)
             self._reschedule()
 
+    def change_settings(self, settings: QueueSettings) -> None:
+        """A policy changed the queue's effective arguments (broker.topology.policies): an
+        ``x-expires`` lease that changed starts again (RabbitMQ init_exp). The caller switches a
+        plain queue to featured storage first when the new settings need it."""
+        self.settings = settings
+        if settings.expires is None:
+            self.lease = None
+        elif self.lease is None or self.lease.end() - self.lease.last_used != settings.expires / 1000.0:
+            self.lease = ExpiresWhenUnused(settings.expires, self._host.now)
+        self._reschedule()
+
     def unused_expired(self, now: float) -> bool:
         """Whether an x-expires queue has no consumers and was unused for its whole lease."""
         lease = self.lease

@@ -32,11 +32,16 @@ from itertools import islice
 from types import MappingProxyType
 from typing import Any
 
-from broker.errors import AccessRefused, NotFound, PreconditionFailed
+from broker.errors import AccessRefused, AMQPError, NotFound, PreconditionFailed
 from broker.messages.field_tables import args_inequivalence, field_inequivalence
 from broker.messages.message import Message
 from broker.messages.message_journal import MessageJournal
-from broker.queues.arguments import QUEUE_ARG_DEFAULTS, QUEUE_ARG_KEYS, check_resource_arg
+from broker.queues.arguments import (
+    QUEUE_ARG_DEFAULTS,
+    QUEUE_ARG_KEYS,
+    check_resource_arg,
+    parse_queue_arguments,
+)
 from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.featured.queue_kinds import make_queue, upgrade
 from broker.queues.queue import Queue
@@ -45,6 +50,13 @@ from broker.topology.bindings import DEFAULT_EXCHANGE_REFUSED, BindingHost
 from broker.topology.definitions import TopologyJournal
 from broker.topology.exchange import Exchange, ExchangeDestination, check_exchange_type
 from broker.topology.exclusive_queues import ExclusiveQueues
+from broker.topology.policies import (
+    Policy,
+    PolicyTable,
+    effective_alternate,
+    effective_queue_arguments,
+    merged_definition,
+)
 from broker.topology.publishing import NO_ROUTE, PublishingHost, PublishOutcome, Routing
 from broker.topology.routing import DeadLetterRouter, Router
 
@@ -109,6 +121,10 @@ class VirtualHost(BindingHost, PublishingHost):
         self.journal: TopologyJournal | None = None
         # Index records of persistent messages on durable queues (shoal serve --data-dir).
         self.messages: MessageJournal | None = None
+        # Policies (broker.topology.policies), and which apply to each queue and exchange:
+        # (kind, name) -> (policy, operator policy), for those some policy applies to.
+        self.policies = PolicyTable()
+        self.applied: dict[tuple[str, str], tuple[Policy | None, Policy | None]] = {}
 
     @property
     def exchanges(self) -> Mapping[str, Exchange]:
@@ -161,6 +177,8 @@ class VirtualHost(BindingHost, PublishingHost):
                 arguments=arguments, vhost=self.name,
             )
             self._exchanges[name] = exchange
+            if self.policies:
+                self._apply_exchange_policy(exchange)
             if self.journal is not None:
                 self.journal.exchange_created(name, type, durable=durable, auto_delete=auto_delete,
                                               internal=internal, arguments=exchange.arguments)
@@ -193,6 +211,7 @@ class VirtualHost(BindingHost, PublishingHost):
 
     def _remove_exchange(self, exchange: Exchange) -> None:
         del self._exchanges[exchange.name]
+        self.applied.pop(("exchange", exchange.name), None)
         if self.journal is not None:
             self.journal.removed("exchange", exchange.name, durable=exchange.durable)
         # Its own bindings go a slice per step (it may be bound tens of thousands of times):
@@ -271,10 +290,19 @@ class VirtualHost(BindingHost, PublishingHost):
     ) -> Queue:
         if self._unbinding:
             self._finish_unbinding(name)
+        settings = None
+        if self.policies:
+            where = self._rs("queue", name)
+            parse_queue_arguments(arguments, where)  # its own arguments first: 406 as before
+            found = self.policies.resolve("queue", name)
+            definition = merged_definition(*found)
+            if definition is not None:
+                self.applied[("queue", name)] = found
+                settings = parse_queue_arguments(effective_queue_arguments(arguments, definition), where)
         queue = make_queue(
             name, durable=durable, exclusive_owner=owner if exclusive else None,
-            auto_delete=auto_delete, arguments=arguments, on_drop=self._on_drop, vhost=self.name,
-            host=self,
+            auto_delete=auto_delete, arguments=arguments, settings=settings, on_drop=self._on_drop,
+            vhost=self.name, host=self,
         )
         self._queues[name] = queue
         self._declared += 1
@@ -346,6 +374,7 @@ class VirtualHost(BindingHost, PublishingHost):
         # Routes through the bindings still going find no queue by its name from now on.
         self._unbind_destination(queue.name, self._bindings.pop_sources(queue.name, to_exchange=False))
         del self._queues[queue.name]
+        self.applied.pop(("queue", queue.name), None)
         if self.journal is not None:
             self.journal.removed("queue", queue.name, durable=queue.durable)
         if queue.exclusive_owner is not None:
@@ -406,3 +435,53 @@ class VirtualHost(BindingHost, PublishingHost):
             self._delete_queue(target)
             return []
         return notify
+
+    # -------------------------------------------------------------------- policies
+
+    def apply_policies(self) -> None:
+        """The policies changed: every queue and exchange gets the one that applies to it now
+        (RabbitMQ update_matched_objects), those whose policy changed their effective arguments."""
+        for queue in list(self._queues.values()):
+            if not queue.deleted:
+                self._apply_queue_policy(queue)
+        for exchange in list(self._exchanges.values()):
+            if exchange.name:
+                self._apply_exchange_policy(exchange)
+
+    def _apply_queue_policy(self, queue: Queue) -> None:
+        key = ("queue", queue.name)
+        found = self.policies.resolve("queue", queue.name)
+        if found == self.applied.get(key, (None, None)):
+            return
+        if found == (None, None):
+            self.applied.pop(key, None)
+        else:
+            self.applied[key] = found
+        effective = effective_queue_arguments(queue.arguments, merged_definition(*found))
+        try:
+            settings = parse_queue_arguments(effective, queue.description)
+        except AMQPError:  # a policy's value a queue argument would refuse: keep the queue's own
+            settings = parse_queue_arguments(queue.arguments, queue.description)
+        if settings == queue.settings:
+            return
+        queue.settings = settings
+        if queue.plain and settings.needs_featured_storage:
+            upgrade(queue)
+            self._featured_queues += 1
+        queue.change_settings(settings)
+
+    def _apply_exchange_policy(self, exchange: Exchange) -> None:
+        key = ("exchange", exchange.name)
+        found = self.policies.resolve("exchange", exchange.name)
+        if found == (None, None):
+            self.applied.pop(key, None)
+        else:
+            self.applied[key] = found
+        exchange.alternate = effective_alternate(exchange.arguments, merged_definition(*found))
+        exchange.routes_only_to_queues = not exchange.exchange_bindings and exchange.alternate is None
+
+    def policy_of(self, kind: str, name: str) -> tuple[str | None, dict[str, Any] | None]:
+        """The name of the policy applying to ``kind`` ``name`` and the effective definition
+        (management's ``policy`` and ``effective_policy_definition``)."""
+        policy, operator = self.applied.get((kind, name), (None, None))
+        return (policy.name if policy is not None else None, merged_definition(policy, operator))

@@ -120,6 +120,22 @@ class FeaturedQueue(Queue):
             self._bytes += entry.message.body_size
             self._insert(entry)
 
+    def change_settings(self, settings: QueueSettings) -> None:
+        """Queue.change_settings, and the storage's share: the new length limit applies at once
+        (drop-head dead-letters the excess from the head, RabbitMQ init_max_length), the new
+        x-message-ttl to messages enqueued from now on (an expiry is computed at enqueue), the
+        delivery limit to the next return."""
+        self._limit = length_limit(settings)
+        self._expiry.ttl = settings.message_ttl
+        self._expiry.cost = DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
+        self._deliveries.limit = settings.delivery_limit
+        super().change_settings(settings)
+        limit = self._limit
+        if limit is not None and limit.drops_head:
+            while limit.exceeded(self._count, self._bytes) and self._drop_head():
+                pass
+        self._reschedule()
+
     # ------------------------------------------------------------------- properties
 
     @property
