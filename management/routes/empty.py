@@ -1,0 +1,32 @@
+"""The RabbitMQ collections Shoal has none of (policies, parameters, limits, topic permissions,
+feature flags): each answers an empty list, so tools that read them work. A module that comes to
+serve one of these paths takes it out of ``EMPTY``.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from management.http import Context, Resource, ok
+
+EMPTY = ("/api/policies", "/api/policies/{vhost}", "/api/operator-policies",
+         "/api/parameters", "/api/global-parameters", "/api/vhost-limits",
+         "/api/topic-permissions", "/api/feature-flags")
+
+
+class Empty(Resource):
+    """Each path of ``EMPTY``, answered with ``[]``."""
+
+    async def empty_list(self, request: Request) -> Response:
+        """Policies, parameters, limits: Shoal has none."""
+        self.auth(request)
+        return ok([])
+
+    def routes(self) -> list[Route]:
+        return [Route(path, self.empty_list) for path in EMPTY]
+
+
+def routes(ctx: Context) -> list[Route]:
+    return Empty(ctx).routes()

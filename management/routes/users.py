@@ -1,0 +1,161 @@
+"""Users, vhosts and permissions: /api/users, /api/vhosts, /api/permissions (rabbit_mgmt_wm_user(s),
+_vhost(s), _permission(s)). Users change through the supervisor; there is one vhost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from management import shapes
+from management.http import (
+    VHOST,
+    APIError,
+    Context,
+    Resource,
+    bad_request,
+    body_json,
+    check_vhost,
+    no_content,
+    not_found,
+    ok,
+    paged,
+    seg,
+)
+from management.stats import ask
+
+
+def user_item(ctx: Context, name: str) -> dict[str, Any]:
+    return {"name": name, "password_hash": ctx.users.stored[name],
+            "hashing_algorithm": "rabbit_password_hashing_sha256",
+            "tags": ctx.users.tags_of(name), "limits": {}}
+
+
+def permission_items(ctx: Context) -> list[dict[str, Any]]:
+    # One vhost, and every user may configure, write and read everything in it (Shoal has
+    # no permissions yet).
+    return [{"user": n, "vhost": VHOST, "configure": ".*", "write": ".*", "read": ".*"}
+            for n in ctx.users.stored if n]
+
+
+class Users(Resource):
+    """Who may log in, with which tags, to which vhost."""
+
+    def _vhost_item(self, s: Any, base: Any) -> dict[str, Any]:
+        item = {"name": VHOST, "description": "Default virtual host", "tags": [],
+                "default_queue_type": "classic", "tracing": False,
+                "metadata": {"description": "Default virtual host", "tags": []},
+                "cluster_state": {self.ctx.node.name: "running"}}
+        item.update(shapes.queue_totals(s, base))
+        item["message_stats"] = shapes.message_stats(s, base)
+        return item
+
+    async def vhosts(self, request: Request) -> Response:
+        self.auth(request)
+        s = await self.sample()
+        return paged(request, [self._vhost_item(s, self.ctx.sampler.base())])
+
+    async def vhost(self, request: Request) -> Response:
+        self.auth(request)
+        check_vhost(seg(request, "vhost"))
+        s = await self.sample()
+        return ok(self._vhost_item(s, self.ctx.sampler.base()))
+
+    async def users(self, request: Request) -> Response:
+        self.auth_admin(request)
+        return paged(request, [user_item(self.ctx, n) for n in self.ctx.users.stored if n])
+
+    async def user(self, request: Request) -> Response:
+        self.auth_admin(request)
+        name = seg(request, "user")
+        if name not in self.ctx.users.stored or not name:
+            raise not_found()
+        return ok(user_item(self.ctx, name))
+
+    async def _users_command(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A users change through the supervisor (broker.runtime.users), applied here at once
+        too (the supervisor's line on our stdin says the same, later)."""
+        try:
+            answer = await ask(self.ctx.control_path, request)
+        except (OSError, ValueError) as exc:
+            raise APIError(503, "service_unavailable", f"the broker does not answer: {exc}") from None
+        if "error" in answer:
+            if answer.get("code") == "missing":
+                raise not_found()
+            raise bad_request(str(answer["error"]))
+        if "deleted" in answer:
+            self.ctx.users.apply({"removed": [answer["deleted"]]})
+        else:
+            self.ctx.users.apply({"users": {answer["name"]: answer["password_hash"]},
+                                  "tags": {answer["name"]: answer["tags"]}})
+        return answer
+
+    async def put_user(self, request: Request) -> Response:
+        """PUT /api/users/NAME: ``password`` or ``password_hash``, and ``tags`` (a string of
+        comma-separated tags, or a list); 201 for a new user, 204 for a changed one."""
+        self.auth_admin(request)
+        name = seg(request, "user")
+        body = await body_json(request)
+        command: dict[str, Any] = {"command": "put_user", "name": name, "tags": body.get("tags")}
+        if "password" in body:
+            command["password"] = str(body["password"])
+        elif "password_hash" in body:
+            command["password_hash"] = str(body["password_hash"])
+        if body.get("hashing_algorithm", "rabbit_password_hashing_sha256") != \
+                "rabbit_password_hashing_sha256":
+            raise bad_request(f"hashing algorithm {body['hashing_algorithm']} is not supported")
+        answer = await self._users_command(command)
+        return no_content(201 if answer.get("created") else 204)
+
+    async def delete_user(self, request: Request) -> Response:
+        self.auth_admin(request)
+        await self._users_command({"command": "delete_user", "name": seg(request, "user")})
+        return no_content()
+
+    async def permissions(self, request: Request) -> Response:
+        self.auth(request)
+        return paged(request, permission_items(self.ctx), "user")
+
+    async def user_permissions(self, request: Request) -> Response:
+        self.auth(request)
+        name = seg(request, "user")
+        if name not in self.ctx.users.stored:
+            raise not_found()
+        return ok([p for p in permission_items(self.ctx) if p["user"] == name])
+
+    async def vhost_permissions(self, request: Request) -> Response:
+        self.auth(request)
+        check_vhost(seg(request, "vhost"))
+        return ok(permission_items(self.ctx))
+
+    async def permission(self, request: Request) -> Response:
+        self.auth(request)
+        check_vhost(seg(request, "vhost"))
+        name = seg(request, "user")
+        for p in permission_items(self.ctx):
+            if p["user"] == name:
+                return ok(p)
+        raise not_found()
+
+    def routes(self) -> list[Route]:
+        V = "{vhost}"
+        r = Route
+        return [
+            r("/api/vhosts", self.vhosts),
+            r(f"/api/vhosts/{V}", self.vhost),
+            r(f"/api/vhosts/{V}/permissions", self.vhost_permissions),
+            r("/api/users", self.users),
+            r("/api/users/{user}", self.user, methods=["GET"]),
+            r("/api/users/{user}", self.put_user, methods=["PUT"]),
+            r("/api/users/{user}", self.delete_user, methods=["DELETE"]),
+            r("/api/users/{user}/permissions", self.user_permissions),
+            r("/api/permissions", self.permissions),
+            r(f"/api/permissions/{V}/{{user}}", self.permission),
+        ]
+
+
+def routes(ctx: Context) -> list[Route]:
+    return Users(ctx).routes()
