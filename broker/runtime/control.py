@@ -53,6 +53,7 @@ import trio
 
 from broker.errors import AMQPError
 from broker.runtime.dispatch import Dispatcher
+from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
 from broker.runtime.snapshot import build_snapshot
 from broker.runtime.users import RuntimeUsers, UserError, parse_tags
 from ipc import records as r
@@ -93,6 +94,8 @@ def sweep_stale_sockets(directory: str) -> list[str]:
 
 class ControlServer:
     """Answers control requests; ``ready_workers`` names the workers that are up."""
+
+    policies: RuntimePolicies | None = None  # set_policy and friends (the supervisor sets it)
 
     def __init__(self, dispatcher: Dispatcher, ready_workers: Callable[[], list[int]],
                  flush: Callable[[], None], address: str, users: RuntimeUsers | None = None) -> None:
@@ -172,6 +175,10 @@ class ControlServer:
                                                     int(request.get("limit") or 0))
         if command in _USER_COMMANDS:
             return await self.user_command(command, request)
+        if command in POLICY_COMMANDS:
+            if self.policies is None:
+                return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
+            return self.policies.command(command, request)
         if command in ("purge_queue", "delete_queue"):
             return self.queue_command(command, request)
         if command == "import_definitions":
@@ -268,6 +275,17 @@ class ControlServer:
                 counts["users"] += 1
             except UserError as exc:
                 skipped.append(f"user '{u.get('name')}': {exc}")
+        counts["policies"] = 0
+        for p in body.get("policies") or []:  # before the queues, as RabbitMQ imports them
+            if self.policies is None or not isinstance(p, dict):
+                break
+            if p.get("vhost", self._dispatcher.vhost.name) != self._dispatcher.vhost.name:
+                continue
+            answer = self.policies.command("set_policy", {**p, "vhost": self._dispatcher.vhost.name})
+            if "error" in answer:
+                skipped.append(f"policy '{p.get('name')}': {answer['error'].strip()}")
+            else:
+                counts["policies"] += 1
         d = self._dispatcher
         vhost = d.vhost
 

@@ -33,6 +33,7 @@ import trio
 from broker.messages.message_journal import MessageJournal
 from broker.passwords import users_at_start
 from broker.runtime.dispatch import Dispatcher
+from broker.runtime.policies import load_policies
 from broker.storage.data_dir import DataDir
 from broker.storage.definition_store import DefinitionStore, Opened, open_definitions, restore
 from broker.storage.index_moves import move_oldest
@@ -87,7 +88,9 @@ class Durability:
                       opened.store.generation + opened.behind, opened.store.generation)
         defs = self.definitions.load()
         vhost = self.dispatcher.vhost
+        skipped_policies = load_policies(vhost, self.definitions.policies())  # before the queues
         skipped = restore(vhost, defs)
+        skipped += skipped_policies
         vhost.journal = TopologyJournal()
         log.info("data directory %s: restored %d exchange(s), %d queue(s), %d binding(s)%s in %.0f ms",
                  self.path, len(defs.exchanges), len(defs.queues), len(defs.bindings),

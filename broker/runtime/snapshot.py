@@ -41,6 +41,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from broker.runtime.dispatch import Dispatcher
+from broker.runtime.policies import policy_snapshot
 from broker.topology.exchange import ExchangeDestination
 
 SLICE = 1000  # objects per slice; a checkpoint between slices
@@ -110,4 +111,5 @@ async def build_snapshot(dispatcher: Dispatcher, checkpoint: Callable[[], Awaita
         "alarms": {"memory": [k for k, on in enumerate(alarms.blocked) if on],
                    "disk": alarms.disk, "queued": alarms.queued_full},
         "messages": dispatcher.answers.counts.as_dict(),
+        "policies": policy_snapshot(vhost) if vhost.policies or vhost.applied else None,
     }

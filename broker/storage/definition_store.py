@@ -24,6 +24,7 @@ checksum of its own on the main file's pages. So:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sqlite3
@@ -103,6 +104,35 @@ def _mix(acc: int, *row: Any) -> int:
     return acc ^ int.from_bytes(h, "little", signed=True)
 
 
+# Policies (issue 36 §4), added without a new schema: the rows' digest is the meta row
+# 'digest.policies', kept by triggers and covered by the main digest as any meta row is -- so a
+# Shoal of schema 3 that knows nothing of the table still finds its digest right. A directory
+# opened without the table gets it (empty).
+_POLICIES_TABLE = """CREATE TABLE IF NOT EXISTS policies (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, operator INTEGER NOT NULL, pattern TEXT NOT NULL,
+    apply_to TEXT NOT NULL, definition TEXT NOT NULL, priority INTEGER NOT NULL,
+    PRIMARY KEY (vhost, name, operator)
+)"""
+_POLICY_COLUMNS = ("vhost", "name", "operator", "pattern", "apply_to", "definition", "priority")
+_POLICY_DIGEST = "digest.policies"
+
+
+def _policy_triggers() -> Iterator[str]:
+    for event, rows in (("INSERT", ("NEW",)), ("DELETE", ("OLD",)), ("UPDATE", ("OLD", "NEW"))):
+        value = "value"
+        for row in rows:
+            value = f"{_MIX}({value}, 'policies', " + ", ".join(f"{row}.{c}" for c in _POLICY_COLUMNS) + ")"
+        yield (f"CREATE TRIGGER IF NOT EXISTS policies_{event.lower()} AFTER {event} ON policies"
+               f" BEGIN UPDATE meta SET value = {value} WHERE key = '{_POLICY_DIGEST}'; END")
+
+
+def _policy_digest(db: sqlite3.Connection) -> int:
+    acc = 0
+    for row in db.execute(f"SELECT {', '.join(_POLICY_COLUMNS)} FROM policies"):
+        acc = _mix(acc, "policies", *row)
+    return acc
+
+
 def _triggers() -> Iterator[str]:
     for table, columns in _HASHED.items():
         skip = f" WHEN {{0}}.key != '{_DIGEST}'" if table == "meta" else ""
@@ -164,6 +194,9 @@ def inspect(path: Path) -> Inspection:
         node, generation = meta.get("node"), meta.get("generation", 0)
         if problem is None and node is not None and _digest(db) != meta.get(_DIGEST):
             problem = "damaged (its rows do not match their digest)"
+        if (problem is None and "policies" in tables
+                and _policy_digest(db) != meta.get(_POLICY_DIGEST)):
+            problem = "damaged (its policies do not match their digest)"
         return Inspection(True, True, node if isinstance(node, str) else None,
                           generation if isinstance(generation, int) else 0, users, problem)
     except sqlite3.DatabaseError as exc:
@@ -304,6 +337,14 @@ class DefinitionStore:
             if _check_version(self._db, self.path) < SCHEMA_VERSION or not self._has_meta():
                 with self._transaction(count=False):
                     self._install(node or new_node_id())
+            if self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
+                                "name='policies'").fetchone() is None:
+                with self._transaction(count=False):
+                    self._db.execute(_POLICIES_TABLE)
+                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, 0)",
+                                     (_POLICY_DIGEST,))
+                    for trigger in _policy_triggers():
+                        self._db.execute(trigger)
             self.node: str = self._meta("node")
             self.generation: int = self._meta("generation")
         except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
@@ -434,6 +475,32 @@ class DefinitionStore:
             if tags is not None:
                 self._db.execute("INSERT OR REPLACE INTO user_tags (name, tags) VALUES (?, ?)",
                                  (name, ",".join(tags)))
+
+    def policies(self) -> list[dict[str, Any]]:
+        """Every stored policy: RabbitMQ's shape, ``operator`` true for operator policies."""
+        try:
+            return [{"vhost": v, "name": n, "operator": bool(op), "pattern": pat, "apply-to": ap,
+                     "definition": json.loads(d), "priority": pr}
+                    for v, n, op, pat, ap, d, pr in self._db.execute(
+                        f"SELECT {', '.join(_POLICY_COLUMNS)} FROM policies ORDER BY vhost, name")]
+        except (sqlite3.DatabaseError, UnicodeDecodeError, ValueError) as exc:
+            raise DefinitionStoreError(f"{self.path}: {exc}") from exc
+
+    def put_policy(self, policy: dict[str, Any], operator: bool = False) -> None:
+        """Add or replace a policy (RabbitMQ's shape); on disk when this returns."""
+        with self._transaction():
+            self._db.execute(
+                f"INSERT OR REPLACE INTO policies ({', '.join(_POLICY_COLUMNS)}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (policy["vhost"], policy["name"], int(operator), policy["pattern"],
+                 policy["apply-to"], json.dumps(policy["definition"], sort_keys=True),
+                 policy["priority"]))
+
+    def delete_policy(self, vhost: str, name: str, operator: bool = False) -> bool:
+        """Remove a policy; False when there is none of that name."""
+        with self._transaction():
+            return self._db.execute("DELETE FROM policies WHERE vhost=? AND name=? AND operator=?",
+                                    (vhost, name, int(operator))).rowcount > 0
 
     @contextmanager
     def _transaction(self, count: bool = True) -> Iterator[None]:

@@ -223,3 +223,27 @@ def test_operator_policy_caps_an_argument_on_the_vhost(vhost: VirtualHost) -> No
     q = vhost.declare_queue("q", owner=ME, arguments={"x-max-length": 50})
     _set(vhost, _p("op-cap", ".*", {"max-length": 3}, operator=True))
     assert q.settings.max_length == 3
+
+
+# ------------------------------------------------------------------------- storage
+
+
+def test_policies_are_stored_and_the_digest_stays_right(tmp_path: Any) -> None:
+    from broker.runtime.policies import load_policies
+    from broker.storage.definition_store import DefinitionStore, inspect
+
+    path = tmp_path / "definitions.db"
+    store = DefinitionStore(path)
+    store.put_policy(_p("cap", "^q", {"max-length": 3}, 2).as_json())
+    store.put_policy(_p("op-ttl", ".*", {"message-ttl": 9}).as_json(), operator=True)
+    store.put_policy(_p("gone", "x", {"max-length": 1}).as_json())
+    assert store.delete_policy("/", "gone") and not store.delete_policy("/", "gone")
+    store.close()
+    assert inspect(path).problem is None
+    store = DefinitionStore(path)
+    vhost = VirtualHost("/")
+    assert load_policies(vhost, store.policies()) == []
+    assert vhost.policies.policies["cap"].definition == {"max-length": 3}
+    assert vhost.policies.operator["op-ttl"].definition == {"message-ttl": 9}
+    assert vhost.declare_queue("q", owner=ME).settings.max_length == 3
+    store.close()
