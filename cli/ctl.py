@@ -541,24 +541,97 @@ def list_vhosts(opts: Options, columns: tuple[str, ...]) -> None:
     emit(opts, cols, [{"name": VHOST, "tracing": False, "description": "Default virtual host"}])
 
 
+def _permissions_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    if "error" in answer:
+        code = {"missing": EX_NOUSER}.get(str(answer.get("code")), EX_SOFTWARE)
+        error(str(answer["error"]), code)
+    return answer
+
+
 @verb("list_permissions")
 def list_permissions(opts: Options) -> None:
-    """Every user may configure, write and read everything in "/" (Shoal has no permissions yet)."""
+    """The users' permissions on the vhost (-p, default "/")."""
     info(opts, f'Listing permissions for vhost "{opts.vhost}" ...')
-    users = _users(opts) if opts.vhost == VHOST else []
-    emit(opts, ("user", "configure", "write", "read"),
-         [{"user": u["name"], "configure": FULL, "write": FULL, "read": FULL} for u in users])
+    rows = _permissions_answer(request(opts, {"command": "list_permissions",
+                                              "vhost": opts.vhost}))["permissions"]
+    emit(opts, ("user", "configure", "write", "read"), rows)
 
 
 @verb("list_user_permissions")
 @click.argument("username")
 def list_user_permissions(opts: Options, username: str) -> None:
-    """The permissions of one user: everything in "/"."""
+    """The permissions of one user, per vhost."""
     info(opts, f'Listing permissions for user "{username}" ...')
-    if username not in {u["name"] for u in _users(opts)}:
+    answer = request(opts, {"command": "list_permissions", "user": username})
+    if "error" in answer and answer.get("code") == "missing":
         error(f'{{:no_such_user, "{username}"}}', EX_UNAVAILABLE)
-    emit(opts, ("vhost", "configure", "write", "read"),
-         [{"vhost": VHOST, "configure": FULL, "write": FULL, "read": FULL}])
+    emit(opts, ("vhost", "configure", "write", "read"), _permissions_answer(answer)["permissions"])
+
+
+@verb("set_permissions")
+@click.argument("username")
+@click.argument("conf")
+@click.argument("write")
+@click.argument("read")
+def set_permissions(opts: Options, username: str, conf: str, write: str, read: str) -> None:
+    """Set a user's configure, write and read regular expressions on the vhost (-p)."""
+    info(opts, f'Setting permissions for user "{username}" in vhost "{opts.vhost}" ...')
+    _permissions_answer(request(opts, {"command": "set_permissions", "user": username,
+                                       "vhost": opts.vhost, "configure": conf, "write": write,
+                                       "read": read}))
+
+
+@verb("clear_permissions")
+@click.argument("username")
+def clear_permissions(opts: Options, username: str) -> None:
+    """Remove a user's permissions on the vhost (-p): its connections there are refused."""
+    info(opts, f'Clearing permissions for user "{username}" in vhost "{opts.vhost}" ...')
+    _permissions_answer(request(opts, {"command": "clear_permissions", "user": username,
+                                       "vhost": opts.vhost}))
+
+
+@verb("set_topic_permissions")
+@click.argument("username")
+@click.argument("exchange")
+@click.argument("write")
+@click.argument("read")
+def set_topic_permissions(opts: Options, username: str, exchange: str, write: str,
+                          read: str) -> None:
+    """Set a user's write and read regular expressions for the routing keys of a topic exchange."""
+    info(opts, f'Setting topic permissions on "{exchange}" for user "{username}" in vhost '
+               f'"{opts.vhost}" ...')
+    _permissions_answer(request(opts, {"command": "set_topic_permissions", "user": username,
+                                       "vhost": opts.vhost, "exchange": exchange, "write": write,
+                                       "read": read}))
+
+
+@verb("clear_topic_permissions")
+@click.argument("username")
+@click.argument("exchange", required=False)
+def clear_topic_permissions(opts: Options, username: str, exchange: str | None) -> None:
+    """Remove a user's topic permissions on one exchange, or on all of the vhost's."""
+    info(opts, f'Clearing topic permissions for user "{username}" in vhost "{opts.vhost}" ...')
+    _permissions_answer(request(opts, {"command": "clear_topic_permissions", "user": username,
+                                       "vhost": opts.vhost, "exchange": exchange}))
+
+
+@verb("list_topic_permissions")
+def list_topic_permissions(opts: Options) -> None:
+    """The users' topic permissions on the vhost (-p)."""
+    info(opts, f'Listing topic permissions for vhost "{opts.vhost}" ...')
+    rows = _permissions_answer(request(opts, {"command": "list_topic_permissions",
+                                              "vhost": opts.vhost}))["topic_permissions"]
+    emit(opts, ("user", "exchange", "write", "read"), rows)
+
+
+@verb("list_user_topic_permissions")
+@click.argument("username")
+def list_user_topic_permissions(opts: Options, username: str) -> None:
+    """The topic permissions of one user."""
+    info(opts, f'Listing topic permissions for user "{username}" ...')
+    rows = _permissions_answer(request(opts, {"command": "list_topic_permissions",
+                                              "user": username}))["topic_permissions"]
+    emit(opts, ("vhost", "exchange", "write", "read"), rows)
 
 
 # ------------------------------------------------------------------ users
@@ -902,9 +975,7 @@ def list_operator_policies(opts: Options) -> None:
 # ------------------------------------------------------------------ not yet
 
 UNSUPPORTED = ("add_vhost", "delete_vhost", "set_vhost_limits", "clear_vhost_limits",
-               "list_vhost_limits", "set_vhost_tags", "restart_vhost", "set_permissions",
-               "clear_permissions", "set_topic_permissions", "clear_topic_permissions",
-               "list_topic_permissions", "list_user_topic_permissions", "set_policy",
+               "list_vhost_limits", "set_vhost_tags", "restart_vhost", "set_policy",
                "clear_policy", "list_policies", "set_operator_policy", "clear_operator_policy",
                "list_operator_policies", "set_parameter", "clear_parameter", "list_parameters",
                "set_global_parameter", "clear_global_parameter", "list_global_parameters",

@@ -89,6 +89,9 @@ class QueueDeclare(_Record, frozen=True, tag="qdecl"):
     auto_delete: bool
     arguments: dict[str, Any]
     nowait: bool
+    # The worker named it (queue.declare of "": amq.gen-..., so that its configure permission
+    # is checked on that name before it exists); the amq. prefix is not refused then.
+    server_named: bool = False
 
 
 class QueueBind(_Record, frozen=True, tag="qbind"):
@@ -498,6 +501,14 @@ class UsersChanged(_Record, frozen=True, tag="users"):
     removed: list[str]
 
 
+class PermissionsChanged(_Record, frozen=True, tag="perms"):
+    """The permissions changed at runtime (``shoal ctl set_permissions`` etc.): both tables
+    whole (``broker.permissions``), which replace the worker's."""
+
+    permissions: dict[str, dict[str, tuple[str, str, str]]]
+    topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]]
+
+
 class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
     """Blocks of this worker's arena were freed since its ``ArenaWait``: allocate again."""
 
@@ -526,6 +537,7 @@ Event = (
     | ListConnections
     | CloseConnection
     | UsersChanged
+    | PermissionsChanged
 )
 
 
@@ -586,6 +598,9 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     loopback_users: frozenset[str] = frozenset({"guest"})  # may log in only from loopback
     trace_dir: str = ""  # shoal serve --trace: write trace files here
     data_dir: str = ""  # shoal serve --data-dir: persistent bodies go to DIR/bodies/w<index>
+    # broker.permissions' tables; None: everyone may do everything (tests without a supervisor)
+    permissions: dict[str, dict[str, tuple[str, str, str]]] | None = None
+    topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
     # The users (JSON {name: password}) are read from this pipe at start, not passed on the
     # command line or in the environment, where other local users (ps, /proc/PID/environ)
     # could read them. -1: none.

@@ -25,6 +25,7 @@ handler to carry out. Consumer credit lives in ``ChannelCredit``
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -191,6 +192,10 @@ class Channel:
         run = _METHODS.get(type(m))
         if run is None:
             raise errors.NotImplemented_(f"{m.name} is not implemented", *method_ids(m))
+        access = self.config.access
+        if access is not None and type(m) in _CHECKED:  # before anything is asked (workers.access)
+            queue = getattr(m, "queue", "")
+            access.check_method(m, queue or self.last_queue)
         run(self, m)
 
     def _exchange_method(self, m: topology.ExchangeMethod) -> None:
@@ -199,14 +204,23 @@ class Channel:
         self._request(rec, None if m.nowait else self._topology_ok)
 
     def _queue_declare(self, m: spec.Queue.Declare) -> None:
+        name = m.queue
+        server_named = False
+        access = self.config.access
+        if access is not None:
+            if not name and not m.passive:
+                # RabbitMQ names it before checking configure on that name (rabbit_guid's form)
+                name = "amq.gen-" + secrets.token_urlsafe(16)
+                server_named = True
+            access.check_method(m, name)
         rec = r.QueueDeclare(
-            self.conn_id, self.number, m.queue, m.passive, m.durable, m.exclusive,
-            m.auto_delete, dict(m.arguments or {}), m.nowait,
+            self.conn_id, self.number, name, m.passive, m.durable, m.exclusive,
+            m.auto_delete, dict(m.arguments or {}), m.nowait, server_named,
         )
-        if m.queue:
-            self.last_queue = m.queue
+        if name:
+            self.last_queue = name
         self._request(rec, None if m.nowait else self._declare_ok)
-        if not m.queue and not m.nowait:
+        if not name and not m.nowait:
             self._inbox.wait()  # "" is unknown until declare-ok names the queue
 
     def _queue_method(self, m: topology.QueueMethod) -> None:
@@ -561,6 +575,14 @@ class Channel:
         self._expect.clear()
         self._inbox.drop(self._bodies.free)
         self._out = ChannelOutput()
+
+
+# Checked in _dispatch (queue.declare checks in _queue_declare, after naming a server-named one).
+_CHECKED: Final = frozenset((
+    spec.Exchange.Declare, spec.Exchange.Delete, spec.Exchange.Bind, spec.Exchange.Unbind,
+    spec.Queue.Bind, spec.Queue.Unbind, spec.Queue.Purge, spec.Queue.Delete, spec.Basic.Get,
+    spec.Basic.Consume,
+))
 
 
 def _nothing(_: object) -> None:

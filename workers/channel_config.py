@@ -18,6 +18,7 @@ from typing import Protocol
 from ipc import records as r
 from ipc.logfile import BodyLog
 from tracing import TraceWriter
+from workers.access import Access
 from workers.confirm_gate import BodySyncGate
 from workers.consumer_target import Backpressure, ConsumerTargets
 from workers.outgoing import Outgoing
@@ -41,6 +42,7 @@ class ChannelConfig:
     conn_id: int
     cancel_notify: bool  # the client takes basic.cancel from the server (capabilities)
     output: Backpressure
+    access: Access | None = None  # the connection's permission checks (workers.access)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,7 @@ from pamqp import base, commands
 
 from broker import errors
 from broker.errors import AMQPError
+from broker.permissions import vhost_refused
 from workers import codec, sasl
 from workers.channel_frames import ChannelFrames, decode_method, method_ids
 from workers.connection_state import METHOD_INPUTS, TRANSITIONS, Input, State, UnexpectedMethod
@@ -138,6 +139,8 @@ class AMQPConnection:
 
         # Heartbeats and timeouts, in the runtime's clock (heartbeat_tick), from byte counts.
         self._liveness = Liveness(handshake_timeout)
+        # (user, vhost) -> may open it: the worker's permissions (workers.access); None: anyone
+        self.vhost_access: Callable[[str, str], bool] | None = None
 
     # -- public: state ----------------------------------------------------------
 
@@ -526,6 +529,8 @@ class AMQPConnection:
         self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
         self._events.append(
             ConnectionOpened(
+        if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
+            raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
                 vhost,
                 self.user,
                 self.client_properties,

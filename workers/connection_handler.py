@@ -27,6 +27,7 @@ from ipc.logfile import BodyLog
 from ipc.records import VIEWED_BODY_MIN
 from workers import codec
 from workers import events as ev
+from workers.access import Access, PermissionTables
 from workers.channel import Channel
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.connection import AMQPConnection
@@ -97,6 +98,10 @@ class ConnectionHandler:
         self.told_blocked = False
         self.publishes = False  # RabbitMQ blocks (and tells) only publishing connections
         self.confirms_pending: set[Channel] = set()
+        # The worker's permissions (workers.access); None (a test's worker): no checks.
+        self.permissions: PermissionTables | None = getattr(worker, "permissions", None)
+        if self.permissions is not None:
+            proto.vhost_access = self.permissions.may_enter
         self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
         self.in_flight = 0  # handed to the socket, not yet written
         self.credit = PUBLISH_CREDIT  # Publish records we may still send (credit flow)
@@ -352,7 +357,9 @@ class ConnectionHandler:
     def _opened(self, event: ev.ConnectionOpened) -> None:
         caps = (event.client_properties or {}).get("capabilities") or {}
         self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
-        self._channel_config = ChannelConfig(self.conn_id, self.cancel_notify, self.output)
+        access = (Access(self.permissions, event.user, event.vhost)
+                  if self.permissions is not None else None)
+        self._channel_config = ChannelConfig(self.conn_id, self.cancel_notify, self.output, access)
         self.blocked_capable = bool(caps.get("connection.blocked", False))
         self.opened = True
         name = (event.client_properties or {}).get("connection_name")
@@ -444,6 +451,11 @@ class ConnectionHandler:
         ch = self.channels.get(event.channel)
         if ch is None or ch.closing:
             self.worker.channel_resources.bodies.free(offset)
+            return
+        access = self._channel_config.access
+        if access is not None and not access.may_publish(event.exchange):
+            self.worker.channel_resources.bodies.free(offset)  # write on the exchange, first
+            self.fail(access.publish_refused(event.exchange), ch)
             return
         body_at = None
         if self.worker.body_log is not None:  # --data-dir: a persistent body goes there now

@@ -22,6 +22,7 @@ from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
 from tracing import TraceWriter
 from workers import codec
+from workers.access import PermissionTables
 from workers.arenas import Arenas
 from workers.channel_config import ChannelResources
 from workers.confirm_gate import BodySyncGate
@@ -64,6 +65,8 @@ class Worker:
                  on_arena_freed: Callable[[], object] = _nothing,
                  want_flush: Callable[[], object] | None = None) -> None:
         self.config = config
+        # broker.permissions' tables (workers.access): replaced by PermissionsChanged
+        self.permissions = PermissionTables(config.permissions, config.topic_permissions)
         self.index = config.index
         self.region = region
         self.request_efd = EventFd(fd=config.request_fd)
@@ -423,6 +426,8 @@ class Worker:
                     handler.wake_writer()
             case r.UsersChanged(users=users, removed=removed):
                 self.users_changed(users, removed)
+            case r.PermissionsChanged(permissions=table, topic_permissions=topics):
+                self.permissions.replace(table, topics)  # every connection's cache is stale now
             case r.Returned():
                 self._handler_event(event)
                 self.region.arena.free(event.offset)  # our own block, always

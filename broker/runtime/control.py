@@ -53,6 +53,7 @@ import trio
 
 from broker.errors import AMQPError
 from broker.runtime.dispatch import Dispatcher
+from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
 from broker.runtime.snapshot import build_snapshot
 from broker.runtime.users import RuntimeUsers, UserError, parse_tags
@@ -98,9 +99,11 @@ class ControlServer:
     policies: RuntimePolicies | None = None  # set_policy and friends (the supervisor sets it)
 
     def __init__(self, dispatcher: Dispatcher, ready_workers: Callable[[], list[int]],
-                 flush: Callable[[], None], address: str, users: RuntimeUsers | None = None) -> None:
+                 flush: Callable[[], None], address: str, users: RuntimeUsers | None = None,
+                 permissions: RuntimePermissions | None = None) -> None:
         self._dispatcher = dispatcher
         self._users = users
+        self._permissions = permissions
         self._started = time.time()
         self._ready_workers = ready_workers
         self._flush = flush
@@ -175,6 +178,8 @@ class ControlServer:
                                                     int(request.get("limit") or 0))
         if command in _USER_COMMANDS:
             return await self.user_command(command, request)
+        if command in _PERMISSION_COMMANDS:
+            return await self.permission_command(command, request)
         if command in POLICY_COMMANDS:
             if self.policies is None:
                 return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
@@ -217,7 +222,41 @@ class ControlServer:
                 return await users.change_password(name, password or "")
             if command == "set_user_tags":
                 return await users.set_tags(name, tags or [])
-            return await users.delete(name)
+            deleted = await users.delete(name)
+            if self._permissions is not None:
+                self._permissions.forget(name)
+            return deleted
+        except UserError as exc:
+            return {"error": str(exc), "code": exc.code}
+
+    async def permission_command(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
+        """broker.runtime.permissions: set/clear/list of permissions and topic permissions."""
+        perms = self._permissions
+        if perms is None:
+            return {"error": "this broker keeps no permissions at runtime", "code": "invalid"}
+
+        def arg(key: str) -> str | None:
+            value = request.get(key)
+            return None if value is None else str(value)
+
+        user, vhost = arg("user"), arg("vhost")
+        try:
+            if command == "list_permissions":
+                return {"permissions": perms.listing(user, vhost)}
+            if command == "list_topic_permissions":
+                return {"topic_permissions": perms.topic_listing(user, vhost)}
+            if user is None:
+                raise UserError("invalid", "a user is needed")
+            vhost = vhost or "/"
+            if command == "set_permissions":
+                return await perms.set(user, vhost, arg("configure") or "", arg("write") or "",
+                                       arg("read") or "")
+            if command == "clear_permissions":
+                return await perms.clear(user, vhost)
+            if command == "set_topic_permissions":
+                return await perms.set_topic(user, vhost, arg("exchange") or "",
+                                             arg("write") or "", arg("read") or "")
+            return await perms.clear_topic(user, vhost, arg("exchange"))
         except UserError as exc:
             return {"error": str(exc), "code": exc.code}
 
@@ -363,3 +402,6 @@ class ControlServer:
 
 _USER_COMMANDS = frozenset({"list_users", "add_user", "put_user", "change_password", "set_user_tags",
                             "delete_user"})
+_PERMISSION_COMMANDS = frozenset({"list_permissions", "list_topic_permissions", "set_permissions",
+                                  "clear_permissions", "set_topic_permissions",
+                                  "clear_topic_permissions"})

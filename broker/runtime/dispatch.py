@@ -455,6 +455,7 @@ class Dispatcher:
         q = self.vhost.declare_queue(
             rec.name, owner=(worker, rec.conn), passive=rec.passive, durable=rec.durable,
             exclusive=rec.exclusive, auto_delete=rec.auto_delete, arguments=rec.arguments,
+            reserved=rec.server_named,  # the worker named it amq.gen-... (workers.access)
         )
         self.answers.reply(
             worker, rec, queue=q.name, message_count=q.message_count,

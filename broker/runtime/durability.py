@@ -32,6 +32,7 @@ import trio
 
 from broker.messages.message_journal import MessageJournal
 from broker.passwords import users_at_start
+from broker.permissions import FULL
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.policies import load_policies
 from broker.storage.data_dir import DataDir
@@ -105,6 +106,9 @@ class Durability:
         users, changes = users_at_start(stored, given, self._opened.new)
         if changes:
             self.definitions.put_users(changes)
+        for name in changes:  # RabbitMQ's default user, and those given at a start: full permissions
+            if name not in stored:
+                self.definitions.put_permissions(name, self.definitions.vhost, FULL)
         for name in changes:
             log.info("data directory %s: user '%s' %s", self.path, name,
                      "has a new password" if name in stored else "added")

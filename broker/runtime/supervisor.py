@@ -36,11 +36,13 @@ from typing import TYPE_CHECKING
 import trio
 
 from broker.passwords import DEFAULT_USER, hashed
+from broker.permissions import FULL, Table, TopicTable
 from broker.runtime.control import ControlServer, default_control_path
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.durability import Durability
 from broker.runtime.management_child import ManagementChild
+from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import RuntimePolicies
 from broker.runtime.serve_config import ServeConfig
 from broker.runtime.users import RuntimeUsers
@@ -100,6 +102,8 @@ class Supervisor:
         self.users: dict[str, str] = {}  # who may log in: name -> stored password (setup)
         self.samples: ProcSampleWriter | None = None  # --trace: CPU and memory of the processes
         self.management: ManagementChild | None = None  # --management-port
+        self.permissions: Table = {}  # broker.permissions' tables (setup)
+        self.topic_permissions: TopicTable = {}
 
     # ------------------------------------------------------------ lifecycle
 
@@ -161,8 +165,14 @@ class Supervisor:
             self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
             self.flush, self.management.tell_users if self.management is not None else None)
         self._control = ControlServer(
+        if store is not None:
+            self.permissions, self.topic_permissions = store.permissions(), store.topic_permissions()
+        else:  # no data directory: the users given, or guest, have full permissions on "/"
+            self.permissions = {name: {"/": FULL} for name in self.users}
+        self.permission_admin = RuntimePermissions(
+            self.permissions, self.topic_permissions, self.users, store, self.dispatcher, self.flush)
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
-            f"{c.host}:{self.port}", users=self.user_admin)
+            f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
         self._control_sock = self._control.bind(self.control_path)
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
 
@@ -306,6 +316,7 @@ class Supervisor:
         except RingCorrupt as exc:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
+            permissions=self.permissions, topic_permissions=self.topic_permissions,
         self._check_deadline()  # its channels' deliveries go back over the timer's next ticks
         w.pending.clear()
         w.unapplied.clear()

@@ -94,6 +94,27 @@ _HASHED = {
     "meta": ("key", "value"),
 }
 _DIGEST = "digest"  # the meta row holding the digest, the one row it does not cover
+# Permissions (issue 37), added without a new schema: each table's rows have their own digest in
+# a meta row (``digest.TABLE``), which the main digest covers as it covers any meta row -- so a
+# Shoal of schema 3 that knows nothing of these tables still finds its digest right. A directory
+# opened without them gets them, and every user it has gets full permissions on "/"
+# (RabbitMQ's default user has them; an upgrade keeps everyone working).
+_PERMISSION_TABLES = """
+CREATE TABLE IF NOT EXISTS permissions (
+    user TEXT NOT NULL, vhost TEXT NOT NULL,
+    configure TEXT NOT NULL, write TEXT NOT NULL, read TEXT NOT NULL,
+    PRIMARY KEY (user, vhost)
+);
+CREATE TABLE IF NOT EXISTS topic_permissions (
+    user TEXT NOT NULL, vhost TEXT NOT NULL, exchange TEXT NOT NULL,
+    write TEXT NOT NULL, read TEXT NOT NULL,
+    PRIMARY KEY (user, vhost, exchange)
+);
+"""
+_SUB_HASHED = {
+    "permissions": ("user", "vhost", "configure", "write", "read"),
+    "topic_permissions": ("user", "vhost", "exchange", "write", "read"),
+}
 _MIX = "shoal_mix"
 
 
@@ -102,6 +123,24 @@ def _mix(acc: int, *row: Any) -> int:
     the same row cancel out, and the digest does not depend on the order of changes."""
     h = hashlib.blake2b(repr(row).encode(), digest_size=8).digest()
     return acc ^ int.from_bytes(h, "little", signed=True)
+
+
+def _sub_triggers() -> Iterator[str]:
+    """The triggers that keep each ``_SUB_HASHED`` table's digest in its meta row."""
+    for table, columns in _SUB_HASHED.items():
+        for event, rows in (("INSERT", ("NEW",)), ("DELETE", ("OLD",)), ("UPDATE", ("OLD", "NEW"))):
+            value = "value"
+            for row in rows:
+                value = f"{_MIX}({value}, '{table}', " + ", ".join(f"{row}.{c}" for c in columns) + ")"
+            yield (f"CREATE TRIGGER IF NOT EXISTS {table}_{event.lower()} AFTER {event} ON {table}"
+                   f" BEGIN UPDATE meta SET value = {value} WHERE key = 'digest.{table}'; END")
+
+
+def _sub_digest(db: sqlite3.Connection, table: str) -> int:
+    acc = 0
+    for row in db.execute(f"SELECT {', '.join(_SUB_HASHED[table])} FROM {table}"):
+        acc = _mix(acc, table, *row)
+    return acc
 
 
 # Policies (issue 36 §4), added without a new schema: the rows' digest is the meta row
@@ -194,6 +233,10 @@ def inspect(path: Path) -> Inspection:
         node, generation = meta.get("node"), meta.get("generation", 0)
         if problem is None and node is not None and _digest(db) != meta.get(_DIGEST):
             problem = "damaged (its rows do not match their digest)"
+        for table in _SUB_HASHED:
+            if (problem is None and table in tables
+                    and _sub_digest(db, table) != meta.get(f"digest.{table}")):
+                problem = f"damaged (its {table} do not match their digest)"
         if (problem is None and "policies" in tables
                 and _policy_digest(db) != meta.get(_POLICY_DIGEST)):
             problem = "damaged (its policies do not match their digest)"
@@ -337,6 +380,9 @@ class DefinitionStore:
             if _check_version(self._db, self.path) < SCHEMA_VERSION or not self._has_meta():
                 with self._transaction(count=False):
                     self._install(node or new_node_id())
+            if not self._has_table("permissions"):
+                with self._transaction(count=False):
+                    self._install_permissions()
             if self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
                                 "name='policies'").fetchone() is None:
                 with self._transaction(count=False):
@@ -355,8 +401,27 @@ class DefinitionStore:
             raise
 
     def _has_meta(self) -> bool:
+        return self._has_table("meta")
+
+    def _has_table(self, name: str) -> bool:
         return self._db.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is not None
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone() is not None
+
+    def _install_permissions(self) -> None:
+        """The permission tables, their digests and triggers; every user already here gets
+        full permissions on the vhost (module text); inside the caller's transaction."""
+        for statement in _PERMISSION_TABLES.split(";"):
+            if statement.strip():
+                self._db.execute(statement)
+        for table in _SUB_HASHED:
+            self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, 0)",
+                             (f"digest.{table}",))
+        for trigger in _sub_triggers():
+            self._db.execute(trigger)
+        self._db.executemany(
+            "INSERT OR IGNORE INTO permissions (user, vhost, configure, write, read) "
+            "VALUES (?, ?, '.*', '.*', '.*')",
+            [(name, self.vhost) for (name,) in self._db.execute("SELECT name FROM users")])
 
     def _meta(self, key: str) -> Any:
         return self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0]
@@ -452,9 +517,11 @@ class DefinitionStore:
                                  users.items())
 
     def delete_user(self, name: str) -> bool:
-        """Remove a user (and its tags); False when there is none of that name."""
+        """Remove a user (and its tags and permissions); False when there is none of that name."""
         with self._transaction():
             self._db.execute("DELETE FROM user_tags WHERE name=?", (name,))
+            self._db.execute("DELETE FROM permissions WHERE user=?", (name,))
+            self._db.execute("DELETE FROM topic_permissions WHERE user=?", (name,))
             return self._db.execute("DELETE FROM users WHERE name=?", (name,)).rowcount > 0
 
     def user_tags(self) -> dict[str, list[str]]:
@@ -475,6 +542,53 @@ class DefinitionStore:
             if tags is not None:
                 self._db.execute("INSERT OR REPLACE INTO user_tags (name, tags) VALUES (?, ?)",
                                  (name, ",".join(tags)))
+
+    def permissions(self) -> dict[str, dict[str, tuple[str, str, str]]]:
+        """user -> vhost -> (configure, write, read)."""
+        table: dict[str, dict[str, tuple[str, str, str]]] = {}
+        try:
+            for user, vhost, c, w, rd in self._db.execute(
+                    "SELECT user, vhost, configure, write, read FROM permissions ORDER BY user, vhost"):
+                table.setdefault(user, {})[vhost] = (c, w, rd)
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            raise DefinitionStoreError(f"{self.path}: {exc}") from exc
+        return table
+
+    def topic_permissions(self) -> dict[str, dict[str, dict[str, tuple[str, str]]]]:
+        """user -> vhost -> exchange -> (write, read)."""
+        table: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
+        try:
+            for user, vhost, x, w, rd in self._db.execute(
+                    "SELECT user, vhost, exchange, write, read FROM topic_permissions "
+                    "ORDER BY user, vhost, exchange"):
+                table.setdefault(user, {}).setdefault(vhost, {})[x] = (w, rd)
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+            raise DefinitionStoreError(f"{self.path}: {exc}") from exc
+        return table
+
+    def put_permissions(self, user: str, vhost: str, perms: tuple[str, str, str] | None) -> None:
+        """Set (None: clear) a user's permissions on a vhost; on disk when this returns."""
+        with self._transaction():
+            if perms is None:
+                self._db.execute("DELETE FROM permissions WHERE user=? AND vhost=?", (user, vhost))
+            else:
+                self._db.execute("INSERT OR REPLACE INTO permissions (user, vhost, configure, "
+                                 "write, read) VALUES (?, ?, ?, ?, ?)", (user, vhost, *perms))
+
+    def put_topic_permissions(self, user: str, vhost: str, exchange: str | None,
+                              perms: tuple[str, str] | None) -> None:
+        """Set a user's topic permission on an exchange, or clear it (``perms`` None; ``exchange``
+        None: all of the vhost's)."""
+        with self._transaction():
+            if perms is None and exchange is None:
+                self._db.execute("DELETE FROM topic_permissions WHERE user=? AND vhost=?",
+                                 (user, vhost))
+            elif perms is None:
+                self._db.execute("DELETE FROM topic_permissions WHERE user=? AND vhost=? AND "
+                                 "exchange=?", (user, vhost, exchange))
+            else:
+                self._db.execute("INSERT OR REPLACE INTO topic_permissions (user, vhost, exchange, "
+                                 "write, read) VALUES (?, ?, ?, ?, ?)", (user, vhost, exchange, *perms))
 
     def policies(self) -> list[dict[str, Any]]:
         """Every stored policy: RabbitMQ's shape, ``operator`` true for operator policies."""

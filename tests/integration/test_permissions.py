@@ -1,0 +1,205 @@
+"""Permissions as RabbitMQ 3.10 enforces them on the vhost "/" (issue 37): the regexes per user,
+the table of which method needs which, the texts, topic permissions, changes on open
+connections, and logins. One broker for the module (alice and bob added at runtime)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pika.exceptions
+import pytest
+from pamqp import commands
+
+from cli.control import ask
+from tests.integration.harness import Broker, finish, start_broker
+from tests.integration.rawclient import (
+    PROTOCOL_HEADER,
+    RawClient,
+    method_frame,
+    start_ok,
+)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = start_broker(tmp_path_factory.mktemp("perm") / "broker", workers=2)
+    try:
+        yield b
+    finally:
+        finish(b)
+
+
+def control(broker: Broker, **request: Any) -> dict[str, Any]:
+    return ask(str(broker.control_dir / "control.sock"), request)
+
+
+def user(broker: Broker, name: str, conf: str = ".*", write: str = ".*", read: str = ".*") -> None:
+    control(broker, command="put_user", name=name, password="pw")
+    if conf is not None:
+        assert "error" not in control(broker, command="set_permissions", user=name, vhost="/",
+                                      configure=conf, write=write, read=read)
+
+
+def login(broker: Broker, name: str) -> pika.adapters.blocking_connection.BlockingChannel:
+    password = "guest" if name == "guest" else "pw"
+    return broker.connect(credentials=pika.PlainCredentials(name, password)).channel()
+
+
+def refused(call: Any, text: str) -> None:
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+        call()
+    assert caught.value.reply_code == 403, caught.value
+    assert caught.value.reply_text == f"ACCESS_REFUSED - {text}"
+
+
+def raw_login(broker: Broker, name: str, vhost: str = "/", password: str = "pw") -> RawClient:
+    client = RawClient(broker.port)
+    client.send(PROTOCOL_HEADER)
+    client.read_until(commands.Connection.Start)
+    client.send(start_ok(name, password))
+    tune = client.read_until(commands.Connection.Tune)
+    client.send(method_frame(0, commands.Connection.TuneOk(
+        channel_max=tune.channel_max, frame_max=131072, heartbeat=0)))
+    client.send(method_frame(0, commands.Connection.Open(virtual_host=vhost)))
+    return client
+
+
+def test_guest_has_full_permissions_and_new_users_none(broker: Broker) -> None:
+    rows = control(broker, command="list_permissions", vhost="/")["permissions"]
+    assert {"user": "guest", "vhost": "/", "configure": ".*", "write": ".*", "read": ".*"} in rows
+    control(broker, command="put_user", name="nobody", password="pw")
+    assert control(broker, command="list_permissions", user="nobody")["permissions"] == []
+    client = raw_login(broker, "nobody")
+    close = client.read_until(commands.Connection.Close)
+    assert (close.reply_code, close.reply_text) == (
+        530, "NOT_ALLOWED - access to vhost '/' refused for user 'nobody'")
+    assert (close.class_id, close.method_id) == (10, 40)
+    client.close()
+
+
+def test_unknown_vhost(broker: Broker) -> None:
+    client = raw_login(broker, "guest", "other", password="guest")
+    close = client.read_until(commands.Connection.Close)
+    assert (close.reply_code, close.reply_text) == (530, "NOT_ALLOWED - vhost other not found")
+    client.close()
+
+
+def test_configure(broker: Broker) -> None:
+    user(broker, "cfg", conf="^cfg-", write=".*", read=".*")
+    ch = login(broker, "cfg")
+    ch.queue_declare("cfg-q")
+    ch.exchange_declare("cfg-x", "direct")
+    refused(lambda: ch.queue_declare("other-q"),
+            "access to queue 'other-q' in vhost '/' refused for user 'cfg'")
+    ch = login(broker, "cfg")
+    refused(lambda: ch.exchange_declare("other-x", "direct"),
+            "access to exchange 'other-x' in vhost '/' refused for user 'cfg'")
+    ch = login(broker, "cfg")
+    # server-named: checked on the amq.gen-... name, which ^cfg- does not match
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+        ch.queue_declare("")
+    assert caught.value.reply_code == 403 and "'amq.gen-" in caught.value.reply_text
+    ch = login(broker, "guest")
+    ch.queue_declare("other-q")
+    ch = login(broker, "cfg")
+    ch.queue_declare("other-q", passive=True)  # passive: nothing checked
+    refused(lambda: ch.queue_delete("other-q"),
+            "access to queue 'other-q' in vhost '/' refused for user 'cfg'")
+    login(broker, "guest").queue_declare("other-q", passive=True)  # still there
+
+
+def test_regex_is_searched_and_empty_matches_nothing(broker: Broker) -> None:
+    user(broker, "srch", conf="mid", write="", read="")
+    ch = login(broker, "srch")
+    ch.queue_declare("a-mid-z", auto_delete=True)  # not anchored
+    refused(lambda: ch.basic_get("a-mid-z"),
+            "access to queue 'a-mid-z' in vhost '/' refused for user 'srch'")
+    ch = login(broker, "srch")
+    refused(lambda: (ch.basic_publish("", "a-mid-z", b"x"), ch.queue_declare("a-mid-z", passive=True)),
+            "access to exchange 'amq.default' in vhost '/' refused for user 'srch'")
+
+
+def test_write_and_read(broker: Broker) -> None:
+    g = login(broker, "guest")
+    g.queue_declare("wr-q")
+    g.exchange_declare("wr-x", "fanout")
+    g.exchange_declare("wr-y", "fanout")
+    user(broker, "wr", conf="", write="^wr-q$|^amq.default$", read="^wr-x$")
+    ch = login(broker, "wr")
+    ch.queue_bind("wr-q", "wr-x")  # write on queue, read on exchange
+    ch.basic_publish("", "wr-q", b"m")
+    refused(lambda: ch.queue_bind("wr-q", "wr-y"),
+            "access to exchange 'wr-y' in vhost '/' refused for user 'wr'")
+    ch = login(broker, "wr")
+    refused(lambda: ch.basic_get("wr-q"),
+            "access to queue 'wr-q' in vhost '/' refused for user 'wr'")
+    ch = login(broker, "wr")
+    refused(lambda: ch.queue_purge("wr-q"),
+            "access to queue 'wr-q' in vhost '/' refused for user 'wr'")
+    ch = login(broker, "wr")
+    refused(lambda: ch.basic_consume("wr-q", lambda *a: None),
+            "access to queue 'wr-q' in vhost '/' refused for user 'wr'")
+    ch = login(broker, "wr")
+    refused(lambda: ch.exchange_bind("wr-y", "wr-x"),  # write on the destination
+            "access to exchange 'wr-y' in vhost '/' refused for user 'wr'")
+    ch = login(broker, "wr")
+    # publish: write checked before existence (then 404)
+    refused(lambda: (ch.basic_publish("missing-x", "k", b"m"), ch.queue_declare("wr-q", passive=True)),
+            "access to exchange 'missing-x' in vhost '/' refused for user 'wr'")
+    assert login(broker, "guest").queue_declare("wr-q", passive=True).method.message_count == 1
+
+
+def test_alternate_and_dead_letter_exchanges(broker: Broker) -> None:
+    user(broker, "ae", conf=".*", write="^ae-ok", read=".*")
+    ch = login(broker, "ae")
+    ch.exchange_declare("ae-a", "fanout", arguments={"alternate-exchange": "ae-ok"})
+    refused(lambda: ch.exchange_declare("ae-b", "fanout", arguments={"alternate-exchange": "ae-no"}),
+            "access to exchange 'ae-no' in vhost '/' refused for user 'ae'")
+    ch = login(broker, "ae")
+    refused(lambda: ch.queue_declare("ae-q", arguments={"x-dead-letter-exchange": "ae-no"}),
+            "access to exchange 'ae-no' in vhost '/' refused for user 'ae'")
+    ch = login(broker, "ae")
+    ch.queue_declare("ae-q2", arguments={"x-dead-letter-exchange": "ae-ok"})
+
+
+def test_revocation_on_an_open_connection(broker: Broker) -> None:
+    user(broker, "rev")
+    ch = login(broker, "rev")
+    ch.queue_declare("rev-q1")
+    ch.basic_publish("", "rev-q1", b"m")
+    control(broker, command="set_permissions", user="rev", vhost="/", configure="^rev-q1$",
+            write="", read="")
+    refused(lambda: ch.queue_declare("rev-q2"),
+            "access to queue 'rev-q2' in vhost '/' refused for user 'rev'")
+    ch = login(broker, "rev")
+    refused(lambda: (ch.basic_publish("", "rev-q1", b"m"), ch.queue_declare("rev-q1", passive=True)),
+            "access to exchange 'amq.default' in vhost '/' refused for user 'rev'")
+    control(broker, command="clear_permissions", user="rev", vhost="/")
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as caught:
+        login(broker, "rev")
+    assert "(530) \"NOT_ALLOWED - access to vhost '/' refused for user 'rev'\"" in str(caught.value)
+
+
+def test_ctl_verbs(broker: Broker) -> None:
+    import subprocess
+    import sys
+
+    from tests.integration.harness import REPO_ROOT
+    control(broker, command="put_user", name="ctlu", password="pw")
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", "ctl", "--control-socket",
+                               str(broker.control_dir / "control.sock"), *args],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert ctl("set_permissions", "-p", "/", "ctlu", "^c", "^w", "^r").returncode == 0
+    out = ctl("-q", "list_user_permissions", "ctlu").stdout.splitlines()
+    assert out[-1] == "/\t^c\t^w\t^r"
+    assert ctl("set_topic_permissions", "ctlu", "amq.topic", "^a", "^b").returncode == 0
+    assert "ctlu\tamq.topic\t^a\t^b" in ctl("-q", "list_topic_permissions").stdout
+    assert ctl("clear_topic_permissions", "ctlu").returncode == 0
+    assert ctl("clear_permissions", "ctlu").returncode == 0
+    listed = ctl("-q", "list_user_permissions", "ctlu").stdout.strip().splitlines()
+    assert listed[-1:] in ([], ["vhost\tconfigure\twrite\tread"])
+    assert ctl("set_permissions", "nosuch", ".*", ".*", ".*").returncode != 0
