@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
-from management import webui
+from management import policy_routes, webui
 from management.http import APIError, Context, RawPath
 from management.routes import bindings, connections, definitions, empty, exchanges, overview, queues, users
 
@@ -25,7 +25,8 @@ __all__ = ["Context", "api_routes", "make_app", "node_name"]
 
 # Each module's ``routes(ctx)``, in the order the router tries them: a new resource module is one
 # more entry here. ``empty`` (the paths answered with []) comes last.
-ROUTE_MODULES = (overview, users, queues, exchanges, bindings, connections, definitions, empty)
+ROUTE_MODULES = (overview, users, queues, exchanges, bindings, connections, definitions,
+                 policy_routes, empty)
 
 
 def api_routes(ctx: Context) -> list[BaseRoute]:

@@ -92,6 +92,16 @@ def matches_properties_key(given: str, routing_key: str, arguments: dict[str, An
 
 # ------------------------------------------------------------------------------- objects
 
+def policy_fields(snapshot: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
+    """``policy``, ``operator_policy`` and ``effective_policy_definition`` of a queue or exchange
+    (the snapshot's ``policies``, broker.runtime.policies.policy_snapshot)."""
+    applied = ((snapshot.get("policies") or {}).get("applied") or {}).get(kind, {}).get(name)
+    if not applied:
+        return {"policy": None, "operator_policy": None, "effective_policy_definition": {}}
+    return {"policy": applied[0], "operator_policy": applied[1],
+            "effective_policy_definition": applied[2] or {}}
+
+
 def queue_items(latest: Sample, base: Sample | None, node: Node,
                 consumers_by_queue: dict[str, int] | None = None) -> list[dict[str, Any]]:
     snapshot = latest.snapshot
@@ -125,7 +135,7 @@ def queue_items(latest: Sample, base: Sample | None, node: Node,
             "node": node.name,
             "type": "classic",
             "state": "running",
-            "policy": None,
+            **policy_fields(snapshot, "queue", name),
             "exclusive_consumer_tag": None,
             "owner_pid_details": ({"name": names.get((owner[0], owner[1]), ""),
                                    "peer_host": "", "peer_port": 0}
@@ -178,7 +188,7 @@ def exchange_items(latest: Sample, node: Node, base: Sample | None = None) -> li
         "internal": internal,
         "arguments": arguments,
         "user_who_performed_action": "rmq-internal" if name == "" or name.startswith("amq.") else "",
-        "policy": None,
+        **policy_fields(latest.snapshot, "exchange", name),
         "message_stats": stats(name),
     } for name, type, durable, auto_delete, internal, arguments, *_ in
         latest.snapshot.get("exchanges", ())]

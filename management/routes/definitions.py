@@ -15,6 +15,7 @@ from management.http import (
     VHOST,
     Context,
     Resource,
+    bad_request,
     body_json,
     check_vhost,
     flag,
@@ -23,6 +24,7 @@ from management.http import (
     seg,
 )
 from management.routes.users import permission_items, user_item
+from management.stats import ask
 
 
 class Definitions(Resource):
@@ -55,7 +57,7 @@ class Definitions(Resource):
             out["topic_permissions"] = []
             out["parameters"] = []
             out["global_parameters"] = []
-        out["policies"] = []
+        out["policies"] = list((s.snapshot.get("policies") or {}).get("policies", []))
         out["queues"] = queues
         out["exchanges"] = exchanges
         out["bindings"] = bindings
@@ -88,6 +90,13 @@ class Definitions(Resource):
 
         def vhost_ok(item: dict[str, Any]) -> bool:
             return item.get("vhost", VHOST) == VHOST
+
+        for p in body.get("policies") or []:  # through the supervisor, before the queues
+            if isinstance(p, dict) and vhost_ok(p):
+                answer = await ask(self.ctx.control_path, {**p, "command": "set_policy",
+                                                           "vhost": VHOST})
+                if "error" in answer:
+                    raise bad_request(str(answer["error"]))
 
         async def run(c: amqp_ops.Client) -> None:
             for x in body.get("exchanges") or []:
