@@ -526,11 +526,11 @@ class AMQPConnection:
 
     def _on_open(self, method: commands.Connection.Open) -> None:
         self.vhost = vhost = self._handshake.open(method)
+        if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
+            raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
         self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
         self._events.append(
             ConnectionOpened(
-        if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
-            raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
                 vhost,
                 self.user,
                 self.client_properties,
