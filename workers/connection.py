@@ -136,11 +136,11 @@ class AMQPConnection:
         self.user = ""
         self.client_properties: dict[str, Any] = {}
         self.close_reason: str | None = None
+        # (user, vhost) -> may open it: the worker's permissions (workers.access); None: anyone
+        self.vhost_access: Callable[[str, str], bool] | None = None
 
         # Heartbeats and timeouts, in the runtime's clock (heartbeat_tick), from byte counts.
         self._liveness = Liveness(handshake_timeout)
-        # (user, vhost) -> may open it: the worker's permissions (workers.access); None: anyone
-        self.vhost_access: Callable[[str, str], bool] | None = None
 
     # -- public: state ----------------------------------------------------------
 

@@ -100,10 +100,10 @@ class Supervisor:
         self._backlog = trio.Event()
         self.durability: Durability | None = None  # --data-dir
         self.users: dict[str, str] = {}  # who may log in: name -> stored password (setup)
-        self.samples: ProcSampleWriter | None = None  # --trace: CPU and memory of the processes
-        self.management: ManagementChild | None = None  # --management-port
         self.permissions: Table = {}  # broker.permissions' tables (setup)
         self.topic_permissions: TopicTable = {}
+        self.samples: ProcSampleWriter | None = None  # --trace: CPU and memory of the processes
+        self.management: ManagementChild | None = None  # --management-port
 
     # ------------------------------------------------------------ lifecycle
 
@@ -161,16 +161,16 @@ class Supervisor:
         self.port = self._listener.getsockname()[1]
         self.control_path = c.control_socket or default_control_path(self.port)
         store = self.durability.definitions if self.durability is not None else None
-        self.user_admin = RuntimeUsers(  # changes self.users (and the tags) in place
-            self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
-            self.flush, self.management.tell_users if self.management is not None else None)
-        self._control = ControlServer(
         if store is not None:
             self.permissions, self.topic_permissions = store.permissions(), store.topic_permissions()
         else:  # no data directory: the users given, or guest, have full permissions on "/"
             self.permissions = {name: {"/": FULL} for name in self.users}
         self.permission_admin = RuntimePermissions(
             self.permissions, self.topic_permissions, self.users, store, self.dispatcher, self.flush)
+        self.user_admin = RuntimeUsers(  # changes self.users (and the tags) in place
+            self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
+            self.flush, self.management.tell_users if self.management is not None else None)
+        self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
         self._control_sock = self._control.bind(self.control_path)
@@ -297,6 +297,7 @@ class Supervisor:
             max_message_size=c.max_message_size, log_level=c.log_level,
             loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
+            permissions=self.permissions, topic_permissions=self.topic_permissions,
             data_dir=str(self.durability.path) if self.durability is not None else "",
         ), self.users)
 
@@ -316,7 +317,6 @@ class Supervisor:
         except RingCorrupt as exc:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
-            permissions=self.permissions, topic_permissions=self.topic_permissions,
         self._check_deadline()  # its channels' deliveries go back over the timer's next ticks
         w.pending.clear()
         w.unapplied.clear()
