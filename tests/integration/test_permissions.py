@@ -4,6 +4,7 @@ connections, and logins. One broker for the module (alice and bob added at runti
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -171,6 +172,7 @@ def test_revocation_on_an_open_connection(broker: Broker) -> None:
     ch.basic_publish("", "rev-q1", b"m")
     control(broker, command="set_permissions", user="rev", vhost="/", configure="^rev-q1$",
             write="", read="")
+    time.sleep(0.3)  # the change reaches the workers on their rings, after the control answer
     refused(lambda: ch.queue_declare("rev-q2"),
             "access to queue 'rev-q2' in vhost '/' refused for user 'rev'")
     ch = login(broker, "rev")
