@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli import ctl
+from cli import ctl, ctl_format, ctl_group
 
 SNAPSHOT = {
     "vhost": "/",
@@ -27,37 +27,37 @@ USERS = [{"name": "guest", "tags": ["administrator"], "password_hash": "h",
 
 
 def test_values_are_written_as_rabbitmqctl_writes_them() -> None:
-    assert ctl.format_value("durable", True) == "true"
-    assert ctl.format_value("arguments", {}) == "[]"
-    assert ctl.format_value("arguments", {"x-max-length": 10}) == '[{"x-max-length",10}]'
-    assert ctl.format_value("arguments", {"x-dead-letter-exchange": "dlx", "x-q": True}) == \
+    assert ctl_format.format_value("durable", True) == "true"
+    assert ctl_format.format_value("arguments", {}) == "[]"
+    assert ctl_format.format_value("arguments", {"x-max-length": 10}) == '[{"x-max-length",10}]'
+    assert ctl_format.format_value("arguments", {"x-dead-letter-exchange": "dlx", "x-q": True}) == \
         '[{"x-dead-letter-exchange","dlx"},{"x-q",true}]'
-    assert ctl.format_value("tags", ["administrator", "monitoring"]) == "[administrator, monitoring]"
-    assert ctl.format_value("tags", []) == "[]"
-    assert ctl.format_value("policy", None) == ""
+    assert ctl_format.format_value("tags", ["administrator", "monitoring"]) == "[administrator, monitoring]"
+    assert ctl_format.format_value("tags", []) == "[]"
+    assert ctl_format.format_value("policy", None) == ""
 
 
 def test_list_queues_rows_and_table() -> None:
-    rows = ctl.queue_rows(SNAPSHOT)
-    assert ctl.table(("name", "messages"), rows) == ["name\tmessages", "q1\t1", "q2\t2", "ex\t0"]
+    rows = ctl_format.queue_rows(SNAPSHOT)
+    assert ctl_format.table(("name", "messages"), rows) == ["name\tmessages", "q1\t1", "q2\t2", "ex\t0"]
     cols = ("name", "messages_ready", "messages_unacknowledged", "consumers", "durable",
             "auto_delete", "arguments", "exclusive", "state", "type", "policy")
-    assert ctl.table(cols, rows)[2] == \
+    assert ctl_format.table(cols, rows)[2] == \
         "q2\t0\t2\t1\tfalse\tfalse\t[{\"x-max-length\",10}]\tfalse\trunning\tclassic\t"
-    assert ctl.table(("name",), rows, headers=False) == ["q1", "q2", "ex"]
+    assert ctl_format.table(("name",), rows, headers=False) == ["q1", "q2", "ex"]
 
 
 def test_json_formatter_is_one_object_a_line() -> None:
-    rows = ctl.queue_rows(SNAPSHOT)[:2]
-    text = ctl.json_rows(("name", "messages"), rows)
+    rows = ctl_format.queue_rows(SNAPSHOT)[:2]
+    text = ctl_format.json_rows(("name", "messages"), rows)
     assert text == '[\n{"name":"q1","messages":1}\n,{"name":"q2","messages":2}\n]'
-    assert ctl.json_rows(("name",), []) == "[\n]"
-    args = ctl.json_rows(("arguments",), ctl.queue_rows(SNAPSHOT)[1:2])
+    assert ctl_format.json_rows(("name",), []) == "[\n]"
+    args = ctl_format.json_rows(("arguments",), ctl_format.queue_rows(SNAPSHOT)[1:2])
     assert json.loads(args) == [{"arguments": [["x-max-length", "signedint", 10]]}]
 
 
 def test_bindings_list_the_default_exchange_first() -> None:
-    lines = ctl.table(ctl.DEFAULTS["bindings"], ctl.binding_rows(SNAPSHOT))
+    lines = ctl_format.table(ctl_format.DEFAULTS["bindings"], ctl_format.binding_rows(SNAPSHOT))
     assert lines[0] == "source_name\tsource_kind\tdestination_name\tdestination_kind\trouting_key\targuments"
     assert lines[1] == "\texchange\tq1\tqueue\tq1\t[]"
     assert lines[-1] == "ex1\texchange\tex\tqueue\tk\t[]"
@@ -66,18 +66,18 @@ def test_bindings_list_the_default_exchange_first() -> None:
 def test_connections_channels_consumers_users() -> None:
     conns = [{"worker": 0, "conn": 3, "peer": "127.0.0.1:5000", "name": "127.0.0.1:5000 -> 127.0.0.1:5672",
               "user": "guest", "vhost": "/", "state": "running", "channels": 1}]
-    rows = ctl.connection_rows(conns)
-    assert ctl.table(ctl.DEFAULTS["connections"], rows)[1] == "guest\t127.0.0.1\t5000\trunning"
-    channels = ctl.channel_rows(SNAPSHOT, conns)
-    assert ctl.table(ctl.DEFAULTS["channels"], channels)[1] == "<shoal.0.3.1>\tguest\t1\t2"
-    consumers = ctl.table(ctl.DEFAULTS["consumers"], ctl.consumer_rows(SNAPSHOT))
+    rows = ctl_format.connection_rows(conns)
+    assert ctl_format.table(ctl_format.DEFAULTS["connections"], rows)[1] == "guest\t127.0.0.1\t5000\trunning"
+    channels = ctl_format.channel_rows(SNAPSHOT, conns)
+    assert ctl_format.table(ctl_format.DEFAULTS["channels"], channels)[1] == "<shoal.0.3.1>\tguest\t1\t2"
+    consumers = ctl_format.table(ctl_format.DEFAULTS["consumers"], ctl_format.consumer_rows(SNAPSHOT))
     assert consumers[1] == "q2\t<shoal.0.3.1>\tctag1\ttrue\t\ttrue\t[]"
-    assert ctl.table(ctl.USER_COLUMNS, ctl.user_rows(USERS)) == \
+    assert ctl_format.table(ctl_format.USER_COLUMNS, ctl_format.user_rows(USERS)) == \
         ["user\ttags", "guest\t[administrator]", "u1\t[]"]
 
 
 def test_export_leaves_out_what_rabbitmq_leaves_out() -> None:
-    out = ctl.export_definitions(SNAPSHOT, USERS, "1.0")
+    out = ctl_format.export_definitions(SNAPSHOT, USERS, "1.0")
     assert [q["name"] for q in out["queues"]] == ["q1", "q2"]  # not the exclusive one
     assert [x["name"] for x in out["exchanges"]] == ["ex1"]
     assert out["bindings"] == [{"arguments": {}, "destination": "q1", "destination_type": "queue",
@@ -111,7 +111,7 @@ def answers(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
             return {"error": 'User "nobody" does not exist', "code": "missing"}
         return {"name": request.get("name"), "tags": [], "password_hash": "x"}
 
-    monkeypatch.setattr(ctl, "ask", ask)
+    monkeypatch.setattr(ctl_group, "ask", ask)
     return sent
 
 
