@@ -117,6 +117,7 @@ class _Reader:
         self.loopback: dict[str, tuple[bool, int]] = {}  # name -> (restricted, line)
         self.loopback_none: int = 0  # line of `loopback_users = none`
         self.console_off: int = 0  # line of `log.console = false`
+        self.ssl_host: tuple[str, str, int] | None = None  # listeners.ssl's address, key, line
 
     def line(self, number: int, line: str) -> None:
         match = _LINE.fullmatch(line)
@@ -142,6 +143,9 @@ class _Reader:
             self._listener(key, value, line)
         elif key.startswith("loopback_users."):
             self._loopback_user(key, value, line)
+        elif key in _SSL_OPTIONS:
+            option, convert = _SSL_OPTIONS[key]
+            self.set(option, convert(value), key, line)
         elif key in _PENDING or key.startswith("ssl_options."):
             self._pending(key, value, line)
         elif key.startswith("log.file."):
@@ -156,10 +160,12 @@ class _Reader:
             raise _Invalid(f"a second {kind} listener: Shoal has one, given by {first} "
                            f"(line {first_line})")
         self.listener[kind] = (key, line)
-        if kind == "ssl":
-            self._pending(key, value, line)
-            return
         host, port = _host_port(value)
+        if kind == "ssl":  # --tls-port, on --host's address (Shoal binds both on one address)
+            if host is not None:
+                self.ssl_host = (host, key, line)
+            self.set("tls_port", port, key, line)
+            return
         if host is not None:
             self.set("host", host, key, line)
         self.set("port", port, key, line)
@@ -191,6 +197,15 @@ class _Reader:
             names = frozenset(name for name, (on, _) in self.loopback.items() if on)
             line = max(line for _, line in self.loopback.values())
             self.set("loopback_users", names, "loopback_users", line)
+        if self.ssl_host is not None:
+            host, key, line = self.ssl_host
+            tcp = self.settings.get("host")
+            if tcp is None:
+                self.set("host", host, key, line)
+            elif tcp.value != host:
+                raise ConfigFileError(self.path, line, key, (
+                    f"{host} is not {tcp.value} ({tcp.key}, line {tcp.line}): Shoal binds its "
+                    "TLS listener on the AMQP listener's address"))
         if self.console_off:  # log.console = false outranks any log.console.level
             self.set("log_level", "critical", "log.console", self.console_off)
         return self.settings
@@ -335,6 +350,22 @@ def _log_console(reader: _Reader, key: str, value: str, line: int) -> None:
 def _log_file(reader: _Reader, key: str, value: str, line: int) -> None:
     if value != "false":
         raise _Invalid(_LOG_FILE)
+
+
+def _verify(value: str) -> bool:
+    if value not in ("verify_peer", "verify_none"):
+        raise _Invalid(f"expected verify_peer or verify_none; got {value!r}")
+    return value == "verify_peer"
+
+
+# RabbitMQ's ssl_options that `shoal serve --tls-*` takes (the others are refused: NOT_YET).
+_SSL_OPTIONS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "ssl_options.certfile": ("tls_cert", str),
+    "ssl_options.keyfile": ("tls_key", str),
+    "ssl_options.cacertfile": ("tls_ca", str),
+    "ssl_options.verify": ("tls_verify_peer", _verify),
+    "ssl_options.fail_if_no_peer_cert": ("tls_fail_if_no_peer_cert", _boolean),
+}
 
 
 _RULES: dict[str, _Rule] = {

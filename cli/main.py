@@ -210,6 +210,24 @@ def main() -> None:
               callback=_parse_loopback_users,
               help="Users who may log in only from a loopback address, comma-separated "
               "(RabbitMQ's loopback_users); none: no such user.")
+@click.option("--tls-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+              help="AMQPS (AMQP over TLS 1.2/1.3) port on --host's address, shared by all "
+              "workers as --port is (RabbitMQ's listeners.ssl.default, 5671; 0: none). Needs "
+              "--tls-cert and --tls-key.")
+@click.option("--tls-cert", default=None, type=click.Path(dir_okay=False), metavar="PEM",
+              help="The server's certificate (chain), PEM (ssl_options.certfile).")
+@click.option("--tls-key", default=None, type=click.Path(dir_okay=False), metavar="PEM",
+              help="The server certificate's private key, PEM (ssl_options.keyfile); each "
+              "worker reads the file itself.")
+@click.option("--tls-ca", default=None, type=click.Path(dir_okay=False), metavar="PEM",
+              help="CA certificates client certificates must chain to (ssl_options.cacertfile).")
+@click.option("--tls-verify-peer/--tls-verify-none", default=False, show_default=True,
+              help="Ask clients for a certificate and refuse one that does not chain to --tls-ca "
+              "(ssl_options.verify = verify_peer); a verified certificate's CN may log in with "
+              "the EXTERNAL mechanism.")
+@click.option("--tls-fail-if-no-peer-cert/--tls-allow-no-peer-cert", default=False,
+              show_default=True, help="With --tls-verify-peer, refuse a client that sends no "
+              "certificate (ssl_options.fail_if_no_peer_cert).")
 @click.option("--control-socket", default=None, type=click.Path(dir_okay=False),
               show_default="$XDG_RUNTIME_DIR/shoal-PORT.sock or /tmp/shoal-UID/shoal-PORT.sock",
               help="Unix socket (mode 0600) on which `shoal list-connections` asks the broker.")

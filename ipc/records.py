@@ -606,3 +606,11 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     # could read them. -1: none.
     users_fd: int = -1
     users: dict[str, str] = {}  # name -> password; empty: nobody logs in. Filled from users_fd
+    # The AMQPS listener (shoal serve --tls-port), shared as listen_fd is; -1: none. The worker
+    # loads the certificate and key from these paths itself (ipc.tls): no key material here.
+    tls_listen_fd: int = -1
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_verify_peer: bool = False
+    tls_fail_if_no_peer_cert: bool = False

@@ -115,11 +115,14 @@ class AMQPConnection:
         handshake_timeout: float = 10.0,
         peer_is_loopback: bool = True,
         loopback_users: frozenset[str] = frozenset({"guest"}),
+        # A TLS connection's verified client certificate CN: EXTERNAL is offered (sasl.py).
+        external_user: str | None = None,
     ) -> None:
         self._handshake = Handshake(
             server_properties=server_properties, frame_max=frame_max, channel_max=channel_max,
             heartbeat=heartbeat, users=sasl.DEFAULT_USERS if users is None else users,
             peer_is_loopback=peer_is_loopback, loopback_users=loopback_users,
+            external_user=external_user,
         )
 
         self._state = State.HANDSHAKE

@@ -48,6 +48,7 @@ class Handshake:
         users: Mapping[str, str],
         peer_is_loopback: bool,
         loopback_users: frozenset[str],
+        external_user: str | None = None,
     ) -> None:
         self._server_properties = server_properties
         self._frame_max = frame_max
@@ -55,7 +56,8 @@ class Handshake:
         self._heartbeat = heartbeat
         # RabbitMQ's loopback_users: these may log in only from a loopback address.
         self._authenticator = sasl.Authenticator(
-            users, peer_is_loopback=peer_is_loopback, loopback_users=loopback_users)
+            users, peer_is_loopback=peer_is_loopback, loopback_users=loopback_users,
+            external_user=external_user)
         self.client_properties: dict[str, Any] = {}
         self.user = ""
         self.refused_login: tuple[str, str] | None = None  # (user, why) for the runtime's log
@@ -68,7 +70,7 @@ class Handshake:
             version_major=0,
             version_minor=9,
             server_properties=self._server_properties,
-            mechanisms=" ".join(sasl.MECHANISMS),
+            mechanisms=" ".join(self._authenticator.mechanisms),
             locales="en_US",
         )
         return codec.encode_method(0, start)

@@ -15,6 +15,7 @@ from workers import codec
 
 _DECODERS = {"PLAIN": codec.decode_plain_response, "AMQPLAIN": codec.decode_amqplain_response}
 MECHANISMS = tuple(_DECODERS)
+EXTERNAL = "EXTERNAL"
 # Without users given (tests): RabbitMQ's default user, stored as the supervisor stores it.
 DEFAULT_USERS = hashed(dict([DEFAULT_USER]))
 
@@ -33,11 +34,16 @@ class Authenticator:
     """The users one connection may log in as (name -> stored password, ``broker.passwords``),
     and from where."""
 
-    __slots__ = ("_loopback_users", "_peer_is_loopback", "_users")
+    __slots__ = ("_external_user", "_loopback_users", "_peer_is_loopback", "_users", "mechanisms")
 
     def __init__(
-        self, users: Mapping[str, str], *, peer_is_loopback: bool, loopback_users: frozenset[str]
+        self, users: Mapping[str, str], *, peer_is_loopback: bool, loopback_users: frozenset[str],
+        external_user: str | None = None,
     ) -> None:
+        # EXTERNAL (RabbitMQ's rabbitmq_auth_mechanism_ssl): a TLS connection whose client
+        # certificate was verified logs in as its CN, offered only there.
+        self._external_user = external_user
+        self.mechanisms = MECHANISMS if external_user is None else (*MECHANISMS, EXTERNAL)
         # The worker's table itself, not a copy: a user added, changed or deleted at runtime
         # (Worker.users_changed) counts for a connection that logs in after the change.
         self._users = users
@@ -46,6 +52,8 @@ class Authenticator:
 
     def authenticate(self, mechanism: str, response: str | bytes) -> str:
         """The user start-ok's response names; raises SaslRefusal, or 503/502 (start-ok ids)."""
+        if mechanism == EXTERNAL and self._external_user is not None:
+            return self._external(self._external_user)
         decoder = _DECODERS.get(mechanism)
         if decoder is None:
             raise errors.CommandInvalid(f"unknown authentication mechanism '{mechanism}'", 10, 11)
@@ -65,4 +73,17 @@ class Authenticator:
                 f"{mechanism} login refused: user '{user}' can only connect via localhost",
                 user, "can only connect via localhost",
             )
+        return user
+
+    def _external(self, user: str) -> str:
+        """EXTERNAL: the certificate's CN, which must be a user of the broker (no password);
+        the response is not looked at, as in RabbitMQ."""
+        if user not in self._users:
+            raise SaslRefusal(
+                f"Login was refused using authentication mechanism {EXTERNAL}. "
+                "For details see the broker logfile.", user, "unknown user (certificate CN)")
+        if user in self._loopback_users and not self._peer_is_loopback:
+            raise SaslRefusal(
+                f"{EXTERNAL} login refused: user '{user}' can only connect via localhost",
+                user, "can only connect via localhost")
         return user

@@ -29,6 +29,7 @@ import logging
 import math
 import signal
 import socket
+import ssl
 import sys
 import termios
 import time
@@ -37,7 +38,7 @@ from typing import Any, Final
 import trio
 
 from broker import errors
-from ipc import collector
+from ipc import collector, tls
 from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
@@ -55,6 +56,9 @@ log_connection = logging.getLogger("shoal.connection")
 
 CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
 SHUTDOWN_GRACE = 1.0
+TLS_HANDSHAKE_TIMEOUT = 5.0  # RabbitMQ's ssl_handshake_timeout
+TLS_RECEIVE_SIZE = 256 << 10  # a pump's read: a TLS record is 16 KiB at most
+TLS_PAIR_BUFFER = 1 << 20  # the socket pair's buffers: a few big messages in flight
 CLOSE_LINGER = 2.0  # how long a closed connection's socket is read (and dropped) for its EOF
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
 ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
@@ -156,6 +160,14 @@ class Server:
             nursery.start_soon(self._body_syncer)
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(self._accept, listener, nursery)
+            c = self.config
+            if c.tls_listen_fd >= 0:  # --tls-port: this worker loads the files itself
+                context = tls.server_context(
+                    c.tls_cert, c.tls_key, c.tls_ca, verify_peer=c.tls_verify_peer,
+                    fail_if_no_peer_cert=c.tls_fail_if_no_peer_cert)
+                tls_listener = socket.socket(fileno=c.tls_listen_fd)
+                tls_listener.setblocking(False)
+                nursery.start_soon(self._accept, tls_listener, nursery, context)
             collector.settle()  # started: nothing of a client's is alive yet
             self.worker.hello()
 
@@ -339,7 +351,10 @@ class Server:
 
     # ---------------------------------------------------------- connections
 
-    async def _accept(self, listener: socket.socket, nursery: trio.Nursery) -> None:
+    async def _accept(self, listener: socket.socket, nursery: trio.Nursery,
+                      context: ssl.SSLContext | None = None) -> None:
+        """Accept from ``listener``: the AMQP port, or with ``context`` the AMQPS one (both
+        loops count into the same balance)."""
         region = self.worker.region
         self._accepting = True
         region.connections = self._open
@@ -365,7 +380,10 @@ class Server:
                     await stream.aclose()
                     continue
                 self._count_connection(+1)
-                nursery.start_soon(self._connection, stream, sock)
+                if context is None:
+                    nursery.start_soon(self._connection, stream, sock)
+                else:
+                    nursery.start_soon(self._tls_connection, stream, sock, context)
         finally:
             self._accepting = False
             region.connections = NOT_ACCEPTING
@@ -375,21 +393,23 @@ class Server:
         if self._accepting:
             self.worker.region.connections = self._open
 
-    async def _connection(self, stream: trio.SocketStream, sock: socket.socket) -> None:
-        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    async def _connection(self, stream: trio.SocketStream, sock: socket.socket,
+                          via_tls: _ViaTLS | None = None) -> None:
+        """One client connection: the AMQP protocol over ``sock``, the accepted socket, or with
+        ``via_tls`` the worker's end of the socket pair a TLS connection's pumps feed."""
         c = self.config
-        peer = local = ""
-        with contextlib.suppress(OSError):
-            peer_host, peer_port = sock.getpeername()[:2]
-            peer = f"{peer_host}:{peer_port}"
-            local_host, local_port = sock.getsockname()[:2]
-            local = f"{local_host}:{local_port}"
+        if via_tls is None:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer, local = _addresses(sock)
+        else:
+            peer, local = via_tls.peer, via_tls.local
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users,
             peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
             loopback_users=c.loopback_users,
+            external_user=via_tls.external_user if via_tls is not None else None,
         )
         handler = ConnectionHandler(
             self.worker, next(self.worker.conn_ids), proto, arena=self.worker.region.arena,
@@ -420,6 +440,104 @@ class Server:
                 _log_closed(handler)
             self._count_connection(-1)
             await stream.aclose()
+
+    async def _tls_connection(self, stream: trio.SocketStream, sock: socket.socket,
+                              context: ssl.SSLContext) -> None:
+        """An AMQPS connection: the TLS handshake (trio's SSLStream over the accepted socket),
+        then the plain connection's reader and writer over one end of a socket pair, and two
+        pumps between the other end and the TLS stream. The plain path pays nothing for TLS;
+        a TLS connection pays a copy through the pair on top of its crypto."""
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer, local = _addresses(sock)
+        tls_stream = trio.SSLStream(stream, context, server_side=True)
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                await tls_stream.do_handshake()
+        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
+                OSError) as exc:
+            cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+            log_connection.warning("TLS handshake of %s failed: %s", peer or "?",
+                                   cause or "handshake timeout")
+            self._count_connection(-1)
+            with trio.move_on_after(0.5) as scope:
+                scope.shield = True
+                await stream.aclose()
+            return
+        # A certificate is only there when verify_peer checked it against --tls-ca.
+        user = tls.common_name(tls_stream.getpeercert())
+        ours, theirs = socket.socketpair()
+        for end in (ours, theirs):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, TLS_PAIR_BUFFER)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, TLS_PAIR_BUFFER)
+            end.setblocking(False)
+        inner = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
+        pumped = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_pump_in, tls_stream, pumped)
+                out_done = trio.Event()
+                nursery.start_soon(_pump_out, pumped, tls_stream, out_done)
+                await self._connection(inner, ours, _ViaTLS(peer, local, user))
+                with trio.move_on_after(SHUTDOWN_GRACE):  # what the writer sent goes out
+                    await out_done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.move_on_after(0.5) as scope:
+                scope.shield = True
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await tls_stream.aclose()  # close_notify, then the socket
+                await pumped.aclose()
+
+
+class _ViaTLS:
+    """What a TLS connection's AMQP side takes from the TLS socket: its addresses and the
+    user its verified client certificate names (EXTERNAL), if any."""
+
+    __slots__ = ("external_user", "local", "peer")
+
+    def __init__(self, peer: str, local: str, external_user: str | None) -> None:
+        self.peer = peer
+        self.local = local
+        self.external_user = external_user
+
+
+async def _pump_in(tls_stream: trio.SSLStream[trio.SocketStream],
+                   pumped: trio.SocketStream) -> None:
+    """Client → connection: decrypted bytes into the pair (its buffer full, this stops reading
+    the TLS socket: credit flow reaches the client's TCP window as on the plain path); the
+    client's EOF, or a broken TLS stream, is EOF on the pair."""
+    try:
+        while data := await tls_stream.receive_some(TLS_RECEIVE_SIZE):
+            await pumped.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        await pumped.send_eof()
+
+
+async def _pump_out(pumped: trio.SocketStream, tls_stream: trio.SSLStream[trio.SocketStream],
+                    done: trio.Event) -> None:
+    """Connection → client: what the writer sent, encrypted; ``done`` at the pair's EOF (the
+    connection's last frame is out)."""
+    try:
+        while data := await pumped.receive_some(TLS_RECEIVE_SIZE):
+            await tls_stream.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    finally:
+        done.set()
+
+
+def _addresses(sock: socket.socket) -> tuple[str, str]:
+    """A client socket's peer and local addresses, HOST:PORT (empty when it is gone)."""
+    peer = local = ""
+    with contextlib.suppress(OSError):
+        peer_host, peer_port = sock.getpeername()[:2]
+        peer = f"{peer_host}:{peer_port}"
+        local_host, local_port = sock.getsockname()[:2]
+        local = f"{local_host}:{local_port}"
+    return peer, local
+
 
 def _nothing() -> None:
     pass

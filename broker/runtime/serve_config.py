@@ -68,6 +68,15 @@ class ServeConfig:
     users: dict[str, str] = field(default_factory=dict)
     # RabbitMQ's loopback_users: these may log in only from a loopback address.
     loopback_users: frozenset[str] = frozenset({"guest"})
+    # The AMQPS listener (RabbitMQ's listeners.ssl.default and ssl_options; ipc.tls): its port
+    # (0: none) on --host's address, the PEM files, and whether client certificates are asked
+    # for and checked (verify_peer) and required (fail_if_no_peer_cert).
+    tls_port: int = 0
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_verify_peer: bool = False
+    tls_fail_if_no_peer_cert: bool = False
 
 
     def arena_watermarks(self) -> tuple[int, int]:

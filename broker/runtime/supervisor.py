@@ -55,6 +55,7 @@ from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
+from ipc.tls import TLSSettingsError, server_context
 from ipc.wakeup import wait_for_work, wake_if_sleeping
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ class Supervisor:
         self.stopping = False
         self.port = 0
         self._listener: socket.socket | None = None
+        self._tls_listener: socket.socket | None = None  # --tls-port
         self._control_sock: socket.socket | None = None
         self.control_path = ""
         self._alive_r, self._alive_w = os.pipe()
@@ -113,6 +115,8 @@ class Supervisor:
         half-recovered broker), then sweep what dead instances left and create the regions and
         the control socket."""
         self._listener = self._bind()
+        if self.config.tls_port:
+            self._tls_listener = self._bind_tls()
         if self.config.management_port:
             try:
                 self.management = ManagementChild(  # binds: a port in use fails here
@@ -176,10 +180,23 @@ class Supervisor:
         self._control_sock = self._control.bind(self.control_path)
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
 
-    def _bind(self) -> socket.socket:
+    def _bind_tls(self) -> socket.socket:
+        """The AMQPS listener: the TLS files are loaded once here to check them (ipc.tls; the
+        context is dropped at once, the workers load their own), then the port is bound."""
+        c = self.config
+        if not c.tls_cert or not c.tls_key:
+            raise TLSSettingsError("--tls-port needs --tls-cert and --tls-key")
+        server_context(c.tls_cert, c.tls_key, c.tls_ca or "", verify_peer=c.tls_verify_peer,
+                       fail_if_no_peer_cert=c.tls_fail_if_no_peer_cert)
+        try:
+            return self._bind(c.tls_port)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, f"{c.host}:{c.tls_port}") from None
+
+    def _bind(self, port: int | None = None) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.config.host, self.config.port))
+        sock.bind((self.config.host, self.config.port if port is None else port))
         sock.listen(1024)
         sock.setblocking(False)
         return sock
@@ -195,6 +212,8 @@ class Supervisor:
             self._control.close(self._control_sock, self.control_path)
         if self._listener is not None:
             self._listener.close()
+        if self._tls_listener is not None:
+            self._tls_listener.close()
         if self.management is not None:
             self.management.close()
         for fd in (self._alive_r, self._alive_w):
@@ -299,6 +318,9 @@ class Supervisor:
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
             data_dir=str(self.durability.path) if self.durability is not None else "",
+            tls_listen_fd=self._tls_listener.fileno() if self._tls_listener is not None else -1,
+            tls_cert=c.tls_cert or "", tls_key=c.tls_key or "", tls_ca=c.tls_ca or "",
+            tls_verify_peer=c.tls_verify_peer, tls_fail_if_no_peer_cert=c.tls_fail_if_no_peer_cert,
         ), self.users)
 
     def _forget(self, w: WorkerSlot, *, replacement_awaited: bool = False) -> None:
@@ -528,6 +550,7 @@ class Supervisor:
             "instance": self.instance,
             "control": self.control_path,
             "management_port": self.management.port if self.management is not None else 0,
+            "tls_port": self._tls_listener.getsockname()[1] if self._tls_listener is not None else 0,
         }
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
@@ -543,6 +566,10 @@ def run(config: ServeConfig) -> int:
     sup = Supervisor(config)
     try:
         sup.setup()
+    except TLSSettingsError as exc:
+        log.error("cannot start: TLS: %s", exc)
+        sup.cleanup()
+        return 1
     except (DataDirInUse, DataDirDamaged, DefinitionStoreError, ArenasFull) as exc:
         log.error("cannot start: %s", exc)
         sup.cleanup()
@@ -557,6 +584,8 @@ def run(config: ServeConfig) -> int:
         return 1
     log.info("Shoal %s listening on %s:%d with %d worker(s)",
              sup.instance, config.host, sup.port, config.workers)
+    if sup._tls_listener is not None:
+        log.info("AMQPS (TLS) listening on %s:%d", config.host, sup._tls_listener.getsockname()[1])
     try:
         run_profiled("supervisor", trio.run, sup.run, instruments=trio_instruments("supervisor"))
     finally:

@@ -94,7 +94,9 @@ async def start_worker(cfg: r.WorkerConfig, users: dict[str, str]) -> trio.Proce
         os.close(users_w)
         users_w = -1
         cfg = msgspec.structs.replace(cfg, users_fd=users_r)
-        fds = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd, users_r)
+        fds: tuple[int, ...] = (cfg.listen_fd, cfg.request_fd, cfg.event_fd, cfg.alive_fd, users_r)
+        if cfg.tls_listen_fd >= 0:  # --tls-port: the AMQPS listener, shared as the plain one
+            fds += (cfg.tls_listen_fd,)
         argv = [sys.executable, "-m", "workers.main", msgspec.json.encode(cfg).decode()]
         env = {k: v for k, v in os.environ.items() if k != USERS_ENV}
         return await trio.lowlevel.open_process(argv, pass_fds=fds, env=env)

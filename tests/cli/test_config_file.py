@@ -121,14 +121,29 @@ def test_a_refused_password_is_never_echoed() -> None:
 
 @pytest.mark.parametrize(("key", "option"), [
     ("management.tcp.port", "management_port"), ("management.tcp.ip", "management_host"),
-    ("prometheus.tcp.port", "prometheus_port"), ("listeners.ssl.default", "ssl_port"),
-    ("ssl_options.certfile", "ssl_certfile"), ("load_definitions", "load_definitions"),
+    ("prometheus.tcp.port", "prometheus_port"), ("load_definitions", "load_definitions"),
+    ("ssl_options.depth", "ssl_depth"),
 ])
 def test_features_being_built_map_only_onto_an_option_serve_has(key: str, option: str) -> None:
     """A key for a feature `shoal serve` may lack maps onto its option when there is one, and
     is refused as not supported yet when there is none."""
     assert _values(f"{key} = 15999", {option}) == {option: "15999"}
     assert NOT_YET in _refused(f"{key} = 15999", set()).reason
+
+
+def test_tls_keys_map_onto_the_tls_options() -> None:
+    """listeners.ssl.default and ssl_options.* set `shoal serve --tls-*` (issue 37)."""
+    conf = ("listeners.ssl.default = 5671\nssl_options.certfile = /c.pem\n"
+            "ssl_options.keyfile = /k.pem\nssl_options.cacertfile = /ca.pem\n"
+            "ssl_options.verify = verify_peer\nssl_options.fail_if_no_peer_cert = true\n")
+    assert _values(conf, set()) == {
+        "tls_port": 5671, "tls_cert": "/c.pem", "tls_key": "/k.pem", "tls_ca": "/ca.pem",
+        "tls_verify_peer": True, "tls_fail_if_no_peer_cert": True}
+    assert _values("listeners.ssl.default = 0.0.0.0:5671", set()) == {
+        "tls_port": 5671, "host": "0.0.0.0"}
+    assert "AMQP listener's address" in _refused(
+        "listeners.tcp.default = 127.0.0.1:5672\nlisteners.ssl.default = 0.0.0.0:5671").reason
+    assert "verify_peer or verify_none" in _refused("ssl_options.verify = yes").reason
 
 
 # ---- through `shoal serve`
