@@ -232,6 +232,8 @@ class FeaturedQueue(Queue):
             entries.append(entry)
         if skipped:
             self._put_back(skipped)
+        if entries:
+            self._after_fetch(now)
         # Starved: expired messages are in the way and this step may expire no more. The
         # consumer stays Notified and pulls again (the next step drops more of them).
         more = (len(entries) == max_n or self._starved) and self._next_heap(consumer) is not None
@@ -252,10 +254,21 @@ class FeaturedQueue(Queue):
         owner = self._groups.get_owner()
         skipped: list[QueueEntry] = []
         self._starved = False
-        entry = self._take_for(owner, self._time(now), skipped)
+        now = self._time(now)
+        entry = self._take_for(owner, now, skipped)
         if skipped:
             self._put_back(skipped)
+        if entry is not None:
+            self._after_fetch(now)
         return entry
+
+    def _after_fetch(self, now: float) -> None:
+        """rabbit_amqqueue_process ``fetch``: the expired messages a fetch leaves at the head go
+        at once (``drop_expired_msgs``), and the new head's expiry is timed. A head without an
+        expiry (enqueued before a message-ttl policy) may hide expired ones behind it."""
+        if self._expiry.times:
+            self._expire_head(now)
+            self._reschedule()
 
     def release(self, entry: QueueEntry, now: float | None = None) -> list[QueueConsumer]:
         """Requeue at the original position, counting the return; over the limit, dead-letter.
