@@ -128,6 +128,13 @@ DEFAULTS = {
 }
 
 
+def policy_name(snapshot: dict[str, Any], kind: str, name: str) -> str:
+    """The policy applying to a ``queue`` or ``exchange`` (the snapshot's ``policies``,
+    broker.runtime.policies.policy_snapshot), '' for none, as rabbitmqctl's ``policy`` column."""
+    applied = ((snapshot.get("policies") or {}).get("applied") or {}).get(kind, {}).get(name)
+    return str(applied[0] or "") if applied else ""
+
+
 def queue_rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     """The snapshot's queues (``broker.runtime.snapshot``) as rabbitmqctl's list_queues keys."""
     rows = []
@@ -137,14 +144,16 @@ def queue_rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
                      "arguments": arguments or {}, "messages": ready + unacked,
                      "messages_ready": ready, "messages_unacknowledged": unacked,
                      "consumers": consumers, "exclusive": owner is not None, "state": "running",
-                     "type": "classic", "policy": "", "vhost": snapshot.get("vhost", VHOST),
+                     "type": "classic", "policy": policy_name(snapshot, "queue", name),
+                     "vhost": snapshot.get("vhost", VHOST),
                      "messages_enqueued": q[8] if len(q) > 8 else None})
     return rows
 
 
 def exchange_rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": x[0], "type": x[1], "durable": x[2], "auto_delete": x[3], "internal": x[4],
-             "arguments": x[5] or {}, "policy": "", "vhost": snapshot.get("vhost", VHOST)}
+             "arguments": x[5] or {}, "policy": policy_name(snapshot, "exchange", x[0]),
+             "vhost": snapshot.get("vhost", VHOST)}
             for x in snapshot.get("exchanges", ())]
 
 

@@ -47,6 +47,16 @@ def test_list_queues_rows_and_table() -> None:
     assert ctl_format.table(("name",), rows, headers=False) == ["q1", "q2", "ex"]
 
 
+def test_the_policy_column_names_the_policy_that_applies() -> None:
+    applied = {"queue": {"q2": ["cap", None, {"max-length": 3}], "q1": [None, "op", {"expires": 9}]},
+               "exchange": {"ex1": ["ae", None, {"alternate-exchange": "ae2"}]}}
+    snapshot = {**SNAPSHOT, "policies": {"policies": [], "operator_policies": [], "applied": applied}}
+    assert ctl_format.table(("name", "policy"), ctl_format.queue_rows(snapshot), headers=False) == \
+        ["q1\t", "q2\tcap", "ex\t"]
+    assert ctl_format.table(("name", "policy"), ctl_format.exchange_rows(snapshot), headers=False) == \
+        ["\t", "amq.topic\t", "ex1\tae"]
+
+
 def test_json_formatter_is_one_object_a_line() -> None:
     rows = ctl_format.queue_rows(SNAPSHOT)[:2]
     text = ctl_format.json_rows(("name", "messages"), rows)
