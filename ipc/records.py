@@ -39,7 +39,11 @@ class Hello(_Record, frozen=True, tag="hello"):
 
 
 class ConnOpen(_Record, frozen=True, tag="copen"):
+    """Connection ``conn`` is open; ``user`` logged in on it (topic permissions are checked in
+    the supervisor, which knows the exchanges' types)."""
+
     conn: int
+    user: str = ""
 
 
 class ConnClose(_Record, frozen=True, tag="cclose"):
@@ -499,6 +503,7 @@ class UsersChanged(_Record, frozen=True, tag="users"):
 
     users: dict[str, str]
     removed: list[str]
+    impersonators: list[str] | None = None  # who is tagged impersonator now (None: unchanged)
 
 
 class PermissionsChanged(_Record, frozen=True, tag="perms"):
@@ -601,6 +606,7 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     # broker.permissions' tables; None: everyone may do everything (tests without a supervisor)
     permissions: dict[str, dict[str, tuple[str, str, str]]] | None = None
     topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
+    impersonators: list[str] = []  # users tagged impersonator (user_id, workers.connection_handler)
     # The users (JSON {name: password}) are read from this pipe at start, not passed on the
     # command line or in the environment, where other local users (ps, /proc/PID/environ)
     # could read them. -1: none.

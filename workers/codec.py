@@ -181,24 +181,25 @@ _PUBLISH_FLAGS: Final = (
     | commands.Basic.Properties.flags["expiration"]
     | commands.Basic.Properties.flags["priority"]
     | commands.Basic.Properties.flags["reply_to"]
+    | commands.Basic.Properties.flags["user_id"]
 )
 
 
 def publish_properties(
     payload: Buffer,
-) -> tuple[dict[str, Any] | None, str | None, int | None, str | None]:
-    """(headers, expiration, priority, reply_to): what the broker routes, queues and
-    rewrites (direct reply-to) by.
+) -> tuple[dict[str, Any] | None, str | None, int | None, str | None, str | None]:
+    """(headers, expiration, priority, reply_to, user_id): what the broker routes, queues and
+    rewrites (direct reply-to) by, and the user_id it checks (workers.connection_handler).
 
-    One read of the property flags decides; when none of the four is set — the
+    One read of the property flags decides; when none of the five is set — the
     common case — that read is all it costs."""
     _, _, flags = parse_content_header(payload)
     if not flags & _PUBLISH_FLAGS:
-        return None, None, None, None
+        return None, None, None, None, None
     if flags & _PUBLISH_FLAGS == HEADERS_FLAG:
-        return headers_from_content_header(payload), None, None, None
+        return headers_from_content_header(payload), None, None, None, None
     props = decode_properties(payload)
-    return props.headers, props.expiration, props.priority, props.reply_to
+    return props.headers, props.expiration, props.priority, props.reply_to, props.user_id
 
 
 def with_reply_to(payload: Buffer, value: str) -> bytes:

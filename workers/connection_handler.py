@@ -58,6 +58,7 @@ class HandlerWorker(Protocol):
     index: int
     dirty: set[ConnectionHandler]
     handlers: dict[int, ConnectionHandler]
+    impersonators: set[str]  # may publish with another user_id
 
     @property
     def alarmed(self) -> bool: ...
@@ -374,7 +375,7 @@ class ConnectionHandler:
                       props.get("version", "?"), props.get("platform", "?"),
                       sorted(name for name, on in caps.items() if on) if isinstance(caps, dict)
                       else [], event.frame_max, event.channel_max, event.heartbeat)
-        self.worker.send(r.ConnOpen(self.conn_id))
+        self.worker.send(r.ConnOpen(self.conn_id, event.user))
 
     def publish_header(self, event: ev.PublishReceived, reply_to: str | None) -> bytes | None:
         """The content header to store: the publisher's, or with reply_to set to
@@ -407,9 +408,11 @@ class ConnectionHandler:
         the channel told; 0 then. When the arena has no block that size: that size, with
         nothing done (``Server._publish`` waits for room and calls again)."""
         self.publishes = True
-        headers, expiration, priority, reply_to = codec.publish_properties(event.header_payload)
+        headers, expiration, priority, reply_to, user_id = codec.publish_properties(
+            event.header_payload)
         if event.placed >= 0:  # header and body are in their block already (place_body)
-            self.publish(event, event.placed, event.placed_header, headers, expiration, priority)
+            self.publish(event, event.placed, event.placed_header, headers, expiration, priority,
+                         user_id)
             return 0
         header = self.publish_header(event, reply_to)
         if header is None:
@@ -423,7 +426,7 @@ class ConnectionHandler:
             end = pos + len(chunk)
             view[pos:end] = chunk
             pos = end
-        self.publish(event, offset, header_len, headers, expiration, priority)
+        self.publish(event, offset, header_len, headers, expiration, priority, user_id)
         return 0
 
     def place_body(self, arena: Arena, header: bytes,
@@ -447,7 +450,7 @@ class ConnectionHandler:
 
     def publish(self, event: ev.PublishReceived, offset: int, header_len: int,
                 headers: dict | None, expiration: str | None = None,
-                priority: int | None = None) -> None:
+                priority: int | None = None, user_id: str | None = None) -> None:
         ch = self.channels.get(event.channel)
         if ch is None or ch.closing:
             self.worker.channel_resources.bodies.free(offset)
@@ -456,6 +459,15 @@ class ConnectionHandler:
         if access is not None and not access.may_publish(event.exchange):
             self.worker.channel_resources.bodies.free(offset)  # write on the exchange, first
             self.fail(access.publish_refused(event.exchange), ch)
+            return
+        if user_id is not None and user_id != self.proto.user and access is not None and (
+                self.proto.user not in self.worker.impersonators):
+            # rabbit_channel:check_user_id_header (the exchange's 404 and topic checks, which
+            # the supervisor makes, come after it here)
+            self.worker.channel_resources.bodies.free(offset)
+            self.fail(errors.PreconditionFailed(
+                f"user_id property set to '{user_id}' but authenticated user was "
+                f"'{self.proto.user}'", 60, 40), ch)
             return
         body_at = None
         if self.worker.body_log is not None:  # --data-dir: a persistent body goes there now

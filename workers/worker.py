@@ -67,6 +67,8 @@ class Worker:
         self.config = config
         # broker.permissions' tables (workers.access): replaced by PermissionsChanged
         self.permissions = PermissionTables(config.permissions, config.topic_permissions)
+        # users tagged impersonator: may publish with another user_id (UsersChanged)
+        self.impersonators: set[str] = set(config.impersonators)
         self.index = config.index
         self.region = region
         self.request_efd = EventFd(fd=config.request_fd)
@@ -424,8 +426,10 @@ class Worker:
                 if (handler := self.handlers.get(conn)) is not None:
                     handler.proto.close(320, f"CONNECTION_FORCED - {reason}")
                     handler.wake_writer()
-            case r.UsersChanged(users=users, removed=removed):
+            case r.UsersChanged(users=users, removed=removed, impersonators=impersonators):
                 self.users_changed(users, removed)
+                if impersonators is not None:
+                    self.impersonators = set(impersonators)
             case r.PermissionsChanged(permissions=table, topic_permissions=topics):
                 self.permissions.replace(table, topics)  # every connection's cache is stale now
             case r.Returned():

@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker.constants import REPLY_TO
-from broker.errors import AMQPError, InternalError
+from broker.errors import AccessRefused, AMQPError, InternalError
 from broker.messages.body_ref import ARENA_BODY_CODEC
 from broker.messages.message import Message, PlainMessage, drop_reference
+from broker.permissions import READ, TopicTable, refused_topic, topic_allowed
 from broker.runtime.alarms import Alarms, QueuedCount
 from broker.runtime.answers import Answers
 from broker.runtime.arena_accounts import ArenaAccounts
@@ -105,7 +106,8 @@ class Dispatcher:
         deliveries, publishing, teardown = self._deliveries, self._publishing, self._teardown
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             r.Hello: self._hello,
-            r.ConnOpen: lambda worker, rec: self._channels.connection_opened((worker, rec.conn)),
+            r.ConnOpen: lambda worker, rec: self._channels.connection_opened((worker, rec.conn),
+                                                                             rec.user),
             r.ConnClose: teardown.conn_close,
             r.ChanClose: teardown.chan_close,
             r.ExchangeDeclare: self._exchange_declare,
@@ -438,11 +440,38 @@ class Dispatcher:
         self.vhost.delete_exchange(rec.name, if_unused=rec.if_unused)
         self.answers.reply(worker, rec)
 
+    @property
+    def topic_permissions(self) -> TopicTable:
+        """The topic permissions checked here (broker.permissions; the supervisor's table,
+        changed in place): publishes to and bindings from topic exchanges."""
+        return self._publishing.topics
+
+    @topic_permissions.setter
+    def topic_permissions(self, topics: TopicTable) -> None:
+        self._publishing.topics = topics
+        self._publishing.users = self._channels.users
+
+    def _check_binding_topic(self, worker: int, conn: int, source: str, key: str) -> None:
+        """A binding key from a topic exchange against the user's topic read permission
+        (rabbit_channel:binding_action: only when the source exists, else its 404 follows)."""
+        x = self.vhost.exchanges.get(source)
+        if x is None or x.type != "topic":
+            return
+        user = self._channels.user_of((worker, conn))
+        vhost = self.vhost.name
+        if user is not None and not topic_allowed(self._publishing.topics, user, vhost, source,
+                                                  key, READ):
+            raise AccessRefused(refused_topic(key, source, vhost, user))
+
     def _exchange_bind(self, worker: int, rec: r.ExchangeBind) -> None:
+        if self._publishing.topics:
+            self._check_binding_topic(worker, rec.conn, rec.source, rec.routing_key)
         self.vhost.bind_exchange(rec.destination, rec.source, rec.routing_key, rec.arguments)
         self.answers.reply(worker, rec)
 
     def _exchange_unbind(self, worker: int, rec: r.ExchangeUnbind) -> None:
+        if self._publishing.topics:
+            self._check_binding_topic(worker, rec.conn, rec.source, rec.routing_key)
         self.vhost.unbind_exchange(rec.destination, rec.source, rec.routing_key, rec.arguments)
         self.answers.reply(worker, rec)
 
@@ -463,12 +492,16 @@ class Dispatcher:
         )
 
     def _queue_bind(self, worker: int, rec: r.QueueBind) -> None:
+        if self._publishing.topics:
+            self._check_binding_topic(worker, rec.conn, rec.exchange, rec.routing_key)
         self.vhost.bind_queue(
             rec.queue, rec.exchange, rec.routing_key, rec.arguments, owner=(worker, rec.conn)
         )
         self.answers.reply(worker, rec)
 
     def _queue_unbind(self, worker: int, rec: r.QueueUnbind) -> None:
+        if self._publishing.topics:
+            self._check_binding_topic(worker, rec.conn, rec.exchange, rec.routing_key)
         self.vhost.unbind_queue(
             rec.queue, rec.exchange, rec.routing_key, rec.arguments, owner=(worker, rec.conn)
         )

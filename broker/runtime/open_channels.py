@@ -108,7 +108,7 @@ class Returning:
 class OpenChannels:
     """Every worker's open channels and their consumers, and each connection's channels."""
 
-    __slots__ = ("_channels", "_conns", "_pin_ids", "_viewed", "returning", "subs")
+    __slots__ = ("_channels", "_conns", "_pin_ids", "_viewed", "returning", "subs", "users")
 
     def __init__(self) -> None:
         self.subs: dict[tuple[int, int], Subscription] = {}  # (worker, consumer id) →
@@ -118,6 +118,7 @@ class OpenChannels:
         self._viewed: dict[int, int] = {}
         self._channels: dict[ChannelKey, ChannelLedger] = {}
         self._conns: dict[ConnectionKey, set[int]] = {}  # the channel numbers each connection used
+        self.users: dict[ConnectionKey, str] = {}  # who logged in on each (topic permissions)
         self._pin_ids = itertools.count(-1, -1)
         # Closed channels' deliveries still held, oldest channel first (the dispatcher
         # requeues them a slice per step): they count as held until they have gone.
@@ -138,8 +139,14 @@ class OpenChannels:
         """Every open channel, as they are now (O(channels))."""
         return list(self._channels.values())
 
-    def connection_opened(self, owner: ConnectionKey) -> None:
+    def connection_opened(self, owner: ConnectionKey, user: str = "") -> None:
         self._conns.setdefault(owner, set())
+        if user:
+            self.users[owner] = user
+
+    def user_of(self, owner: ConnectionKey) -> str | None:
+        """Who logged in on connection ``owner`` (topic permissions); None: not known."""
+        return self.users.get(owner)
 
     def connections_on(self, worker: int) -> set[ConnectionKey]:
         """The connections of ``worker`` known here."""
@@ -147,6 +154,7 @@ class OpenChannels:
 
     def close_connection(self, owner: ConnectionKey) -> list[int]:
         """Forget connection ``owner``; returns its channel numbers, in order, to close."""
+        self.users.pop(owner, None)
         return sorted(self._conns.pop(owner, ()))
 
     def close(self, key: ChannelKey) -> ChannelLedger | None:

@@ -171,6 +171,7 @@ class Supervisor:
             self.permissions = {name: {"/": FULL} for name in self.users}
         self.permission_admin = RuntimePermissions(
             self.permissions, self.topic_permissions, self.users, store, self.dispatcher, self.flush)
+        self.dispatcher.topic_permissions = self.topic_permissions  # checked on publish, bind
         self.user_admin = RuntimeUsers(  # changes self.users (and the tags) in place
             self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
             self.flush, self.management.tell_users if self.management is not None else None)
@@ -317,6 +318,7 @@ class Supervisor:
             loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
+            impersonators=self.user_admin.impersonators(),
             data_dir=str(self.durability.path) if self.durability is not None else "",
             tls_listen_fd=self._tls_listener.fileno() if self._tls_listener is not None else -1,
             tls_cert=c.tls_cert or "", tls_key=c.tls_key or "", tls_ca=c.tls_ca or "",

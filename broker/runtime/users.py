@@ -83,6 +83,10 @@ class RuntimeUsers:
         self._flush = flush
         self._tell_management = tell_management
 
+    def impersonators(self) -> list[str]:
+        """The users tagged impersonator (they may publish with another user_id)."""
+        return sorted(n for n in self.table if "impersonator" in self.tags_of(n))
+
     def tags_of(self, name: str) -> list[str]:
         return list(self.tags.get(name, DEFAULT_TAGS))
 
@@ -158,7 +162,7 @@ class RuntimeUsers:
         """Every worker (its event ring) and the management process learn the change."""
         if users or removed:
             for outbox in self._dispatcher.outbox:
-                outbox.append(r.UsersChanged(dict(users), list(removed)))
+                outbox.append(r.UsersChanged(dict(users), list(removed), self.impersonators()))
             self._flush()
         if self._tell_management is not None:
             await self._tell_management({"users": users, "removed": removed, "tags": tags})

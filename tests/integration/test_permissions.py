@@ -19,6 +19,7 @@ from tests.integration.rawclient import (
     PROTOCOL_HEADER,
     RawClient,
     method_frame,
+    publish_frames,
     start_ok,
 )
 
@@ -205,3 +206,90 @@ def test_ctl_verbs(broker: Broker) -> None:
     listed = ctl("-q", "list_user_permissions", "ctlu").stdout.strip().splitlines()
     assert listed[-1:] in ([], ["vhost\tconfigure\twrite\tread"])
     assert ctl("set_permissions", "nosuch", ".*", ".*", ".*").returncode != 0
+
+
+def topic_user(broker: Broker, name: str, write: str, read: str,
+               exchange: str = "amq.topic") -> None:
+    user(broker, name)
+    assert "error" not in control(broker, command="set_topic_permissions", user=name, vhost="/",
+                                  exchange=exchange, write=write, read=read)
+
+
+def test_topic_publish_key(broker: Broker) -> None:
+    topic_user(broker, "tp", write="^tp\\.ok", read=".*")
+    ch = login(broker, "tp")
+    ch.queue_declare("tp-q")
+    ch.queue_bind("tp-q", "amq.topic", "tp.#")
+    ch.basic_publish("amq.topic", "tp.ok.1", b"m")
+    refused(lambda: (ch.basic_publish("amq.topic", "tp.no", b"m"),
+                     ch.queue_declare("tp-q", passive=True)),
+            "access to topic 'tp.no' in exchange 'amq.topic' in vhost '/' refused for user 'tp'")
+    ch = login(broker, "tp")
+    ch.exchange_declare("tp-direct", "direct")  # not a topic exchange: no topic check
+    ch.basic_publish("tp-direct", "tp.no", b"m")
+    ch.exchange_declare("tp-other", "topic")  # a topic exchange without an entry: allowed
+    ch.basic_publish("tp-other", "tp.no", b"m")
+    assert ch.queue_declare("tp-q", passive=True).method.message_count == 1
+    # another user without topic permissions is not affected
+    g = login(broker, "guest")
+    g.basic_publish("amq.topic", "tp.no", b"m")
+    assert g.queue_declare("tp-q", passive=True).method.message_count == 2
+
+
+def test_topic_publish_refusal_frame(broker: Broker) -> None:
+    topic_user(broker, "tpraw", write="^ok$", read=".*")
+    client = raw_login(broker, "tpraw")
+    client.read_until(commands.Connection.OpenOk)
+    client.open_channel(1)
+    client.send(*publish_frames(1, "amq.topic", "no", b"m"))
+    close = client.read_until(commands.Channel.Close, channel=1)
+    assert (close.reply_code, close.reply_text, close.class_id, close.method_id) == (
+        403, "ACCESS_REFUSED - access to topic 'no' in exchange 'amq.topic' in vhost '/' "
+             "refused for user 'tpraw'", 60, 40)
+    client.close()
+
+
+def test_topic_binding_key_and_expansion(broker: Broker) -> None:
+    topic_user(broker, "tb", write="^{username}\\.", read="^{username}\\.|^{vhost}$")
+    ch = login(broker, "tb")
+    ch.queue_declare("tb-q")
+    ch.queue_bind("tb-q", "amq.topic", "tb.#")  # {username} expanded
+    ch.queue_bind("tb-q", "amq.topic", "/")  # {vhost} expanded
+    refused(lambda: ch.queue_bind("tb-q", "amq.topic", "other.#"),
+            "access to topic 'other.#' in exchange 'amq.topic' in vhost '/' refused for user 'tb'")
+    ch = login(broker, "tb")
+    refused(lambda: ch.queue_unbind("tb-q", "amq.topic", "other.#"),
+            "access to topic 'other.#' in exchange 'amq.topic' in vhost '/' refused for user 'tb'")
+    ch = login(broker, "tb")
+    ch.exchange_declare("tb-dest", "fanout")
+    refused(lambda: ch.exchange_bind("tb-dest", "amq.topic", "zz"),  # the source's read key
+            "access to topic 'zz' in exchange 'amq.topic' in vhost '/' refused for user 'tb'")
+    ch = login(broker, "tb")
+    ch.exchange_bind("tb-dest", "amq.topic", "tb.x")
+    ch.basic_publish("amq.topic", "tb.x", b"m")
+    refused(lambda: (ch.basic_publish("amq.topic", "x.tb", b"m"),
+                     ch.queue_declare("tb-q", passive=True)),
+            "access to topic 'x.tb' in exchange 'amq.topic' in vhost '/' refused for user 'tb'")
+    control(broker, command="clear_topic_permissions", user="tb", vhost="/")
+    time.sleep(0.3)
+    ch = login(broker, "tb")
+    ch.queue_bind("tb-q", "amq.topic", "other.#")  # cleared: allowed again
+
+
+def test_user_id(broker: Broker) -> None:
+    user(broker, "uid")
+    ch = login(broker, "uid")
+    ch.queue_declare("uid-q")
+    ch.basic_publish("", "uid-q", b"m", pika.BasicProperties(user_id="uid"))
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+        ch.basic_publish("", "uid-q", b"m", pika.BasicProperties(user_id="someone"))
+        ch.queue_declare("uid-q", passive=True)
+    assert caught.value.reply_code == 406
+    assert caught.value.reply_text == ("PRECONDITION_FAILED - user_id property set to 'someone' "
+                                       "but authenticated user was 'uid'")
+    control(broker, command="put_user", name="imp", password="pw", tags=["impersonator"])
+    user(broker, "imp")
+    time.sleep(0.3)
+    ch = login(broker, "imp")
+    ch.basic_publish("", "uid-q", b"m", pika.BasicProperties(user_id="someone"))
+    assert ch.queue_declare("uid-q", passive=True).method.message_count == 2
