@@ -68,6 +68,8 @@ def format_value(column: str, value: Any) -> str:
         return format_tags(value)
     if isinstance(value, bool):
         return "true" if value else "false"
+    if column == "definition":  # a policy's: rabbit_policy:list_formatted JSON-encodes it
+        return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
     if isinstance(value, dict) or column == "arguments":
         return format_arguments(value or {})
     if isinstance(value, float) and value.is_integer():

@@ -35,6 +35,8 @@ def test_values_are_written_as_rabbitmqctl_writes_them() -> None:
     assert ctl_format.format_value("tags", ["administrator", "monitoring"]) == "[administrator, monitoring]"
     assert ctl_format.format_value("tags", []) == "[]"
     assert ctl_format.format_value("policy", None) == ""
+    assert ctl_format.format_value("definition", {"max-length": 2, "dead-letter-exchange": "d"}) == \
+        '{"dead-letter-exchange":"d","max-length":2}'
 
 
 def test_list_queues_rows_and_table() -> None:
