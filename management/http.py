@@ -30,8 +30,8 @@ EXCHANGE_TYPES = [{"name": n, "description": d, "enabled": True}
 
 
 class APIError(Exception):
-    def __init__(self, status: int, error: str, reason: str) -> None:
-        super().__init__(reason)
+    def __init__(self, status: int, error: str, reason: str | list[str]) -> None:
+        super().__init__(str(reason))
         self.status = status
         self.error = error
         self.reason = reason

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 import trio
@@ -94,6 +95,26 @@ async def watch_alive(fd: int, cancel: trio.CancelScope) -> None:
             return
 
 
+def add_reason_phrases() -> None:
+    """hypercorn's HTTP/1.1 status line has no reason phrase (``HTTP/1.1 401 ``); RabbitMQ's
+    (cowboy) has one, and clients show it: requests' ``401 Client Error: Unauthorized``, which
+    amqpstorm's tests match. So each h11 response without one gets the standard phrase."""
+    import h11
+    from hypercorn.protocol.h11 import H11Protocol
+
+    send = H11Protocol._send_h11_event
+
+    async def send_with_reason(self: H11Protocol, event: Any) -> None:
+        if isinstance(event, h11.Response) and not event.reason:
+            try:
+                object.__setattr__(event, "reason", HTTPStatus(event.status_code).phrase.encode())
+            except ValueError:  # a status code without a standard phrase
+                pass
+        await send(self, event)
+
+    H11Protocol._send_h11_event = send_with_reason  # type: ignore[method-assign]
+
+
 async def serve(config: ManagementConfig, users: dict[str, str],
                 tags: dict[str, list[str]] | None = None) -> None:
     from hypercorn.config import Config as HyperConfig
@@ -106,6 +127,7 @@ async def serve(config: ManagementConfig, users: dict[str, str],
         "::1" if config.amqp_host == "::" else config.amqp_host)
     ctx = Context(sampler, node, Users(users, tags=tags), config.control_path, amqp_host,
                   config.amqp_port, config.data_dir)
+    add_reason_phrases()
     hyper = HyperConfig()
     hyper.bind = [f"fd://{config.listen_fd}"]
     hyper.accesslog = None

@@ -131,6 +131,18 @@ class Overview(Resource):
         self.auth(request)
         return ok([])
 
+    async def cluster_name(self, request: Request) -> Response:
+        """GET /api/cluster-name: RabbitMQ's default is its node's name; Shoal is one node."""
+        self.auth(request)
+        return ok({"name": self.ctx.node.name})
+
+    async def healthcheck_node(self, request: Request) -> Response:
+        """GET /api/healthchecks/node[/NODE]: RabbitMQ 3.x's old (deprecated) node check, which
+        amqpstorm's ``api.healthchecks.get()`` calls; ``{"status": "ok"}`` while we answer."""
+        self.auth(request)
+        if "node" in request.path_params and seg(request, "node") != self.ctx.node.name:
+            raise not_found()
+        return ok({"status": "ok"})
 
     async def aliveness(self, request: Request) -> Response:
         self.auth(request)
@@ -189,6 +201,9 @@ class Overview(Resource):
             r("/api/extensions", self.extensions),
             r("/api/nodes", self.nodes),
             r("/api/nodes/{node}", self.node),
+            r("/api/cluster-name", self.cluster_name, methods=["GET"]),
+            r("/api/healthchecks/node", self.healthcheck_node),
+            r("/api/healthchecks/node/{node}", self.healthcheck_node),
             r(f"/api/aliveness-test/{V}", self.aliveness),
             r("/api/health/checks/alarms", self.check_alarms),
             r("/api/health/checks/local-alarms", self.check_alarms),

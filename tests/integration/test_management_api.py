@@ -205,3 +205,46 @@ def test_amqpstorm_management_client(managed: tuple[Broker, int]) -> None:
     assert message.body == "body"
     assert api.aliveness_test() == {"status": "ok"}
     api.queue.delete("storm-q")
+
+
+def test_status_line_has_the_reason_phrase(managed: tuple[Broker, int]) -> None:
+    """RabbitMQ writes ``HTTP/1.1 401 Unauthorized``; clients quote the phrase (requests:
+    ``401 Client Error: Unauthorized``, which amqpstorm's management tests match)."""
+    import http.client
+
+    _, port = managed
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/api/overview")
+        response = conn.getresponse()
+        response.read()
+        assert (response.status, response.reason) == (401, "Unauthorized")
+    finally:
+        conn.close()
+
+
+def test_cluster_name_and_old_node_healthcheck(managed: tuple[Broker, int]) -> None:
+    """GET /api/cluster-name and RabbitMQ 3.x's /api/healthchecks/node[/NODE] (amqpstorm's
+    api.cluster_name() and api.healthchecks.get())."""
+    _, port = managed
+    http = HTTP(port)
+    node = http.get("/api/overview")["node"]
+    assert http.get("/api/cluster-name") == {"name": node}
+    assert http.get("/api/healthchecks/node") == {"status": "ok"}
+    assert http.get(f"/api/healthchecks/node/{Q(node, safe='')}") == {"status": "ok"}
+    assert http.request("GET", "/api/healthchecks/node/nobody@nowhere")[0] == 404
+
+
+def test_users_bulk_delete(managed: tuple[Broker, int]) -> None:
+    """POST /api/users/bulk-delete: deletes in order; an unknown name is 400 no_such_user."""
+    _, port = managed
+    http = HTTP(port)
+    for name in ("bulk-a", "bulk-b"):
+        assert http.request("PUT", f"/api/users/{name}", {"password": "p", "tags": ""})[0] == 201
+    assert http.request("POST", "/api/users/bulk-delete", {"users": ["bulk-a"]})[0] == 204
+    assert http.request("GET", "/api/users/bulk-a")[0] == 404
+    status, _, body = http.request("POST", "/api/users/bulk-delete", {"users": ["bulk-b", "nobody"]})
+    assert (status, body["reason"]) == (400, ["no_such_user", "nobody"])
+    assert http.request("GET", "/api/users/bulk-b")[0] == 404
+    status, _, body = http.request("POST", "/api/users/bulk-delete", {})
+    assert status == 400 and body["error"] == "bad_request"
