@@ -216,10 +216,12 @@ def user_rows(users: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def export_definitions(snapshot: dict[str, Any], users: list[dict[str, Any]],
-                       version: str) -> dict[str, Any]:
-    """RabbitMQ's definitions export (``rabbitmqctl export_definitions``) from a snapshot and the
-    users: exclusive queues and the bindings to them, the default exchange and ``amq.*`` are left
-    out, as RabbitMQ leaves them out."""
+                       version: str, permissions: list[dict[str, Any]] | None = None,
+                       topic_permissions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """RabbitMQ's definitions export (``rabbitmqctl export_definitions``) from a snapshot, the
+    users and the permissions (list_permissions / list_topic_permissions rows; None: every user
+    with full permissions, no topic permissions): exclusive queues and the bindings to them, the
+    default exchange and ``amq.*`` are left out, as RabbitMQ leaves them out."""
     vhost = snapshot.get("vhost", VHOST)
     exclusive = {q[0] for q in snapshot.get("queues", ()) if q[3] is not None}
     return {
@@ -233,7 +235,9 @@ def export_definitions(snapshot: dict[str, Any], users: list[dict[str, Any]],
                       if x[0] and not str(x[0]).startswith("amq.")],
         "global_parameters": [],
         "parameters": [],
-        "permissions": [{"configure": FULL, "read": FULL, "user": u["name"], "vhost": vhost,
+        "permissions": [{k: p[k] for k in ("user", "vhost", "configure", "write", "read")}
+                        for p in permissions] if permissions is not None else
+                       [{"configure": FULL, "read": FULL, "user": u["name"], "vhost": vhost,
                          "write": FULL} for u in users],
         "policies": list((snapshot.get("policies") or {}).get("policies", [])),
         "queues": [{"arguments": q[4] or {}, "auto_delete": q[2], "durable": q[1], "name": q[0],
@@ -241,7 +245,8 @@ def export_definitions(snapshot: dict[str, Any], users: list[dict[str, Any]],
                    for q in snapshot.get("queues", ()) if q[3] is None],
         "rabbit_version": version,
         "rabbitmq_version": version,
-        "topic_permissions": [],
+        "topic_permissions": [{k: p[k] for k in ("user", "vhost", "exchange", "write", "read")}
+                              for p in topic_permissions or ()],
         "users": [{"hashing_algorithm": u.get("hashing_algorithm", "rabbit_password_hashing_sha256"),
                    "limits": {}, "name": u["name"], "password_hash": u["password_hash"],
                    "tags": u["tags"]} for u in users],

@@ -111,7 +111,12 @@ def _version() -> str:
 def export_definitions_cmd(opts: Options, path: str, format_: str) -> None:
     """Write the definitions (users, exchanges, queues, bindings, ...) as RabbitMQ's JSON to
     PATH, or to stdout for -."""
-    definitions = export_definitions(fetch_snapshot(opts), fetch_users(opts), _version())
+    perms = request(opts, {"command": "list_permissions"})
+    topics = request(opts, {"command": "list_topic_permissions"})
+    definitions = export_definitions(
+        fetch_snapshot(opts), fetch_users(opts), _version(),
+        perms.get("permissions") if "error" not in perms else None,
+        topics.get("topic_permissions") if "error" not in topics else None)
     text = json.dumps(definitions, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
                       default=str)
     if path == "-":

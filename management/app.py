@@ -19,14 +19,24 @@ from starlette.types import ASGIApp
 
 from management import policy_routes, webui
 from management.http import APIError, Context, RawPath
-from management.routes import bindings, connections, definitions, empty, exchanges, overview, queues, users
+from management.routes import (
+    bindings,
+    connections,
+    definitions,
+    empty,
+    exchanges,
+    overview,
+    permissions,
+    queues,
+    users,
+)
 
 __all__ = ["Context", "api_routes", "make_app", "node_name"]
 
 # Each module's ``routes(ctx)``, in the order the router tries them: a new resource module is one
 # more entry here. ``empty`` (the paths answered with []) comes last.
 ROUTE_MODULES = (overview, users, queues, exchanges, bindings, connections, definitions,
-                 policy_routes, empty)
+                 policy_routes, permissions, empty)
 
 
 def api_routes(ctx: Context) -> list[BaseRoute]:

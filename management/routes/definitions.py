@@ -23,14 +23,22 @@ from management.http import (
     ok,
     seg,
 )
-from management.routes.users import permission_items, user_item
+from management.routes.users import user_item
 from management.stats import ask
 
 
 class Definitions(Resource):
     """Exports the topology and users as RabbitMQ's JSON; imports the topology."""
 
-    def _definitions(self, s: Any, whole: bool) -> dict[str, Any]:
+    async def _permission_rows(self) -> tuple[list[Any], list[Any]]:
+        """The permissions and topic permissions the supervisor keeps
+        (broker.runtime.permissions), in RabbitMQ's export shape."""
+        perms = await ask(self.ctx.control_path, {"command": "list_permissions"})
+        topics = await ask(self.ctx.control_path, {"command": "list_topic_permissions"})
+        return list(perms.get("permissions") or []), list(topics.get("topic_permissions") or [])
+
+    def _definitions(self, s: Any, whole: bool,
+                     perms: tuple[list[Any], list[Any]] = ([], [])) -> dict[str, Any]:
         exclusive = {q[0] for q in s.snapshot.get("queues", ()) if q[3] is not None}
         queues = [{"name": q["name"], "vhost": q["vhost"], "durable": q["durable"],
                    "auto_delete": q["auto_delete"], "arguments": q["arguments"]}
@@ -53,8 +61,7 @@ class Definitions(Resource):
             out["users"] = [user_item(self.ctx, n) for n in self.ctx.users.stored if n]
             out["vhosts"] = [{"name": VHOST, "description": "Default virtual host", "tags": [],
                               "metadata": {"description": "Default virtual host", "tags": []}}]
-            out["permissions"] = permission_items(self.ctx)
-            out["topic_permissions"] = []
+            out["permissions"], out["topic_permissions"] = perms
             out["parameters"] = []
             out["global_parameters"] = []
         out["policies"] = list((s.snapshot.get("policies") or {}).get("policies", []))
@@ -72,8 +79,9 @@ class Definitions(Resource):
         whole = "vhost" not in request.path_params
         if not whole:
             check_vhost(seg(request, "vhost"))
+        perms = await self._permission_rows() if whole else ([], [])
         s = await self.sample()
-        response = ok(self._definitions(s, whole))
+        response = ok(self._definitions(s, whole, perms))
         if listing.truthy(request.query_params.get("download", "false")) or \
                 "download" in request.query_params:
             response.headers["Content-Disposition"] = 'attachment; filename="definitions.json"'

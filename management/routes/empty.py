@@ -1,6 +1,6 @@
-"""The RabbitMQ collections Shoal has none of (parameters, limits, topic permissions, feature
-flags): each answers an empty list, so tools that read them work. A module that comes to serve
-one of these paths takes it out of ``EMPTY``.
+"""The RabbitMQ collections Shoal has none of (parameters, limits, feature flags): each
+answers an empty list, so tools that read them work. A module that comes to serve one of these
+paths takes it out of ``EMPTY``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from starlette.routing import Route
 from management.http import Context, Resource, ok
 
 EMPTY = ("/api/parameters", "/api/global-parameters", "/api/vhost-limits",
-         "/api/topic-permissions", "/api/feature-flags")
+         "/api/feature-flags")
 
 
 class Empty(Resource):

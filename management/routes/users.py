@@ -1,5 +1,5 @@
-"""Users, vhosts and permissions: /api/users, /api/vhosts, /api/permissions (rabbit_mgmt_wm_user(s),
-_vhost(s), _permission(s)). Users change through the supervisor; there is one vhost.
+"""Users and vhosts: /api/users, /api/vhosts (rabbit_mgmt_wm_user(s), _vhost(s)). Users change
+through the supervisor; there is one vhost. Permissions: management.routes.permissions.
 """
 
 from __future__ import annotations
@@ -32,13 +32,6 @@ def user_item(ctx: Context, name: str) -> dict[str, Any]:
     return {"name": name, "password_hash": ctx.users.stored[name],
             "hashing_algorithm": "rabbit_password_hashing_sha256",
             "tags": ctx.users.tags_of(name), "limits": {}}
-
-
-def permission_items(ctx: Context) -> list[dict[str, Any]]:
-    # One vhost, and every user may configure, write and read everything in it (Shoal has
-    # no permissions yet).
-    return [{"user": n, "vhost": VHOST, "configure": ".*", "write": ".*", "read": ".*"}
-            for n in ctx.users.stored if n]
 
 
 class Users(Resource):
@@ -115,63 +108,16 @@ class Users(Resource):
         await self._users_command({"command": "delete_user", "name": seg(request, "user")})
         return no_content()
 
-    async def bulk_delete_users(self, request: Request) -> Response:
-        """POST /api/users/bulk-delete ``{"users": [...]}``: deleted in order; as RabbitMQ, an
-        unknown name stops there with 400 ``["no_such_user", NAME]`` (those before it stay
-        deleted)."""
-        self.auth_admin(request)
-        names = (await body_json(request)).get("users")
-        if not isinstance(names, list):
-            raise bad_request("[{key_missing,users}]")
-        for name in names:
-            try:
-                await self._users_command({"command": "delete_user", "name": str(name)})
-            except APIError as exc:
-                if exc.status != 404:
-                    raise
-                raise APIError(400, "bad_request", ["no_such_user", str(name)]) from None
-        return no_content()
-
-    async def permissions(self, request: Request) -> Response:
-        self.auth(request)
-        return paged(request, permission_items(self.ctx), "user")
-
-    async def user_permissions(self, request: Request) -> Response:
-        self.auth(request)
-        name = seg(request, "user")
-        if name not in self.ctx.users.stored:
-            raise not_found()
-        return ok([p for p in permission_items(self.ctx) if p["user"] == name])
-
-    async def vhost_permissions(self, request: Request) -> Response:
-        self.auth(request)
-        check_vhost(seg(request, "vhost"))
-        return ok(permission_items(self.ctx))
-
-    async def permission(self, request: Request) -> Response:
-        self.auth(request)
-        check_vhost(seg(request, "vhost"))
-        name = seg(request, "user")
-        for p in permission_items(self.ctx):
-            if p["user"] == name:
-                return ok(p)
-        raise not_found()
-
     def routes(self) -> list[Route]:
         V = "{vhost}"
         r = Route
         return [
             r("/api/vhosts", self.vhosts),
             r(f"/api/vhosts/{V}", self.vhost),
-            r(f"/api/vhosts/{V}/permissions", self.vhost_permissions),
             r("/api/users", self.users),
-            r("/api/users/bulk-delete", self.bulk_delete_users, methods=["POST"]),
             r("/api/users/{user}", self.user, methods=["GET"]),
             r("/api/users/{user}", self.put_user, methods=["PUT"]),
             r("/api/users/{user}", self.delete_user, methods=["DELETE"]),
-            r("/api/users/{user}/permissions", self.user_permissions),
-            r("/api/permissions", self.permissions),
-            r(f"/api/permissions/{V}/{{user}}", self.permission),
         ]
 
 

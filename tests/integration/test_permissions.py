@@ -15,6 +15,7 @@ from pamqp import commands
 
 from cli.control import ask
 from tests.integration.harness import Broker, finish, start_broker
+from tests.integration.management_helpers import HTTP, managed
 from tests.integration.rawclient import (
     PROTOCOL_HEADER,
     RawClient,
@@ -22,6 +23,8 @@ from tests.integration.rawclient import (
     publish_frames,
     start_ok,
 )
+
+__all__ = ["managed"]  # the fixture: one broker with the management API, for the HTTP tests
 
 
 @pytest.fixture(scope="module")
@@ -293,3 +296,94 @@ def test_user_id(broker: Broker) -> None:
     ch = login(broker, "imp")
     ch.basic_publish("", "uid-q", b"m", pika.BasicProperties(user_id="someone"))
     assert ch.queue_declare("uid-q", passive=True).method.message_count == 2
+
+
+# --------------------------------------------------------------------------- management API
+
+
+def test_http_permissions(managed: tuple[Broker, int]) -> None:
+    broker, port = managed
+    http = HTTP(port)
+    control(broker, command="put_user", name="hp", password="pw")
+    assert http.request("GET", "/api/permissions/%2F/hp")[0] == 404
+    body = {"configure": "^hp-", "write": ".*", "read": ""}
+    assert http.request("PUT", "/api/permissions/%2F/hp", body)[0] == 201
+    assert http.request("PUT", "/api/permissions/%2F/hp", dict(body, read="^x"))[0] == 204
+    mine = {"user": "hp", "vhost": "/", "configure": "^hp-", "write": ".*", "read": "^x"}
+    assert http.get("/api/permissions/%2F/hp") == mine
+    assert mine in http.get("/api/permissions")
+    assert http.get("/api/users/hp/permissions") == [mine]
+    assert mine in http.get("/api/vhosts/%2F/permissions")
+    assert control(broker, command="list_permissions", user="hp")["permissions"] == [mine]
+    status, _, answer = http.request("PUT", "/api/permissions/%2F/hp", {"configure": ".*"})
+    assert status == 400, answer
+    assert http.request("PUT", "/api/permissions/%2F/hp", dict(body, write="("))[0] == 400
+    # not an administrator: refused, reads too (as RabbitMQ)
+    control(broker, command="put_user", name="hpmon", password="pw", tags=["monitoring"])
+    status, _, answer = HTTP(port, "hpmon", "pw").request("PUT", "/api/permissions/%2F/hp", body)
+    assert status == 403 and answer["error"] == "not_authorised", answer
+    assert HTTP(port, "hpmon", "pw").request("GET", "/api/permissions")[0] == 403
+    assert http.request("DELETE", "/api/permissions/%2F/hp")[0] == 204
+    assert http.request("DELETE", "/api/permissions/%2F/hp")[0] == 404
+    assert http.get("/api/users/hp/permissions") == []
+
+
+def test_http_topic_permissions(managed: tuple[Broker, int]) -> None:
+    broker, port = managed
+    http = HTTP(port)
+    control(broker, command="put_user", name="ht", password="pw")
+    body = {"exchange": "amq.topic", "write": "^ht\\.", "read": ".*"}
+    assert http.request("PUT", "/api/topic-permissions/%2F/ht", body)[0] == 201
+    assert http.request("PUT", "/api/topic-permissions/%2F/ht", body)[0] == 204
+    mine = {"user": "ht", "vhost": "/", **body}
+    assert http.get("/api/topic-permissions/%2F/ht") == [mine]
+    assert mine in http.get("/api/topic-permissions")
+    assert http.get("/api/users/ht/topic-permissions") == [mine]
+    assert mine in http.get("/api/vhosts/%2F/topic-permissions")
+    assert http.request("PUT", "/api/topic-permissions/%2F/ht", {"write": ".*"})[0] == 400
+    assert http.request("DELETE", "/api/topic-permissions/%2F/ht")[0] == 204
+    assert http.request("GET", "/api/topic-permissions/%2F/ht")[0] == 404
+    assert http.get("/api/users/ht/topic-permissions") == []
+
+
+def test_definitions_round_trip_with_permissions(managed: tuple[Broker, int],
+                                                 tmp_path: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.integration.harness import REPO_ROOT
+    broker, port = managed
+    http = HTTP(port)
+    control(broker, command="put_user", name="dr", password="pw")
+    control(broker, command="set_permissions", user="dr", vhost="/", configure="^dr-",
+            write="^w", read="^r")
+    control(broker, command="set_topic_permissions", user="dr", vhost="/",
+            exchange="amq.topic", write="^{username}", read="x")
+    perm = {"user": "dr", "vhost": "/", "configure": "^dr-", "write": "^w", "read": "^r"}
+    topic = {"user": "dr", "vhost": "/", "exchange": "amq.topic", "write": "^{username}",
+             "read": "x"}
+    exported = http.get("/api/definitions")
+    assert perm in exported["permissions"] and topic in exported["topic_permissions"]
+    path = tmp_path / "defs.json"
+    done = subprocess.run([sys.executable, "-m", "cli.main", "ctl", "--control-socket",
+                           str(broker.control_dir / "control.sock"), "export_definitions",
+                           str(path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    from_ctl = json.loads(path.read_text())
+    assert perm in from_ctl["permissions"] and topic in from_ctl["topic_permissions"]
+    # cleared, then imported again: through the management API, then shoal ctl
+    control(broker, command="clear_permissions", user="dr", vhost="/")
+    control(broker, command="clear_topic_permissions", user="dr", vhost="/")
+    status, _, answer = http.request("POST", "/api/definitions", exported)
+    assert status in (201, 204), (status, answer)
+    assert control(broker, command="list_permissions", user="dr")["permissions"] == [perm]
+    assert control(broker, command="list_topic_permissions", user="dr")["topic_permissions"] == [topic]
+    control(broker, command="clear_permissions", user="dr", vhost="/")
+    control(broker, command="clear_topic_permissions", user="dr", vhost="/")
+    done = subprocess.run([sys.executable, "-m", "cli.main", "ctl", "--control-socket",
+                           str(broker.control_dir / "control.sock"), "import_definitions",
+                           str(path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert control(broker, command="list_permissions", user="dr")["permissions"] == [perm]
+    assert control(broker, command="list_topic_permissions", user="dr")["topic_permissions"] == [topic]
