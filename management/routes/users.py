@@ -108,6 +108,23 @@ class Users(Resource):
         await self._users_command({"command": "delete_user", "name": seg(request, "user")})
         return no_content()
 
+    async def bulk_delete_users(self, request: Request) -> Response:
+        """POST /api/users/bulk-delete ``{"users": [...]}``: deleted in order; as RabbitMQ, an
+        unknown name stops there with 400 ``["no_such_user", NAME]`` (those before it stay
+        deleted)."""
+        self.auth_admin(request)
+        names = (await body_json(request)).get("users")
+        if not isinstance(names, list):
+            raise bad_request("[{key_missing,users}]")
+        for name in names:
+            try:
+                await self._users_command({"command": "delete_user", "name": str(name)})
+            except APIError as exc:
+                if exc.status != 404:
+                    raise
+                raise APIError(400, "bad_request", ["no_such_user", str(name)]) from None
+        return no_content()
+
     def routes(self) -> list[Route]:
         V = "{vhost}"
         r = Route
@@ -115,6 +132,7 @@ class Users(Resource):
             r("/api/vhosts", self.vhosts),
             r(f"/api/vhosts/{V}", self.vhost),
             r("/api/users", self.users),
+            r("/api/users/bulk-delete", self.bulk_delete_users, methods=["POST"]),
             r("/api/users/{user}", self.user, methods=["GET"]),
             r("/api/users/{user}", self.put_user, methods=["PUT"]),
             r("/api/users/{user}", self.delete_user, methods=["DELETE"]),
