@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote_plus, unquote
 
@@ -102,6 +103,12 @@ def policy_fields(snapshot: dict[str, Any], kind: str, name: str) -> dict[str, A
             "effective_policy_definition": applied[2] or {}}
 
 
+def iso_time(t: float) -> str:
+    """RabbitMQ 3.10's timestamps in the API: ``2024-05-01T12:00:00.123+00:00``."""
+    moment = datetime.fromtimestamp(t, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}+00:00"
+
+
 def queue_items(latest: Sample, base: Sample | None, node: Node,
                 consumers_by_queue: dict[str, int] | None = None) -> list[dict[str, Any]]:
     snapshot = latest.snapshot
@@ -150,8 +157,9 @@ def queue_items(latest: Sample, base: Sample | None, node: Node,
             "messages_unacknowledged": unacked,
             "messages_unacknowledged_details": details(u_rate),
             "message_stats": stats,
-            "idle_since": None,
         }
+        if name in latest.idle_since:  # RabbitMQ writes it for an idle queue only
+            item["idle_since"] = iso_time(latest.idle_since[name])
         if owner is None:
             del item["owner_pid_details"]
         items.append(item)
@@ -289,6 +297,7 @@ def channel_item(c: dict[str, Any], number: int, consumers: int, unacked: int,
         "node": node.name,
         "vhost": c.get("vhost", "/"),
         "user": c.get("user", ""),
+        "user_who_performed_action": c.get("user", ""),
         "state": "running",
         "consumer_count": consumers,
         "messages_unacknowledged": unacked,

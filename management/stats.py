@@ -77,6 +77,9 @@ class Sample:
     conn_counters: dict[str, tuple[int, int]] = field(default_factory=dict)  # name → (recv, send)
     exchange_counters: dict[str, tuple[int, int]] = field(default_factory=dict)  # (in, out)
     messages: dict[str, int] = field(default_factory=dict)  # the broker's message counters
+    # queue name → since when its counters have not moved (RabbitMQ's ``idle_since``); a queue
+    # active between the last two samples, or new, has none
+    idle_since: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, snapshot: dict[str, Any], connections: list[dict[str, Any]]) -> Sample:
@@ -145,6 +148,10 @@ class Sampler:
                 return self.latest
             self.error = ""
             sample = Sample.of(snapshot, listed.get("connections", []))
+            prev = self.latest
+            sample.idle_since = {name: prev.idle_since.get(name, prev.time)
+                                 for name, counters in sample.queue_counters.items()
+                                 if prev.queue_counters.get(name) == counters}
             self.latest = sample
             self.history.append(sample)
             return sample

@@ -248,3 +248,31 @@ def test_users_bulk_delete(managed: tuple[Broker, int]) -> None:
     assert http.request("GET", "/api/users/bulk-b")[0] == 404
     status, _, body = http.request("POST", "/api/users/bulk-delete", {})
     assert status == 400 and body["error"] == "bad_request"
+
+
+def test_idle_since_for_an_idle_queue_only(managed: tuple[Broker, int]) -> None:
+    """RabbitMQ writes ``idle_since`` (``2024-05-01T12:00:00.123+00:00``) for a queue whose
+    counters stand still, and leaves it out otherwise (Flower's broker page shows it); never
+    null. Channels carry ``user_who_performed_action`` as RabbitMQ's do."""
+    import re
+
+    broker, port = managed
+    http = HTTP(port)
+    assert http.request("PUT", "/api/queues/%2F/idle-q", {"durable": False})[0] == 201
+
+    def idle() -> object:
+        q = http.get("/api/queues/%2F/idle-q")
+        assert q.get("idle_since", "") is not None
+        return q.get("idle_since")
+
+    wait_until(lambda: idle() is not None, timeout=20)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", str(idle()))
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", broker.port))
+    try:
+        channel = conn.channel()
+        channel.basic_consume("idle-q", lambda *a: None)
+        wait_until(lambda: len(http.get("/api/channels")) > 0, timeout=20)
+        assert all(c["user_who_performed_action"] == "guest" for c in http.get("/api/channels"))
+    finally:
+        close_quietly(conn)
+    assert http.request("DELETE", "/api/queues/%2F/idle-q")[0] == 204
