@@ -117,6 +117,9 @@ def export_definitions_cmd(opts: Options, path: str, format_: str) -> None:
         fetch_snapshot(opts), fetch_users(opts), _version(),
         perms.get("permissions") if "error" not in perms else None,
         topics.get("topic_permissions") if "error" not in topics else None)
+    params = request(opts, {"command": "list_parameters"})  # shovels (broker.runtime.parameters)
+    if "error" not in params:
+        definitions["parameters"] = list(params.get("parameters") or [])
     text = json.dumps(definitions, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
                       default=str)
     if path == "-":

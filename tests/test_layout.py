@@ -17,7 +17,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ("broker", "workers", "ipc", "tracing")  # the broker's processes: import neither of the two below
 OFF_RUNTIME = ("report", "perf")  # `shoal report` and the perf scripts read the runtime's output
-SHOAL = ("broker", "workers", "ipc", "cli", "tracing", "report", "management")  # no import cycle among these
+SHOAL = ("broker", "workers", "ipc", "cli", "tracing", "report", "management", "links")  # no import cycle among these
 # DESIGN's package table: which of Shoal's other packages each may import.
 ALLOWED = {
     "broker": {"ipc", "tracing"},
@@ -27,6 +27,7 @@ ALLOWED = {
     "report": {"tracing"},  # not perf: a cluster's executors import report and tracing only
     "cli": {"broker", "workers", "ipc", "tracing", "report"},
     "management": {"ipc"},  # and broker's public data modules (ALLOWED_MODULES)
+    "links": set(),  # the links process (shovels): broker's public data modules only
 }
 # Single modules a package may import from a package it may not: the workers raise the one
 # error type, use the names both sides agree on and check passwords as the supervisor stores
@@ -36,6 +37,8 @@ ALLOWED_MODULES = {
     # The management process reads the supervisor over its control socket, not its objects:
     # of broker/ it takes the pure modules only (stored passwords, names, errors).
     "management": {"broker.errors", "broker.constants", "broker.passwords"},
+    # The links process reads the supervisor's parameters as data (the shovel keys and URIs).
+    "links": {"broker.errors", "broker.constants", "broker.parameters"},
 }
 
 
@@ -189,6 +192,16 @@ def test_the_runtime_does_not_import_management() -> None:
     assert not offenders, "the runtime imports management/:\n" + "\n".join(offenders)
 
 
+def test_the_runtime_does_not_import_links() -> None:
+    """Issue 39: shovels never run on the supervisor's loop or in a worker: nothing in broker/,
+    workers/, ipc/ or tracing/ imports links/ (the supervisor starts it by module name)."""
+    offenders = [f"{imp.where}: {imp.source} imports {imp.target}"
+                 for module, path in source_modules(RUNTIME).items()
+                 for imp in imports_of(module, path)
+                 if _in_packages(imp.target, ("links",))]
+    assert not offenders, "the runtime imports links/:\n" + "\n".join(offenders)
+
+
 def _allowed(source: str, target: str) -> bool:
     package = _package(source)
     if _package(target) in {package, *ALLOWED[package]}:
@@ -289,7 +302,8 @@ def test_broker_groups_import_only_the_groups_before_them() -> None:
     imports its own group and the ones before it, never one after (read as mypy reads it)."""
     graph = import_graph(("broker",))
     ungrouped = [m for m in graph if _group(m) == "broker" and m not in (
-        "broker", "broker.errors", "broker.constants", "broker.passwords", "broker.permissions")]
+        "broker", "broker.errors", "broker.constants", "broker.passwords", "broker.permissions",
+        "broker.parameters")]  # pure modules other packages import (links/: the shovel keys)
     assert not ungrouped, f"modules of broker/ outside its groups: {ungrouped}"
     offenders = group_order_offenders(graph)
     assert not offenders, "imports that run back up broker/'s groups:\n" + "\n".join(offenders)

@@ -32,6 +32,9 @@ meanwhile is not waited for. The later management API is meant to grow from here
 * ``import_definitions {definitions}``: RabbitMQ's export JSON, vhost ``/`` only: users
   (with their password_hash and tags), exchanges, queues, bindings, declared in the
   supervisor as a client's declares would be -> ``{"imported": {...}, "skipped": [...]}``;
+* parameters (broker.runtime.parameters, dynamic shovels): ``set_parameter {vhost, component,
+  name, value}``, ``clear_parameter {vhost, component, name}``, ``list_parameters {vhost?,
+  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``;
 * ``status`` -> the supervisor's pid, listener, uptime, workers and object counts.
 """
 
@@ -53,6 +56,7 @@ import trio
 
 from broker.errors import AMQPError
 from broker.runtime.dispatch import Dispatcher
+from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
 from broker.runtime.snapshot import build_snapshot
@@ -97,6 +101,7 @@ class ControlServer:
     """Answers control requests; ``ready_workers`` names the workers that are up."""
 
     policies: RuntimePolicies | None = None  # set_policy and friends (the supervisor sets it)
+    parameters: RuntimeParameters | None = None  # set_parameter (shovels; the supervisor sets it)
 
     def __init__(self, dispatcher: Dispatcher, ready_workers: Callable[[], list[int]],
                  flush: Callable[[], None], address: str, users: RuntimeUsers | None = None,
@@ -184,6 +189,10 @@ class ControlServer:
             if self.policies is None:
                 return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
             return self.policies.command(command, request)
+        if command in PARAMETER_COMMANDS:
+            if self.parameters is None:
+                return {"error": "this broker keeps no parameters at runtime", "code": "invalid"}
+            return await self.parameters.command(command, request)
         if command in ("purge_queue", "delete_queue"):
             return self.queue_command(command, request)
         if command == "import_definitions":

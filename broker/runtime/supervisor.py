@@ -42,9 +42,11 @@ from broker.runtime.dispatch import Dispatcher
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.durability import Durability
 from broker.runtime.management_child import ManagementChild
+from broker.runtime.parameters import RuntimeParameters
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import RuntimePolicies
 from broker.runtime.serve_config import ServeConfig
+from broker.runtime.shovel_child import ShovelChild
 from broker.runtime.users import RuntimeUsers
 from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
@@ -106,6 +108,7 @@ class Supervisor:
         self.topic_permissions: TopicTable = {}
         self.samples: ProcSampleWriter | None = None  # --trace: CPU and memory of the processes
         self.management: ManagementChild | None = None  # --management-port
+        self.shovels = ShovelChild()  # the links process: started by the first shovel
 
     # ------------------------------------------------------------ lifecycle
 
@@ -180,6 +183,8 @@ class Supervisor:
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
         self._control_sock = self._control.bind(self.control_path)
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
+        self.parameters = RuntimeParameters(self.dispatcher.vhost.name, store, self.shovels)
+        self._control.parameters = self.parameters
 
     def _bind_tls(self) -> socket.socket:
         """The AMQPS listener: the TLS files are loaded once here to check them (ipc.tls; the
@@ -244,6 +249,8 @@ class Supervisor:
             if self.management is not None:
                 nursery.start_soon(self.management.supervise, self._management_settings,
                                    lambda: self.stopping)
+            nursery.start_soon(self.shovels.supervise, self._shovel_settings,
+                               self.parameters.listing, lambda: self.stopping)
             for w in self.workers:
                 nursery.start_soon(self._supervise, w)
                 nursery.start_soon(self._drain, w)
@@ -263,6 +270,8 @@ class Supervisor:
         procs = [w.process for w in self.workers if w.process is not None]
         if self.management is not None and self.management.process is not None:
             procs.append(self.management.process)
+        if self.shovels.process is not None:  # the links process (shovels)
+            procs.append(self.shovels.process)
         for p in procs:
             if p.returncode is None:
                 p.send_signal(signal.SIGTERM)
@@ -540,6 +549,14 @@ class Supervisor:
                 "data_dir": str(self.durability.path) if self.durability is not None else "",
                 "log_level": c.log_level, "alive_fd": self._alive_r, "users": self.users,
                 "user_tags": self.user_admin.tags}
+
+    def _shovel_settings(self) -> dict[str, object]:
+        """What the links process is told at each start (links.process; the parameters, with
+        their passwords, go on its stdin)."""
+        c = self.config
+        host = "127.0.0.1" if c.host in ("", "0.0.0.0") else "::1" if c.host == "::" else c.host
+        return {"control_path": self.control_path, "amqp_host": host, "amqp_port": self.port,
+                "log_level": c.log_level, "alive_fd": self._alive_r}
 
     def _write_ready_file(self) -> None:
         path = self.config.ready_file

@@ -172,6 +172,36 @@ def _policy_digest(db: sqlite3.Connection) -> int:
     return acc
 
 
+# Runtime parameters (issue 39: dynamic shovels), added without a new schema as the policies
+# were: the rows' digest is the meta row 'digest.parameters', kept by triggers and covered by the
+# main digest as any meta row is. A directory opened without the table gets it (empty). The value
+# is RabbitMQ's JSON, kept as text (its URIs hold passwords, as RabbitMQ's own store does).
+_PARAMETERS_TABLE = """CREATE TABLE IF NOT EXISTS parameters (
+    vhost TEXT NOT NULL, component TEXT NOT NULL, name TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (vhost, component, name)
+)"""
+_PARAMETER_COLUMNS = ("vhost", "component", "name", "value")
+_PARAMETER_DIGEST = "digest.parameters"
+
+
+def _parameter_triggers() -> Iterator[str]:
+    for event, rows in (("INSERT", ("NEW",)), ("DELETE", ("OLD",)), ("UPDATE", ("OLD", "NEW"))):
+        value = "value"
+        for row in rows:
+            value = (f"{_MIX}({value}, 'parameters', "
+                     + ", ".join(f"{row}.{c}" for c in _PARAMETER_COLUMNS) + ")")
+        yield (f"CREATE TRIGGER IF NOT EXISTS parameters_{event.lower()} AFTER {event} ON "
+               f"parameters BEGIN UPDATE meta SET value = {value} WHERE key = "
+               f"'{_PARAMETER_DIGEST}'; END")
+
+
+def _parameter_digest(db: sqlite3.Connection) -> int:
+    acc = 0
+    for row in db.execute(f"SELECT {', '.join(_PARAMETER_COLUMNS)} FROM parameters"):
+        acc = _mix(acc, "parameters", *row)
+    return acc
+
+
 def _triggers() -> Iterator[str]:
     for table, columns in _HASHED.items():
         skip = f" WHEN {{0}}.key != '{_DIGEST}'" if table == "meta" else ""
@@ -240,6 +270,9 @@ def inspect(path: Path) -> Inspection:
         if (problem is None and "policies" in tables
                 and _policy_digest(db) != meta.get(_POLICY_DIGEST)):
             problem = "damaged (its policies do not match their digest)"
+        if (problem is None and "parameters" in tables
+                and _parameter_digest(db) != meta.get(_PARAMETER_DIGEST)):
+            problem = "damaged (its parameters do not match their digest)"
         return Inspection(True, True, node if isinstance(node, str) else None,
                           generation if isinstance(generation, int) else 0, users, problem)
     except sqlite3.DatabaseError as exc:
@@ -390,6 +423,13 @@ class DefinitionStore:
                     self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, 0)",
                                      (_POLICY_DIGEST,))
                     for trigger in _policy_triggers():
+                        self._db.execute(trigger)
+            if not self._has_table("parameters"):
+                with self._transaction(count=False):
+                    self._db.execute(_PARAMETERS_TABLE)
+                    self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, 0)",
+                                     (_PARAMETER_DIGEST,))
+                    for trigger in _parameter_triggers():
                         self._db.execute(trigger)
             self.node: str = self._meta("node")
             self.generation: int = self._meta("generation")
@@ -615,6 +655,30 @@ class DefinitionStore:
         with self._transaction():
             return self._db.execute("DELETE FROM policies WHERE vhost=? AND name=? AND operator=?",
                                     (vhost, name, int(operator))).rowcount > 0
+
+    def parameters(self) -> list[dict[str, Any]]:
+        """Every stored runtime parameter, RabbitMQ's shape: {value, vhost, component, name}."""
+        try:
+            return [{"value": json.loads(value), "vhost": v, "component": c, "name": n}
+                    for v, c, n, value in self._db.execute(
+                        f"SELECT {', '.join(_PARAMETER_COLUMNS)} FROM parameters "
+                        "ORDER BY vhost, component, name")]
+        except (sqlite3.DatabaseError, UnicodeDecodeError, ValueError) as exc:
+            raise DefinitionStoreError(f"{self.path}: {exc}") from exc
+
+    def put_parameter(self, vhost: str, component: str, name: str, value: Any) -> None:
+        """Add or replace a parameter; on disk when this returns."""
+        with self._transaction():
+            self._db.execute(
+                f"INSERT OR REPLACE INTO parameters ({', '.join(_PARAMETER_COLUMNS)}) "
+                "VALUES (?, ?, ?, ?)", (vhost, component, name, json.dumps(value, sort_keys=True)))
+
+    def delete_parameter(self, vhost: str, component: str, name: str) -> bool:
+        """Remove a parameter; False when there is none of that name."""
+        with self._transaction():
+            return self._db.execute(
+                "DELETE FROM parameters WHERE vhost=? AND component=? AND name=?",
+                (vhost, component, name)).rowcount > 0
 
     @contextmanager
     def _transaction(self, count: bool = True) -> Iterator[None]:

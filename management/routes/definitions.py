@@ -81,7 +81,11 @@ class Definitions(Resource):
             check_vhost(seg(request, "vhost"))
         perms = await self._permission_rows() if whole else ([], [])
         s = await self.sample()
-        response = ok(self._definitions(s, whole, perms))
+        out = self._definitions(s, whole, perms)
+        if whole:  # the shovels' parameters, from the supervisor (broker.runtime.parameters)
+            answer = await ask(self.ctx.control_path, {"command": "list_parameters"})
+            out["parameters"] = list(answer.get("parameters") or [])
+        response = ok(out)
         if listing.truthy(request.query_params.get("download", "false")) or \
                 "download" in request.query_params:
             response.headers["Content-Disposition"] = 'attachment; filename="definitions.json"'

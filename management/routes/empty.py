@@ -1,5 +1,5 @@
-"""The RabbitMQ collections Shoal has none of (parameters, limits, feature flags): each
-answers an empty list, so tools that read them work. A module that comes to serve one of these
+"""The RabbitMQ collections Shoal has none of (global parameters, limits, feature flags):
+each answers an empty list, so tools that read them work. A module that comes to serve one of these
 paths takes it out of ``EMPTY``.
 """
 
@@ -11,7 +11,7 @@ from starlette.routing import Route
 
 from management.http import Context, Resource, ok
 
-EMPTY = ("/api/parameters", "/api/global-parameters", "/api/vhost-limits",
+EMPTY = ("/api/global-parameters", "/api/vhost-limits",
          "/api/feature-flags")
 
 
