@@ -89,7 +89,7 @@ class Side:
         args = [a.replace("{export}", self.export).replace("{connection}", connection) for a in args]
         run = subprocess.run(["rabbitmqadmin", "-H", HOST, "-P", str(self.mgmt), "-u", "guest", "-p", "guest",
                               *args], capture_output=True, text=True, timeout=60, check=False)
-        return run.returncode, (run.stdout + run.stderr).strip()
+        return run.returncode, (run.stdout + run.stderr).strip().replace(self.export, "FILE")
 
     def open_consumer(self) -> None:
         """A connection with a consumer on Q2, so connections/channels/consumers have one each."""
@@ -98,6 +98,10 @@ class Side:
         channel = self.connection.channel()
         channel.queue_declare(Q2, auto_delete=True)
         channel.basic_consume(Q2, lambda *a: None)
+        for _ in range(40):  # RabbitMQ lists a connection once its stats are emitted (5 s)
+            if self.connection_name() != "none":
+                break
+            self.connection.sleep(0.25)
 
     def connection_name(self) -> str:
         code, out = self.admin(["-f", "raw_json", "list", "connections"])
