@@ -135,8 +135,12 @@ def export_definitions_cmd(opts: Options, path: str, format_: str) -> None:
 @click.option("--format", "format_", type=click.Choice(["json"]), default="json")
 @click.option("--skip-if-unchanged", is_flag=True, hidden=True)
 def import_definitions_cmd(opts: Options, path: str, format_: str, skip_if_unchanged: bool) -> None:
-    """Import RabbitMQ's definitions JSON from PATH (or stdin for - or none): users, exchanges,
-    queues and bindings of "/"; what else it holds is named on stderr and skipped."""
+    """Import RabbitMQ's definitions JSON from PATH (or stdin for - or none): users,
+    permissions, topic permissions, policies, exchanges, queues and bindings of "/" (the
+    supervisor's importer, broker.runtime.definitions_io); what it does not support or refuses
+    is named on stderr."""
+    from broker.runtime.definitions_io import DefinitionsError, parse
+
     if path == "-":
         info(opts, "Importing definitions in JSON from standard input ...")
         raw = sys.stdin.read()
@@ -148,23 +152,19 @@ def import_definitions_cmd(opts: Options, path: str, format_: str, skip_if_uncha
         except OSError as exc:
             error(f"{path}: {exc.strerror}", EX_DATAERR)
     try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        error(f"not valid JSON: {exc}", EX_DATAERR)
+        body = parse(raw, "standard input" if path == "-" else path)
+    except DefinitionsError as exc:
+        error(str(exc), EX_DATAERR)
     answer = request(opts, {"command": "import_definitions", "definitions": body})
     if "error" in answer:
         error(str(answer["error"]), EX_DATAERR)
+    for line in answer.get("unsupported", ()):
+        click.echo(f"unsupported: {line}", err=True)
     for line in answer.get("skipped", ()):
         click.echo(f"skipped: {line}", err=True)
-    for kind in ("vhosts", "permissions", "topic_permissions", "policies", "parameters",
-                 "global_parameters"):
-        extra = [i for i in body.get(kind) or [] if kind not in ("vhosts",) or
-                 (isinstance(i, dict) and i.get("name") != VHOST)]
-        if extra and kind != "permissions":
-            click.echo(f"skipped: {len(extra)} {kind}: not supported by this Shoal yet", err=True)
     n = answer["imported"]
-    info(opts, f"Imported {n['users']} users, {n['exchanges']} exchanges, {n['queues']} queues, "
-               f"{n['bindings']} bindings.")
+    done = ", ".join(f"{count} {kind}" for kind, count in n.items())
+    info(opts, f"Imported {done}; {sum(answer.get('unchanged', {}).values())} unchanged.")
 
 
 @verb("await_startup")

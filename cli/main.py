@@ -241,6 +241,11 @@ def main() -> None:
               "rabbitmq_prometheus's names), served by the management process (0 turns it off).")
 @click.option("--prometheus-host", default=None, show_default="--host",
               help="Address the Prometheus metrics bind to.")
+@click.option("--load-definitions", default=None, type=click.Path(), metavar="FILE",
+              help="Import this definitions file (RabbitMQ's export JSON; or each *.json of a "
+              "directory) at every start, after the data directory is recovered and before a "
+              "worker accepts: RabbitMQ's load_definitions. What Shoal does not support is named "
+              "at WARNING; a malformed file stops the start.")
 @click.option("--ready-file", default=None, type=click.Path(dir_okay=False),
               help="Write JSON {port, supervisor_pid, worker_pids, instance, control} here once every "
                    "worker accepts connections (rewritten when a worker is replaced); with "
@@ -271,6 +276,14 @@ def serve(**options: object) -> None:
         ctx.get_parameter_source("management_port") is not ParameterSource.DEFAULT)
     options["prometheus_required"] = (
         ctx.get_parameter_source("prometheus_port") is not ParameterSource.DEFAULT)
+    if options["load_definitions"]:  # a malformed file stops the start before anything binds
+        from broker.runtime.definitions_io import DefinitionsError, read
+
+        try:
+            read(str(options["load_definitions"]))
+        except DefinitionsError as exc:
+            click.echo(f"cannot start: --load-definitions {exc}", err=True)
+            raise SystemExit(1) from None
     config = ServeConfig(**options)  # type: ignore[arg-type]
     raise SystemExit(run(config))
 

@@ -29,9 +29,10 @@ meanwhile is not waited for. The later management API is meant to grow from here
   ``{"deleted": n}`` (a missing queue: ``{"error", "code": "missing"}``), as queue.purge and
   queue.delete of the queue's own connection would (an exclusive queue too);
 * ``close_all_connections {reason, limit}`` -> ``{"closed": n}``;
-* ``import_definitions {definitions}``: RabbitMQ's export JSON, vhost ``/`` only: users
-  (with their password_hash and tags), exchanges, queues, bindings, declared in the
-  supervisor as a client's declares would be -> ``{"imported": {...}, "skipped": [...]}``;
+* ``import_definitions {definitions}``: RabbitMQ's export JSON, through
+  broker.runtime.definitions_io (users, permissions, topic permissions, policies, parameters,
+  exchanges, queues, bindings of ``/``) -> ``{"imported", "unchanged", "skipped",
+  "unsupported"}``;
 * parameters (broker.runtime.parameters, dynamic shovels): ``set_parameter {vhost, component,
   name, value}``, ``clear_parameter {vhost, component, name}``, ``list_parameters {vhost?,
   component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``;
@@ -55,6 +56,7 @@ import msgspec
 import trio
 
 from broker.errors import AMQPError
+from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters
 from broker.runtime.permissions import RuntimePermissions
@@ -302,86 +304,17 @@ class ControlServer:
         self._flush()
         return {"closed": len(rows)}
 
-    async def import_definitions(self, body: Any) -> dict[str, Any]:
-        """RabbitMQ's definitions JSON (vhost ``/``): users, then exchanges, queues, bindings;
-        what the broker refuses is skipped and named."""
-        if not isinstance(body, dict):
-            return {"error": "expected the definitions as one JSON object", "code": "invalid"}
-        skipped: list[str] = []
-        counts = {"users": 0, "exchanges": 0, "queues": 0, "bindings": 0}
-        for u in body.get("users") or []:
-            if self._users is None or not isinstance(u, dict):
-                break
-            algorithm = u.get("hashing_algorithm", "rabbit_password_hashing_sha256")
-            if algorithm != "rabbit_password_hashing_sha256":
-                skipped.append(f"user '{u.get('name')}': hashing algorithm {algorithm} is not "
-                               "supported by this Shoal yet")
-                continue
-            try:
-                await self._users.put(str(u.get("name") or ""), None,
-                                      str(u.get("password_hash") or ""), parse_tags(u.get("tags")))
-                counts["users"] += 1
-            except UserError as exc:
-                skipped.append(f"user '{u.get('name')}': {exc}")
-        counts["policies"] = 0
-        for p in body.get("policies") or []:  # before the queues, as RabbitMQ imports them
-            if self.policies is None or not isinstance(p, dict):
-                break
-            if p.get("vhost", self._dispatcher.vhost.name) != self._dispatcher.vhost.name:
-                continue
-            answer = self.policies.command("set_policy", {**p, "vhost": self._dispatcher.vhost.name})
-            if "error" in answer:
-                skipped.append(f"policy '{p.get('name')}': {answer['error'].strip()}")
-            else:
-                counts["policies"] += 1
-        d = self._dispatcher
-        vhost = d.vhost
-
-        def ours(item: Any) -> bool:
-            return isinstance(item, dict) and item.get("vhost", vhost.name) == vhost.name
-
-        def attempt(kind: str, what: str, declare: Callable[..., object], *args: Any,
-                    **kwargs: Any) -> None:
-            try:
-                declare(*args, **kwargs)
-                counts[kind] += 1
-            except AMQPError as exc:
-                skipped.append(f"{what}: {exc.reply_text}")
-            except (TypeError, ValueError, KeyError) as exc:
-                skipped.append(f"{what}: {exc}")
-
-        d.begin_batch(time.monotonic())
+    async def import_definitions(self, body: Any,
+                                 source: str = "import_definitions") -> dict[str, Any]:
+        """RabbitMQ's definitions JSON, through the importer every import path shares
+        (broker.runtime.definitions_io) -> its report, or ``{"error"}`` for a malformed one."""
+        importer = Importer(self._dispatcher, self._flush, self._users, self._permissions,
+                            self.policies, self.parameters)
         try:
-            for x in body.get("exchanges") or []:
-                if ours(x) and x.get("name") and not str(x["name"]).startswith("amq."):
-                    attempt("exchanges", f"exchange '{x['name']}'", vhost.declare_exchange,
-                            str(x["name"]), str(x.get("type", "direct")),
-                            durable=bool(x.get("durable", True)),
-                            auto_delete=bool(x.get("auto_delete", False)),
-                            internal=bool(x.get("internal", False)),
-                            arguments=dict(x.get("arguments") or {}))
-            for q in body.get("queues") or []:
-                if ours(q) and q.get("name"):
-                    args = dict(q.get("arguments") or {})
-                    if args.get("x-queue-type") == "classic":
-                        args.pop("x-queue-type")
-                    attempt("queues", f"queue '{q['name']}'", vhost.declare_queue, str(q["name"]),
-                            owner=None, durable=bool(q.get("durable", True)),
-                            auto_delete=bool(q.get("auto_delete", False)), arguments=args)
-            for b in body.get("bindings") or []:
-                if not (ours(b) and b.get("source")):
-                    continue
-                src, dst = str(b["source"]), str(b.get("destination", ""))
-                key, args = str(b.get("routing_key", "")), dict(b.get("arguments") or {})
-                what = f"binding of '{src}' to '{dst}' ({key!r})"
-                if b.get("destination_type", "queue") == "exchange":
-                    attempt("bindings", what, vhost.bind_exchange, dst, src, key, args)
-                else:
-                    attempt("bindings", what, vhost.bind_queue, dst, src, key, args, owner=None)
-        finally:
-            d.end_batch()
-            self._flush()
-        return {"imported": counts, "skipped": skipped}
+            report = await importer.run(body, source)
+        except DefinitionsError as exc:
+            return {"error": str(exc), "code": "invalid"}
+        return report.as_json()
 
     async def close_connection(self, name: str, reason: str) -> dict[str, Any]:
         """The connection named ``name`` gets 320 CONNECTION_FORCED from its worker."""

@@ -77,6 +77,9 @@ class ServeConfig:
     tls_ca: str | None = None
     tls_verify_peer: bool = False
     tls_fail_if_no_peer_cert: bool = False
+    # RabbitMQ's load_definitions: a definitions file (or a directory of *.json) imported at every
+    # start by broker.runtime.definitions_io, after recovery and before a worker accepts.
+    load_definitions: str | None = None
 
 
     def arena_watermarks(self) -> tuple[int, int]:

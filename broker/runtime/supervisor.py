@@ -31,12 +31,13 @@ import secrets
 import signal
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from broker.passwords import DEFAULT_USER, hashed
 from broker.permissions import FULL, Table, TopicTable
+from broker.runtime import definitions_io
 from broker.runtime.control import ControlServer, default_control_path
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.dispatch_trace import DispatchTrace
@@ -109,6 +110,7 @@ class Supervisor:
         self.samples: ProcSampleWriter | None = None  # --trace: CPU and memory of the processes
         self.management: ManagementChild | None = None  # --management-port
         self.shovels = ShovelChild()  # the links process: started by the first shovel
+        self._definitions: list[tuple[str, dict[str, Any]]] = []  # --load-definitions, read
 
     # ------------------------------------------------------------ lifecycle
 
@@ -185,6 +187,8 @@ class Supervisor:
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
         self.parameters = RuntimeParameters(self.dispatcher.vhost.name, store, self.shovels)
         self._control.parameters = self.parameters
+        if c.load_definitions:  # read now: a malformed file stops the start (run imports it)
+            self._definitions = definitions_io.read(c.load_definitions)
 
     def _bind_tls(self) -> socket.socket:
         """The AMQPS listener: the TLS files are loaded once here to check them (ipc.tls; the
@@ -232,6 +236,8 @@ class Supervisor:
 
     async def run(self) -> None:
         collector.settle()  # set up (and recovered): what is alive now lives on
+        for path, body in self._definitions:  # --load-definitions, before any worker accepts
+            await self._control.import_definitions(body, path)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signals, nursery)
             nursery.start_soon(self._retry_backlog)
@@ -589,7 +595,8 @@ def run(config: ServeConfig) -> int:
         log.error("cannot start: TLS: %s", exc)
         sup.cleanup()
         return 1
-    except (DataDirInUse, DataDirDamaged, DefinitionStoreError, ArenasFull) as exc:
+    except (DataDirInUse, DataDirDamaged, DefinitionStoreError, ArenasFull,
+            definitions_io.DefinitionsError) as exc:
         log.error("cannot start: %s", exc)
         sup.cleanup()
         return 1

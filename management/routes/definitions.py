@@ -1,5 +1,6 @@
 """Definitions: GET and POST /api/definitions, the whole broker's or one vhost's
-(rabbit_mgmt_wm_definitions). An import declares over AMQP as the HTTP user.
+(rabbit_mgmt_wm_definitions). An import goes to the supervisor's import_definitions control
+command (broker.runtime.definitions_io), the importer every import path shares.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from management import amqp_ops, listing, shapes
+from management import listing, shapes
 from management.http import (
     VHOST,
     Context,
@@ -18,7 +19,6 @@ from management.http import (
     bad_request,
     body_json,
     check_vhost,
-    flag,
     no_content,
     ok,
     seg,
@@ -28,7 +28,7 @@ from management.stats import ask
 
 
 class Definitions(Resource):
-    """Exports the topology and users as RabbitMQ's JSON; imports the topology."""
+    """Exports the topology, users and permissions as RabbitMQ's JSON; imports them."""
 
     async def _permission_rows(self) -> tuple[list[Any], list[Any]]:
         """The permissions and topic permissions the supervisor keeps
@@ -92,43 +92,22 @@ class Definitions(Resource):
         return response
 
     async def import_definitions(self, request: Request) -> Response:
-        """Exchanges, queues, bindings are declared (over AMQP, as the HTTP user); users,
-        vhosts, permissions, policies and parameters are not imported (Shoal has no runtime
-        user or vhost management yet)."""
-        self.auth(request)
+        """Through the supervisor's import_definitions control command
+        (broker.runtime.definitions_io, the one importer of ``shoal serve --load-definitions``
+        and ``shoal ctl import_definitions``): users, permissions, topic permissions, policies,
+        exchanges, queues and bindings; what Shoal does not support, or refuses, is logged at
+        WARNING by the broker; a malformed body is a 400. An administrator's request, as
+        RabbitMQ's."""
+        self.auth_admin(request)
         if "vhost" in request.path_params:
             check_vhost(seg(request, "vhost"))
         body = await body_json(request)
-
-        def vhost_ok(item: dict[str, Any]) -> bool:
-            return item.get("vhost", VHOST) == VHOST
-
-        for p in body.get("policies") or []:  # through the supervisor, before the queues
-            if isinstance(p, dict) and vhost_ok(p):
-                answer = await ask(self.ctx.control_path, {**p, "command": "set_policy",
-                                                           "vhost": VHOST})
-                if "error" in answer:
-                    raise bad_request(str(answer["error"]))
-
-        async def run(c: amqp_ops.Client) -> None:
-            for x in body.get("exchanges") or []:
-                if vhost_ok(x) and x.get("name") and not str(x["name"]).startswith("amq."):
-                    await c.exchange_declare(x["name"], x.get("type", "direct"),
-                                             flag(x, "durable", True), flag(x, "auto_delete", False),
-                                             flag(x, "internal", False), dict(x.get("arguments") or {}))
-            for q in body.get("queues") or []:
-                if vhost_ok(q) and q.get("name"):
-                    args = dict(q.get("arguments") or {})
-                    if args.get("x-queue-type") == "classic":
-                        args.pop("x-queue-type")
-                    await c.queue_declare(q["name"], flag(q, "durable", True),
-                                          flag(q, "auto_delete", False), args)
-            for b in body.get("bindings") or []:
-                if vhost_ok(b) and b.get("source"):
-                    await c.bind(b.get("destination_type", "queue"), b["source"], b["destination"],
-                                 b.get("routing_key", ""), dict(b.get("arguments") or {}))
-
-        await self.amqp(request, run)
+        if not isinstance(body, dict):
+            raise bad_request("expected the definitions as one JSON object")
+        answer = await ask(self.ctx.control_path, {"command": "import_definitions",
+                                                   "definitions": body}, timeout=60.0)
+        if "error" in answer:
+            raise bad_request(str(answer["error"]))
         return no_content()
 
     def routes(self) -> list[Route]:

@@ -1,0 +1,131 @@
+"""Definitions from RabbitMQ 3.10.8 (issue 37): ``shoal serve --load-definitions`` (and
+rabbitmq.conf's ``load_definitions``) and ``shoal ctl import_definitions`` take a real
+``rabbitmqadmin export`` (fixtures/rabbitmq-3.10.8-definitions.json: made-up passwords, alice's
+is ``alice-pass-1``, bob's ``bob-pass-2``, guest's ``guest``); the users log in with their
+RabbitMQ passwords, the objects exist and the permissions hold; what Shoal lacks (the vhost
+``other`` and its objects, the global parameter ``internal_cluster_id``) is named in the log; a
+malformed file stops the start with one line and exit code 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.integration.harness import REPO_ROOT, Broker, finish, serve_command
+
+FIXTURE = Path(__file__).parent / "fixtures" / "rabbitmq-3.10.8-definitions.json"
+PASSWORDS = {"alice": "alice-pass-1", "bob": "bob-pass-2", "guest": "guest"}
+
+
+def ctl(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "ctl", "--control-socket",
+         str(broker.control_dir / "control.sock"), *args],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+
+
+def login(broker: Broker, user: str) -> pika.BlockingConnection:
+    return broker.connect(credentials=pika.PlainCredentials(user, PASSWORDS[user]))
+
+
+def check_imported(broker: Broker) -> None:
+    """RabbitMQ's users, permissions, topic permissions, queues, exchanges and bindings."""
+    alice = login(broker, "alice").channel()
+    assert alice.queue_declare("orders.eu", passive=True).method.message_count == 0
+    alice.basic_publish("orders", "eu.1", b"to orders.eu")  # orders -topic-> orders.eu
+    alice.basic_publish("orders", "bob.1", b"to bob.inbox")  # orders -> bob.ex -fanout-> bob.inbox
+    for queue in ("orders.eu", "bob.inbox"):
+        method, _, body = alice.basic_get(queue, auto_ack=True)
+        assert method is not None and body == f"to {queue}".encode(), queue
+    bob_connection = login(broker, "bob")
+    bob = bob_connection.channel()
+    bob.queue_declare("bob.inbox", passive=True)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        bob.queue_purge("orders.eu")  # configure is ^bob\..* only
+    assert refused.value.reply_code == 403
+    bob = bob_connection.channel()
+    bob.confirm_delivery()
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+        bob.basic_publish("amq.topic", "alice.x", b"x")  # topic permission: ^bob\..* only
+    assert "access to topic 'alice.x'" in refused.value.reply_text
+    login(broker, "guest").close()
+    users = {u["user"]: u["tags"] for u in json.loads(
+        ctl(broker, "--formatter", "json", "list_users").stdout)}
+    assert users["alice"] == ["administrator"]
+    assert sorted(users["bob"]) == ["management", "monitoring"]  # RabbitMQ's ["monitoring,management"]
+
+
+def test_load_definitions_at_start_and_again_at_restart(tmp_path: Path) -> None:
+    broker = Broker(tmp_path / "broker", 2, extra_args=["--load-definitions", str(FIXTURE)])
+    try:
+        check_imported(broker)
+        log = broker.log_tail()
+        for named in ("vhost 'other'", "queue 'elsewhere' in vhost 'other'",
+                      "global parameter 'internal_cluster_id'"):
+            assert any(named in line and "WARNING" in line for line in log.splitlines()), named
+        policies = ctl(broker, "list_policies").stdout
+        assert "ttl-orders" in policies
+    finally:
+        finish(broker)
+    again = Broker(tmp_path / "broker", 2, extra_args=["--load-definitions", str(FIXTURE)])
+    try:  # the same file at every boot, as RabbitMQ: nothing replaced, nothing refused
+        check_imported(again)
+        log = again.log_tail()
+        assert "replaced by the file's" not in log.split("listening on")[-1]
+        assert "0 skipped" in log
+    finally:
+        finish(again)
+
+
+def test_load_definitions_from_rabbitmq_conf(tmp_path: Path) -> None:
+    conf = tmp_path / "rabbitmq.conf"
+    conf.write_text(f"load_definitions = {FIXTURE}\n")
+    os.chmod(conf, 0o600)
+    broker = Broker(tmp_path / "broker", 1, extra_args=["--config", str(conf)])
+    try:
+        check_imported(broker)
+    finally:
+        finish(broker)
+
+
+def test_ctl_import_names_what_is_unsupported(tmp_path: Path) -> None:
+    body = json.loads(FIXTURE.read_text())
+    body["users"].append({"name": "carol", "password_hash": "x", "tags": "",
+                          "hashing_algorithm": "rabbit_password_hashing_sha512"})
+    body["explanation"] = "not a key of RabbitMQ's export"
+    path = tmp_path / "defs.json"
+    path.write_text(json.dumps(body))
+    broker = Broker(tmp_path / "broker", 2)
+    try:
+        result = ctl(broker, "import_definitions", str(path))
+        assert result.returncode == 0, result.stderr
+        check_imported(broker)
+        for named in ("vhost 'other'", "queue 'elsewhere'", "internal_cluster_id",
+                      "user 'carol': password hashing rabbit_password_hashing_sha512",
+                      "key 'explanation'"):
+            assert named in result.stderr, named
+            assert named in broker.log_tail(), named
+    finally:
+        finish(broker)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"users": {"name": "x"}}',
+                                  '{"queues": ["q"]}'])
+def test_a_malformed_file_stops_the_start_with_one_line(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "defs.json"
+    path.write_text(text)
+    result = subprocess.run(
+        [*serve_command(), "serve", "--port", "0", "--management-port", "0",
+         "--data-dir", str(tmp_path / "data"), "--load-definitions", str(path)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=False)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cannot start: --load-definitions {path}: ")
+    assert not (tmp_path / "data").exists()
