@@ -117,6 +117,9 @@ def answers(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
             return SNAPSHOT
         if command == "list_users":
             return {"users": USERS}
+        if command == "list_permissions":
+            return {"permissions": [{"user": u["name"], "vhost": "/", "configure": ".*", "write": ".*",
+                                     "read": ".*"} for u in USERS]}
         if command == "add_user" and request["name"] == "guest":
             return {"error": 'User "guest" already exists', "code": "exists"}
         if command in ("delete_user", "change_password") and request["name"] == "nobody":
@@ -159,8 +162,8 @@ def test_users_verbs_and_their_exit_codes(answers: list[dict[str, object]]) -> N
 def test_unknown_unsupported_and_bad_columns() -> None:
     code, _, err = _run("foo")
     assert code == 64 and err.startswith("Command 'foo' not found.")
-    code, _, err = _run("set_permissions", "-p", "/", "u", ".*", ".*", ".*")
-    assert code == 69 and err == "set_permissions: not supported by this Shoal yet\n"
+    code, _, err = _run("add_vhost", "v2")
+    assert code == 69 and err == "add_vhost: not supported by this Shoal yet\n"
     code, _, err = _run("list_queues", "nosuch")
     assert code == 64 and "Info key(s) nosuch are not supported" in err
 
