@@ -136,6 +136,8 @@ class Broker:
 
 
 def shoal_command() -> list[str]:
+    """How perf starts Shoal: ``$SHOAL_SERVE`` replaces ``python -m cli.main``; ``$SHOAL_SERVE_ARGS``
+    adds options to every ``serve`` (e.g. ``--management-port 0`` for a run without the API)."""
     override = os.environ.get("SHOAL_SERVE")
     return shlex.split(override) if override else [sys.executable, "-m", "cli.main"]
 
@@ -155,6 +157,7 @@ class ShoalBroker(Broker):
             *shoal_command(), "serve", "--host", HOST, "--port", "0", "--workers", str(workers),
             "--log-level", "warning", "--ready-file", str(self.ready_file),
             "--data-dir", str(self.directory / "data"), *(extra_args or []),
+            *shlex.split(os.environ.get("SHOAL_SERVE_ARGS", "")),
         ]  # fmt: skip
         with self.log_path.open("wb") as log:
             self.popen = subprocess.Popen(
