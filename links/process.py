@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from broker.parameters import ParameterError
+from ipc.profiling import run_profiled
 from links.shovel import Shovel
 
 log = logging.getLogger("shoal.links")
@@ -143,7 +144,7 @@ def main(argv: list[str]) -> int:
         level=str(settings.get("log_level") or "info").upper(),
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     logging.getLogger("aiormq").setLevel(logging.ERROR)
-    asyncio.run(Links(settings).main())
+    run_profiled("links", asyncio.run, Links(settings).main())
     return 0
 
 

@@ -27,7 +27,7 @@ ALLOWED = {
     "report": {"tracing"},  # not perf: a cluster's executors import report and tracing only
     "cli": {"broker", "workers", "ipc", "tracing", "report"},
     "management": {"ipc"},  # and broker's public data modules (ALLOWED_MODULES)
-    "links": set(),  # the links process (shovels): broker's public data modules only
+    "links": {"ipc"},  # the links process (shovels): and broker's public data modules only
 }
 # Single modules a package may import from a package it may not: the workers raise the one
 # error type, use the names both sides agree on and check passwords as the supervisor stores

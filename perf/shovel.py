@@ -1,0 +1,156 @@
+"""Shovel throughput between two local brokers (issue 39): never asserted, only reported.
+
+    .venv/bin/python -m perf.shovel                   # Shoal -> Shoal, 50,000 messages
+    .venv/bin/python -m perf.shovel --rabbitmq        # and RabbitMQ -> RabbitMQ (rabbitmq_shovel)
+    .venv/bin/python -m perf.shovel --messages 100000 --workers 2
+
+Each run starts two brokers of one kind (own ports, own data directories), fills a durable
+source queue on the first with persistent 128-byte messages, then declares a dynamic shovel
+(on-confirm, src-prefetch-count 1000) from it to a durable queue on the second, and times the
+destination's depth from the first message to the last. Shoal's shovel is declared with
+``shoal ctl set_parameter``, RabbitMQ's with ``rabbitmqctl set_parameter`` (the node starts with
+rabbitmq_shovel in its own enabled_plugins file; RabbitMQ is slow to start here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pika
+
+from perf.brokers import HOST, REPO_ROOT, RabbitBroker, ShoalBroker, rabbitmq_script
+
+BODY = b"x" * 128
+PERSISTENT = pika.BasicProperties(delivery_mode=2)
+
+
+def _channel(port: int) -> tuple[pika.BlockingConnection, Any]:
+    conn = pika.BlockingConnection(pika.ConnectionParameters(HOST, port, heartbeat=0))
+    return conn, conn.channel()
+
+
+def depth(port: int, queue: str) -> int:
+    conn, ch = _channel(port)
+    try:
+        return int(ch.queue_declare(queue, durable=True).method.message_count)
+    finally:
+        conn.close()
+
+
+def fill(port: int, queue: str, count: int) -> float:
+    """``count`` persistent messages into ``queue``; the seconds it took until all are there."""
+    started = time.monotonic()
+    conn, ch = _channel(port)
+    ch.queue_declare(queue, durable=True)
+    for _ in range(count):
+        ch.basic_publish("", queue, BODY, PERSISTENT)
+    conn.close()
+    while depth(port, queue) < count:
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def watch(port: int, queue: str, count: int, limit: float) -> tuple[float, float]:
+    """Seconds from the first message at the destination to the last, and from the declaration."""
+    declared = time.monotonic()
+    first = 0.0
+    end = declared + limit
+    while time.monotonic() < end:
+        n = depth(port, queue)
+        now = time.monotonic()
+        if n and not first:
+            first = now
+        if n >= count:
+            return now - (first or declared), now - declared
+        time.sleep(0.05)
+    raise RuntimeError(f"only {depth(port, queue)} of {count} arrived in {limit:.0f} s")
+
+
+def shovel_value(src_port: int, dest_port: int) -> dict[str, Any]:
+    return {"src-uri": f"amqp://guest:guest@{HOST}:{src_port}/%2f", "src-queue": "perf-src",
+            "dest-uri": f"amqp://guest:guest@{HOST}:{dest_port}/%2f", "dest-queue": "perf-dst",
+            "src-prefetch-count": 1000, "ack-mode": "on-confirm"}
+
+
+def run_shoal(count: int, workers: int) -> dict[str, Any]:
+    src, dst = ShoalBroker(workers), ShoalBroker(workers)
+    try:
+        fill_s = fill(src.port, "perf-src", count)
+        depth(dst.port, "perf-dst")
+        control = json.loads(src.ready_file.read_text())["control"]
+        done = subprocess.run(
+            [sys.executable, "-m", "cli.main", "ctl", "--control-socket", control,
+             "set_parameter", "shovel", "perf", json.dumps(shovel_value(src.port, dst.port))],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        if done.returncode:
+            raise RuntimeError(done.stderr)
+        moving, total = watch(dst.port, "perf-dst", count, 600)
+        return {"pair": f"Shoal -> Shoal (--workers {workers})", "messages": count,
+                "fill_s": fill_s, "moving_s": moving, "total_s": total}
+    finally:
+        src.stop()
+        dst.stop()
+
+
+class ShovelRabbit(RabbitBroker):
+    """A private RabbitMQ node with rabbitmq_shovel enabled (its own enabled_plugins file)."""
+
+    def _start(self) -> None:
+        (self.directory / "enabled_plugins").write_text("[rabbitmq_shovel].\n")
+        super()._start()
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        script = rabbitmq_script()
+        assert script is not None
+        rabbitmqctl = Path(script).with_name("rabbitmqctl")
+        return subprocess.run([str(rabbitmqctl), "-n", self.nodename, *args], env=self.env,
+                              capture_output=True, text=True, timeout=120)
+
+
+def run_rabbitmq(count: int) -> dict[str, Any]:
+    src = ShovelRabbit()
+    try:
+        dst = ShovelRabbit()
+    except BaseException:
+        src.stop()
+        raise
+    try:
+        fill_s = fill(src.port, "perf-src", count)
+        depth(dst.port, "perf-dst")
+        done = src.ctl("set_parameter", "shovel", "perf",
+                       json.dumps(shovel_value(src.port, dst.port)))
+        if done.returncode:
+            raise RuntimeError(done.stdout + done.stderr)
+        moving, total = watch(dst.port, "perf-dst", count, 600)
+        return {"pair": f"RabbitMQ {src.version} -> RabbitMQ", "messages": count,
+                "fill_s": fill_s, "moving_s": moving, "total_s": total}
+    finally:
+        src.stop()
+        dst.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rabbitmq", action="store_true", help="RabbitMQ -> RabbitMQ too")
+    args = parser.parse_args(argv)
+    rows = [run_shoal(args.messages, args.workers)]
+    if args.rabbitmq:
+        rows.append(run_rabbitmq(args.messages))
+    print("| pair | messages | msg/s (first to last) | msg/s (from declaration) |")
+    print("|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['pair']} | {r['messages']:,} | {r['messages'] / r['moving_s']:,.0f} | "
+              f"{r['messages'] / r['total_s']:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
