@@ -1,8 +1,9 @@
 """SASL login for connection.start-ok: PLAIN and AMQPLAIN against the broker's users.
 
 AMQP 0-9-1 §4.2.2 leaves the mechanisms to the server; these are RabbitMQ's defaults, with
-its rules and texts: the same refusal for an unknown user and a wrong password (the log says
-which), and RabbitMQ's ``loopback_users`` (guest) only from a loopback address.
+its rules and texts: RabbitMQ's loopback_users (guest) only from a loopback address, and one
+refusal for an unknown user, a wrong password and a loopback-only user from elsewhere -- the
+generic text of rabbit_reader's auth_fail, the reason only in the log (``SaslRefusal.why``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ class SaslRefusal(errors.LoginRefused):
         super().__init__(reply_text)
         self.user = user
         self.why = why
+
+
+def refusal(mechanism: str, user: str, why: str) -> SaslRefusal:
+    """RabbitMQ 3.10's answer to every refused login: the same text whatever the reason."""
+    return SaslRefusal(
+        f"Login was refused using authentication mechanism {mechanism}. "
+        "For details see the broker logfile.", user, why)
 
 
 class Authenticator:
@@ -63,27 +71,17 @@ class Authenticator:
         except codec.DecodeError as exc:
             raise errors.SyntaxError_(str(exc), 10, 11) from exc
         if user not in self._users or not check_password(self._users[user], password):
-            raise SaslRefusal(
-                f"Login was refused using authentication mechanism {mechanism}. "
-                "For details see the broker logfile.",
-                user, "unknown user" if user not in self._users else "invalid credentials",
-            )
+            raise refusal(mechanism, user,
+                          "unknown user" if user not in self._users else "invalid credentials")
         if user in self._loopback_users and not self._peer_is_loopback:
-            raise SaslRefusal(
-                f"{mechanism} login refused: user '{user}' can only connect via localhost",
-                user, "can only connect via localhost",
-            )
+            raise refusal(mechanism, user, "can only connect via localhost")
         return user
 
     def _external(self, user: str) -> str:
         """EXTERNAL: the certificate's CN, which must be a user of the broker (no password);
         the response is not looked at, as in RabbitMQ."""
         if user not in self._users:
-            raise SaslRefusal(
-                f"Login was refused using authentication mechanism {EXTERNAL}. "
-                "For details see the broker logfile.", user, "unknown user (certificate CN)")
+            raise refusal(EXTERNAL, user, "unknown user (certificate CN)")
         if user in self._loopback_users and not self._peer_is_loopback:
-            raise SaslRefusal(
-                f"{EXTERNAL} login refused: user '{user}' can only connect via localhost",
-                user, "can only connect via localhost")
+            raise refusal(EXTERNAL, user, "can only connect via localhost")
         return user

@@ -47,12 +47,14 @@ from workers.body_sync import sync_bodies
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import PULL_DEFER
+from workers.login_log import LoginFailureLog
 from workers.socket_reader import RECEIVE_SIZE, PublishGates, SocketReader
 from workers.socket_writer import Doorbell, SocketWriter
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
 log_connection = logging.getLogger("shoal.connection")
+LOGIN_SUMMARY_INTERVAL: Final = 5.0  # seconds between looks for refused-login summaries owed
 
 CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
 SHUTDOWN_GRACE = 1.0
@@ -146,6 +148,7 @@ class Server:
         self._open = 0  # client connections held now
         self._scopes: dict[int, trio.CancelScope] = {}
         self._balance = AcceptBalance(config.index, self.worker.connection_counts)
+        self._login_failures = LoginFailureLog()  # the log's limit on refused logins per address
 
     async def run(self) -> None:
         listener = socket.socket(fileno=self.config.listen_fd)
@@ -159,6 +162,7 @@ class Server:
             nursery.start_soon(self._pull_deferrer)
             nursery.start_soon(self._body_syncer)
             nursery.start_soon(self._heartbeats)
+            nursery.start_soon(self._login_failure_summaries)
             nursery.start_soon(self._accept, listener, nursery)
             c = self.config
             if c.tls_listen_fd >= 0:  # --tls-port: this worker loads the files itself
@@ -318,6 +322,13 @@ class Server:
         finally:
             worker.want_body_sync = _nothing
 
+    async def _login_failure_summaries(self) -> None:
+        """The log's line for the refused logins from an address it did not tell in full, once
+        that address's minute is over (``workers.login_log``)."""
+        while True:
+            await trio.sleep(LOGIN_SUMMARY_INTERVAL)
+            _log_summaries(self._login_failures)
+
     async def _heartbeats(self) -> None:
         """Heartbeats, and the arena's upkeep: its free runs' pages go back to the system
         (ipc.arena.Arena.trim, ARENA_TRIM_STEPS blocks a tick)."""
@@ -430,14 +441,14 @@ class Server:
                     nursery.cancel_scope.cancel()
                 handler.finish()
                 self.worker.after_batch()
-                _log_closed(handler)
+                _log_closed(handler, self._login_failures)
                 await _linger(sock)
         finally:
             self._scopes.pop(handler.conn_id, None)
             if not handler.finished:
                 handler.finish()
                 self.worker.after_batch()
-                _log_closed(handler)
+                _log_closed(handler, self._login_failures)
             self._count_connection(-1)
             await stream.aclose()
 
@@ -583,13 +594,16 @@ def _is_loopback(host: str) -> bool:
     return address.is_loopback
 
 
-def _log_closed(handler: ConnectionHandler) -> None:
-    """RabbitMQ's lines: a normal close at info, an error or a refused login at error."""
+def _log_closed(handler: ConnectionHandler, login_failures: LoginFailureLog) -> None:
+    """RabbitMQ's lines: a normal close at info, an error or a refused login at error (the
+    first few per address a minute; then one line says how many more)."""
     proto = handler.proto
     refused = proto.refused_login
     if refused is not None:
-        log_connection.error("connection %s: login refused: user '%s' - %s",
-                             handler.label, refused[0], refused[1])
+        if login_failures.failure(_host(handler.peer)):
+            log_connection.error("connection %s: login refused: user '%s' - %s",
+                                 handler.label, refused[0], refused[1])
+        _log_summaries(login_failures)
         return
     reason = proto.close_reason or "client closed the TCP connection"
     if handler.opened:
@@ -600,6 +614,16 @@ def _log_closed(handler: ConnectionHandler) -> None:
             log_connection.error("closing AMQP connection %s, %s: %s", handler.label, who, reason)
     else:
         log_connection.info("connection %s closed before it was opened: %s", handler.label, reason)
+
+
+def _log_summaries(login_failures: LoginFailureLog) -> None:
+    for line in login_failures.summaries():
+        log_connection.error("%s", line)
+
+
+def _host(peer: str) -> str:
+    """HOST of a HOST:PORT peer (IPv6 hosts have colons of their own)."""
+    return peer.rpartition(":")[0] or peer
 
 
 async def serve(config: r.WorkerConfig) -> None:

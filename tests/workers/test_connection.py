@@ -116,14 +116,34 @@ def test_a_refused_login_tells_the_runtime_who_and_why_but_not_the_client(
     assert_closing(conn, 403, LOGIN_REFUSED.format("PLAIN"))
 
 
-def test_guest_may_log_in_only_from_a_loopback_address() -> None:
-    """RabbitMQ's loopback_users default: guest/guest from another host is 403 with its text."""
+@pytest.mark.parametrize(
+    ("mechanism", "response", "external_user"),
+    [
+        ("PLAIN", "\0guest\0guest", None),
+        ("AMQPLAIN", encode.field_table({"LOGIN": "guest", "PASSWORD": "guest"})[4:].decode(), None),
+        ("EXTERNAL", "", "guest"),
+    ],
+)
+def test_guest_may_log_in_only_from_a_loopback_address(
+        mechanism: str, response: str, external_user: str | None) -> None:
+    """RabbitMQ's loopback_users default: guest from another host is 403 with the same generic
+    text as a wrong password (rabbit_reader's auth_fail); the reason is only for the log."""
+    conn = new_connection(peer_is_loopback=False, external_user=external_user)
+    conn.receive_data(PROTOCOL_HEADER)
+    conn.data_to_send()
+    conn.receive_data(start_ok(mechanism, response))
+    assert_closing(conn, 403, LOGIN_REFUSED.format(mechanism))
+    assert conn.refused_login == ("guest", "can only connect via localhost")
+
+
+def test_guest_from_elsewhere_without_capability_closes_silently() -> None:
+    """As any refused login: without authentication_failure_close the socket is just closed."""
     conn = new_connection(peer_is_loopback=False)
     conn.receive_data(PROTOCOL_HEADER)
     conn.data_to_send()
-    conn.receive_data(start_ok())
-    assert_closing(conn, 403, "ACCESS_REFUSED - PLAIN login refused: user 'guest' can only "
-                   "connect via localhost")
+    events = conn.receive_data(start_ok(failure_close=False))
+    assert conn.data_to_send() == b""
+    assert [type(e) for e in events] == [ConnectionClosed] and conn.closed
     assert conn.refused_login == ("guest", "can only connect via localhost")
 
 
