@@ -155,6 +155,9 @@ def test_a_killed_destination_loses_no_confirmed_message(tmp_path: Path) -> None
         publish(src, "kill-in", bodies[total // 2:])  # more while the link is down soon
         kill_whole_broker(dst)
         dst.stop()
+        # the link is down: terminated, with the reason, until the destination is back
+        wait_until(lambda: "terminated" in ctl(src, "shovel_status").stdout, 30,
+                   "the shovel shows terminated")
         (tmp_path / "dst" / "ready.json").unlink(missing_ok=True)  # the killed one's
         dst = Broker(tmp_path / "dst", port=dst_port)  # same port, same data directory
         wait_until(lambda: depth(src, "kill-in") == 0, 120, "the source queue is drained")
