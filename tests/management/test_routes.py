@@ -35,6 +35,10 @@ DOCUMENTED = [
     ("POST", "/api/bindings/%2F/e/x/q/q"), ("DELETE", "/api/bindings/%2F/e/x/q/q/k"),
     ("DELETE", "/api/connections/c"),
     ("POST", "/api/definitions"), ("POST", "/api/definitions/%2F"),
+    *[("GET", p) for p in (  # shovels (issue 39)
+        "/api/parameters/shovel", "/api/parameters/shovel/%2F", "/api/parameters/shovel/%2F/s",
+        "/api/shovels", "/api/shovels/%2F", "/api/shovels/vhost/%2F/s")],
+    ("PUT", "/api/parameters/shovel/%2F/s"), ("DELETE", "/api/parameters/shovel/%2F/s"),
 ]
 
 
