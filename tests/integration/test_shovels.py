@@ -125,6 +125,9 @@ def test_shovel_over_http_moves_every_message_once_and_stops_with_its_parameter(
     status, _, answer = http.request("PUT", "/api/parameters/shovel/%2f/bad", {"value": {
         "src-uri": "amqp://", "dest-uri": "amqp://"}})
     assert status == 400 and "Must specify 'src-exchange' or 'src-queue'" in answer["reason"]
+    exported = http.get("/api/definitions")["parameters"][0]
+    assert exported == {"value": param["value"], "vhost": "/", "component": "shovel",
+                        "name": "move"}
     # deleting the parameter stops the shovel
     status, _, _ = http.request("DELETE", "/api/parameters/shovel/%2f/move")
     assert status == 204
@@ -134,6 +137,11 @@ def test_shovel_over_http_moves_every_message_once_and_stops_with_its_parameter(
     time.sleep(2.0)
     assert depth(src, "sh-in") == 1
     assert http.get("/api/parameters") == []
+    # definitions: exported with the parameter, imported back (then it runs again)
+    status, _, _ = http.request("POST", "/api/definitions", {"parameters": [exported]})
+    assert status in (200, 201, 204)
+    assert [p["name"] for p in http.get("/api/parameters/shovel/%2f")] == ["move"]
+    wait_until(lambda: depth(src, "sh-in") == 0, 30, "the imported shovel runs")
 
 
 @pytest.mark.deadline(240)
