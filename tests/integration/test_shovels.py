@@ -216,3 +216,45 @@ def test_source_restart_restarts_the_shovel_and_queue_length_deletes_itself(
     finally:
         finish(src)
         finish(dst)
+
+
+@pytest.mark.deadline(120)
+def test_exchange_to_exchange_with_forward_headers_and_properties(
+        pair: tuple[Broker, int, Broker]) -> None:
+    src, http_port, dst = pair
+    http = HTTP(http_port)
+    conn = dst.connect()
+    ch = conn.channel()
+    ch.exchange_declare("x-in", "topic", durable=True)
+    ch.queue_declare("x-out", durable=True)
+    ch.queue_bind("x-out", "x-in", "audit.#")
+    conn.close()
+    conn = src.connect()
+    ch = conn.channel()
+    ch.exchange_declare("x-src", "topic", durable=True)
+    conn.close()
+    status, _, answer = http.request("PUT", "/api/parameters/shovel/%2f/xx", {"value": {
+        "src-uri": "amqp://", "src-exchange": "x-src", "src-exchange-key": "audit.*",
+        "dest-uri": [url(dst.port)], "dest-exchange": "x-in", "ack-mode": "on-publish",
+        "dest-add-forward-headers": True, "dest-add-timestamp-header": True,
+        "dest-publish-properties": {"delivery_mode": 2, "app_id": "shovelled"}}})
+    assert status == 201, answer
+    wait_until(lambda: running(http, "xx"), 30, "the shovel runs")
+    conn = src.connect()
+    ch = conn.channel()
+    ch.basic_publish("x-src", "audit.login", b"one", pika.BasicProperties(headers={"k": "v"}))
+    ch.basic_publish("x-src", "other.login", b"not bound")
+    conn.close()
+    wait_until(lambda: depth(dst, "x-out") == 1, 30, "the message crosses")
+    conn = dst.connect()
+    try:
+        method, props, body = conn.channel().basic_get("x-out", auto_ack=True)
+    finally:
+        conn.close()
+    assert body == b"one" and method.routing_key == "audit.login"  # its own key kept
+    assert props.delivery_mode == 2 and props.app_id == "shovelled"
+    headers = props.headers
+    assert headers["k"] == "v" and isinstance(headers["x-shovelled-timestamp"], int)
+    [forwarded] = headers["x-shovelled"]
+    assert forwarded["shovel-name"] == "xx" and forwarded["src-exchange"] == "x-src"
+    assert forwarded["dest-exchange"] == "x-in" and forwarded["shovel-type"] == "dynamic"
