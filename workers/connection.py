@@ -199,6 +199,12 @@ class AMQPConnection:
         return self._output.unsent_bytes
 
     @property
+    def unsent_cost(self) -> int:
+        """What the output not taken yet costs in memory: its octets plus a part's overhead
+        for each part (``OutputQueue.cost``); what the runtime bounds."""
+        return self._output.cost
+
+    @property
     def message_ends(self) -> list[int] | None:
         """Set by the runtime around a pull's deliveries: where each message's frames end
         (octets from the start of its Deliveries event), for the body views it holds."""

@@ -42,7 +42,8 @@ log = logging.getLogger("shoal.connection")
 HIGH_WATER: Final = 4 << 20
 # Unsent output beyond which the worker stops reading the connection, whatever produced
 # it (replies to a pipelined method flood, say): a client that does not read cannot make
-# the worker hold more than this for it.
+# the worker hold more than this for it. Both bounds count what the output costs in memory
+# (AMQPConnection.unsent_cost: octets plus each queued part's overhead), not its octets.
 OUTPUT_BOUND: Final = 2 * HIGH_WATER
 # Publishes a connection may have on the request ring that the supervisor has not given
 # back as credit (RabbitMQ's credit flow: reader -> channel -> queue, initial credit 400).
@@ -134,7 +135,7 @@ class ConnectionHandler:
 
     @property
     def backpressured(self) -> bool:
-        return self.proto.unsent_bytes + self.in_flight > HIGH_WATER
+        return self.proto.unsent_cost + self.in_flight > HIGH_WATER
 
     @property
     def reading_stop(self) -> str | None:
@@ -143,7 +144,7 @@ class ConnectionHandler:
         connection is read: its close-ok must come through."""
         if self.proto.state is State.CLOSING:
             return None
-        if self.proto.unsent_bytes + self.in_flight > self.output_bound:
+        if self.proto.unsent_cost + self.in_flight > self.output_bound:
             return "output"
         if self.credit <= 0:
             return "flow"
@@ -316,7 +317,7 @@ class ConnectionHandler:
         if self.output.active and not self.backpressured:
             self.output.active = False
             self.refresh_all()
-        if self.proto.unsent_bytes <= self.output_bound:
+        if self.proto.unsent_cost <= self.output_bound:
             self.wake_reader()
 
     # ------------------------------------------------------ protocol events

@@ -36,6 +36,7 @@ from tests.integration.harness import (
     worker_of,
 )
 from tests.integration.rawclient import Bystanders, RawClient, method_frame, publish_frames, unique_name
+from workers.connection_handler import OUTPUT_BOUND
 
 MiB = 1 << 20
 
@@ -113,6 +114,38 @@ def test_method_flood_without_reads_is_stopped_and_leaves_the_worker_memory_boun
         flooder.close()
         admin.channel().queue_delete(name)
         close_quietly(admin)
+    bystanders.finish()
+    bystanders.close()
+
+
+@pytest.mark.deadline(150)
+def test_small_method_flood_never_read_stops_at_the_bound_on_what_it_costs(broker: Broker) -> None:
+    """Issue 38: pipelined basic.qos, each answered by a 12-octet qos-ok the client never
+    reads. The bound counts what the replies cost in memory (OutputQueue.cost), not their
+    octets alone: the worker stops reading the flooder once its unsent output costs
+    OUTPUT_BOUND, and its RSS grows by about that much (it grew by 47 MiB when each reply was
+    an object of its own, counted at 12 octets); bystanders on that worker carry on."""
+    bystanders = Bystanders.start(broker)
+    flooder = RawClient.opened(broker.port)
+    try:
+        assert bystanders.covers(flooder.worker)
+        worker = _worker_process(broker, flooder.worker)
+        rss_before = worker.memory_info().rss
+        qos = method_frame(1, commands.Basic.Qos(prefetch_count=10))
+        sent, stalled = _send_until_stalled(flooder.sock, qos * 4096, limit_bytes=256 * MiB,
+                                            stall=3.0, limit_s=100.0)
+        assert stalled, f"the worker kept reading: {sent / MiB:.0f} MiB of requests taken"
+        host, port = flooder.sock.getsockname()[:2]
+        assert connection_states(broker)[f"{host}:{port}"] == "flow"
+        # What it read was answered: at least the bound's worth of replies (12 octets each,
+        # and what the kernel's buffers hold besides), read 256 KiB (RECEIVE_SIZE) at a time.
+        replies = sent // len(qos)
+        assert replies * 12 > OUTPUT_BOUND // 2, f"stopped after {replies} replies"
+        grown = worker.memory_info().rss - rss_before
+        assert grown < OUTPUT_BOUND + 16 * MiB, f"worker RSS grew by {grown / MiB:.0f} MiB"
+        bystanders.check()
+    finally:
+        flooder.close()
     bystanders.finish()
     bystanders.close()
 
