@@ -120,7 +120,7 @@ def test_method_flood_without_reads_is_stopped_and_leaves_the_worker_memory_boun
 
 @pytest.mark.deadline(150)
 def test_small_method_flood_never_read_stops_at_the_bound_on_what_it_costs(broker: Broker) -> None:
-    """Issue 38: pipelined basic.qos, each answered by a 12-octet qos-ok the client never
+    """Pipelined basic.qos, each answered by a 12-octet qos-ok the client never
     reads. The bound counts what the replies cost in memory (OutputQueue.cost), not their
     octets alone: the worker stops reading the flooder once its unsent output costs
     OUTPUT_BOUND, and its RSS grows by about that much (it grew by 47 MiB when each reply was
@@ -142,7 +142,9 @@ def test_small_method_flood_never_read_stops_at_the_bound_on_what_it_costs(broke
         replies = sent // len(qos)
         assert replies * 12 > OUTPUT_BOUND // 2, f"stopped after {replies} replies"
         grown = worker.memory_info().rss - rss_before
-        assert grown < OUTPUT_BOUND + 16 * MiB, f"worker RSS grew by {grown / MiB:.0f} MiB"
+        # About 21 MiB measured (the reads and parsing add to the queue's cost): the margin takes
+        # allocator rounding and the pure-Python build; one object per reply grew it by 47 MiB.
+        assert grown < OUTPUT_BOUND + 32 * MiB, f"worker RSS grew by {grown / MiB:.0f} MiB"
         bystanders.check()
     finally:
         flooder.close()
