@@ -101,7 +101,7 @@ def snapshot(data: Path) -> dict[str, bytes]:
 def serve(data: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     """`shoal serve --data-dir DATA` with no --user, expected to refuse."""
     return subprocess.run(
-        [*serve_command(), "serve", "--host", HOST, "--port", "0", "--workers", "1",
+        [*serve_command(), "serve", "--management-port", "0", "--host", HOST, "--port", "0", "--workers", "1",
          "--data-dir", str(data), "--control-socket", str(tmp_path / "refused.sock")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
 

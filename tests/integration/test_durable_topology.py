@@ -83,7 +83,7 @@ def check_topology(broker: Broker) -> None:
 def serve_refused(data: Path, control: Path) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """Run `shoal serve --data-dir DATA` expecting it not to start: the process and its lines."""
     done = subprocess.run(
-        [*serve_command(), "serve", "--host", HOST, "--port", "0", "--workers", "1",
+        [*serve_command(), "serve", "--management-port", "0", "--host", HOST, "--port", "0", "--workers", "1",
          "--data-dir", str(data), "--control-socket", str(control)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
     )

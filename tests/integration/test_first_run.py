@@ -17,7 +17,7 @@ def test_a_port_in_use_is_one_line_and_a_non_zero_exit_leaving_nothing(
         shared_broker: Broker, tmp_path: Path) -> None:
     before = _segments()
     done = subprocess.run(
-        [*serve_command(), "serve", "--host", HOST, "--port", str(shared_broker.port),
+        [*serve_command(), "serve", "--management-port", "0", "--host", HOST, "--port", str(shared_broker.port),
          "--workers", "1", "--control-socket", str(tmp_path / "control.sock")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
     )
