@@ -48,6 +48,10 @@ _LOG_LEVELS = {"debug": "debug", "info": "info", "notice": "info", "warning": "w
 _PENDING = {
     "management.tcp.port": ("management_port",),
     "management.tcp.ip": ("management_host", "management_ip"),
+    "management.ssl.port": ("management_tls_port",),
+    "management.ssl.certfile": ("management_tls_cert",),
+    "management.ssl.keyfile": ("management_tls_key",),
+    "management.ssl.cacertfile": ("management_tls_ca",),
     "prometheus.tcp.port": ("prometheus_port",),
     "prometheus.tcp.ip": ("prometheus_host", "prometheus_ip"),
     "load_definitions": ("load_definitions", "definitions"),

@@ -236,6 +236,21 @@ def main() -> None:
               "of its own (0 turns it off).")
 @click.option("--management-host", default=None, show_default="--host",
               help="Address the management HTTP API binds to.")
+@click.option("--management-tls-port", default=0, show_default=True, type=click.IntRange(0, 65535),
+              help="HTTPS port (TLS 1.2/1.3) of the management API, beside --management-port, on "
+              "--management-host's address (RabbitMQ's management.ssl.port; 0: none). Uses "
+              "--tls-cert and --tls-key unless --management-tls-cert and --management-tls-key "
+              "are given.")
+@click.option("--management-tls-cert", default=None, type=click.Path(dir_okay=False),
+              metavar="PEM", show_default="--tls-cert",
+              help="The management API's certificate (chain), PEM (management.ssl.certfile).")
+@click.option("--management-tls-key", default=None, type=click.Path(dir_okay=False),
+              metavar="PEM", show_default="--tls-key",
+              help="Its private key, PEM (management.ssl.keyfile); the management process reads "
+              "the file itself.")
+@click.option("--management-tls-ca", default=None, type=click.Path(dir_okay=False),
+              metavar="PEM", show_default="--tls-ca",
+              help="CA certificates for the management API's TLS (management.ssl.cacertfile).")
 @click.option("--prometheus-port", default=15692, show_default=True, type=click.IntRange(0, 65535),
               help="Port of the Prometheus metrics (/metrics, /metrics/per-object: "
               "rabbitmq_prometheus's names), served by the management process (0 turns it off).")

@@ -49,6 +49,13 @@ class ManagementConfig:
     data_dir: str = ""
     log_level: str = "info"
     prometheus_fd: int = -1  # the Prometheus listener (--prometheus-port), -1: none
+    # The HTTPS listener (--management-tls-port), -1: none; the PEM files by path (hypercorn
+    # loads them here: the key never travels on argv, the environment or a pipe).
+    tls_fd: int = -1
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    https_port: int = 0
 
 
 def read_users(fd: int) -> tuple[dict[str, str], dict[str, list[str]]]:
@@ -130,6 +137,11 @@ async def serve(config: ManagementConfig, users: dict[str, str],
     add_reason_phrases()
     hyper = HyperConfig()
     hyper.bind = [f"fd://{config.listen_fd}"]
+    if config.tls_fd >= 0:  # hypercorn serves `bind` over TLS (1.2 minimum), `insecure_bind` plain
+        hyper.bind = [f"fd://{config.tls_fd}"]
+        hyper.insecure_bind = [f"fd://{config.listen_fd}"]
+        hyper.certfile, hyper.keyfile = config.tls_cert, config.tls_key
+        hyper.ca_certs = config.tls_ca or None
     hyper.accesslog = None
     hyper.errorlog = logging.getLogger("shoal.management.http")
     hyper.keep_alive_timeout = 30
@@ -155,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     users, tags = read_users(config.users_fd)
     log.info("management API on port %d", config.http_port)
+    if config.tls_fd >= 0:
+        log.info("management API over TLS on port %d", config.https_port)
     try:
         trio.run(serve, config, users, tags)
     except KeyboardInterrupt:

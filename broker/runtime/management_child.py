@@ -3,10 +3,11 @@
 The supervisor binds the HTTP listener at setup (a port in use fails the start, as the AMQP
 port does) and starts ``python -m management.process`` as it starts a worker: the listener, the
 read end of the ``alive`` pipe and a pipe with the users' stored passwords are inherited file
-descriptors, the rest is a JSON argument without secrets. A management process that dies is
-started again (after RESTART_BACKOFF when it dies within it: it must not spin); SIGTERM at
-shutdown ends it with the workers. Nothing here imports ``management/``: the supervisor knows
-it by its module name only.
+descriptors, the rest is a JSON argument without secrets (with --management-tls-port, the
+HTTPS listener is inherited too, and the certificate and key go by path: the process reads
+them). A management process that dies is started again (after RESTART_BACKOFF when it dies
+within it: it must not spin); SIGTERM at shutdown ends it with the workers. Nothing here
+imports ``management/``: the supervisor knows it by its module name only.
 
 Users changed at runtime (broker.runtime.users) reach the running process as JSON lines on its
 stdin, a pipe of ours: ``{"users": {name: stored password}, "removed": [name], "tags": {name:
@@ -75,6 +76,15 @@ class ManagementChild:
         self.process: trio.Process | None = None
         self.prometheus: socket.socket | None = None  # --prometheus-port, served by the process too
         self.prometheus_port = 0
+        self.tls: socket.socket | None = None  # --management-tls-port: HTTPS, same app
+        self.tls_port = 0
+        self.tls_files: tuple[str, str, str] = ("", "", "")  # cert, key, CA: paths only
+
+    def listen_tls(self, host: str, port: int, cert: str, key: str, ca: str) -> None:
+        """Bind the HTTPS listener; the process loads the files from these paths."""
+        self.tls = listen(host, port)
+        self.tls_port = self.tls.getsockname()[1]
+        self.tls_files = (cert, key, ca)
 
     def listen_prometheus(self, host: str, port: int, required: bool) -> None:
         """Bind the Prometheus listener (``/metrics``) the management process serves too: a port
@@ -93,6 +103,8 @@ class ManagementChild:
         self.sock.close()
         if self.prometheus is not None:
             self.prometheus.close()
+        if self.tls is not None:
+            self.tls.close()
 
     async def supervise(self, settings: Callable[[], dict[str, Any]],
                         stopping: Callable[[], bool]) -> None:
@@ -140,6 +152,11 @@ class ManagementChild:
             if self.prometheus is not None:
                 config["prometheus_fd"] = self.prometheus.fileno()
                 fds.append(self.prometheus.fileno())
+            if self.tls is not None:
+                cert, key, ca = self.tls_files
+                config.update(tls_fd=self.tls.fileno(), tls_cert=cert, tls_key=key, tls_ca=ca,
+                              https_port=self.tls_port)
+                fds.append(self.tls.fileno())
             argv = [sys.executable, "-m", MODULE, msgspec.json.encode(config).decode()]
             env = {k: v for k, v in os.environ.items() if k != "SHOAL_USERS"}
             return await trio.lowlevel.open_process(

@@ -58,6 +58,12 @@ class ServeConfig:
     management_port: int = 0
     management_host: str | None = None
     management_required: bool = True  # False: a management port in use is a warning, not a failure
+    # The management API over HTTPS too (RabbitMQ's management.ssl.*): its port (0: none) on
+    # --management-host's address, and the PEM files (None: --tls-cert, --tls-key, --tls-ca).
+    management_tls_port: int = 0
+    management_tls_cert: str | None = None
+    management_tls_key: str | None = None
+    management_tls_ca: str | None = None
     # Prometheus metrics (rabbitmq_prometheus's /metrics), served by the management process on
     # a listener of their own: port (0: none; none either without the management process) and
     # address (None: --host's).

@@ -131,6 +131,8 @@ class Supervisor:
                     raise
                 log.warning("management API not started: port %d: %s (--management-port "
                             "chooses another)", self.config.management_port, exc.strerror or exc)
+        if self.config.management_tls_port:
+            self._bind_management_tls()
         if self.management is not None and self.config.prometheus_port:
             self.management.listen_prometheus(self.config.prometheus_host or self.config.host,
                                               self.config.prometheus_port,
@@ -202,6 +204,28 @@ class Supervisor:
             return self._bind(c.tls_port)
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, f"{c.host}:{c.tls_port}") from None
+
+    def _bind_management_tls(self) -> None:
+        """The management API's HTTPS listener (--management-tls-port): its files are checked
+        here (the management process loads its own from the paths), then the port is bound; a
+        port in use fails the start, as it was asked for."""
+        c = self.config
+        cert, key = c.management_tls_cert or c.tls_cert, c.management_tls_key or c.tls_key
+        if not cert or not key:
+            raise TLSSettingsError("--management-tls-port needs --tls-cert and --tls-key (or "
+                                   "--management-tls-cert and --management-tls-key)")
+        if not c.management_port:
+            raise TLSSettingsError("--management-tls-port needs the management API "
+                                   "(--management-port is 0)")
+        server_context(cert, key, c.management_tls_ca or c.tls_ca or "")
+        if self.management is None:  # the default management port was taken: said already
+            return
+        host = c.management_host or c.host
+        try:
+            self.management.listen_tls(host, c.management_tls_port, cert, key,
+                                       c.management_tls_ca or c.tls_ca or "")
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, f"{host}:{c.management_tls_port}") from None
 
     def _bind(self, port: int | None = None) -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -575,6 +599,7 @@ class Supervisor:
             "instance": self.instance,
             "control": self.control_path,
             "management_port": self.management.port if self.management is not None else 0,
+            "management_tls_port": self.management.tls_port if self.management is not None else 0,
             "tls_port": self._tls_listener.getsockname()[1] if self._tls_listener is not None else 0,
         }
         tmp = f"{path}.tmp"

@@ -189,6 +189,17 @@ def test_the_file_sets_serves_options(tmp_path: Path, monkeypatch: pytest.Monkey
     assert "warning" not in output  # no --user on the command line, the file is 0600
 
 
+def test_management_ssl_keys_set_the_management_tls_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """management.ssl.port/certfile/keyfile/cacertfile set `shoal serve --management-tls-*`."""
+    conf = ("management.ssl.port = 15671\nmanagement.ssl.certfile = /c.pem\n"
+            "management.ssl.keyfile = /k.pem\nmanagement.ssl.cacertfile = /ca.pem\n")
+    code, output, seen = _serve(tmp_path, monkeypatch, conf)
+    assert code == 0, output
+    assert (seen["management_tls_port"], seen["management_tls_cert"], seen["management_tls_key"],
+            seen["management_tls_ca"]) == (15671, "/c.pem", "/k.pem", "/ca.pem")
+
+
 def test_the_command_line_wins_over_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, output, seen = _serve(tmp_path, monkeypatch, CONF, "--port", "6000", "--heartbeat", "5",
                                 "--loopback-users", "guest,bob")

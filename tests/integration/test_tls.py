@@ -22,6 +22,9 @@ import pika.credentials
 import pika.exceptions
 import pytest
 
+from tests.integration.certs import ca as _ca
+from tests.integration.certs import key_and_csr as _key_and_csr
+from tests.integration.certs import sign as _sign
 from tests.integration.harness import HOST, REPO_ROOT, Broker, finish, start_broker
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
@@ -29,28 +32,6 @@ pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs t
 # How pika reports a refused TLS handshake: its own error, or the ssl module's.
 REFUSED = (pika.exceptions.AMQPConnectionError, ssl.SSLError, ConnectionError)
 USERS = ("--user", "guest:guest", "--user", "alice:alice-pw")
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
-
-
-def _key_and_csr(name: str, cn: str, d: Path) -> None:
-    _openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}", cwd=d)
-
-
-def _ca(name: str, d: Path) -> None:
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-             "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2",
-             "-subj", f"/CN={name}", cwd=d)
-
-
-def _sign(name: str, ca: str, ext: str, d: Path) -> None:
-    (d / f"{name}.ext").write_text(ext)
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
-             cwd=d)
 
 
 @pytest.fixture(scope="module")
