@@ -29,7 +29,7 @@ the last confirms, and asks the broker to clear its parameter (control command
 
 The destination gets each message's body and properties, with ``dest-publish-properties``
 written over them and, when asked, RabbitMQ's ``x-shovelled`` and ``x-shovelled-timestamp``
-headers. One difference: the client library gives a message without a ``message_id`` one.
+headers. Messages are published as they came (no ``message_id`` added where there was none).
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ from typing import Any
 from urllib.parse import quote
 
 import aiormq
-from aiormq.abc import DeliveredMessage
+from aiormq.abc import ChannelFrame, DeliveredMessage
+from pamqp import commands as spec
+from pamqp.header import ContentHeader
 
 from broker.parameters import ParsedURI, ShovelSettings, parse_uri, shovel_settings
 
@@ -267,28 +269,86 @@ class Shovel:
         self._set("running")
         try:
             while True:
-                item = await inbox.get()
-                if item is None:
-                    raise Finished
-                if isinstance(item, BaseException):
-                    raise item
-                if self.remaining is not None and dispatched >= self.remaining:
-                    continue  # beyond src-delete-after: left unacked, so it goes back
-                dispatched += 1
-                task: asyncio.Future[Any] = loop.create_task(self._publish(dest_ch, item))
-                tag = int(getattr(item.delivery, "delivery_tag", 0) or 0)
-                pending.append((tag, bool(getattr(item.delivery, "redelivered", False)), task))
-                task.add_done_callback(published)
-                if self.remaining is not None and dispatched >= self.remaining:
+                batch = [await inbox.get()]
+                while not inbox.empty():
+                    batch.append(inbox.get_nowait())
+                messages = []
+                stop: BaseException | None = None
+                for item in batch:
+                    if item is None:
+                        stop = Finished()
+                        break
+                    if isinstance(item, BaseException):
+                        stop = item
+                        break
+                    if self.remaining is not None and dispatched >= self.remaining:
+                        continue  # beyond src-delete-after: left unacked, so it goes back
+                    dispatched += 1
+                    messages.append(item)
+                if messages:
+                    futures = await self._publish(dest_ch, messages, confirm)
+                    for item, fut in zip(messages, futures, strict=True):
+                        tag = int(getattr(item.delivery, "delivery_tag", 0) or 0)
+                        pending.append((tag, bool(getattr(item.delivery, "redelivered", False)),
+                                        fut))
+                    watched = set()
+                    for fut in futures:
+                        if id(fut) not in watched:
+                            watched.add(id(fut))
+                            fut.add_done_callback(published)
+                if stop is not None:
+                    raise stop
+                if messages and self.remaining is not None and dispatched >= self.remaining:
                     with _quiet():
                         await src_ch.basic_cancel(consume.consumer_tag)
         finally:
             for fut in watchers:
                 fut.cancel()
-            for _, _, task in pending:
-                task.cancel()
+            for _, _, fut in pending:
+                fut.cancel()
 
-    async def _publish(self, channel: Any, message: DeliveredMessage) -> Any:
+    async def _publish(self, channel: Any, messages: list[DeliveredMessage],
+                       confirm: bool) -> list[asyncio.Future[Any]]:
+        """Publish ``messages`` to ``channel`` in one write (one frame buffer for them all).
+
+        Returns a future per message: its publisher confirm (a ``DeliveryError`` when nacked)
+        with ``confirm``, else one future for the batch, done once it is written to the socket.
+        This is aiormq's ``basic_publish`` for many messages at once: one lock, one write and
+        one wake-up of the connection's writer instead of one each (the links process's cost).
+        """
+        frames: list[Any] = []
+        for message in messages:
+            exchange, key, props = self._outgoing(message)
+            body = message.body
+            frames.append(spec.Basic.Publish(exchange=exchange, routing_key=key))
+            frames.append(ContentHeader(properties=props, body_size=len(body)))
+            frames.extend(channel._split_body(body))
+        futures: list[asyncio.Future[Any]] = []
+        async with channel.lock:
+            first = channel.delivery_tag + 1
+            if confirm:
+                for tag in range(first, first + len(messages)):
+                    fut = channel.create_future()
+                    channel.confirmations[tag] = fut
+                    futures.append(fut)
+                channel.delivery_tag += len(messages)
+            written = None if confirm else channel.create_future()
+            try:
+                await channel.write_queue.put(ChannelFrame.marshall(
+                    channel_number=channel.number, frames=frames, drain_future=written))
+            except BaseException:  # not queued: the broker never sees these
+                if confirm:
+                    channel.delivery_tag = first - 1
+                    for tag, fut in enumerate(futures, first):
+                        channel.confirmations.pop(tag, None)
+                        fut.cancel()
+                if written is not None:
+                    written.cancel()
+                raise
+        return futures if written is None else [written] * len(messages)
+
+    def _outgoing(self, message: DeliveredMessage) -> tuple[str, str, Any]:
+        """The exchange, routing key and properties ``message`` is published with."""
         s = self.settings
         props = message.header.properties
         for key, value in s.publish_properties.items():
@@ -324,8 +384,7 @@ class Shovel:
         else:  # neither: the message's own exchange and routing key
             exchange = str(getattr(delivery, "exchange", "") or "")
             key = str(getattr(delivery, "routing_key", "") or "")
-        return await channel.basic_publish(message.body, exchange=exchange, routing_key=key,
-                                           properties=props)
+        return exchange, key, props
 
 
 _tasks: set[asyncio.Task[Any]] = set()
