@@ -38,6 +38,28 @@ def login(broker: Broker, user: str, password: str) -> pika.BlockingConnection:
     return broker.connect(credentials=pika.PlainCredentials(user, password))
 
 
+def grant(broker: Broker, user: str, password: str) -> None:
+    """A user added at runtime has no permissions (RabbitMQ's rule): give it all on "/", then
+    wait (bounded) until logins are let in on every worker (four held open at once land on
+    both), the change having reached them."""
+    done = ctl(broker, "set_permissions", user, ".*", ".*", ".*")
+    assert done.returncode == 0, done.stderr
+    limit = time.monotonic() + 10
+    while True:
+        opened: list[pika.BlockingConnection] = []
+        try:
+            for _ in range(4):
+                opened.append(login(broker, user, password))
+            return
+        except pika.exceptions.ProbableAccessDeniedError:
+            if time.monotonic() > limit:
+                raise
+            time.sleep(0.05)
+        finally:
+            for connection in opened:
+                connection.close()
+
+
 def test_list_queues_after_pika_declares(broker: Broker) -> None:
     ch = broker.connect().channel()
     ch.queue_declare("ctl-q1", durable=True)
@@ -61,6 +83,7 @@ def test_list_queues_after_pika_declares(broker: Broker) -> None:
 def test_add_user_then_pika_logs_in_and_change_password(broker: Broker) -> None:
     done = ctl(broker, "add_user", "carol", "pw1")
     assert done.returncode == 0 and done.stdout.startswith('Adding user "carol" ...\n'), done.stderr
+    grant(broker, "carol", "pw1")
     for _ in range(4):  # each worker has its own table: several connections land on both
         assert login(broker, "carol", "pw1").is_open
     assert "carol\t[]" in ctl(broker, "-s", "list_users").stdout.splitlines()
@@ -77,6 +100,7 @@ def test_add_user_then_pika_logs_in_and_change_password(broker: Broker) -> None:
 
 def test_delete_user_closes_its_connections_with_320(broker: Broker) -> None:
     assert ctl(broker, "add_user", "dave", "pw").returncode == 0
+    grant(broker, "dave", "pw")
     connection = login(broker, "dave", "pw")
     other = broker.connect()  # guest's: stays open
     done = ctl(broker, "delete_user", "dave")
