@@ -53,6 +53,7 @@ from broker.parameters import ParsedURI, ShovelSettings, parse_uri, shovel_setti
 log = logging.getLogger("shoal.shovel")
 
 CONNECT_TIMEOUT = 15.0
+FRAME_BUFFER = 4096  # frames queued per channel (a delivery is three: method, header, body)
 
 
 class Finished(Exception):
@@ -186,8 +187,10 @@ class Shovel:
         s = self.settings
         confirm = s.ack_mode == "on-confirm"
         no_ack = s.ack_mode == "no-ack"
-        src_ch = await src.channel(publisher_confirms=False)
-        dest_ch = await dest.channel(publisher_confirms=confirm)
+        # aiormq's channels queue 10 frames by default, so its reader hands over three or four
+        # deliveries at a time: a deeper queue lets one turn of the loop see a socket read's worth.
+        src_ch = await src.channel(publisher_confirms=False, frame_buffer_size=FRAME_BUFFER)
+        dest_ch = await dest.channel(publisher_confirms=confirm, frame_buffer_size=FRAME_BUFFER)
         if s.dest_queue is not None:
             await dest_ch.queue_declare(s.dest_queue, durable=True)
         if s.src_queue is not None:
