@@ -249,6 +249,19 @@ class PagedOut(_Record, frozen=True, tag="pagedout"):
     written: list[tuple[int, int, int]]
 
 
+class ChannelInfo(msgspec.Struct, frozen=True, array_like=True):
+    """One open channel of a listed connection, as its worker knows it (the management API's
+    /api/channels: every open channel, not only those the supervisor keeps books for)."""
+
+    number: int
+    prefetch: int  # basic.qos global=false (RabbitMQ's prefetch_count)
+    global_prefetch: int  # basic.qos global=true (global_prefetch_count)
+    confirm: bool
+    tx: bool
+    consumers: int
+    unacked: int
+
+
 class ConnectionInfo(msgspec.Struct, frozen=True, array_like=True):
     """One client connection as ``shoal list-connections`` shows it (rabbitmqctl's columns)."""
 
@@ -262,6 +275,9 @@ class ConnectionInfo(msgspec.Struct, frozen=True, array_like=True):
     recv_oct: int
     send_oct: int
     connected_at: float  # wall clock, seconds since the epoch
+    # connection.start-ok's client-properties, JSON-able (bytes decoded, nested tables kept)
+    client_properties: dict[str, Any] = {}
+    open_channels: list[ChannelInfo] = []
 
 
 class ConnectionsListed(_Record, frozen=True, tag="conns"):

@@ -265,7 +265,7 @@ def connection_items(latest: Sample, base: Sample | None, node: Node) -> list[di
             "timeout": node.heartbeat,
             "frame_max": node.frame_max,
             "channel_max": node.channel_max,
-            "client_properties": {"product": c["client"]} if c.get("client") else {},
+            "client_properties": _client_properties(c),
             "connected_at": int(c.get("connected_at", 0) * 1000),
             "recv_oct": recv,
             "recv_oct_details": details(rate(recv, before[0], seconds) if before else 0.0),
@@ -273,23 +273,42 @@ def connection_items(latest: Sample, base: Sample | None, node: Node) -> list[di
             "send_oct_details": details(rate(send, before[1], seconds) if before else 0.0),
             "worker": c.get("worker"),
         })
+        name = items[-1]["client_properties"].get("connection_name")
+        if isinstance(name, str):
+            items[-1]["user_provided_name"] = name
     return items
 
 
+def _client_properties(c: dict[str, Any]) -> dict[str, Any]:
+    props = c.get("client_properties")
+    if isinstance(props, dict) and props:
+        return props
+    return {"product": c["client"]} if c.get("client") else {}
+
+
 def channel_items(latest: Sample, node: Node) -> list[dict[str, Any]]:
-    """The channels the supervisor keeps books for (a consumer or an unsettled delivery)."""
+    """Every open channel the workers listed, with the supervisor's books (consumers, unsettled
+    deliveries) where it keeps them; a channel only the supervisor knows of is listed too."""
+    books = {(worker, conn, ch): (consumers, unacked)
+             for worker, conn, ch, consumers, unacked in latest.snapshot.get("channels", ())}
     by_conn = {(c["worker"], c["conn"]): c for c in latest.connections}
     items = []
-    for worker, conn, ch, consumers, unacked in latest.snapshot.get("channels", ()):
-        c = by_conn.get((worker, conn))
-        if c is None:
-            continue
-        items.append(channel_item(c, ch, consumers, unacked, node))
+    for c in latest.connections:
+        for row in c.get("open_channels") or ():
+            key = (c["worker"], c["conn"], row["number"])
+            consumers, unacked = books.pop(key, (row["consumers"], row["unacked"]))
+            items.append(channel_item(c, row["number"], consumers, unacked, node, row))
+    for (worker, conn, ch), (consumers, unacked) in books.items():
+        owner = by_conn.get((worker, conn))
+        if owner is not None:
+            items.append(channel_item(owner, ch, consumers, unacked, node))
+    items.sort(key=lambda item: (item["connection_details"]["name"], item["number"]))
     return items
 
 
 def channel_item(c: dict[str, Any], number: int, consumers: int, unacked: int,
-                 node: Node) -> dict[str, Any]:
+                 node: Node, row: dict[str, Any] | None = None) -> dict[str, Any]:
+    row = row or {}
     peer_host, peer_port = _split_peer(c.get("peer", ""))
     return {
         "name": f"{c['name']} ({number})",
@@ -304,10 +323,10 @@ def channel_item(c: dict[str, Any], number: int, consumers: int, unacked: int,
         "messages_unconfirmed": 0,
         "messages_uncommitted": 0,
         "acks_uncommitted": 0,
-        "prefetch_count": 0,
-        "global_prefetch_count": 0,
-        "confirm": False,
-        "transactional": False,
+        "prefetch_count": row.get("prefetch", 0),
+        "global_prefetch_count": row.get("global_prefetch", 0),
+        "confirm": row.get("confirm", False),
+        "transactional": row.get("tx", False),
         "connection_details": {"name": c["name"], "peer_host": peer_host, "peer_port": peer_port},
     }
 

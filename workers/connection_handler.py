@@ -164,10 +164,13 @@ class ConnectionHandler:
     def info(self) -> r.ConnectionInfo:
         proto = self.proto
         client = proto.client_properties.get("product")
+        chans = [r.ChannelInfo(n, ch.consuming.prefetch, ch.credit.global_prefetch,
+                               ch.confirms.active, ch.tx, len(ch.consumers), len(ch.unacked))
+                 for n, ch in self.channels.items() if not ch.closing]
         return r.ConnectionInfo(
             self.conn_id, self.peer, proto.user, proto.vhost, self.state, len(self.channels),
             client if isinstance(client, str) else "", proto.bytes_received, proto.bytes_sent,
-            self.connected_at,
+            self.connected_at, jsonable_table(proto.client_properties), chans,
         )
 
     def heartbeat_tick(self, now: float) -> bool:
@@ -624,3 +627,21 @@ def _block_with_header(arena: Arena, header: bytes, body_size: int) -> tuple[int
     view = arena.view(offset, size)
     view[: len(header)] = header
     return offset, view
+
+
+def jsonable(value: Any) -> Any:
+    """A field-table value as JSON can carry it: bytes decoded as UTF-8 (with replacement),
+    tables and arrays kept nested, anything else unusual (decimal, timestamp) as its text."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return jsonable_table(value)
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+def jsonable_table(table: dict[Any, Any]) -> dict[str, Any]:
+    return {k if isinstance(k, str) else str(jsonable(k)): jsonable(v) for k, v in table.items()}

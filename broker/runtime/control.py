@@ -336,6 +336,7 @@ class ControlServer:
         rows = []
         for worker, info in sorted(listing.rows, key=lambda item: (item[0], item[1].conn)):
             row = msgspec.structs.asdict(info)
+            row["open_channels"] = [msgspec.structs.asdict(ch) for ch in info.open_channels]
             row["worker"] = worker
             row["name"] = f"{info.peer} -> {self._address}"
             rows.append(row)

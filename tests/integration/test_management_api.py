@@ -276,3 +276,39 @@ def test_idle_since_for_an_idle_queue_only(managed: tuple[Broker, int]) -> None:
     finally:
         close_quietly(conn)
     assert http.request("DELETE", "/api/queues/%2F/idle-q")[0] == 204
+
+
+def test_client_properties_and_idle_channels(managed: tuple[Broker, int]) -> None:
+    """RabbitMQ 3.10 lists the client's properties and every open channel, idle ones too."""
+    broker, port = managed
+    http = HTTP(port)
+    conn = broker.connect(client_properties={"connection_name": "mgmt-test"})
+    try:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=7)
+
+        def listed() -> list[dict] | None:
+            conns = http.get("/api/connections")
+            return conns if conns and conns[0].get("client_properties", {}).get("product") else None
+
+        (c,) = wait_until(listed, 10.0, "the connection with its client properties")
+        assert c["client_properties"]["product"] == "Pika Python Client Library"
+        assert c["client_properties"]["connection_name"] == "mgmt-test"
+        assert isinstance(c["client_properties"]["capabilities"], dict)
+        assert c["user_provided_name"] == "mgmt-test"
+        name = Q(c["name"], safe="")
+        assert http.get(f"/api/connections/{name}")["user_provided_name"] == "mgmt-test"
+
+        def idle_channel() -> list[dict] | None:
+            chans = http.get("/api/channels")
+            return chans if chans and chans[0]["prefetch_count"] == 7 else None
+
+        (chan,) = wait_until(idle_channel, 10.0, "the idle channel with its prefetch count")
+        assert chan["number"] == ch.channel_number and chan["consumer_count"] == 0
+        assert chan["name"] == f"{c['name']} ({ch.channel_number})"
+        assert chan["connection_details"]["name"] == c["name"] and chan["state"] == "running"
+        assert chan["confirm"] is False and chan["transactional"] is False
+        (same,) = http.get(f"/api/connections/{name}/channels")
+        assert same["number"] == ch.channel_number and same["prefetch_count"] == 7
+    finally:
+        close_quietly(conn)

@@ -109,3 +109,26 @@ def test_basic_auth_against_stored_hashes_and_guest_only_from_loopback() -> None
     assert users.check(header("guest", "guest"), "10.0.0.5") is None
     assert users.check(None, "127.0.0.1") is None and parse_basic("Bearer x") is None
     assert Users({}).check(header("guest", "guest"), "127.0.0.1") is None
+
+
+def test_channels_are_the_workers_open_channels_merged_with_the_supervisors_books() -> None:
+    node = shapes.Node("shoal@h", "127.0.0.1", 5672, 15672, "0.1.0")
+    snapshot = {"time": 1.0, "vhost": "/", "queues": [], "exchanges": [], "bindings": [],
+                "consumers": [], "channels": [[0, 1, 2, 1, 4], [0, 1, 9, 0, 1]]}
+    chans = [{"number": n, "prefetch": p, "global_prefetch": 0, "confirm": n == 2, "tx": False,
+              "consumers": 0, "unacked": 0} for n, p in ((1, 7), (2, 0))]
+    conns = [{"name": "127.0.0.1:5000 -> 127.0.0.1:5672", "worker": 0, "conn": 1,
+              "peer": "127.0.0.1:5000", "client_properties": {"product": "P",
+                                                              "connection_name": "mine"},
+              "open_channels": chans}]
+    sample = Sample.of(snapshot, conns)
+    (c,) = shapes.connection_items(sample, None, node)
+    assert c["client_properties"]["product"] == "P" and c["user_provided_name"] == "mine"
+    one, two, nine = shapes.channel_items(sample, node)
+    assert one["name"] == "127.0.0.1:5000 -> 127.0.0.1:5672 (1)" and one["prefetch_count"] == 7
+    assert one["consumer_count"] == 0 and one["state"] == "running" and "idle_since" not in one
+    assert two["confirm"] is True and two["consumer_count"] == 1
+    assert two["messages_unacknowledged"] == 4
+    assert nine["number"] == 9 and nine["messages_unacknowledged"] == 1
+    assert one["connection_details"] == {"name": c["name"], "peer_host": "127.0.0.1",
+                                         "peer_port": 5000}

@@ -387,3 +387,28 @@ def test_a_connection_that_ends_mid_body_frees_its_placed_block() -> None:
     assert h.worker.region.arena.freed == []
     h.handler.finish()
     assert h.worker.region.arena.freed == [block]
+
+
+def test_info_lists_the_client_properties_and_every_open_channel() -> None:
+    """The management API's /api/connections and /api/channels: the row carries the client's
+    properties (JSON-able) and each open channel as the worker knows it."""
+    h = Harness(channels=(1, 2), capabilities={"publisher_confirms": True})
+    h.client(1, commands.Basic.Qos(prefetch_count=7))
+    h.client(2, commands.Basic.Qos(prefetch_count=3, global_=True))
+    h.client(2, commands.Confirm.Select())
+    info = h.handler.info()
+    assert info.client_properties == {"product": "test",
+                                      "capabilities": {"publisher_confirms": True}}
+    by_number = {c.number: c for c in info.open_channels}
+    assert by_number[1] == r.ChannelInfo(1, 7, 0, False, False, 0, 0)
+    assert by_number[2] == r.ChannelInfo(2, 0, 3, True, False, 0, 0)
+
+
+def test_field_table_values_become_json_values() -> None:
+    from decimal import Decimal
+
+    from workers.connection_handler import jsonable_table
+    table = {"product": b"caf\xc3\xa9", "bad": b"\xff", "nested": {"a": [1, b"x", (2.5, None)]},
+             "n": Decimal("1.5"), "ok": True}
+    assert jsonable_table(table) == {"product": "café", "bad": "\ufffd",
+                                     "nested": {"a": [1, "x", [2.5, None]]}, "n": "1.5", "ok": True}
