@@ -46,7 +46,7 @@ def _chromedriver() -> str:
 
 webdriver = pytest.importorskip(
     "selenium.webdriver", reason="the UI's browser test needs selenium (pip install -e '.[test]')")
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -99,7 +99,9 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
 def wait(driver: Any, what: str, predicate: Callable[[Any], Any], timeout: float = WAIT_S) -> Any:
     try:
-        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(predicate)
+        # The page redraws its tables every 5 s: an element found a moment ago may be gone.
+        return WebDriverWait(driver, timeout, poll_frequency=0.2,
+                             ignored_exceptions=(StaleElementReferenceException,)).until(predicate)
     except TimeoutException:
         shot = getattr(driver, "failure_shot", None)
         if shot is not None:
@@ -111,13 +113,20 @@ def wait(driver: Any, what: str, predicate: Callable[[Any], Any], timeout: float
 
 
 def text_of(driver: Any, css: str) -> str:
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return found[0].text if found else ""
+    """The element's text; "" when there is none, or it was redrawn while being read."""
+    try:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        return found[0].text if found else ""
+    except StaleElementReferenceException:
+        return ""
 
 
 def queue_row_total(driver: Any, name: str) -> str | None:
-    rows = driver.find_elements(By.CSS_SELECTOR, f'#queues-table tr[data-name="{name}"] td.c-total')
-    return rows[0].text if rows else None
+    try:
+        rows = driver.find_elements(By.CSS_SELECTOR, f'#queues-table tr[data-name="{name}"] td.c-total')
+        return rows[0].text if rows else None
+    except StaleElementReferenceException:  # redrawn while being read
+        return None
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -136,6 +145,14 @@ def shoot_element(driver: Any, where: Path, name: str, css: str) -> None:
     """A screenshot with ``css`` scrolled to the top of the window (the page's lower sections)."""
     driver.execute_script("document.querySelector(arguments[0]).scrollIntoView({block: 'start'})", css)
     assert driver.save_screenshot(str(where / f"{name}.png"))
+
+
+def click(driver: Any, by: str, selector: str) -> None:
+    """Find and click, again if the element was redrawn in between (bounded by wait)."""
+    def clicked(d: Any) -> bool:
+        d.find_element(by, selector).click()
+        return True
+    wait(driver, f"{selector} to be clicked", clicked)
 
 
 def fill(driver: Any, element_id: str, text: str) -> None:
@@ -164,10 +181,10 @@ def test_a_person_manages_a_queue_in_the_web_ui(managed_broker: tuple[Broker, in
     shoot(driver, artifacts, "01-login")
     fill(driver, "login-username", "guest")
     fill(driver, "login-password", "wrong")
-    driver.find_element(By.ID, "login-submit").click()
+    click(driver, By.ID, "login-submit")
     wait(driver, "the login error", lambda d: "Login failed" in text_of(d, "#login-error"))
     fill(driver, "login-password", "guest")
-    driver.find_element(By.ID, "login-submit").click()
+    click(driver, By.ID, "login-submit")
     wait(driver, "the overview", lambda d: d.find_element(By.ID, "totals").text.strip())
     assert driver.execute_script("return sessionStorage.getItem('shoal.auth')") is not None
     assert text_of(driver, "#fact-user") == "guest"
@@ -175,7 +192,7 @@ def test_a_person_manages_a_queue_in_the_web_ui(managed_broker: tuple[Broker, in
 
     # the Queues tab, then a pika client declares a queue and publishes two messages: the page
     # shows it, with its depth, at a refresh (no reload)
-    driver.find_element(By.CSS_SELECTOR, '#tabs a[data-tab="queues"]').click()
+    click(driver, By.CSS_SELECTOR, '#tabs a[data-tab="queues"]')
     wait(driver, "the queues table", lambda d: d.find_elements(By.ID, "queues-table"))
     connection = pika.BlockingConnection(pika.ConnectionParameters(HOST, broker.port))
     try:
@@ -190,7 +207,7 @@ def test_a_person_manages_a_queue_in_the_web_ui(managed_broker: tuple[Broker, in
         close_quietly(connection)
 
     # the queue's page
-    driver.find_element(By.CSS_SELECTOR, f'#queues-table tr[data-name="{QUEUE}"] td.name a').click()
+    click(driver, By.CSS_SELECTOR, f'#queues-table tr[data-name="{QUEUE}"] td.name a')
     wait(driver, "the queue's page", lambda d: text_of(d, "#queue-total") == "2")
     assert driver.current_url.endswith("#/queues/%2F/" + urllib.parse.quote(QUEUE, safe=""))
     assert text_of(driver, "#queue-title") == QUEUE
@@ -199,14 +216,14 @@ def test_a_person_manages_a_queue_in_the_web_ui(managed_broker: tuple[Broker, in
     # publish a message from the page
     fill(driver, "publish-payload", "hello from the page")
     fill(driver, "publish-properties", '{"content_type": "text/plain"}')
-    driver.find_element(By.ID, "publish-submit").click()
+    click(driver, By.ID, "publish-submit")
     wait(driver, "the publish result", lambda d: text_of(d, "#publish-result") == "Message published.")
     wait(driver, "a depth of 3", lambda d: text_of(d, "#queue-total") == "3")
     assert http.get(f"/api/queues/%2F/{QUEUE}")["messages"] == 3
 
     # get the messages back (requeued): the page's own message is the third, payload shown
     fill(driver, "get-count", "3")
-    driver.find_element(By.ID, "get-submit").click()
+    click(driver, By.ID, "get-submit")
     wait(driver, "three messages got", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#get-messages .message")) == 3)
     payloads = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#get-messages pre.payload")]
     assert payloads == ["from pika 1", "from pika 2", "hello from the page"]
@@ -215,7 +232,7 @@ def test_a_person_manages_a_queue_in_the_web_ui(managed_broker: tuple[Broker, in
     wait(driver, "the depth after a requeueing get", lambda d: text_of(d, "#queue-total") == "3")
 
     # purge: depth 0
-    driver.find_element(By.ID, "queue-purge").click()
+    click(driver, By.ID, "queue-purge")
     accept_confirm(driver)
     wait(driver, "the purge result", lambda d: "purged" in text_of(d, "#danger-result"))
     wait(driver, "a depth of 0", lambda d: text_of(d, "#queue-total") == "0")
@@ -223,7 +240,7 @@ def test_a_person_manages_a_queue_in_the_web_ui(managed_broker: tuple[Broker, in
     shoot_element(driver, artifacts, "05-purged", "#queue-purge")
 
     # delete: back on the Queues page, the queue gone
-    driver.find_element(By.ID, "queue-delete").click()
+    click(driver, By.ID, "queue-delete")
     accept_confirm(driver)
     wait(driver, "the Queues page again", lambda d: d.current_url.endswith("#/queues"))
     wait(driver, "the deletion notice", lambda d: "deleted" in text_of(d, "#flash"))
@@ -244,18 +261,17 @@ def test_a_person_manages_a_queue_in_the_web_ui(managed_broker: tuple[Broker, in
                                    ("channels", "#channels table", "guest"),
                                    ("exchanges", "#exchanges-table", "amq.topic"),
                                    ("admin", "#admin-users table", "guest")):
-            driver.find_element(By.CSS_SELECTOR, f'#tabs a[data-tab="{tab}"]').click()
+            click(driver, By.CSS_SELECTOR, f'#tabs a[data-tab="{tab}"]')
             wait(driver, f"the {tab} page", lambda d, css=css, expected=expected: expected in text_of(d, css))
             shoot(driver, artifacts, f"07-{tab}")
         # an exchange's page, from its link
-        driver.find_element(By.CSS_SELECTOR, '#tabs a[data-tab="exchanges"]').click()
-        wait(driver, "the amq.topic link", lambda d: d.find_elements(
-            By.CSS_SELECTOR, '#exchanges-table tr[data-name="amq.topic"] a'))[0].click()
+        click(driver, By.CSS_SELECTOR, '#tabs a[data-tab="exchanges"]')
+        click(driver, By.CSS_SELECTOR, '#exchanges-table tr[data-name="amq.topic"] a')
         wait(driver, "amq.topic's page", lambda d: "topic" in text_of(d, "#exchange-details"))
         shoot(driver, artifacts, "07-exchange")
     finally:
         close_quietly(consumer)
-    driver.find_element(By.CSS_SELECTOR, '#tabs a[data-tab="overview"]').click()
+    click(driver, By.CSS_SELECTOR, '#tabs a[data-tab="overview"]')
     # the charts draw lines once the page has two samples (one every 5 s)
     wait(driver, "the overview's charts", lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-queued polyline.series")
          and d.find_elements(By.CSS_SELECTOR, "#chart-rates polyline.series"))
@@ -268,6 +284,6 @@ def test_a_person_manages_a_queue_in_the_web_ui(managed_broker: tuple[Broker, in
     assert not errors, errors
 
     # logging out forgets the credentials
-    driver.find_element(By.ID, "logout").click()
+    click(driver, By.ID, "logout")
     wait(driver, "the login form again", lambda d: d.find_element(By.ID, "login-form").is_displayed())
     assert driver.execute_script("return sessionStorage.getItem('shoal.auth')") is None
