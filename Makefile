@@ -101,13 +101,15 @@ lint: $(LINT_STAMP)
 # No per-test timeout plugin on purpose: the integration fixtures bound every wait
 # (see tests/integration/harness.py). The second pass runs as pure Python only the tests that
 # reach a module of COMPILED (marked reaches_compiled by tests/conftest.py, see
-# tests/compiled_reach.py): for the others both passes would run the same code.
+# tests/compiled_reach.py): for the others both passes would run the same code; of the integration
+# tests, those whose subject is not the hot path (marked compiled_only by tests/integration/conftest.py:
+# the data directory, management, links, configuration, the CLI) run in the first pass only.
 # TEST_MARKS selects in both passes: `make test TEST_MARKS='not soak and not slow'` for a quick run.
 TEST_MARKS ?= not soak
 test: $(TEST_STAMP) compiled
 	$(BIN)/pytest -q -p no:cacheprovider -m "$(TEST_MARKS)" $(PYTEST_ARGS)
 	@echo "== the tests that reach the compiled modules, as pure Python (SHOAL_PURE_PYTHON=1: the sources are imported)"
-	SHOAL_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider -m "reaches_compiled and ($(TEST_MARKS))" $(PYTEST_ARGS)
+	SHOAL_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider -m "reaches_compiled and not compiled_only and ($(TEST_MARKS))" $(PYTEST_ARGS)
 
 perf: $(TEST_STAMP) compiled
 	$(BIN)/python -m perf.quick $(PERF_ARGS)
