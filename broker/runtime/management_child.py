@@ -62,16 +62,7 @@ class ManagementChild:
     """The management process of one broker: its listener and its current process."""
 
     def __init__(self, host: str, port: int) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
+        sock = self.sock = listen(host, port)
         self.port: int = sock.getsockname()[1]
         self.process: trio.Process | None = None
         self.prometheus: socket.socket | None = None  # --prometheus-port, served by the process too
