@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from management import amqp_ops, listing, shapes
 from management.auth import Users
-from management.stats import Sampler
+from management.stats import Sampler, ask
 
 VHOST = "/"
 EXCHANGE_TYPES = [{"name": n, "description": d, "enabled": True}
@@ -155,6 +155,19 @@ class Resource:
 
     async def sample(self) -> Any:
         return await self.ctx.sampler.refresh()
+
+    async def control(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A control command to the supervisor: 503 when it does not answer, 404 for what is
+        missing, 400 for what it refuses."""
+        try:
+            answer = await ask(self.ctx.control_path, request)
+        except (OSError, ValueError) as exc:
+            raise APIError(503, "service_unavailable", f"the broker does not answer: {exc}") from None
+        if "error" in answer:
+            if answer.get("code") == "missing":
+                raise not_found()
+            raise bad_request(str(answer["error"]))
+        return answer
 
     async def amqp(self, request: Request, op: Callable[[amqp_ops.Client], Awaitable[Any]]) -> Any:
         user, password = self.auth(request)

@@ -12,7 +12,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from management.http import (
-    APIError,
     Context,
     Resource,
     bad_request,
@@ -24,7 +23,6 @@ from management.http import (
     paged,
     seg,
 )
-from management.stats import ask
 
 
 class Policies(Resource):
@@ -38,15 +36,9 @@ class Policies(Resource):
 
     async def _command(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
-            answer = await ask(self.ctx.control_path, request)
-        except (OSError, ValueError) as exc:
-            raise APIError(503, "service_unavailable", f"the broker does not answer: {exc}") from None
-        self.ctx.sampler.stale()
-        if "error" in answer:
-            if answer.get("code") == "missing":
-                raise not_found()
-            raise bad_request(str(answer["error"]))
-        return answer
+            return await self.control(request)
+        finally:
+            self.ctx.sampler.stale()
 
     async def _list(self) -> list[dict[str, Any]]:
         verb = "list_operator_policies" if self.operator else "list_policies"

@@ -13,7 +13,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from management.http import (
-    APIError,
     Context,
     Resource,
     bad_request,
@@ -25,20 +24,11 @@ from management.http import (
     paged,
     seg,
 )
-from management.stats import ask
 
 
 class Parameters(Resource):
     async def _command(self, request: dict[str, Any]) -> dict[str, Any]:
-        try:
-            answer = await ask(self.ctx.control_path, request)
-        except (OSError, ValueError) as exc:
-            raise APIError(503, "service_unavailable", f"the broker does not answer: {exc}") from None
-        if "error" in answer:
-            if answer.get("code") == "missing":
-                raise not_found()
-            raise bad_request(str(answer["error"]))
-        return answer
+        return await self.control(request)
 
     async def listing(self, request: Request) -> Response:
         self.auth(request)

@@ -18,7 +18,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from management.http import (
-    APIError,
     Context,
     Resource,
     bad_request,
@@ -29,22 +28,13 @@ from management.http import (
     paged,
     seg,
 )
-from management.stats import ask
 
 
 class Permissions(Resource):
     """The permission tables, through the supervisor's control commands."""
 
     async def _command(self, request: dict[str, Any]) -> dict[str, Any]:
-        try:
-            answer = await ask(self.ctx.control_path, request)
-        except (OSError, ValueError) as exc:
-            raise APIError(503, "service_unavailable", f"the broker does not answer: {exc}") from None
-        if "error" in answer:
-            if answer.get("code") == "missing":
-                raise not_found()
-            raise bad_request(str(answer["error"]))
-        return answer
+        return await self.control(request)
 
     async def _rows(self, topic: bool, **where: str) -> list[dict[str, Any]]:
         command = "list_topic_permissions" if topic else "list_permissions"

@@ -25,7 +25,6 @@ from management.http import (
     paged,
     seg,
 )
-from management.stats import ask
 
 
 def user_item(ctx: Context, name: str) -> dict[str, Any]:
@@ -71,14 +70,7 @@ class Users(Resource):
     async def _users_command(self, request: dict[str, Any]) -> dict[str, Any]:
         """A users change through the supervisor (broker.runtime.users), applied here at once
         too (the supervisor's line on our stdin says the same, later)."""
-        try:
-            answer = await ask(self.ctx.control_path, request)
-        except (OSError, ValueError) as exc:
-            raise APIError(503, "service_unavailable", f"the broker does not answer: {exc}") from None
-        if "error" in answer:
-            if answer.get("code") == "missing":
-                raise not_found()
-            raise bad_request(str(answer["error"]))
+        answer = await self.control(request)
         if "deleted" in answer:
             self.ctx.users.apply({"removed": [answer["deleted"]]})
         else:
