@@ -48,7 +48,7 @@ from broker.runtime.publishing import Publishing, StepWork
 from broker.runtime.teardown import DETACH, RETURN, Teardown
 from broker.storage.paging import Pager
 from broker.topology.vhost import VirtualHost
-from broker.topology.vhosts import DEFAULT_VHOST, VirtualHosts
+from broker.topology.vhosts import DEFAULT_DESCRIPTION, DEFAULT_VHOST, VirtualHosts
 from ipc import records as r
 
 log = logging.getLogger("shoal.dispatch")
@@ -74,7 +74,7 @@ class Dispatcher:
         # Plain queues may keep waiting messages as their body handles (ARENA_BODY_CODEC).
         self.vhosts = VirtualHosts(self._drop, now=now, epoch_offset=epoch_offset,
                                    body_codec=ARENA_BODY_CODEC)
-        self.vhosts.add(DEFAULT_VHOST)
+        self.vhosts.add(DEFAULT_VHOST).description = DEFAULT_DESCRIPTION
         self.answers = Answers(workers)
         self.outbox = self.answers.outbox
         self.confirms = self.answers.confirms

@@ -49,6 +49,7 @@ from broker.runtime.policies import RuntimePolicies
 from broker.runtime.serve_config import ServeConfig
 from broker.runtime.shovel_child import ShovelChild
 from broker.runtime.users import RuntimeUsers
+from broker.runtime.vhost_admin import RuntimeVhosts
 from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
@@ -189,6 +190,8 @@ class Supervisor:
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
         self.parameters = RuntimeParameters(self.dispatcher.vhosts, store, self.shovels)
         self._control.parameters = self.parameters
+        self._control.vhosts = RuntimeVhosts(self.dispatcher, store, self.permission_admin,
+                                             self.parameters, self.flush)
         if c.load_definitions:  # read now: a malformed file stops the start (run imports it)
             self._definitions = definitions_io.read(c.load_definitions)
 

@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 DEFAULT_VHOST = "/"
+DEFAULT_DESCRIPTION = "Default virtual host"  # RabbitMQ's, of the "/" a new node makes
 VHOSTS_TABLE = """CREATE TABLE IF NOT EXISTS vhosts (
     name TEXT PRIMARY KEY, description TEXT NOT NULL, tags TEXT NOT NULL,
     default_queue_type TEXT NOT NULL, metadata TEXT NOT NULL
@@ -40,8 +41,9 @@ class VhostRows:
     def _install_vhosts(self) -> None:
         """The table, with "/" in it, where there is none (inside the caller's transaction)."""
         self._db.execute(VHOSTS_TABLE)
-        self._db.execute("INSERT OR IGNORE INTO vhosts VALUES (?, '', '[]', 'classic', '{}')",
-                         (DEFAULT_VHOST,))
+        self._db.execute("INSERT OR IGNORE INTO vhosts VALUES (?, ?, '[]', 'classic', ?)",
+                         (DEFAULT_VHOST, DEFAULT_DESCRIPTION,
+                          json.dumps({"description": DEFAULT_DESCRIPTION, "tags": []})))
 
     def vhosts(self) -> list[dict[str, Any]]:
         """Every stored vhost, by name: name, description, tags, default_queue_type, metadata."""

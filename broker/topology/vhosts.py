@@ -33,7 +33,9 @@ from broker.topology.definitions import TopologyJournal
 from broker.topology.step_host import TickOutcome
 from broker.topology.vhost import VirtualHost
 
-__all__ = ["DEFAULT_VHOST", "VirtualHosts"]
+__all__ = ["DEFAULT_DESCRIPTION", "DEFAULT_VHOST", "VirtualHosts"]
+
+DEFAULT_DESCRIPTION = "Default virtual host"  # RabbitMQ's, of the "/" a new node makes
 
 
 def deleted_text(name: str) -> str:
