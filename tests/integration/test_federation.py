@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,11 @@ from tests.integration.harness import (
     REPO_ROOT,
     Broker,
     finish,
+    kill_whole_broker,
     start_broker,
     wait_until,
 )
-from tests.integration.management_helpers import HTTP, start_with_management
+from tests.integration.management_helpers import HTTP, free_port, start_with_management
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
@@ -44,7 +46,8 @@ def federate(downstream: Broker, upstream_port: int, name: str = "up", pattern: 
              apply_to: str = "exchanges", **keys: Any) -> None:
     """``upstream_port``'s broker as an upstream of ``downstream``, for objects matching
     ``pattern`` (set_parameter and set_policy through ``shoal ctl``)."""
-    value = {"uri": url(upstream_port), "reconnect-delay": 1, **keys}
+    value = {"uri": url(upstream_port), "reconnect-delay": 1,
+             **{k.replace("_", "-"): v for k, v in keys.items()}}
     done = ctl(downstream, "set_parameter", "federation-upstream", name, json.dumps(value))
     assert done.returncode == 0, done.stderr
     done = ctl(downstream, "set_policy", f"fed-{name}", pattern,
@@ -170,3 +173,119 @@ def test_exchange_federation_follows_the_downstream_bindings(
     assert row["uri"] == f"amqp://{HOST}:{up.port}/%2f" and "guest" not in row["uri"]
     assert row["vhost"] == "/" and row["local_connection"]
     assert HTTP(http_port).get("/api/federation-links/%2f") == rows
+
+
+@pytest.mark.deadline(180)
+def test_a_ring_with_max_hops_1_delivers_once_per_node(tmp_path: Path) -> None:
+    """A -> B -> C -> A (each node's upstream is the one before it), max-hops 1: a message
+    published at one node reaches the queue bound at every node once, and goes no further."""
+    nodes = [start_broker(tmp_path / name) for name in "abc"]
+    try:
+        for node in nodes:
+            declare(node, "fed.ring", "ring-q", "#")
+        for i, node in enumerate(nodes):
+            federate(node, nodes[i - 1].port, max_hops=1)
+        for node in nodes:
+            wait_until(lambda node=node: running(node), 30, "each link runs")
+        for i in range(3):
+            wait_until(lambda i=i: bound_upstream(nodes[i - 1], "fed.ring") == ["#"], 30,
+                       "each binding propagates one hop")
+        for i, node in enumerate(nodes):
+            publish(node, "fed.ring", [f"from-{i}-{n}".encode() for n in range(5)])
+        expected = Counter(f"from-{i}-{n}".encode() for n in range(5) for i in range(3))
+        for node in nodes:
+            # this node's own messages, and its upstream's: once each (max-hops 1)
+            got = Counter(drain(node, "ring-q", idle=2.0))
+            mine = nodes.index(node)
+            assert got == Counter({k: 1 for k in expected
+                                   if k.startswith((f"from-{mine}-".encode(),
+                                                    f"from-{(mine - 1) % 3}-".encode()))})
+    finally:
+        for node in nodes:
+            finish(node)
+
+
+@pytest.mark.deadline(120)
+def test_queue_federation_moves_messages_to_the_consumers(
+        pair: tuple[Broker, Broker, int]) -> None:
+    """A federated queue with consumers pulls from the upstream queue of its name; without
+    consumers it leaves the upstream's messages where they are."""
+    up, down, _ = pair
+    for broker in (up, down):
+        conn = broker.connect()
+        conn.channel().queue_declare("fed-work", durable=True)
+        conn.close()
+    publish(up, "", [f"w{i}".encode() for i in range(20)], key="fed-work")
+    federate(down, up.port, apply_to="queues")
+    wait_until(lambda: running(down), 30, "the link runs")
+    time.sleep(2.0)
+    assert depth(up, "fed-work") == 20  # no consumer downstream: nothing moves
+    got = drain(down, "fed-work", idle=3.0)
+    assert sorted(got) == sorted(f"w{i}".encode() for i in range(20))
+    assert depth(up, "fed-work") == 0
+    row = links(down)[0]
+    assert row["type"] == "queue" and row["queue"] == "fed-work"
+    assert row["upstream_queue"] == "fed-work"
+
+
+@pytest.mark.deadline(240)
+def test_a_link_outlives_a_sigkill_of_its_upstream(tmp_path: Path) -> None:
+    """on-confirm: every message the upstream confirmed reaches the downstream after the
+    upstream is killed and started again (the link reconnects after reconnect-delay)."""
+    up_port = free_port()
+    up = Broker(tmp_path / "up", port=up_port)
+    down = start_broker(tmp_path / "down")
+    try:
+        declare(up, "fed.k")
+        declare(down, "fed.k", "kill-q", "#")
+        federate(down, up_port)
+        wait_until(lambda: bound_upstream(up, "fed.k") == ["#"], 30, "the binding propagates")
+        bodies = [f"k{i}".encode() for i in range(2000)]
+        publish(up, "fed.k", bodies[:1000])
+        wait_until(lambda: depth(down, "kill-q") > 0, 30, "messages arrive")
+        kill_whole_broker(up)
+        up.stop()
+        wait_until(lambda: any(r["status"] == "error" for r in links(down)), 30,
+                   "the link shows the error")
+        (tmp_path / "up" / "ready.json").unlink(missing_ok=True)
+        up = Broker(tmp_path / "up", port=up_port)
+        publish(up, "fed.k", bodies[1000:])
+        wait_until(lambda: running(down), 60, "the link runs again")
+        got = Counter(drain(down, "kill-q", idle=3.0, limit=120))
+        assert set(bodies) <= set(got)  # none lost (a redelivered one may come twice)
+        assert set(got) <= set(bodies)
+    finally:
+        finish(down)
+        finish(up)
+
+
+def test_validation_failed_as_rabbitmq(pair: tuple[Broker, Broker, int]) -> None:
+    """Upstreams, sets and the policy keys are refused with RabbitMQ's Validation failed."""
+    _, _, http_port = pair
+    http = HTTP(http_port)
+    cases = [
+        ("federation-upstream", {"exchange": "x"}, 'Key "uri" not found in u'),
+        ("federation-upstream", {"uri": "amqp://", "max-hops": "2"},
+         'max-hops should be a number, actually was <<"2">>'),
+        ("federation-upstream", {"uri": "amqp://", "ack-mode": "maybe"},
+         "ack-mode should be one of"),
+        ("federation-upstream", {"uri": "amqp://", "colour": 1}, "Unrecognised terms"),
+        ("federation-upstream-set", [{"max-hops": 2}], 'Key "upstream" not found in u'),
+    ]
+    for component, value, reason in cases:
+        status, _, answer = http.request("PUT", f"/api/parameters/{component}/%2f/u",
+                                         {"value": value})
+        assert status == 400 and "Validation failed" in answer["reason"], answer
+        assert reason in answer["reason"], answer
+    status, _, answer = http.request("PUT", "/api/policies/%2f/p", {
+        "pattern": ".", "definition": {"federation-upstream": "a",
+                                       "federation-upstream-set": "b"}})
+    assert status == 400
+    assert "cannot specify federation-upstream and federation-upstream-set" in answer["reason"]
+    ok = {"uri": ["amqp://", "amqp://localhost"], "max-hops": 2, "trust-user-id": True}
+    status, _, _ = http.request("PUT", "/api/parameters/federation-upstream/%2f/u",
+                                {"value": ok})
+    assert status == 201
+    exported = http.get("/api/definitions")["parameters"]
+    assert exported == [{"value": ok, "vhost": "/", "component": "federation-upstream",
+                         "name": "u"}]
