@@ -1,4 +1,4 @@
-"""Runtime parameters (dynamic shovels): ``shoal ctl set_parameter`` and ``PUT /api/parameters/...``.
+"""Runtime parameters (shovels, federation upstreams): ``shoal ctl set_parameter``, ``PUT /api/parameters``.
 
 Theory of operation
 -------------------
@@ -10,7 +10,8 @@ clear_parameter, list_parameters, shovel_status) and is applied as policies are
 2. written to the data directory's definitions (``DefinitionStore.put_parameter`` /
    ``delete_parameter``, on disk when it returns);
 3. kept in the table here and told to the links process (``broker.runtime.shovel_child``), which
-   starts, restarts or stops the shovel. The first shovel starts that process.
+   starts, restarts or stops the shovel, or adjusts its federation links (which also follow the
+   policies: it polls ``federation_targets``, below). The first parameter starts that process.
 
 At start the stored parameters are read back and the links process is started with them, so a
 shovel outlives a restart of its broker. ``shovel_status`` lists every shovel parameter with
