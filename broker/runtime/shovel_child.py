@@ -14,7 +14,9 @@ The pipes, JSON lines each way:
   "name"}}`` as ``broker.runtime.parameters`` changes them;
 * its stdout, ours: ``{"status": {vhost, name, state, reason, ...}}`` at each state change of a
   shovel (and its counters now and then), ``{"gone": [vhost, name]}`` when one is stopped.
-  Those rows are what ``/api/shovels`` lists (the control command ``shovel_status``).
+  Those rows are what ``/api/shovels`` lists (the control command ``shovel_status``). A
+  federation link's are ``{"link": {"key": [...], "row": {...}}}`` and ``{"link_gone": key}``
+  (``/api/federation-links``, the control command ``federation_status``).
 
 The read end of the supervisor's ``alive`` pipe is inherited: EOF there (the supervisor died)
 ends the process.
@@ -47,6 +49,8 @@ class ShovelChild:
     def __init__(self) -> None:
         self.process: trio.Process | None = None
         self.status: dict[tuple[str, str], dict[str, Any]] = {}
+        # federation links: (vhost, type, exchange or queue, upstream) -> its status row
+        self.links: dict[tuple[str, ...], dict[str, Any]] = {}
         self._wanted = trio.Event()
 
     def want(self) -> None:
@@ -76,6 +80,8 @@ class ShovelChild:
                 return
             for key, row in self.status.items():
                 self.status[key] = {**row, "state": "starting", "reason": "links process restarting"}
+            for link, row in self.links.items():
+                self.links[link] = {**row, "status": "starting"}
             log.warning("links process (pid %d) exited with %s; restarting it", process.pid, code)
             if trio.current_time() - started < RESTART_BACKOFF:
                 await trio.sleep(RESTART_BACKOFF)
@@ -110,6 +116,12 @@ class ShovelChild:
         gone = message.get("gone")
         if isinstance(gone, list) and len(gone) == 2:
             self.status.pop((str(gone[0]), str(gone[1])), None)
+        link = message.get("link")
+        if isinstance(link, dict) and isinstance(link.get("key"), list):
+            self.links[tuple(map(str, link["key"]))] = link["row"]
+        gone = message.get("link_gone")
+        if isinstance(gone, list):
+            self.links.pop(tuple(map(str, gone)), None)
 
     async def tell(self, change: dict[str, Any]) -> None:
         """A parameters change, to the running process (none running: its next start reads the
