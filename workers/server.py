@@ -38,8 +38,9 @@ from typing import Any, Final
 import trio
 
 from broker import errors
-from ipc import collector, tls
+from ipc import collector
 from ipc import records as r
+from ipc import tls as tls_files
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
 from workers.balance import AcceptBalance
@@ -50,6 +51,7 @@ from workers.consumer_target import PULL_DEFER
 from workers.login_log import LoginFailureLog
 from workers.socket_reader import RECEIVE_SIZE, PublishGates, SocketReader
 from workers.socket_writer import Doorbell, SocketWriter
+from workers.tls_socket import TLSSocket
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
@@ -59,8 +61,6 @@ LOGIN_SUMMARY_INTERVAL: Final = 5.0  # seconds between looks for refused-login s
 CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
 SHUTDOWN_GRACE = 1.0
 TLS_HANDSHAKE_TIMEOUT = 5.0  # RabbitMQ's ssl_handshake_timeout
-TLS_RECEIVE_SIZE = 256 << 10  # a pump's read: a TLS record is 16 KiB at most
-TLS_PAIR_BUFFER = 1 << 20  # the socket pair's buffers: a few big messages in flight
 CLOSE_LINGER = 2.0  # how long a closed connection's socket is read (and dropped) for its EOF
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
 ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
@@ -166,7 +166,7 @@ class Server:
             nursery.start_soon(self._accept, listener, nursery)
             c = self.config
             if c.tls_listen_fd >= 0:  # --tls-port: this worker loads the files itself
-                context = tls.server_context(
+                context = tls_files.server_context(
                     c.tls_cert, c.tls_key, c.tls_ca, verify_peer=c.tls_verify_peer,
                     fail_if_no_peer_cert=c.tls_fail_if_no_peer_cert)
                 tls_listener = socket.socket(fileno=c.tls_listen_fd)
@@ -405,22 +405,20 @@ class Server:
             self.worker.region.connections = self._open
 
     async def _connection(self, stream: trio.SocketStream, sock: socket.socket,
-                          via_tls: _ViaTLS | None = None) -> None:
+                          tls: TLSSocket | None = None) -> None:
         """One client connection: the AMQP protocol over ``sock``, the accepted socket, or with
-        ``via_tls`` the worker's end of the socket pair a TLS connection's pumps feed."""
+        ``tls`` over the TLS session on it (its reader and writer read and write ``tls``)."""
         c = self.config
-        if via_tls is None:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer, local = _addresses(sock)
-        else:
-            peer, local = via_tls.peer, via_tls.local
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer, local = _addresses(sock)
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users,
             peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
             loopback_users=c.loopback_users,
-            external_user=via_tls.external_user if via_tls is not None else None,
+            # A certificate is only there when verify_peer checked it against --tls-ca.
+            external_user=tls_files.common_name(tls.getpeercert()) if tls is not None else None,
         )
         handler = ConnectionHandler(
             self.worker, next(self.worker.conn_ids), proto, arena=self.worker.region.arena,
@@ -429,8 +427,8 @@ class Server:
         )
         log_connection.info("accepting AMQP connection %s", handler.label)
         self.worker.handlers[handler.conn_id] = handler
-        writer = SocketWriter(sock, handler, self.worker.after_batch)
-        reader = SocketReader(sock, handler, self.worker, self._gates)
+        writer = SocketWriter(tls or sock, handler, self.worker.after_batch)
+        reader = SocketReader(tls or sock, handler, self.worker, self._gates)
         try:
             with trio.CancelScope() as scope:
                 self._scopes[handler.conn_id] = scope
@@ -442,6 +440,8 @@ class Server:
                 handler.finish()
                 self.worker.after_batch()
                 _log_closed(handler, self._login_failures)
+                if tls is not None:
+                    tls.close_notify()
                 await _linger(sock)
         finally:
             self._scopes.pop(handler.conn_id, None)
@@ -454,89 +454,22 @@ class Server:
 
     async def _tls_connection(self, stream: trio.SocketStream, sock: socket.socket,
                               context: ssl.SSLContext) -> None:
-        """An AMQPS connection: the TLS handshake (trio's SSLStream over the accepted socket),
-        then the plain connection's reader and writer over one end of a socket pair, and two
-        pumps between the other end and the TLS stream. The plain path pays nothing for TLS;
-        a TLS connection pays a copy through the pair on top of its crypto."""
-        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer, local = _addresses(sock)
-        tls_stream = trio.SSLStream(stream, context, server_side=True)
+        """An AMQPS connection: the TLS handshake, then the plain connection's reader and writer
+        over the TLS session (:mod:`workers.tls_socket`)."""
+        tls = TLSSocket(sock, context)
         try:
             with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
-                await tls_stream.do_handshake()
-        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
-                OSError) as exc:
-            cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
+                await tls.do_handshake()
+        except (trio.TooSlowError, OSError) as exc:  # ssl.SSLError is an OSError
+            peer, _ = _addresses(sock)
             log_connection.warning("TLS handshake of %s failed: %s", peer or "?",
-                                   cause or "handshake timeout")
+                                   exc if str(exc) else "handshake timeout")
             self._count_connection(-1)
             with trio.move_on_after(0.5) as scope:
                 scope.shield = True
                 await stream.aclose()
             return
-        # A certificate is only there when verify_peer checked it against --tls-ca.
-        user = tls.common_name(tls_stream.getpeercert())
-        ours, theirs = socket.socketpair()
-        for end in (ours, theirs):
-            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, TLS_PAIR_BUFFER)
-            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, TLS_PAIR_BUFFER)
-            end.setblocking(False)
-        inner = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-        pumped = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pump_in, tls_stream, pumped)
-                out_done = trio.Event()
-                nursery.start_soon(_pump_out, pumped, tls_stream, out_done)
-                await self._connection(inner, ours, _ViaTLS(peer, local, user))
-                with trio.move_on_after(SHUTDOWN_GRACE):  # what the writer sent goes out
-                    await out_done.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            with trio.move_on_after(0.5) as scope:
-                scope.shield = True
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await tls_stream.aclose()  # close_notify, then the socket
-                await pumped.aclose()
-
-
-class _ViaTLS:
-    """What a TLS connection's AMQP side takes from the TLS socket: its addresses and the
-    user its verified client certificate names (EXTERNAL), if any."""
-
-    __slots__ = ("external_user", "local", "peer")
-
-    def __init__(self, peer: str, local: str, external_user: str | None) -> None:
-        self.peer = peer
-        self.local = local
-        self.external_user = external_user
-
-
-async def _pump_in(tls_stream: trio.SSLStream[trio.SocketStream],
-                   pumped: trio.SocketStream) -> None:
-    """Client → connection: decrypted bytes into the pair (its buffer full, this stops reading
-    the TLS socket: credit flow reaches the client's TCP window as on the plain path); the
-    client's EOF, or a broken TLS stream, is EOF on the pair."""
-    try:
-        while data := await tls_stream.receive_some(TLS_RECEIVE_SIZE):
-            await pumped.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        await pumped.send_eof()
-
-
-async def _pump_out(pumped: trio.SocketStream, tls_stream: trio.SSLStream[trio.SocketStream],
-                    done: trio.Event) -> None:
-    """Connection → client: what the writer sent, encrypted; ``done`` at the pair's EOF (the
-    connection's last frame is out)."""
-    try:
-        while data := await pumped.receive_some(TLS_RECEIVE_SIZE):
-            await tls_stream.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        done.set()
+        await self._connection(stream, sock, tls)
 
 
 def _addresses(sock: socket.socket) -> tuple[str, str]:
