@@ -22,35 +22,32 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import functools
-import ipaddress
 import logging
 import math
 import signal
 import socket
 import ssl
-import sys
-import termios
 import time
 from typing import Any, Final
 
 import trio
 
 from broker import errors
-from ipc import collector
-from ipc import records as r
-from ipc import tls as tls_files
+from ipc import collector, tls
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
+from ipc.worker_config import WorkerConfig
 from workers.balance import AcceptBalance
 from workers.body_sync import sync_bodies
+from workers.client_socket import addresses, is_loopback, linger, socket_queues
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import PULL_DEFER
 from workers.login_log import LoginFailureLog
-from workers.socket_reader import RECEIVE_SIZE, PublishGates, SocketReader
+from workers.socket_reader import PublishGates, SocketReader
 from workers.socket_writer import Doorbell, SocketWriter
+from workers.tls_connection import serve_tls
 from workers.tls_socket import TLSSocket
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
@@ -60,8 +57,6 @@ LOGIN_SUMMARY_INTERVAL: Final = 5.0  # seconds between looks for refused-login s
 
 CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
 SHUTDOWN_GRACE = 1.0
-TLS_HANDSHAKE_TIMEOUT = 5.0  # RabbitMQ's ssl_handshake_timeout
-CLOSE_LINGER = 2.0  # how long a closed connection's socket is read (and dropped) for its EOF
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
 ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
 # Blocks of its arena a worker looks at per heartbeat tick (0.5 s) to give free pages back
@@ -133,7 +128,7 @@ class Server:
     and a writer per connection around its sans-IO protocol object, drains the event ring when
     the supervisor kicks the eventfd, and keeps heartbeats, flow control and shutdown."""
 
-    def __init__(self, config: r.WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self._flush_bell = Doorbell()
         self._gates = PublishGates()
@@ -166,7 +161,7 @@ class Server:
             nursery.start_soon(self._accept, listener, nursery)
             c = self.config
             if c.tls_listen_fd >= 0:  # --tls-port: this worker loads the files itself
-                context = tls_files.server_context(
+                context = tls.server_context(
                     c.tls_cert, c.tls_key, c.tls_ca, verify_peer=c.tls_verify_peer,
                     fail_if_no_peer_cert=c.tls_fail_if_no_peer_cert)
                 tls_listener = socket.socket(fileno=c.tls_listen_fd)
@@ -405,30 +400,30 @@ class Server:
             self.worker.region.connections = self._open
 
     async def _connection(self, stream: trio.SocketStream, sock: socket.socket,
-                          tls: TLSSocket | None = None) -> None:
+                          session: TLSSocket | None = None) -> None:
         """One client connection: the AMQP protocol over ``sock``, the accepted socket, or with
-        ``tls`` over the TLS session on it (its reader and writer read and write ``tls``)."""
+        ``session`` over the TLS session on it (its reader and writer use ``session``)."""
         c = self.config
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer, local = _addresses(sock)
+        peer, local = addresses(sock)
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users,
-            peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
+            peer_is_loopback=is_loopback(peer.rpartition(":")[0]),
             loopback_users=c.loopback_users,
             # A certificate is only there when verify_peer checked it against --tls-ca.
-            external_user=tls_files.common_name(tls.getpeercert()) if tls is not None else None,
+            external_user=tls.common_name(session.getpeercert()) if session is not None else None,
         )
         handler = ConnectionHandler(
             self.worker, next(self.worker.conn_ids), proto, arena=self.worker.region.arena,
             peer=peer, local=local, connected_at=time.time(),
-            socket_queues=functools.partial(_socket_queues, sock),
+            socket_queues=functools.partial(socket_queues, sock),
         )
         log_connection.info("accepting AMQP connection %s", handler.label)
         self.worker.handlers[handler.conn_id] = handler
-        writer = SocketWriter(tls or sock, handler, self.worker.after_batch)
-        reader = SocketReader(tls or sock, handler, self.worker, self._gates)
+        writer = SocketWriter(session or sock, handler, self.worker.after_batch)
+        reader = SocketReader(session or sock, handler, self.worker, self._gates)
         try:
             with trio.CancelScope() as scope:
                 self._scopes[handler.conn_id] = scope
@@ -440,9 +435,9 @@ class Server:
                 handler.finish()
                 self.worker.after_batch()
                 _log_closed(handler, self._login_failures)
-                if tls is not None:
-                    tls.close_notify()
-                await _linger(sock)
+                if session is not None:
+                    session.close_notify()
+                await linger(sock)
         finally:
             self._scopes.pop(handler.conn_id, None)
             if not handler.finished:
@@ -454,77 +449,14 @@ class Server:
 
     async def _tls_connection(self, stream: trio.SocketStream, sock: socket.socket,
                               context: ssl.SSLContext) -> None:
-        """An AMQPS connection: the TLS handshake, then the plain connection's reader and writer
-        over the TLS session (:mod:`workers.tls_socket`)."""
-        tls = TLSSocket(sock, context)
-        try:
-            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
-                await tls.do_handshake()
-        except (trio.TooSlowError, OSError) as exc:  # ssl.SSLError is an OSError
-            peer, _ = _addresses(sock)
-            log_connection.warning("TLS handshake of %s failed: %s", peer or "?",
-                                   exc if str(exc) else "handshake timeout")
-            self._count_connection(-1)
-            with trio.move_on_after(0.5) as scope:
-                scope.shield = True
-                await stream.aclose()
-            return
-        await self._connection(stream, sock, tls)
-
-
-def _addresses(sock: socket.socket) -> tuple[str, str]:
-    """A client socket's peer and local addresses, HOST:PORT (empty when it is gone)."""
-    peer = local = ""
-    with contextlib.suppress(OSError):
-        peer_host, peer_port = sock.getpeername()[:2]
-        peer = f"{peer_host}:{peer_port}"
-        local_host, local_port = sock.getsockname()[:2]
-        local = f"{local_host}:{local_port}"
-    return peer, local
+        """An AMQPS connection (``workers.tls_connection``): the handshake, then this
+        connection's protocol over the TLS session."""
+        await serve_tls(stream, sock, context, self._connection,
+                        functools.partial(self._count_connection, -1))
 
 
 def _nothing() -> None:
     pass
-
-
-async def _linger(sock: socket.socket) -> None:
-    """After our last frame (close-ok, or our connection.close): send FIN, then read and drop
-    what the client still sends until it closes its end, for at most CLOSE_LINGER seconds.
-    Closing a socket with unread input sends a TCP reset, which can reach the client before
-    the close-ok it is waiting for (amqplib writes connection.close ahead of publishes it
-    still has buffered). RabbitMQ reads on after close-ok the same way."""
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_WR)
-    with trio.move_on_after(CLOSE_LINGER):
-        while True:
-            try:
-                await trio.lowlevel.wait_readable(sock)
-                if not sock.recv(RECEIVE_SIZE):
-                    return
-            except BlockingIOError:
-                continue
-            except (OSError, trio.ClosedResourceError):
-                return
-
-
-def _socket_queues(sock: socket.socket) -> tuple[int, int]:
-    """Bytes received and not read yet, bytes sent and not acknowledged yet (Linux ioctls)."""
-    try:
-        unread = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-        unacked = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
-    except OSError:
-        return (-1, -1)
-    return int.from_bytes(unread, sys.byteorder), int.from_bytes(unacked, sys.byteorder)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
 
 
 def _log_closed(handler: ConnectionHandler, login_failures: LoginFailureLog) -> None:
@@ -559,7 +491,7 @@ def _host(peer: str) -> str:
     return peer.rpartition(":")[0] or peer
 
 
-async def serve(config: r.WorkerConfig) -> None:
+async def serve(config: WorkerConfig) -> None:
     server = Server(config)
     try:
         await server.run()

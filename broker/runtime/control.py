@@ -35,7 +35,9 @@ meanwhile is not waited for. The later management API is meant to grow from here
   "unsupported"}``;
 * parameters (broker.runtime.parameters, dynamic shovels): ``set_parameter {vhost, component,
   name, value}``, ``clear_parameter {vhost, component, name}``, ``list_parameters {vhost?,
-  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``;
+  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``,
+  ``federation_status`` -> ``{"links": [...]}``; ``federation_targets`` -> the federated
+  exchanges and queues (broker.runtime.parameters);
 * ``status`` -> the supervisor's pid, listener, uptime, workers and object counts.
 """
 
@@ -59,7 +61,7 @@ from broker.errors import AMQPError
 from broker.passwords import SHA256
 from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
-from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters
+from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters, federation_targets
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
 from broker.runtime.snapshot import build_snapshot
@@ -192,6 +194,8 @@ class ControlServer:
             if self.policies is None:
                 return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
             return self.policies.command(command, request)
+        if command == "federation_targets":  # the links process: what to federate
+            return federation_targets(self._dispatcher.vhost)
         if command in PARAMETER_COMMANDS:
             if self.parameters is None:
                 return {"error": "this broker keeps no parameters at runtime", "code": "invalid"}
