@@ -141,6 +141,8 @@ class AMQPConnection:
         self.close_reason: str | None = None
         # (user, vhost) -> may open it: the worker's permissions (workers.access); None: anyone
         self.vhost_access: Callable[[str, str], bool] | None = None
+        # vhost -> it exists (the worker's set, workers.worker); None: only "/"
+        self.vhost_exists: Callable[[str], bool] | None = None
 
         # Heartbeats and timeouts, in the runtime's clock (heartbeat_tick), from byte counts.
         self._liveness = Liveness(handshake_timeout)
@@ -534,7 +536,7 @@ class AMQPConnection:
         self._buffer.frame_max = tuned.frame_max
 
     def _on_open(self, method: commands.Connection.Open) -> None:
-        self.vhost = vhost = self._handshake.open(method)
+        self.vhost = vhost = self._handshake.open(method, self.vhost_exists)
         if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
             raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
         self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
