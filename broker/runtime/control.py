@@ -22,8 +22,8 @@ meanwhile is not waited for. The later management API is meant to grow from here
 ``shoal ctl`` (cli.ctl) and the management API's user endpoints send the rest:
 
 * users (broker.runtime.users): ``list_users`` -> ``{"users": [{name, tags, password_hash,
-  hashing_algorithm}]}``; ``add_user`` / ``put_user`` ``{name, password | password_hash,
-  tags}``, ``change_password {name, password}``, ``set_user_tags {name, tags}``,
+  hashing_algorithm}]}``; ``add_user`` / ``put_user`` ``{name, password | password_hash
+  [, hashing_algorithm], tags}``, ``change_password {name, password}``, ``set_user_tags {name, tags}``,
   ``delete_user {name}`` -> the user, or ``{"error", "code": missing | exists | invalid}``;
 * ``purge_queue {name}`` -> ``{"purged": n}``; ``delete_queue {name, if_unused, if_empty}`` ->
   ``{"deleted": n}`` (a missing queue: ``{"error", "code": "missing"}``), as queue.purge and
@@ -35,7 +35,9 @@ meanwhile is not waited for. The later management API is meant to grow from here
   "unsupported"}``;
 * parameters (broker.runtime.parameters, dynamic shovels): ``set_parameter {vhost, component,
   name, value}``, ``clear_parameter {vhost, component, name}``, ``list_parameters {vhost?,
-  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``;
+  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``,
+  ``federation_status`` -> ``{"links": [...]}``; ``federation_targets`` -> the federated
+  exchanges and queues (broker.runtime.parameters);
 * vhosts (broker.runtime.vhost_admin): ``add_vhost {name, description?, tags?}``,
   ``delete_vhost {name}``, ``list_vhosts {}``;
 * ``purge_queue`` and ``delete_queue`` take ``vhost`` too ("/" when absent);
@@ -59,9 +61,10 @@ import msgspec
 import trio
 
 from broker.errors import AMQPError
+from broker.passwords import SHA256
 from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
-from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters
+from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters, federation_targets
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
 from broker.runtime.snapshot import build_snapshot
@@ -197,6 +200,8 @@ class ControlServer:
             if self.policies is None:
                 return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
             return self.policies.command(command, request)
+        if command == "federation_targets":  # the links process: what to federate
+            return federation_targets(self._dispatcher.vhost)
         if command in PARAMETER_COMMANDS:
             if self.parameters is None:
                 return {"error": "this broker keeps no parameters at runtime", "code": "invalid"}
@@ -234,12 +239,13 @@ class ControlServer:
         password = None if password is None else str(password)
         stored = request.get("password_hash")
         stored = None if stored is None else str(stored)
+        algorithm = str(request.get("hashing_algorithm") or SHA256)
         tags = parse_tags(request["tags"]) if request.get("tags") is not None else None
         try:
             if command == "add_user":
-                return await users.add(name, password, stored, tags)
+                return await users.add(name, password, stored, tags, algorithm)
             if command == "put_user":
-                return await users.put(name, password, stored, tags)
+                return await users.put(name, password, stored, tags, algorithm)
             if command == "change_password":
                 return await users.change_password(name, password or "")
             if command == "set_user_tags":
