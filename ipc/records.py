@@ -53,6 +53,15 @@ class ConnClose(_Record, frozen=True, tag="cclose"):
     conn: int
 
 
+class LimitUsage(_Record, frozen=True, tag="limuse"):
+    """What this worker has open of the limited vhosts and users (``workers.limits``), sent
+    when it changes: the supervisor tells the other workers (``LimitsChanged``)."""
+
+    vhost_connections: dict[str, int]
+    user_connections: dict[str, int]
+    user_channels: dict[str, int]
+
+
 class ChanClose(_Record, frozen=True, tag="chclose"):
     """A channel is gone: its consumers go, its unacked messages are requeued.
     Answered by ``Reply(method="chclose")``, after which nothing more comes
@@ -345,6 +354,7 @@ Request = (
     Hello
     | ConnOpen
     | ConnClose
+    | LimitUsage
     | ChanClose
     | ExchangeDeclare
     | ExchangeDelete
@@ -530,6 +540,18 @@ class PermissionsChanged(_Record, frozen=True, tag="perms"):
     topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]]
 
 
+class LimitsChanged(_Record, frozen=True, tag="limits"):
+    """The vhost and user limits (``broker.runtime.limits``) and what the other workers use of
+    them: each worker's check at connection.open and channel.open counts its own connections
+    and channels and adds these (``workers.limits``)."""
+
+    vhosts: dict[str, dict[str, int]]  # vhost -> {max-connections, max-queues}
+    users: dict[str, dict[str, int]]  # user -> {max-connections, max-channels}
+    vhost_connections: dict[str, int]  # on the other workers, of the limited vhosts and users
+    user_connections: dict[str, int]
+    user_channels: dict[str, int]
+
+
 class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
     """Blocks of this worker's arena were freed since its ``ArenaWait``: allocate again."""
 
@@ -559,6 +581,7 @@ Event = (
     | CloseConnection
     | UsersChanged
     | PermissionsChanged
+    | LimitsChanged
 )
 
 
@@ -623,6 +646,10 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     permissions: dict[str, dict[str, tuple[str, str, str]]] | None = None
     topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
     impersonators: list[str] = []  # users tagged impersonator (user_id, workers.connection_handler)
+    # broker.runtime.limits: vhost -> {max-connections, ...}, user -> {max-connections,
+    # max-channels}; then LimitsChanged
+    vhost_limits: dict[str, dict[str, int]] = {}
+    user_limits: dict[str, dict[str, int]] = {}
     # The users (JSON {name: password}) are read from this pipe at start, not passed on the
     # command line or in the environment, where other local users (ps, /proc/PID/environ)
     # could read them. -1: none.

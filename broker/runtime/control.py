@@ -58,6 +58,7 @@ import trio
 from broker.errors import AMQPError
 from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
+from broker.runtime.limits import LIMIT_COMMANDS
 from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
@@ -191,6 +192,8 @@ class ControlServer:
             if self.policies is None:
                 return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
             return self.policies.command(command, request)
+        if command in LIMIT_COMMANDS:  # broker.runtime.limits
+            return self._dispatcher.limits.command(command, request)
         if command in PARAMETER_COMMANDS:
             if self.parameters is None:
                 return {"error": "this broker keeps no parameters at runtime", "code": "invalid"}
@@ -236,6 +239,7 @@ class ControlServer:
             deleted = await users.delete(name)
             if self._permissions is not None:
                 self._permissions.forget(name)
+            self._dispatcher.limits.forget_user(name)
             return deleted
         except UserError as exc:
             return {"error": str(exc), "code": exc.code}

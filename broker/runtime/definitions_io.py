@@ -11,10 +11,13 @@ export_definitions``), in the order RabbitMQ imports it:
 * ``rabbit_version``, ``rabbitmq_version``, ``product_name``, ``product_version``: accepted;
 * ``users``: ``password_hash`` of ``rabbit_password_hashing_sha256`` (RabbitMQ's default; no
   algorithm given means it) and ``tags`` (a list, or one string ``"a,b"``); md5 and sha512 hashes
-  are refused by name (broker.passwords verifies sha256 only); user ``limits`` are reported;
-* ``vhosts``: ``/`` only -- every other vhost, and each object in one, is named and skipped;
-* ``permissions``, ``topic_permissions``, ``policies``, ``parameters`` (with a runtime that keeps
-  them: shovels), then ``exchanges``, ``queues``, ``bindings``;
+  are refused by name (broker.passwords verifies sha256 only); a user's ``limits``, when it has
+  some, become its limits (broker.runtime.limits);
+* ``vhosts``: ``/`` only -- every other vhost, and each object in one, is named and skipped; a
+  vhost's ``limits`` (older exports) become its limits;
+* ``permissions``, ``topic_permissions``, ``policies``, ``parameters`` (component
+  ``vhost-limits``: the vhost's limits, as RabbitMQ 3.10 exports them; the others with a runtime
+  that keeps them: shovels), then ``exchanges``, ``queues``, ``bindings``;
 * ``global_parameters`` (``cluster_name``, ``internal_cluster_id``, ...): each named, unsupported.
 
 Idempotent, as RabbitMQ imports ``load_definitions`` at every boot: an object equal to the one the
@@ -40,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.errors import AMQPError
+from broker.limits import VHOST_COMPONENT
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import RuntimePolicies
@@ -53,8 +57,8 @@ OTHER_HASHING = ("rabbit_password_hashing_sha512", "rabbit_password_hashing_md5"
 METADATA_KEYS = ("rabbit_version", "rabbitmq_version", "product_name", "product_version")
 LIST_KEYS = ("users", "vhosts", "permissions", "topic_permissions", "parameters",
              "global_parameters", "policies", "queues", "exchanges", "bindings")
-COUNTED = ("users", "permissions", "topic_permissions", "policies", "parameters", "exchanges",
-           "queues", "bindings")
+COUNTED = ("users", "permissions", "topic_permissions", "policies", "parameters", "limits",
+           "exchanges", "queues", "bindings")
 
 
 class DefinitionsError(ValueError):
@@ -152,6 +156,7 @@ class Importer:
         body = check(body)
         report = ImportReport()
         self._report = report
+        self._user_limits: list[tuple[str, Any]] = []
         for key in body:
             if key not in LIST_KEYS and key not in METADATA_KEYS:
                 self._unsupported(f"key '{key}': not supported by this Shoal, ignored")
@@ -160,9 +165,11 @@ class Importer:
             if name != self._vhost:
                 self._unsupported(f"vhost '{name}': this Shoal has only '{self._vhost}', skipped "
                                   "with everything in it")
-            elif v.get("limits"):
-                self._unsupported(f"vhost '{name}': limits {v['limits']} not supported, ignored")
+            elif isinstance(v.get("limits"), dict) and v["limits"]:
+                self._limits("vhost", name, v["limits"])
         await self._users_of(body)
+        for name, limits in self._user_limits:
+            self._limits("user", name, limits)
         await self._permissions_of(body)
         self._policies_of(body)
         await self._parameters_of(body)
@@ -206,8 +213,8 @@ class Importer:
                 self._skipped(f"{what}: password hashing {algorithm} ({known}) is not supported "
                               f"by this Shoal ({SHA256} only), skipped")
                 continue
-            if u.get("limits"):
-                self._unsupported(f"{what}: limits {u['limits']} not supported, ignored")
+            if isinstance(u.get("limits"), dict) and u["limits"]:
+                self._limits("user", name, u["limits"], after_users=True)
             raw_tags = u.get("tags")  # RabbitMQ 3.10 exports ["a,b"] for tags set as "a,b"
             tags = parse_tags(",".join(map(str, raw_tags)) if isinstance(raw_tags, list)
                               else raw_tags)
@@ -303,11 +310,31 @@ class Importer:
                 continue
             if not self._ours("parameters", what, p):
                 continue
+            if p.get("component") == VHOST_COMPONENT:
+                self._limits("vhost", self._vhost, p.get("value"))
+                continue
             answer = await self._parameters.command("set_parameter", {**p, "vhost": self._vhost})
             if "error" in answer:
                 self._skipped(f"{what}: {' '.join(str(answer['error']).split())}, skipped")
             else:
                 self._report.imported["parameters"] += 1
+
+    def _limits(self, kind: str, name: str, limits: Any, after_users: bool = False) -> None:
+        """A vhost's limits (all of them) or a user's (merged), as the file has them. A user's
+        wait for the users (``after_users``: they come with its object, before it exists)."""
+        if after_users:
+            self._user_limits.append((name, limits))
+            return
+        admin = self._dispatcher.limits
+        old = admin.vhosts.get(name, {}) if kind == "vhost" else admin.users.get(name, {})
+        command = "set_vhost_limits" if kind == "vhost" else "set_user_limits"
+        answer = admin.command(command, {kind: name, "limits": limits})
+        if "error" in answer:
+            self._skipped(f"limits of {kind} '{name}': {answer['error']}, skipped")
+        elif answer["value"] == old:
+            self._report.unchanged["limits"] += 1
+        else:
+            self._report.imported["limits"] += 1
 
     # -- exchanges, queues, bindings ------------------------------------------------------
 

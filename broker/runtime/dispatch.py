@@ -41,6 +41,7 @@ from broker.runtime.arena_accounts import ArenaAccounts
 from broker.runtime.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
 from broker.runtime.deliveries import Deliveries
 from broker.runtime.dispatch_trace import DispatchTrace
+from broker.runtime.limits import RuntimeLimits
 from broker.runtime.listing import Listing, Listings
 from broker.runtime.open_channels import OpenChannels
 from broker.runtime.publishing import Publishing, StepWork
@@ -103,12 +104,15 @@ class Dispatcher:
         self._queued_checked = float("-inf")  # when the last count of them began
         self._queued_count: QueuedCount | None = None  # one under way
         self._trace: DispatchTrace | None = None
+        # Vhost and user limits: max-queues checked here, the workers' use of the rest relayed
+        self.limits = RuntimeLimits(self.outbox, lambda: {self.vhost.name})
         deliveries, publishing, teardown = self._deliveries, self._publishing, self._teardown
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             r.Hello: self._hello,
             r.ConnOpen: lambda worker, rec: self._channels.connection_opened((worker, rec.conn),
                                                                              rec.user),
             r.ConnClose: teardown.conn_close,
+            r.LimitUsage: self.limits.usage_reported,
             r.ChanClose: teardown.chan_close,
             r.ExchangeDeclare: self._exchange_declare,
             r.ExchangeDelete: self._exchange_delete,
@@ -481,6 +485,8 @@ class Dispatcher:
         if rec.passive and rec.name == REPLY_TO:  # RabbitMQ: the pseudo-queue always "exists"
             self.answers.reply(worker, rec, queue=REPLY_TO)
             return
+        if not rec.passive:
+            self.limits.check_queue(self.vhost.name, self.vhost.queues, rec.name)
         q = self.vhost.declare_queue(
             rec.name, owner=(worker, rec.conn), passive=rec.passive, durable=rec.durable,
             exclusive=rec.exclusive, auto_delete=rec.auto_delete, arguments=rec.arguments,
