@@ -29,7 +29,15 @@ from __future__ import annotations
 import click
 
 # Each verb module registers its verbs on the group when imported: a new one is one more name here.
-from cli import ctl_limits, ctl_lists, ctl_objects, ctl_parameters, ctl_policies, ctl_users  # noqa: F401
+from cli import (  # noqa: F401
+    ctl_federation,
+    ctl_limits,
+    ctl_lists,
+    ctl_objects,
+    ctl_parameters,
+    ctl_policies,
+    ctl_users,
+)
 from cli.ctl_group import ctl, not_supported
 
 __all__ = ["ctl"]

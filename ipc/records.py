@@ -585,26 +585,6 @@ Event = (
 )
 
 
-# AMQP (class_id, method_id) of the method each request stands for, so that a
-# domain error can name it in channel.close (AMQP 0-9-1 §1.5.2.8 reply fields).
-METHOD_IDS: dict[type, tuple[int, int]] = {
-    ExchangeDeclare: (40, 10),
-    ExchangeDelete: (40, 20),
-    ExchangeBind: (40, 30),
-    ExchangeUnbind: (40, 40),
-    QueueDeclare: (50, 10),
-    QueueBind: (50, 20),
-    QueuePurge: (50, 30),
-    QueueDelete: (50, 40),
-    QueueUnbind: (50, 50),
-    Consume: (60, 20),
-    Cancel: (60, 30),
-    Publish: (60, 40),
-    PublishRun: (60, 40),
-    Get: (60, 70),
-}
-
-
 class Codec:
     """One encoder and decoder per direction, built once per process."""
 
@@ -615,51 +595,3 @@ class Codec:
         self.encode = self._enc.encode
         self.decode_request = self._req.decode
         self.decode_event = self._evt.decode
-
-
-# --------------------------------------------------------------------------
-# supervisor → worker at start-up (JSON on the worker's command line)
-# --------------------------------------------------------------------------
-
-
-
-
-class WorkerConfig(msgspec.Struct, frozen=True):
-    """Everything a worker process needs to attach and serve."""
-
-    index: int
-    instance: str
-    regions: list[str]
-    listen_fd: int
-    request_fd: int
-    event_fd: int
-    alive_fd: int
-    heartbeat: int = 60
-    frame_max: int = 131072
-    channel_max: int = 2047
-    max_message_size: int = 128 << 20
-    log_level: str = "info"
-    loopback_users: frozenset[str] = frozenset({"guest"})  # may log in only from loopback
-    trace_dir: str = ""  # shoal serve --trace: write trace files here
-    data_dir: str = ""  # shoal serve --data-dir: persistent bodies go to DIR/bodies/w<index>
-    # broker.permissions' tables; None: everyone may do everything (tests without a supervisor)
-    permissions: dict[str, dict[str, tuple[str, str, str]]] | None = None
-    topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
-    impersonators: list[str] = []  # users tagged impersonator (user_id, workers.connection_handler)
-    # broker.runtime.limits: vhost -> {max-connections, ...}, user -> {max-connections,
-    # max-channels}; then LimitsChanged
-    vhost_limits: dict[str, dict[str, int]] = {}
-    user_limits: dict[str, dict[str, int]] = {}
-    # The users (JSON {name: password}) are read from this pipe at start, not passed on the
-    # command line or in the environment, where other local users (ps, /proc/PID/environ)
-    # could read them. -1: none.
-    users_fd: int = -1
-    users: dict[str, str] = {}  # name -> password; empty: nobody logs in. Filled from users_fd
-    # The AMQPS listener (shoal serve --tls-port), shared as listen_fd is; -1: none. The worker
-    # loads the certificate and key from these paths itself (ipc.tls): no key material here.
-    tls_listen_fd: int = -1
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_ca: str = ""
-    tls_verify_peer: bool = False
-    tls_fail_if_no_peer_cert: bool = False

@@ -20,6 +20,7 @@ from ipc import records as r
 from ipc.logfile import BodyLog
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
+from ipc.worker_config import WorkerConfig
 from tracing import TraceWriter
 from workers import codec
 from workers.access import PermissionTables
@@ -61,7 +62,7 @@ class Worker:
     scheduling round), events come in through ``handle_events``; :class:`workers.server.Server`
     drives it from trio (and syncs the body log)."""
 
-    def __init__(self, config: r.WorkerConfig, region: Region, *,
+    def __init__(self, config: WorkerConfig, region: Region, *,
                  on_blocked: Callable[[bool], object] = _ignore,
                  on_arena_freed: Callable[[], object] = _nothing,
                  want_flush: Callable[[], object] | None = None) -> None:

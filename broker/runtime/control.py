@@ -35,7 +35,9 @@ meanwhile is not waited for. The later management API is meant to grow from here
   "unsupported"}``;
 * parameters (broker.runtime.parameters, dynamic shovels): ``set_parameter {vhost, component,
   name, value}``, ``clear_parameter {vhost, component, name}``, ``list_parameters {vhost?,
-  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``;
+  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``,
+  ``federation_status`` -> ``{"links": [...]}``; ``federation_targets`` -> the federated
+  exchanges and queues (broker.runtime.parameters);
 * ``status`` -> the supervisor's pid, listener, uptime, workers and object counts.
 """
 
@@ -59,7 +61,7 @@ from broker.errors import AMQPError
 from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.limits import LIMIT_COMMANDS
-from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters
+from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters, federation_targets
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
 from broker.runtime.snapshot import build_snapshot
@@ -194,6 +196,8 @@ class ControlServer:
             return self.policies.command(command, request)
         if command in LIMIT_COMMANDS:  # broker.runtime.limits
             return self._dispatcher.limits.command(command, request)
+        if command == "federation_targets":  # the links process: what to federate
+            return federation_targets(self._dispatcher.vhost)
         if command in PARAMETER_COMMANDS:
             if self.parameters is None:
                 return {"error": "this broker keeps no parameters at runtime", "code": "invalid"}

@@ -26,14 +26,16 @@ import logging
 import time
 from typing import Any
 
+from broker.federation import POLICY_KEYS, UPSTREAM_TYPE
 from broker.parameters import ParameterError, parse_uri, redact, validate
 from broker.runtime.shovel_child import ShovelChild
 from broker.storage.definition_store import DefinitionStore
+from broker.topology.vhost import VirtualHost
 
 log = logging.getLogger("shoal.parameters")
 
 PARAMETER_COMMANDS = frozenset({"set_parameter", "clear_parameter", "list_parameters",
-                                "shovel_status"})
+                                "shovel_status", "federation_status"})
 
 
 def _first_uri(value: Any, key: str) -> str:
@@ -73,6 +75,8 @@ class RuntimeParameters:
     async def command(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
         if command == "shovel_status":
             return {"shovels": self.shovel_status()}
+        if command == "federation_status":
+            return {"links": [self.child.links[k] for k in sorted(self.child.links)]}
         vhost = request.get("vhost")
         component = request.get("component")
         if command == "list_parameters":
@@ -91,8 +95,10 @@ class RuntimeParameters:
             if self._store is not None:
                 self._store.delete_parameter(vhost, component, name)
             del self.table[key]
-            self.child.status.pop((vhost, name), None)
-            await self.child.tell({"clear": {"vhost": vhost, "name": name}})
+            if component == "shovel":
+                self.child.status.pop((vhost, name), None)
+            await self.child.tell({"clear": {"vhost": vhost, "component": component,
+                                             "name": name}})
             log.info("parameter %s '%s' cleared", component, name)
             return {"cleared": name}
         value = request.get("value")
@@ -105,7 +111,8 @@ class RuntimeParameters:
         if self._store is not None:
             self._store.put_parameter(vhost, component, name, value)
         self.table[key] = param
-        self.child.status.pop((vhost, name), None)
+        if component == "shovel":
+            self.child.status.pop((vhost, name), None)
         self.child.want()
         await self.child.tell({"set": param})
         log.info("parameter %s '%s' set", component, name)
@@ -127,3 +134,31 @@ class RuntimeParameters:
                 "dest_uri": _first_uri(p["value"], "dest-uri"),
                 **{k: v for k, v in reported.items() if k not in ("name", "vhost")}})
         return rows
+
+
+def federation_targets(vhost: VirtualHost) -> dict[str, Any]:
+    """The control command ``federation_targets`` (the links process polls it): each exchange
+    and queue a policy with ``federation-upstream`` / ``federation-upstream-set`` applies to,
+    with what its links need -- an exchange's bindings, a queue's consumers and depth."""
+    exchanges, queues = [], []
+    for kind, name in list(vhost.applied):
+        definition = vhost.policy_of(kind, name)[1] or {}
+        policy = {k: definition[k] for k in POLICY_KEYS if k in definition}
+        if not policy:
+            continue
+        if kind == "exchange":
+            x = vhost.exchanges.get(name)
+            if x is None or not name or x.type == UPSTREAM_TYPE:
+                continue
+            exchanges.append({"name": name, "type": x.type, "durable": x.durable,
+                              "auto_delete": x.auto_delete, "internal": x.internal,
+                              "arguments": x.arguments, "policy": policy,
+                              "bindings": [[b.routing_key, b.arguments] for b in x.bindings()]})
+        else:
+            q = vhost.queues.get(name)
+            if q is None or q.deleted:
+                continue
+            queues.append({"name": name, "durable": q.durable, "auto_delete": q.auto_delete,
+                           "arguments": q.arguments, "policy": policy,
+                           "consumers": q.consumer_count, "messages": q.message_count})
+    return {"vhost": vhost.name, "exchanges": exchanges, "queues": queues}

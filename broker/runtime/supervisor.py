@@ -60,6 +60,7 @@ from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.tls import TLSSettingsError, server_context
 from ipc.wakeup import wait_for_work, wake_if_sleeping
+from ipc.worker_config import WorkerConfig
 
 if TYPE_CHECKING:
     from tracing.procs import ProcSampleWriter
@@ -348,7 +349,7 @@ class Supervisor:
     async def _spawn(self, w: WorkerSlot) -> trio.Process:
         c = self.config
         assert self._listener is not None
-        return await start_worker(r.WorkerConfig(
+        return await start_worker(WorkerConfig(
             index=w.index, instance=self.instance,
             regions=[s.region.name for s in self.workers],
             listen_fd=self._listener.fileno(), request_fd=w.request_efd.fileno(),
