@@ -38,7 +38,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -137,6 +137,37 @@ def read(path: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+@dataclass
+class VhostPlan:
+    """What a file's ``vhosts`` ask of a broker that has some already (:func:`vhost_plan`)."""
+
+    add: list[dict[str, Any]]  # add_vhost requests: {name, description, tags}, in file order
+    present: list[str]  # named in the file, here already
+    limits: dict[str, dict[str, Any]]  # a vhost's ``limits`` key (older exports), when set
+
+
+def vhost_plan(vhosts: list[dict[str, Any]], existing: Collection[str]) -> VhostPlan:
+    """Which of the file's vhosts to add and which are here; RabbitMQ 3.10 exports a vhost's
+    description and tags both at the top and in ``metadata``."""
+    plan = VhostPlan([], [], {})
+    for v in vhosts:
+        name = str(v.get("name") or "")
+        if not name or name in plan.present or any(a["name"] == name for a in plan.add):
+            continue
+        if isinstance(v.get("limits"), dict) and v["limits"]:
+            plan.limits[name] = v["limits"]
+        if name in existing:
+            plan.present.append(name)
+            continue
+        meta: dict[str, Any] = v["metadata"] if isinstance(v.get("metadata"), dict) else {}
+        tags = v.get("tags", meta.get("tags")) or []
+        plan.add.append({"name": name,
+                         "description": str(v.get("description", meta.get("description")) or ""),
+                         "tags": [str(t) for t in tags] if isinstance(tags, list) else
+                                 [t for t in str(tags).split(",") if t]})
+    return plan
+
+
 class Importer:
     """Applies a checked document to the supervisor's users, permissions, policies, parameters
     and virtual host (module text)."""
@@ -151,6 +182,8 @@ class Importer:
         self._policies = policies
         self._parameters = parameters
         self._vhost = dispatcher.vhost.name
+        # The control server's add_vhost, when this broker keeps more vhosts than "/"
+        self.add_vhost: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
 
     async def run(self, body: Any, source: str = "definitions") -> ImportReport:
         body = check(body)
@@ -160,13 +193,7 @@ class Importer:
         for key in body:
             if key not in LIST_KEYS and key not in METADATA_KEYS:
                 self._unsupported(f"key '{key}': not supported by this Shoal, ignored")
-        for v in body.get("vhosts") or []:
-            name = v.get("name")
-            if name != self._vhost:
-                self._unsupported(f"vhost '{name}': this Shoal has only '{self._vhost}', skipped "
-                                  "with everything in it")
-            elif isinstance(v.get("limits"), dict) and v["limits"]:
-                self._limits("vhost", name, v["limits"])
+        await self._vhosts_of(body)
         await self._users_of(body)
         for name, limits in self._user_limits:
             self._limits("user", name, limits)
@@ -198,7 +225,24 @@ class Importer:
         self._unsupported(f"{what} in vhost '{vhost}': no such vhost here, skipped")
         return False
 
-    # -- users, permissions, policies, parameters -----------------------------------------
+    # -- vhosts, users, permissions, policies, parameters ---------------------------------
+
+    async def _vhosts_of(self, body: dict[str, Any]) -> None:
+        """The file's vhosts that are not here are added (``add_vhost``, when this broker has
+        it); a vhost's ``limits`` (older exports) become its limits."""
+        plan = vhost_plan(body.get("vhosts") or [], {self._vhost})
+        for v in plan.add:
+            if self.add_vhost is None:
+                self._unsupported(f"vhost '{v['name']}': this Shoal has only '{self._vhost}', "
+                                  "skipped with everything in it")
+                continue
+            answer = await self.add_vhost({"command": "add_vhost", **v})
+            if "error" in answer:
+                self._skipped(f"vhost '{v['name']}': {answer['error']}, skipped")
+        for name, limits in plan.limits.items():
+            if name == self._vhost:
+                self._limits("vhost", name, limits)
+
 
     async def _users_of(self, body: dict[str, Any]) -> None:
         for u in body.get("users") or []:

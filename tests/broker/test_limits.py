@@ -127,3 +127,4 @@ def test_the_store_keeps_limits_under_their_own_digest(tmp_path: Any) -> None:
     store._db.execute("UPDATE user_limits SET value = 99")
     store.close()
     assert "user_limits do not match their digest" in str(inspect(path).problem)
+

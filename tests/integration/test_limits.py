@@ -16,6 +16,7 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
+from broker.passwords import hashed
 from cli.control import ask
 from tests.integration.harness import REPO_ROOT, Broker, finish, start_broker, wait_until
 from tests.integration.management_helpers import HTTP, managed
@@ -268,6 +269,27 @@ def test_definitions_round_trip_with_limits(managed: tuple[Broker, int], tmp_pat
     assert again["unchanged"]["limits"] == 2 and again["imported"]["limits"] == 0
     control(broker, command="clear_vhost_limits", vhost="/")
     control(broker, command="clear_user_limits", user="lim", name="all")
+
+
+def test_an_import_takes_the_vhost_and_user_limits_of_each_shape(broker: Broker) -> None:
+    """A vhost's ``limits`` (older exports), a ``vhost-limits`` parameter and a user's
+    ``limits`` are imported; a vhost that is not here is named, not dropped silently."""
+    try:
+        report = control(broker, command="import_definitions", definitions={
+            "vhosts": [{"name": "/", "limits": {"max-connections": 50}}, {"name": "elsewhere"}],
+            "users": [{"name": "lim2", "password_hash": hashed({"lim2": "pw"})["lim2"], "tags": [],
+                       "limits": {"max-channels": 9}}],
+            "parameters": [{"value": {"max-queues": 70}, "vhost": "/",
+                            "component": "vhost-limits", "name": "limits"}]})
+        assert report["imported"]["limits"] == 3, report
+        assert any("vhost 'elsewhere'" in line for line in report["unsupported"])
+        assert control(broker, command="list_vhost_limits")["limits"] == [
+            {"vhost": "/", "value": {"max-queues": 70}}]  # the parameter is the vhost's whole set
+        assert control(broker, command="list_user_limits", user="lim2")["limits"] == [
+            {"user": "lim2", "value": {"max-channels": 9}}]
+    finally:
+        control(broker, command="clear_vhost_limits", vhost="/")
+        control(broker, command="delete_user", name="lim2")
 
 
 def test_limits_are_kept_across_a_restart(tmp_path: Any) -> None:
