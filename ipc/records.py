@@ -40,10 +40,12 @@ class Hello(_Record, frozen=True, tag="hello"):
 
 class ConnOpen(_Record, frozen=True, tag="copen"):
     """Connection ``conn`` is open; ``user`` logged in on it (topic permissions are checked in
-    the supervisor, which knows the exchanges' types)."""
+    the supervisor, which knows the exchanges' types) to ``vhost``, where every request of the
+    connection goes."""
 
     conn: int
     user: str = ""
+    vhost: str = "/"
 
 
 class ConnClose(_Record, frozen=True, tag="cclose"):
@@ -532,6 +534,15 @@ class UsersChanged(_Record, frozen=True, tag="users"):
     impersonators: list[str] | None = None  # who is tagged impersonator now (None: unchanged)
 
 
+class VhostsChanged(_Record, frozen=True, tag="vhosts"):
+    """The vhosts changed at runtime (``shoal ctl add_vhost`` etc.): ``vhosts`` is the whole
+    set now (connection.open to another is 530); the open connections of each of ``removed``
+    are closed with ``320 CONNECTION_FORCED - vhost 'V' is deleted``."""
+
+    vhosts: list[str]
+    removed: list[str] = []
+
+
 class PermissionsChanged(_Record, frozen=True, tag="perms"):
     """The permissions changed at runtime (``shoal ctl set_permissions`` etc.): both tables
     whole (``broker.permissions``), which replace the worker's."""
@@ -581,6 +592,7 @@ Event = (
     | CloseConnection
     | UsersChanged
     | PermissionsChanged
+    | VhostsChanged
     | LimitsChanged
 )
 

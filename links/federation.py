@@ -55,6 +55,7 @@ from typing import Any
 import aiormq
 from aiormq.abc import DeliveredMessage
 from pamqp import constants as pamqp_constants
+from pamqp import encode as pamqp_encode
 
 from broker.federation import (
     DOWNSTREAM_NAME_ARG,
@@ -81,6 +82,24 @@ PURPOSE: dict[str, Any] = {"x-internal-purpose": "federation"}
 # have '>' in them ("federation: X -> NODE"); RabbitMQ and Shoal take any name of up to 255 bytes.
 for _domain in ("queue-name", "exchange-name"):
     pamqp_constants.DOMAIN_REGEX[_domain] = re.compile(r".*", re.DOTALL)
+
+
+class Long(int):
+    """An integer sent as a field table's 64-bit ``l`` (RabbitMQ's ``long``): RabbitMQ refuses an
+    ``x-federation-upstream`` exchange whose ``x-max-hops`` is of another type, and pamqp picks
+    the smallest type that holds a value."""
+
+
+_table_integer = pamqp_encode.table_integer
+
+
+def _encode_integer(value: int) -> bytes:
+    if type(value) is Long:
+        return b"l" + pamqp_encode.long_long_int(value)
+    return _table_integer(value)
+
+
+pamqp_encode.table_integer = _encode_integer
 
 
 class LinkLost(Exception):
@@ -130,6 +149,8 @@ class Link:
             "type": self.kind, "upstream": self.upstream.name, self.kind: self.name,
             f"upstream_{self.kind}": self.upstream_name, "status": self.status,
             "timestamp": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))}
+        if self.kind == "queue":
+            row["consumer_tag"] = self.upstream.consumer_tag
         if self.uri:
             row["uri"] = self.uri
         if self.status == "running":
@@ -317,7 +338,7 @@ class ExchangeLink(Link):
         self.suffix = "A" if old.endswith(" B") else "B"
         self.internal = f"{queue} {self.suffix}"
         await self._disposable("exchange_delete", self.internal)
-        xfu = {MAX_HOPS_ARG: up.max_hops, DOWNSTREAM_NAME_ARG: self.node,
+        xfu = {MAX_HOPS_ARG: Long(up.max_hops), DOWNSTREAM_NAME_ARG: self.node,
                DOWNSTREAM_VHOST_ARG: self.vhost, **PURPOSE}
         if not await self._disposable("exchange_declare", self.internal,
                                       exchange_type=UPSTREAM_TYPE, durable=True, internal=True,

@@ -143,6 +143,8 @@ class AMQPConnection:
         self.close_reason: str | None = None
         # (user, vhost) -> may open it: the worker's permissions (workers.access); None: anyone
         self.vhost_access: Callable[[str, str], bool] | None = None
+        # vhost -> it exists (the worker's set, workers.worker); None: only "/"
+        self.vhost_exists: Callable[[str], bool] | None = None
         # The vhost and user limits (workers.limits): max-connections, max-channels; None: none
         self.limits: WorkerLimits | None = None
 
@@ -538,7 +540,7 @@ class AMQPConnection:
         self._buffer.frame_max = tuned.frame_max
 
     def _on_open(self, method: commands.Connection.Open) -> None:
-        self.vhost = vhost = self._handshake.open(method)
+        self.vhost = vhost = self._handshake.open(method, self.vhost_exists)
         if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
             raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
         if self.limits is not None:  # RabbitMQ checks the vhost's limit, then the user's

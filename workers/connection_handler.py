@@ -105,6 +105,9 @@ class ConnectionHandler:
         self.permissions: PermissionTables | None = getattr(worker, "permissions", None)
         if self.permissions is not None:
             proto.vhost_access = self.permissions.may_enter
+        vhosts = getattr(worker, "vhosts", None)  # the worker's live set (VhostsChanged)
+        if vhosts is not None:
+            proto.vhost_exists = vhosts.__contains__
         proto.limits = getattr(worker, "limits", None)  # workers.limits; None: no checks
         self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
         self.in_flight = 0  # handed to the socket, not yet written
@@ -383,7 +386,7 @@ class ConnectionHandler:
                       props.get("version", "?"), props.get("platform", "?"),
                       sorted(name for name, on in caps.items() if on) if isinstance(caps, dict)
                       else [], event.frame_max, event.channel_max, event.heartbeat)
-        self.worker.send(r.ConnOpen(self.conn_id, event.user))
+        self.worker.send(r.ConnOpen(self.conn_id, event.user, event.vhost))
         self._limits_changed()
 
     def publish_header(self, event: ev.PublishReceived, reply_to: str | None) -> bytes | None:

@@ -71,6 +71,8 @@ class Worker:
         self.permissions = PermissionTables(config.permissions, config.topic_permissions)
         # users tagged impersonator: may publish with another user_id (UsersChanged)
         self.impersonators: set[str] = set(config.impersonators)
+        # the vhosts a connection may open: replaced by VhostsChanged
+        self.vhosts: set[str] = set(config.vhosts)
         self.index = config.index
         self.region = region
         self.request_efd = EventFd(fd=config.request_fd)
@@ -434,6 +436,8 @@ class Worker:
                 self.users_changed(users, removed)
                 if impersonators is not None:
                     self.impersonators = set(impersonators)
+            case r.VhostsChanged(vhosts=vhosts, removed=removed):
+                self.vhosts_changed(vhosts, removed)
             case r.PermissionsChanged(permissions=table, topic_permissions=topics):
                 self.permissions.replace(table, topics)  # every connection's cache is stale now
             case r.LimitsChanged():
@@ -465,6 +469,20 @@ class Worker:
             user = handler.proto.user
             if user in gone and not handler.finished:
                 handler.proto.close(320, f"CONNECTION_FORCED - user '{user}' is deleted")
+                handler.wake_writer()
+
+    def vhosts_changed(self, vhosts: list[str], removed: list[str]) -> None:
+        """The supervisor added or deleted vhosts: connection.open checks the new set, and
+        the connections on a deleted one are closed with RabbitMQ's 320 text (rabbit_vhost)."""
+        self.vhosts.clear()  # in place: each connection's check holds this set
+        self.vhosts.update(vhosts)
+        if not removed:
+            return
+        gone = set(removed)
+        for handler in self.handlers.values():
+            vhost = handler.proto.vhost
+            if handler.opened and vhost in gone and not handler.finished:
+                handler.proto.close(320, f"CONNECTION_FORCED - vhost '{vhost}' is deleted")
                 handler.wake_writer()
 
     @property

@@ -22,8 +22,8 @@ meanwhile is not waited for. The later management API is meant to grow from here
 ``shoal ctl`` (cli.ctl) and the management API's user endpoints send the rest:
 
 * users (broker.runtime.users): ``list_users`` -> ``{"users": [{name, tags, password_hash,
-  hashing_algorithm}]}``; ``add_user`` / ``put_user`` ``{name, password | password_hash,
-  tags}``, ``change_password {name, password}``, ``set_user_tags {name, tags}``,
+  hashing_algorithm}]}``; ``add_user`` / ``put_user`` ``{name, password | password_hash
+  [, hashing_algorithm], tags}``, ``change_password {name, password}``, ``set_user_tags {name, tags}``,
   ``delete_user {name}`` -> the user, or ``{"error", "code": missing | exists | invalid}``;
 * ``purge_queue {name}`` -> ``{"purged": n}``; ``delete_queue {name, if_unused, if_empty}`` ->
   ``{"deleted": n}`` (a missing queue: ``{"error", "code": "missing"}``), as queue.purge and
@@ -58,6 +58,7 @@ import msgspec
 import trio
 
 from broker.errors import AMQPError
+from broker.passwords import SHA256
 from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.limits import LIMIT_COMMANDS
@@ -230,12 +231,13 @@ class ControlServer:
         password = None if password is None else str(password)
         stored = request.get("password_hash")
         stored = None if stored is None else str(stored)
+        algorithm = str(request.get("hashing_algorithm") or SHA256)
         tags = parse_tags(request["tags"]) if request.get("tags") is not None else None
         try:
             if command == "add_user":
-                return await users.add(name, password, stored, tags)
+                return await users.add(name, password, stored, tags, algorithm)
             if command == "put_user":
-                return await users.put(name, password, stored, tags)
+                return await users.put(name, password, stored, tags, algorithm)
             if command == "change_password":
                 return await users.change_password(name, password or "")
             if command == "set_user_tags":

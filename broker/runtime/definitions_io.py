@@ -9,12 +9,14 @@ What a file holds (RabbitMQ 3.x's export, ``rabbitmqadmin export`` / ``rabbitmqc
 export_definitions``), in the order RabbitMQ imports it:
 
 * ``rabbit_version``, ``rabbitmq_version``, ``product_name``, ``product_version``: accepted;
-* ``users``: ``password_hash`` of ``rabbit_password_hashing_sha256`` (RabbitMQ's default; no
-  algorithm given means it) and ``tags`` (a list, or one string ``"a,b"``); md5 and sha512 hashes
-  are refused by name (broker.passwords verifies sha256 only); a user's ``limits``, when it has
-  some, become its limits (broker.runtime.limits);
-* ``vhosts``: ``/`` only -- every other vhost, and each object in one, is named and skipped; a
-  vhost's ``limits`` (older exports) become its limits;
+* ``users``: ``password_hash`` of the user's ``hashing_algorithm``, one of RabbitMQ's
+  (``rabbit_password_hashing_sha256``, ``_sha512``, ``_md5``: ``broker.passwords``); without one,
+  the file's top-level ``hashing_algorithm``, else md5 in a file of RabbitMQ 3.0 to 3.5, else
+  sha256 (RabbitMQ's ``hashing_algorithm/2``); ``tags`` (a list, or one string ``"a,b"``); a hash
+  that is not of its algorithm, or an unknown algorithm, is skipped by name; a user's ``limits``,
+  when it has some, become its limits (broker.runtime.limits);
+* ``vhosts``: those not here are added (``add_vhost``, once the broker has it; until then named
+  and skipped with everything in them); a vhost's ``limits`` (older exports) become its limits;
 * ``permissions``, ``topic_permissions``, ``policies``, ``parameters`` (component
   ``vhost-limits``: the vhost's limits, as RabbitMQ 3.10 exports them; the others with a runtime
   that keeps them: shovels), then ``exchanges``, ``queues``, ``bindings``;
@@ -44,6 +46,7 @@ from typing import Any, Protocol
 
 from broker.errors import AMQPError
 from broker.limits import VHOST_COMPONENT
+from broker.passwords import SHA256
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import RuntimePolicies
@@ -51,10 +54,11 @@ from broker.runtime.users import RuntimeUsers, UserError, parse_tags
 
 log = logging.getLogger("shoal.definitions")
 
-SHA256 = "rabbit_password_hashing_sha256"
-# RabbitMQ's other hashing modules: their hashes cannot be checked by broker.passwords.
-OTHER_HASHING = ("rabbit_password_hashing_sha512", "rabbit_password_hashing_md5")
-METADATA_KEYS = ("rabbit_version", "rabbitmq_version", "product_name", "product_version")
+MD5 = "rabbit_password_hashing_md5"
+# Files of these RabbitMQ versions hold md5 hashes without saying so (3.6.0 started sha256).
+MD5_VERSIONS = tuple(f"3.{minor}." for minor in range(6))
+METADATA_KEYS = ("rabbit_version", "rabbitmq_version", "product_name", "product_version",
+                 "hashing_algorithm")
 LIST_KEYS = ("users", "vhosts", "permissions", "topic_permissions", "parameters",
              "global_parameters", "policies", "queues", "exchanges", "bindings")
 COUNTED = ("users", "permissions", "topic_permissions", "policies", "parameters", "limits",
@@ -245,18 +249,16 @@ class Importer:
 
 
     async def _users_of(self, body: dict[str, Any]) -> None:
+        version = str(body.get("rabbitmq_version") or body.get("rabbit_version") or "")
+        default_hashing = str(body.get("hashing_algorithm")
+                              or (MD5 if version.startswith(MD5_VERSIONS) else SHA256))
         for u in body.get("users") or []:
             name = str(u.get("name") or "")
             what = f"user '{name}'"
             if self._users is None:
                 self._unsupported(f"{what}: this broker keeps no users at runtime, skipped")
                 continue
-            algorithm = u.get("hashing_algorithm") or SHA256
-            if algorithm != SHA256:
-                known = "RabbitMQ's" if algorithm in OTHER_HASHING else "an unknown"
-                self._skipped(f"{what}: password hashing {algorithm} ({known}) is not supported "
-                              f"by this Shoal ({SHA256} only), skipped")
-                continue
+            algorithm = str(u.get("hashing_algorithm") or default_hashing)
             if isinstance(u.get("limits"), dict) and u["limits"]:
                 self._limits("user", name, u["limits"], after_users=True)
             raw_tags = u.get("tags")  # RabbitMQ 3.10 exports ["a,b"] for tags set as "a,b"
@@ -268,9 +270,9 @@ class Importer:
                 self._report.unchanged["users"] += 1
                 continue
             try:
-                await self._users.put(name, None, stored, tags)
+                await self._users.put(name, None, stored, tags, algorithm)
             except UserError as exc:
-                self._skipped(f"{what}: {exc}, skipped")
+                self._skipped(f"{what}: password hashing {algorithm}: {exc}, skipped")
                 continue
             self._report.imported["users"] += 1
             if old is not None:

@@ -145,6 +145,11 @@ class RuntimeLimits:
         self.tell()
         return limits
 
+    def forget_vhost(self, vhost: str) -> None:
+        """A deleted vhost's limits go with it (rabbit_vhost:delete clears its parameters)."""
+        if vhost in self.vhosts:
+            self.set_vhost(vhost, {})
+
     def forget_user(self, user: str) -> None:
         """A deleted user's limits go with it (the store deleted its rows)."""
         if self.users.pop(user, None) is not None:

@@ -189,7 +189,7 @@ class Supervisor:
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
         self._control_sock = self._control.bind(self.control_path)
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
-        self.parameters = RuntimeParameters(self.dispatcher.vhost.name, store, self.shovels)
+        self.parameters = RuntimeParameters(self.dispatcher.vhosts, store, self.shovels)
         self._control.parameters = self.parameters
         if c.load_definitions:  # read now: a malformed file stops the start (run imports it)
             self._definitions = definitions_io.read(c.load_definitions)
@@ -319,7 +319,7 @@ class Supervisor:
         for w in self.workers:
             with contextlib.suppress(RingCorrupt):
                 self._apply_all(w)
-        self.dispatcher.vhost.drain(whole=True)  # dead letters still waiting for a step: on disk too
+        self.dispatcher.vhosts.drain(whole=True)  # dead letters still waiting for a step: on disk too
         self.flush()
         if self.durability is not None:
             await self.durability.sync_now()
@@ -359,7 +359,7 @@ class Supervisor:
             loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
-            impersonators=self.user_admin.impersonators(),
+            impersonators=self.user_admin.impersonators(), vhosts=list(self.dispatcher.vhosts.by_name),
             vhost_limits=self.dispatcher.limits.vhosts, user_limits=self.dispatcher.limits.users,
             data_dir=str(self.durability.path) if self.durability is not None else "",
             tls_listen_fd=self._tls_listener.fileno() if self._tls_listener is not None else -1,

@@ -62,6 +62,7 @@ from broker.storage.definition_tables import (
     core_triggers,
     mix,
 )
+from broker.storage.vhost_rows import VhostRows
 from broker.topology.definitions import (
     BindingDef,
     Change,
@@ -79,8 +80,9 @@ __all__ = ["SCHEMA_VERSION", "DefinitionStore", "DefinitionStoreError", "Generat
 log = logging.getLogger("shoal.definitions")
 
 
-class DefinitionStore:
-    """The durable exchanges, queues and bindings of one broker (one virtual host today).
+class DefinitionStore(VhostRows):
+    """The durable exchanges, queues and bindings of one broker, each in its vhost (their
+    rows: :class:`broker.storage.vhost_rows.VhostRows`).
 
     Opening one creates Shoal's tables in a new database, with ``node`` (a new id unless
     given) in meta, or adds meta to one from a Shoal that wrote none; :func:`open_definitions`
@@ -113,6 +115,9 @@ class DefinitionStore:
                         table.install(self._db)
                         if table is PERMISSIONS:
                             self._grant_everyone()
+            if not self._has_table("vhosts"):
+                with self._transaction(count=False):
+                    self._install_vhosts()
             self.node: str = self._meta("node")
             self.generation: int = self._meta("generation")
         except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
@@ -158,9 +163,9 @@ class DefinitionStore:
     def close(self) -> None:
         self._db.close()
 
-    def load(self) -> Definitions:
-        """Everything stored, each kind in the order it was created."""
-        v = self.vhost
+    def load(self, vhost: str | None = None) -> Definitions:
+        """Everything stored in ``vhost`` (None: the store's), each kind in creation order."""
+        v = self.vhost if vhost is None else vhost
         q = self._db.execute
         try:
             exchanges = [
@@ -184,9 +189,10 @@ class DefinitionStore:
             raise DefinitionStoreError(f"{self.path}: {exc}") from exc
         return Definitions(exchanges, queues, bindings)
 
-    def apply(self, changes: Iterable[Change]) -> None:
-        """Write ``changes`` in order, in one transaction; on disk when this returns."""
-        v = self.vhost
+    def apply(self, changes: Iterable[Change], vhost: str | None = None) -> None:
+        """Write ``changes`` to ``vhost`` (None: the store's) in order, in one transaction;
+        on disk when this returns."""
+        v = self.vhost if vhost is None else vhost
         db = self._db
         with self._transaction():
             for c in changes:
@@ -202,11 +208,11 @@ class DefinitionStore:
                 elif isinstance(c, BindingDef):
                     db.execute(
                         "INSERT OR IGNORE INTO bindings (vhost, source, destination, to_exchange, "
-                        "routing_key, arguments) VALUES (?, ?, ?, ?, ?, ?)", self._binding_row(c))
+                        "routing_key, arguments) VALUES (?, ?, ?, ?, ?, ?)", self._binding_row(c, v))
                 elif isinstance(c, Unbound):
                     db.execute(
                         "DELETE FROM bindings WHERE vhost=? AND source=? AND destination=? AND "
-                        "to_exchange=? AND routing_key=? AND arguments=?", self._binding_row(c.binding))
+                        "to_exchange=? AND routing_key=? AND arguments=?", self._binding_row(c.binding, v))
                 elif isinstance(c, Removed) and c.kind == "queue":
                     db.execute("DELETE FROM queues WHERE vhost=? AND name=?", (v, c.name))
                     db.execute("DELETE FROM bindings WHERE vhost=? AND destination=? AND to_exchange=0",
@@ -399,8 +405,8 @@ class DefinitionStore:
             log.warning("%s: checkpoint incomplete: the latest definitions are in its WAL only",
                         self.path)
 
-    def _binding_row(self, b: BindingDef) -> tuple[Any, ...]:
-        return (self.vhost, b.source, b.destination, b.to_exchange, b.routing_key,
+    def _binding_row(self, b: BindingDef, vhost: str) -> tuple[Any, ...]:
+        return (vhost, b.source, b.destination, b.to_exchange, b.routing_key,
                 self._encode(b.arguments))
 
 

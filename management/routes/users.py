@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from broker.passwords import HASHINGS, SHA256, algorithm_of
 from management import shapes
 from management.http import (
     VHOST,
@@ -28,8 +29,9 @@ from management.http import (
 
 
 def user_item(ctx: Context, name: str) -> dict[str, Any]:
-    return {"name": name, "password_hash": ctx.users.stored[name],
-            "hashing_algorithm": "rabbit_password_hashing_sha256",
+    stored = ctx.users.stored[name]
+    return {"name": name, "password_hash": stored,
+            "hashing_algorithm": algorithm_of(stored) or SHA256,
             "tags": ctx.users.tags_of(name), "limits": {}}
 
 
@@ -89,9 +91,10 @@ class Users(Resource):
             command["password"] = str(body["password"])
         elif "password_hash" in body:
             command["password_hash"] = str(body["password_hash"])
-        if body.get("hashing_algorithm", "rabbit_password_hashing_sha256") != \
-                "rabbit_password_hashing_sha256":
-            raise bad_request(f"hashing algorithm {body['hashing_algorithm']} is not supported")
+        algorithm = body.get("hashing_algorithm", SHA256)
+        if algorithm not in HASHINGS:
+            raise bad_request(f"hashing algorithm {algorithm} is not supported")
+        command["hashing_algorithm"] = algorithm
         answer = await self._users_command(command)
         return no_content(201 if answer.get("created") else 204)
 
