@@ -221,30 +221,31 @@ class Importer:
         log.warning("definitions: %s", line)
         self._report.skipped.append(line)
 
-    def _ours(self, kind: str, what: str, item: dict[str, Any]) -> bool:
-        """Whether ``item`` lies in our vhost; if not it is named as skipped."""
-        vhost = item.get("vhost", self._vhost)
-        if vhost == self._vhost:
-            return True
+    def _where(self, what: str, item: dict[str, Any]) -> str | None:
+        """The vhost ``item`` lies in (none named: "/"), when the broker has it; if not, the
+        item is named as skipped."""
+        vhost = str(item.get("vhost", self._vhost))
+        if vhost in self._dispatcher.vhosts:
+            return vhost
         self._unsupported(f"{what} in vhost '{vhost}': no such vhost here, skipped")
-        return False
+        return None
 
     # -- vhosts, users, permissions, policies, parameters ---------------------------------
 
     async def _vhosts_of(self, body: dict[str, Any]) -> None:
         """The file's vhosts that are not here are added (``add_vhost``, when this broker has
         it); a vhost's ``limits`` (older exports) become its limits."""
-        plan = vhost_plan(body.get("vhosts") or [], {self._vhost})
+        plan = vhost_plan(body.get("vhosts") or [], self._dispatcher.vhosts.by_name)
         for v in plan.add:
             if self.add_vhost is None:
-                self._unsupported(f"vhost '{v['name']}': this Shoal has only '{self._vhost}', "
-                                  "skipped with everything in it")
+                self._unsupported(f"vhost '{v['name']}': not here, and this broker adds no "
+                                  "vhost at runtime: skipped with everything in it")
                 continue
             answer = await self.add_vhost({"command": "add_vhost", **v})
             if "error" in answer:
                 self._skipped(f"vhost '{v['name']}': {answer['error']}, skipped")
         for name, limits in plan.limits.items():
-            if name == self._vhost:
+            if name in self._dispatcher.vhosts:
                 self._limits("vhost", name, limits)
 
 
@@ -287,15 +288,15 @@ class Importer:
             if admin is None:
                 self._unsupported(f"{what}: this broker keeps no permissions at runtime, skipped")
                 continue
-            if not self._ours("permissions", what, p):
+            if (vhost := self._where(what, p)) is None:
                 continue
             perms = tuple(str(p.get(k, "")) for k in ("configure", "write", "read"))
-            old = admin.table.get(user, {}).get(self._vhost)
+            old = admin.table.get(user, {}).get(vhost)
             if old is not None and tuple(old) == perms:
                 self._report.unchanged["permissions"] += 1
                 continue
             try:
-                await admin.set(user, self._vhost, *perms)
+                await admin.set(user, vhost, *perms)
             except UserError as exc:
                 self._skipped(f"{what}: {exc}, skipped")
                 continue
@@ -308,15 +309,15 @@ class Importer:
             if admin is None:
                 self._unsupported(f"{what}: this broker keeps no permissions at runtime, skipped")
                 continue
-            if not self._ours("topic_permissions", what, p):
+            if (vhost := self._where(what, p)) is None:
                 continue
             pair = (str(p.get("write", "")), str(p.get("read", "")))
-            old_pair = admin.topics.get(user, {}).get(self._vhost, {}).get(exchange)
+            old_pair = admin.topics.get(user, {}).get(vhost, {}).get(exchange)
             if old_pair is not None and tuple(old_pair) == pair:
                 self._report.unchanged["topic_permissions"] += 1
                 continue
             try:
-                await admin.set_topic(user, self._vhost, exchange, *pair)
+                await admin.set_topic(user, vhost, exchange, *pair)
             except UserError as exc:
                 self._skipped(f"{what}: {exc}, skipped")
                 continue
@@ -330,12 +331,12 @@ class Importer:
             if self._policies is None:
                 self._unsupported(f"{what}: this broker keeps no policies at runtime, skipped")
                 continue
-            if not self._ours("policies", what, p):
+            if (vhost := self._where(what, p)) is None:
                 continue
-            listed = self._policies.command("list_policies", {"vhost": self._vhost})
+            listed = self._policies.command("list_policies", {"vhost": vhost})
             old = next((q for q in listed.get("policies", []) if q.get("name") == p.get("name")),
                        None)
-            answer = self._policies.command("set_policy", {**p, "vhost": self._vhost})
+            answer = self._policies.command("set_policy", {**p, "vhost": vhost})
             if "error" in answer:
                 reason = " ".join(str(answer["error"]).split())
                 self._skipped(f"{what}: {reason}, skipped")
@@ -354,12 +355,12 @@ class Importer:
             if self._parameters is None:
                 self._unsupported(f"{what}: not supported by this Shoal, skipped")
                 continue
-            if not self._ours("parameters", what, p):
+            if (vhost := self._where(what, p)) is None:
                 continue
             if p.get("component") == VHOST_COMPONENT:
-                self._limits("vhost", self._vhost, p.get("value"))
+                self._limits("vhost", vhost, p.get("value"))
                 continue
-            answer = await self._parameters.command("set_parameter", {**p, "vhost": self._vhost})
+            answer = await self._parameters.command("set_parameter", {**p, "vhost": vhost})
             if "error" in answer:
                 self._skipped(f"{what}: {' '.join(str(answer['error']).split())}, skipped")
             else:
@@ -386,7 +387,6 @@ class Importer:
 
     def _topology(self, body: dict[str, Any]) -> None:
         d = self._dispatcher
-        vhost = d.vhost
         report = self._report
 
         def attempt(kind: str, what: str, existed: bool, declare: Callable[..., object],
@@ -408,8 +408,9 @@ class Importer:
             for x in body.get("exchanges") or []:
                 name = str(x.get("name") or "")
                 what = f"exchange '{name}'"
-                if not name or name.startswith("amq.") or not self._ours("exchanges", what, x):
+                if not name or name.startswith("amq.") or (where := self._where(what, x)) is None:
                     continue  # the default and amq.* exchanges exist already (RabbitMQ: same)
+                vhost = d.vhosts.by_name[where]
                 attempt("exchanges", what, name in vhost.exchanges, vhost.declare_exchange, name,
                         str(x.get("type", "direct")), durable=bool(x.get("durable", True)),
                         auto_delete=bool(x.get("auto_delete", False)),
@@ -418,8 +419,9 @@ class Importer:
             for q in body.get("queues") or []:
                 name = str(q.get("name") or "")
                 what = f"queue '{name}'"
-                if not name or not self._ours("queues", what, q):
+                if not name or (where := self._where(what, q)) is None:
                     continue
+                vhost = d.vhosts.by_name[where]
                 args = dict(q.get("arguments") or {})
                 if args.get("x-queue-type") == "classic":
                     args.pop("x-queue-type")
@@ -431,8 +433,9 @@ class Importer:
                 key, args = str(b.get("routing_key", "")), dict(b.get("arguments") or {})
                 kind = b.get("destination_type", "queue")
                 what = f"binding of '{src}' to {kind} '{dst}' ({key!r})"
-                if not src or not self._ours("bindings", what, b):
+                if not src or (where := self._where(what, b)) is None:
                     continue  # the default exchange's bindings come with their queues
+                vhost = d.vhosts.by_name[where]
                 if kind == "exchange":
                     attempt("bindings", what, False, vhost.bind_exchange, dst, src, key, args)
                 else:
