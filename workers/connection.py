@@ -541,12 +541,12 @@ class AMQPConnection:
 
     def _on_open(self, method: commands.Connection.Open) -> None:
         self.vhost = vhost = self._handshake.open(method, self.vhost_exists)
-        if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
-            raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
-        if self.limits is not None:  # RabbitMQ checks the vhost's limit, then the user's
+        if self.limits is not None:  # rabbit_reader: the vhost's limit, the user's, then access
             if (refused := self.limits.admit_connection(vhost, self.user)) is not None:
                 raise errors.NotAllowed(refused, 10, 40)
             self._channels.admit = partial(self.limits.admit_channel, self.user)
+        if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
+            raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
         self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
         self._events.append(
             ConnectionOpened(

@@ -115,3 +115,15 @@ def test_connection_open_over_a_limit_is_530_with_the_verdict() -> None:
     assert isinstance(close, commands.Connection.Close)
     assert (close.reply_code, close.class_id, close.method_id) == (530, 0, 0)
     assert "maximum allowed user limit of (0)" in close.reply_text
+
+
+def test_the_limits_are_checked_before_the_vhost_permission() -> None:
+    """rabbit_reader's connection.open: the vhost's limit, the user's, then vhost access."""
+    conn = new_connection()
+    conn.limits = WorkerLimits({}, {}, {"guest": {"max-connections": 0}})
+    conn.vhost_access = lambda user, vhost: False
+    tuned(conn)
+    conn.receive_data(method(0, commands.Connection.Open("/")))
+    [(_, close)] = sent(conn)
+    assert close.reply_text == ("NOT_ALLOWED - connection refused for user 'guest': user "
+                                "connection limit (0) is reached")
