@@ -64,6 +64,7 @@ from broker.errors import AMQPError
 from broker.passwords import SHA256
 from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
+from broker.runtime.limits import LIMIT_COMMANDS
 from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters, federation_targets
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
@@ -200,6 +201,8 @@ class ControlServer:
             if self.policies is None:
                 return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
             return self.policies.command(command, request)
+        if command in LIMIT_COMMANDS:  # broker.runtime.limits
+            return self._dispatcher.limits.command(command, request)
         if command == "federation_targets":  # the links process: what to federate
             return federation_targets(self._dispatcher.vhost)
         if command in PARAMETER_COMMANDS:
@@ -253,6 +256,7 @@ class ControlServer:
             deleted = await users.delete(name)
             if self._permissions is not None:
                 self._permissions.forget(name)
+            self._dispatcher.limits.forget_user(name)
             return deleted
         except UserError as exc:
             return {"error": str(exc), "code": exc.code}

@@ -184,6 +184,7 @@ class Supervisor:
         self.user_admin = RuntimeUsers(  # changes self.users (and the tags) in place
             self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
             self.flush, self.management.tell_users if self.management is not None else None)
+        self.dispatcher.limits.attach(store, self.users, self.flush)  # broker.runtime.limits
         self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
@@ -362,6 +363,7 @@ class Supervisor:
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
             impersonators=self.user_admin.impersonators(), vhosts=list(self.dispatcher.vhosts.by_name),
+            vhost_limits=self.dispatcher.limits.vhosts, user_limits=self.dispatcher.limits.users,
             data_dir=str(self.durability.path) if self.durability is not None else "",
             tls_listen_fd=self._tls_listener.fileno() if self._tls_listener is not None else -1,
             tls_cert=c.tls_cert or "", tls_key=c.tls_key or "", tls_ca=c.tls_ca or "",
@@ -384,6 +386,7 @@ class Supervisor:
         except RingCorrupt as exc:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
+        self.dispatcher.limits.forget_worker(w.index)
         self._check_deadline()  # its channels' deliveries go back over the timer's next ticks
         w.pending.clear()
         w.unapplied.clear()
@@ -571,6 +574,8 @@ class Supervisor:
     def _hello(self, w: WorkerSlot, rec: r.Hello) -> None:
         w.ready = True
         log.info("worker %d ready (pid %d)", w.index, rec.pid)
+        if self.dispatcher.limits.vhosts or self.dispatcher.limits.users:  # a restarted worker
+            self.dispatcher.outbox[w.index].append(self.dispatcher.limits.for_worker(w.index))
         self._sample()
         if all(s.ready for s in self.workers):
             self._write_ready_file()

@@ -117,6 +117,7 @@ class RuntimeVhosts:
             self._store.delete_vhost(name)
         if self._permissions is not None:
             self._permissions.forget_vhost(name)
+        d.limits.forget_vhost(name)  # its limits go with it (rabbit_vhost:delete)
         if self._parameters is not None:
             for vhost, component, param in [k for k in self._parameters.table if k[0] == name]:
                 await self._parameters.command("clear_parameter", {
