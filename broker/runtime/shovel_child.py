@@ -1,9 +1,9 @@
-"""The links process (dynamic shovels) as the supervisor's child: started, told, restarted, ended.
+"""The links process (shovels, federation links) as the supervisor's child: started, told, restarted, ended.
 
 Shovels are AMQP clients of other brokers (and of this one); they never run on the supervisor's
 loop or in a worker. The supervisor starts ``python -m links.process`` (asyncio, an AMQP 0-9-1
 client library) as it starts the management process (broker.runtime.management_child), the
-first time a shovel parameter exists -- a broker without shovels never starts it -- and again
+first time a shovel or federation parameter exists -- a broker without them never starts it -- and again
 whenever it dies (``broker.runtime.child_process``). Nothing here imports ``links/``:
 the supervisor knows it by its module name only.
 
@@ -14,7 +14,9 @@ The pipes, JSON lines each way:
   "name"}}`` as ``broker.runtime.parameters`` changes them;
 * its stdout, ours: ``{"status": {vhost, name, state, reason, ...}}`` at each state change of a
   shovel (and its counters now and then), ``{"gone": [vhost, name]}`` when one is stopped.
-  Those rows are what ``/api/shovels`` lists (the control command ``shovel_status``).
+  Those rows are what ``/api/shovels`` lists (the control command ``shovel_status``). A
+  federation link's are ``{"link": {"key": [...], "row": {...}}}`` and ``{"link_gone": key}``
+  (``/api/federation-links``, the control command ``federation_status``).
 
 The read end of the supervisor's ``alive`` pipe is inherited: EOF there (the supervisor died)
 ends the process.
@@ -44,6 +46,8 @@ class ShovelChild(SupervisedChild):
         super().__init__()
         self._parameters: Callable[[], list[dict[str, Any]]] = list
         self.status: dict[tuple[str, str], dict[str, Any]] = {}
+        # federation links: (vhost, type, exchange or queue, upstream) -> its status row
+        self.links: dict[tuple[str, ...], dict[str, Any]] = {}
         self._wanted = trio.Event()
 
     def want(self) -> None:
@@ -70,6 +74,8 @@ class ShovelChild(SupervisedChild):
     def _restarting(self) -> None:
         for key, row in self.status.items():
             self.status[key] = {**row, "state": "starting", "reason": "links process restarting"}
+        for link, row in self.links.items():
+            self.links[link] = {**row, "status": "starting"}
 
     async def _read(self, process: trio.Process) -> None:
         assert process.stdout is not None
@@ -101,6 +107,12 @@ class ShovelChild(SupervisedChild):
         gone = message.get("gone")
         if isinstance(gone, list) and len(gone) == 2:
             self.status.pop((str(gone[0]), str(gone[1])), None)
+        link = message.get("link")
+        if isinstance(link, dict) and isinstance(link.get("key"), list):
+            self.links[tuple(map(str, link["key"]))] = link["row"]
+        gone = message.get("link_gone")
+        if isinstance(gone, list):
+            self.links.pop(tuple(map(str, gone)), None)
 
     async def _spawn(self, settings: dict[str, Any]) -> trio.Process:
         return await start_module(MODULE, settings, [settings["alive_fd"]], stdout=True)
