@@ -1,7 +1,7 @@
 """A broker run with --trace, read back with pyarrow alone: each message's publish, deliver and
 ack rows are written by the workers and its settle row (when it was enqueued, pulled, settled)
 by the supervisor, with the outcome the client chose. The same traffic as the report's end-to-end test
-(tests/report/test_end_to_end.py), without Spark: this one runs in both passes of `make test`,
+(tests/integration/traced_run.py), without Spark: this one runs in both passes of `make test`,
 so the trace hooks of the compiled modules run as pure Python too."""
 
 from __future__ import annotations
@@ -9,13 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from tests.integration.harness import finish, start_broker
+from tests.integration.traced_run import MESSAGES, REJECTED, run_traced_broker
 from tracing import names
 from tracing import schema as ts
 from tracing.reader import read_table
-
-MESSAGES = 300
-REJECTED = 20
 
 
 def test_a_traced_broker_writes_every_stage_of_every_message(tmp_path: Path) -> None:
@@ -23,29 +20,7 @@ def test_a_traced_broker_writes_every_stage_of_every_message(tmp_path: Path) -> 
     one settle row that says when it was enqueued and pulled, the ack and settle rows with the
     outcome the client chose (reject: rejected, ack: acked); the processes sampled themselves."""
     trace = tmp_path / "trace"
-    broker = start_broker(tmp_path / "broker", extra_args=["--trace", str(trace)])
-    try:
-        connection = broker.connect()
-        channel = connection.channel()
-        channel.queue_declare("traced")
-        channel.confirm_delivery()
-        for i in range(MESSAGES):
-            channel.basic_publish("", "traced", str(i).encode())
-        channel.basic_qos(prefetch_count=50)
-        received = 0
-        for method, _, _ in channel.consume("traced", inactivity_timeout=5):
-            assert method is not None, f"only {received} of {MESSAGES} messages arrived"
-            received += 1
-            if received <= REJECTED:
-                channel.basic_reject(method.delivery_tag, requeue=False)
-            else:
-                channel.basic_ack(method.delivery_tag)
-            if received == MESSAGES:
-                break
-        channel.cancel()
-        connection.close()
-    finally:
-        finish(broker)  # SIGTERM: every process flushes and closes its trace files
+    run_traced_broker(tmp_path / "broker", trace)
 
     rows = read_table(trace, ts.MESSAGES).to_pylist()
     stages = Counter(row["stage"] for row in rows)
