@@ -1,3 +1,7 @@
+"""AMQPConnection once open: channels, content (a publish reassembled from its frames),
+heartbeats and timeouts, closing, the runtime's errors, and what it sends (outgoing events).
+The handshake is test_connection_handshake.py's, the hot paths test_connection_hot_paths.py's."""
+
 from __future__ import annotations
 
 from typing import Any
