@@ -186,6 +186,9 @@ def test_a_vhosts_limits_hold_in_that_vhost_only_and_go_with_it(broker: Broker) 
             assert "access to vhost 'lim-v' refused for user 'guest'" in str(refused.value)
             with pika.BlockingConnection(broker.connection_parameters()) as root:
                 root.channel().queue_declare("lim-vq", auto_delete=True)  # "/" has no limit
+        exported = json.loads(ctl(broker, "export_definitions", "-").stdout)
+        assert {"value": {"max-connections": 1, "max-queues": 0}, "vhost": "lim-v",
+                "component": "vhost-limits", "name": "limits"} in exported["parameters"]
     finally:
         control(broker, command="delete_vhost", name="lim-v")
     assert control(broker, command="list_vhost_limits")["limits"] == []
