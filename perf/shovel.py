@@ -3,6 +3,7 @@
     .venv/bin/python -m perf.shovel                   # Shoal -> Shoal, 50,000 messages
     .venv/bin/python -m perf.shovel --rabbitmq        # and RabbitMQ -> RabbitMQ (rabbitmq_shovel)
     .venv/bin/python -m perf.shovel --messages 100000 --workers 2
+    .venv/bin/python -m perf.shovel --federation      # and exchange federation, Shoal -> Shoal
 
 Each run starts two brokers of one kind (own ports, own data directories), fills a durable
 source queue on the first with persistent 128-byte messages, then declares a dynamic shovel
@@ -10,6 +11,11 @@ source queue on the first with persistent 128-byte messages, then declares a dyn
 destination's depth from the first message to the last. Shoal's shovel is declared with
 ``shoal ctl set_parameter``, RabbitMQ's with ``rabbitmqctl set_parameter`` (the node starts with
 rabbitmq_shovel in its own enabled_plugins file; RabbitMQ is slow to start here).
+
+``--federation`` adds an exchange federation row: the downstream broker federates the topic
+exchange ``perf-x`` from the upstream (on-confirm, prefetch 1000) into a durable queue bound with
+``#``; once the link runs and the binding is upstream, the messages are published to the
+upstream's ``perf-x`` (persistent, no confirms) and the downstream queue's depth is timed.
 """
 
 from __future__ import annotations
@@ -98,6 +104,50 @@ def run_shoal(count: int, workers: int) -> dict[str, Any]:
         dst.stop()
 
 
+def _ctl(broker: ShoalBroker, *args: str) -> str:
+    control = json.loads(broker.ready_file.read_text())["control"]
+    done = subprocess.run([sys.executable, "-m", "cli.main", "ctl", "--control-socket", control,
+                           *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        raise RuntimeError(done.stderr)
+    return done.stdout
+
+
+def run_federation(count: int, workers: int) -> dict[str, Any]:
+    up, down = ShoalBroker(workers), ShoalBroker(workers)
+    try:
+        for port in (up.port, down.port):
+            conn, ch = _channel(port)
+            ch.exchange_declare("perf-x", "topic", durable=True)
+            conn.close()
+        conn, ch = _channel(down.port)
+        ch.queue_declare("perf-fed", durable=True)
+        ch.queue_bind("perf-fed", "perf-x", "#")
+        conn.close()
+        _ctl(down, "set_parameter", "federation-upstream", "perf", json.dumps(
+            {"uri": f"amqp://guest:guest@{HOST}:{up.port}/%2f", "prefetch-count": 1000}))
+        _ctl(down, "set_policy", "perf", "^perf-x$", json.dumps({"federation-upstream": "perf"}),
+             "--apply-to", "exchanges")
+        end = time.monotonic() + 60
+        while "perf-x" not in _ctl(up, "list_bindings", "source_name"):
+            if time.monotonic() > end:
+                raise RuntimeError("the federation link did not bind upstream in 60 s")
+            time.sleep(0.2)
+        started = time.monotonic()
+        conn, ch = _channel(up.port)
+        for _ in range(count):
+            ch.basic_publish("perf-x", "k", BODY, PERSISTENT)
+        conn.close()
+        publish_s = time.monotonic() - started
+        moving, _ = watch(down.port, "perf-fed", count, 600)
+        return {"pair": f"Shoal -> Shoal federated exchange (--workers {workers})",
+                "messages": count, "fill_s": publish_s, "moving_s": moving,
+                "total_s": time.monotonic() - started}
+    finally:
+        up.stop()
+        down.stop()
+
+
 class ShovelRabbit(RabbitBroker):
     """A private RabbitMQ node with rabbitmq_shovel enabled (its own enabled_plugins file)."""
 
@@ -140,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rabbitmq", action="store_true", help="RabbitMQ -> RabbitMQ too")
+    parser.add_argument("--federation", action="store_true", help="exchange federation too")
     args = parser.parse_args(argv)
     rows = [run_shoal(args.messages, args.workers)]
+    if args.federation:
+        rows.append(run_federation(args.messages, args.workers))
     if args.rabbitmq:
         rows.append(run_rabbitmq(args.messages))
     print("| pair | messages | msg/s (first to last) | msg/s (from declaration) |")
