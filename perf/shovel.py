@@ -12,7 +12,9 @@ destination's depth from the first message to the last. Shoal's shovel is declar
 ``shoal ctl set_parameter``, RabbitMQ's with ``rabbitmqctl set_parameter`` (the node starts with
 rabbitmq_shovel in its own enabled_plugins file; RabbitMQ is slow to start here).
 
-``--federation`` adds an exchange federation row: the downstream broker federates the topic
+The last column is the links process's CPU time per message (user + system, from psutil): the
+shovel's or link's own cost, which the load of a shared host does not skew as it skews wall
+time. ``--federation`` adds an exchange federation row: the downstream broker federates the topic
 exchange ``perf-x`` from the upstream (on-confirm, prefetch 1000) into a durable queue bound with
 ``#``; once the link runs and the binding is upstream, the messages are published to the
 upstream's ``perf-x`` (persistent, no confirms) and the downstream queue's depth is timed.
@@ -21,6 +23,7 @@ upstream's ``perf-x`` (persistent, no confirms) and the downstream queue's depth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import psutil
 
 from perf.brokers import HOST, REPO_ROOT, RabbitBroker, ShoalBroker, rabbitmq_script
 
@@ -78,6 +82,17 @@ def watch(port: int, queue: str, count: int, limit: float) -> tuple[float, float
     raise RuntimeError(f"only {depth(port, queue)} of {count} arrived in {limit:.0f} s")
 
 
+def links_cpu(broker: ShoalBroker) -> float:
+    """CPU seconds (user + system) the broker's links process has used so far: per message, the
+    figure that machine load does not skew."""
+    for child in psutil.Process(broker.popen.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "links.process" in " ".join(child.cmdline()):
+                times = child.cpu_times()
+                return float(times.user + times.system)
+    return 0.0
+
+
 def shovel_value(src_port: int, dest_port: int) -> dict[str, Any]:
     return {"src-uri": f"amqp://guest:guest@{HOST}:{src_port}/%2f", "src-queue": "perf-src",
             "dest-uri": f"amqp://guest:guest@{HOST}:{dest_port}/%2f", "dest-queue": "perf-dst",
@@ -98,7 +113,8 @@ def run_shoal(count: int, workers: int) -> dict[str, Any]:
             raise RuntimeError(done.stderr)
         moving, total = watch(dst.port, "perf-dst", count, 600)
         return {"pair": f"Shoal -> Shoal (--workers {workers})", "messages": count,
-                "fill_s": fill_s, "moving_s": moving, "total_s": total}
+                "fill_s": fill_s, "moving_s": moving, "total_s": total,
+                "links_cpu_s": links_cpu(src)}
     finally:
         src.stop()
         dst.stop()
@@ -142,7 +158,7 @@ def run_federation(count: int, workers: int) -> dict[str, Any]:
         moving, _ = watch(down.port, "perf-fed", count, 600)
         return {"pair": f"Shoal -> Shoal federated exchange (--workers {workers})",
                 "messages": count, "fill_s": publish_s, "moving_s": moving,
-                "total_s": time.monotonic() - started}
+                "total_s": time.monotonic() - started, "links_cpu_s": links_cpu(down)}
     finally:
         up.stop()
         down.stop()
@@ -197,11 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_federation(args.messages, args.workers))
     if args.rabbitmq:
         rows.append(run_rabbitmq(args.messages))
-    print("| pair | messages | msg/s (first to last) | msg/s (from declaration) |")
-    print("|---|---:|---:|---:|")
+    print("| pair | messages | msg/s (first to last) | msg/s (from declaration) "
+          "| links process CPU µs/msg |")
+    print("|---|---:|---:|---:|---:|")
     for r in rows:
+        cpu = f"{r['links_cpu_s'] * 1e6 / r['messages']:,.0f}" if r.get("links_cpu_s") else "-"
         print(f"| {r['pair']} | {r['messages']:,} | {r['messages'] / r['moving_s']:,.0f} | "
-              f"{r['messages'] / r['total_s']:,.0f} |")
+              f"{r['messages'] / r['total_s']:,.0f} | {cpu} |")
     return 0
 
 
