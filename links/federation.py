@@ -79,6 +79,7 @@ from links.shovel import (
     _quiet,
     _spawn,
     amqp_url,
+    deliver_inline,
     describe,
     publish_batch,
 )
@@ -223,6 +224,7 @@ class Link:
         try:
             await self._connect()
             self.up_ch = await self.up.channel(frame_buffer_size=FRAME_BUFFER)
+            deliver_inline(self.up_ch, self.inbox.put_nowait)
             confirm = self.upstream.ack_mode == "on-confirm"
             self.down_ch = await self.down.channel(publisher_confirms=confirm,
                                                    frame_buffer_size=FRAME_BUFFER)

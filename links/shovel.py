@@ -268,6 +268,7 @@ class Shovel:
             fut = thing.closing
             fut.add_done_callback(lost(what))
             watchers.append(fut)
+        deliver_inline(src_ch, inbox.put_nowait)
         consume = await src_ch.basic_consume(queue, on_message, no_ack=no_ack)
         self._set("running")
         try:
@@ -393,6 +394,22 @@ async def publish_batch(channel: Any, messages: list[tuple[str, str, Any, bytes]
                 written.cancel()
             raise
     return futures if written is None else [written] * len(messages)
+
+
+def deliver_inline(channel: Any, receive: Callable[[DeliveredMessage], None]) -> None:
+    """Hand each delivery on ``channel`` to ``receive`` as the channel's reader reads it.
+
+    aiormq starts a task per delivery to run the consumer's callback; every consumer here only
+    queues the message for its own loop, so the task is pure cost (the links process's largest
+    after frame parsing). The channel must carry one consumer: every delivery goes to
+    ``receive`` whatever its consumer tag.
+    """
+    read_header = channel._Channel__get_content_header
+
+    async def on_deliver(frame: Any) -> None:
+        receive(await channel._read_content(frame, await read_header()))
+
+    channel._on_deliver_frame = on_deliver
 
 
 _tasks: set[asyncio.Task[Any]] = set()
