@@ -49,6 +49,7 @@ from broker.runtime.policies import RuntimePolicies
 from broker.runtime.serve_config import ServeConfig
 from broker.runtime.shovel_child import ShovelChild
 from broker.runtime.users import RuntimeUsers
+from broker.runtime.vhost_admin import RuntimeVhosts
 from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
@@ -60,6 +61,7 @@ from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.tls import TLSSettingsError, server_context
 from ipc.wakeup import wait_for_work, wake_if_sleeping
+from ipc.worker_config import WorkerConfig
 
 if TYPE_CHECKING:
     from tracing.procs import ProcSampleWriter
@@ -182,13 +184,16 @@ class Supervisor:
         self.user_admin = RuntimeUsers(  # changes self.users (and the tags) in place
             self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
             self.flush, self.management.tell_users if self.management is not None else None)
+        self.dispatcher.limits.attach(store, self.users, self.flush)  # broker.runtime.limits
         self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
         self._control_sock = self._control.bind(self.control_path)
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
-        self.parameters = RuntimeParameters(self.dispatcher.vhost.name, store, self.shovels)
+        self.parameters = RuntimeParameters(self.dispatcher.vhosts, store, self.shovels)
         self._control.parameters = self.parameters
+        self._control.vhosts = RuntimeVhosts(self.dispatcher, store, self.permission_admin,
+                                             self.parameters, self.flush)
         if c.load_definitions:  # read now: a malformed file stops the start (run imports it)
             self._definitions = definitions_io.read(c.load_definitions)
 
@@ -317,7 +322,7 @@ class Supervisor:
         for w in self.workers:
             with contextlib.suppress(RingCorrupt):
                 self._apply_all(w)
-        self.dispatcher.vhost.drain(whole=True)  # dead letters still waiting for a step: on disk too
+        self.dispatcher.vhosts.drain(whole=True)  # dead letters still waiting for a step: on disk too
         self.flush()
         if self.durability is not None:
             await self.durability.sync_now()
@@ -347,7 +352,7 @@ class Supervisor:
     async def _spawn(self, w: WorkerSlot) -> trio.Process:
         c = self.config
         assert self._listener is not None
-        return await start_worker(r.WorkerConfig(
+        return await start_worker(WorkerConfig(
             index=w.index, instance=self.instance,
             regions=[s.region.name for s in self.workers],
             listen_fd=self._listener.fileno(), request_fd=w.request_efd.fileno(),
@@ -357,7 +362,8 @@ class Supervisor:
             loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
-            impersonators=self.user_admin.impersonators(),
+            impersonators=self.user_admin.impersonators(), vhosts=list(self.dispatcher.vhosts.by_name),
+            vhost_limits=self.dispatcher.limits.vhosts, user_limits=self.dispatcher.limits.users,
             data_dir=str(self.durability.path) if self.durability is not None else "",
             tls_listen_fd=self._tls_listener.fileno() if self._tls_listener is not None else -1,
             tls_cert=c.tls_cert or "", tls_key=c.tls_key or "", tls_ca=c.tls_ca or "",
@@ -380,6 +386,7 @@ class Supervisor:
         except RingCorrupt as exc:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
+        self.dispatcher.limits.forget_worker(w.index)
         self._check_deadline()  # its channels' deliveries go back over the timer's next ticks
         w.pending.clear()
         w.unapplied.clear()
@@ -567,6 +574,8 @@ class Supervisor:
     def _hello(self, w: WorkerSlot, rec: r.Hello) -> None:
         w.ready = True
         log.info("worker %d ready (pid %d)", w.index, rec.pid)
+        if self.dispatcher.limits.vhosts or self.dispatcher.limits.users:  # a restarted worker
+            self.dispatcher.outbox[w.index].append(self.dispatcher.limits.for_worker(w.index))
         self._sample()
         if all(s.ready for s in self.workers):
             self._write_ready_file()
