@@ -4,6 +4,8 @@ kept in the data directory; deleting one takes everything in it and closes its c
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +18,14 @@ import pytest
 from pamqp import commands
 
 from cli.control import ask
-from tests.integration.harness import REPO_ROOT, Broker, finish, start_broker, wait_until
+from tests.integration.harness import (
+    REPO_ROOT,
+    Broker,
+    finish,
+    start_broker,
+    wait_until,
+    worker_of,
+)
 from tests.integration.management_helpers import HTTP, start_with_management
 from tests.integration.rawclient import PROTOCOL_HEADER, RawClient, method_frame, start_ok
 
@@ -316,3 +325,19 @@ def test_a_shovel_uri_with_a_vhost_path_reaches_that_vhost(broker: Broker) -> No
         assert dst.basic_get("moved", auto_ack=True)[2] == b"across vhosts"
     finally:
         control(broker, command="clear_parameter", vhost="/", component="shovel", name="between")
+
+
+def test_a_replaced_worker_knows_the_vhosts(broker: Broker) -> None:
+    """A worker started in place of a dead one is given the vhosts in its configuration, and
+    learns those made later: connection.open to either succeeds on every worker."""
+    add_vhost(broker, "before-kill")
+    old = broker.worker_pids[0]
+    os.kill(old, signal.SIGKILL)
+    broker.wait_for_worker_replaced(0, old)
+    add_vhost(broker, "after-kill")
+    for vhost in ("before-kill", "after-kill"):
+        opened = [connect(broker, vhost) for _ in range(6)]  # kept open: spread over the workers
+        assert {worker_of(c) for c in opened} == {0, 1}
+        for c in opened:
+            c.channel().queue_declare("", exclusive=True)
+            c.close()
