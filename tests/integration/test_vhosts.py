@@ -341,3 +341,23 @@ def test_a_replaced_worker_knows_the_vhosts(broker: Broker) -> None:
         for c in opened:
             c.channel().queue_declare("", exclusive=True)
             c.close()
+
+
+def test_topic_permissions_are_per_vhost(broker: Broker) -> None:
+    """A topic permission on amq.topic of one vhost does not reach amq.topic of another."""
+    control(broker, command="put_user", name="topical", password="pw")
+    for name in ("tp-a", "tp-b"):
+        add_vhost(broker, name, user="topical")
+    assert "error" not in control(broker, command="set_topic_permissions", user="topical",
+                                  vhost="tp-a", exchange="amq.topic", write="^allowed$", read=".*")
+    creds = pika.PlainCredentials("topical", "pw")
+    a = connect(broker, "tp-a", credentials=creds).channel()
+    b = connect(broker, "tp-b", credentials=creds).channel()
+    b.basic_publish("amq.topic", "anything", b"no topic permission in tp-b: allowed")
+    b.queue_declare("", exclusive=True)  # the channel is still open
+    a.basic_publish("amq.topic", "allowed", b"ok")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+        a.basic_publish("amq.topic", "refused", b"no")
+        a.queue_declare("", exclusive=True)
+    assert caught.value.reply_text == ("ACCESS_REFUSED - access to topic 'refused' in exchange "
+                                       "'amq.topic' in vhost 'tp-a' refused for user 'topical'")
