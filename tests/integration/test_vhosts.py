@@ -315,7 +315,7 @@ def test_a_shovel_uri_with_a_vhost_path_reaches_that_vhost(broker: Broker) -> No
     for ch in (src, dst):
         ch.queue_declare("moved", durable=True)  # as the shovel declares its queues
     src.basic_publish("", "moved", b"across vhosts")
-    answer = control(broker, command="set_parameter", vhost="/", component="shovel",
+    answer = control(broker, command="set_parameter", vhost="sh-src", component="shovel",
                      name="between", value={"src-uri": "amqp:///sh-src", "src-queue": "moved",
                                             "dest-uri": "amqp:///sh-dst", "dest-queue": "moved"})
     assert "error" not in answer, answer
@@ -324,7 +324,9 @@ def test_a_shovel_uri_with_a_vhost_path_reaches_that_vhost(broker: Broker) -> No
         assert count(src, "moved") == 0
         assert dst.basic_get("moved", auto_ack=True)[2] == b"across vhosts"
     finally:
-        control(broker, command="clear_parameter", vhost="/", component="shovel", name="between")
+        # The shovel's vhost deleted: its parameter goes with it (and the shovel stops).
+        assert control(broker, command="delete_vhost", name="sh-src") == {"deleted": "sh-src"}
+    assert control(broker, command="list_parameters")["parameters"] == []
 
 
 def test_a_replaced_worker_knows_the_vhosts(broker: Broker) -> None:
