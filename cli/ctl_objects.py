@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from broker.limits import export_limits
 from cli.control import ask
 from cli.ctl_format import export_definitions
 from cli.ctl_group import (
@@ -147,6 +148,10 @@ def export_definitions_cmd(opts: Options, path: str, format_: str) -> None:
     params = request(opts, {"command": "list_parameters"})  # shovels (broker.runtime.parameters)
     if "error" not in params:
         definitions["parameters"] = list(params.get("parameters") or [])
+    vhost_limits = request(opts, {"command": "list_vhost_limits"})  # broker.runtime.limits
+    user_limits = request(opts, {"command": "list_user_limits"})
+    if "error" not in vhost_limits and "error" not in user_limits:
+        export_limits(definitions, vhost_limits["limits"], user_limits["limits"])
     text = json.dumps(definitions, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
                       default=str)
     if path == "-":

@@ -29,6 +29,7 @@ from workers.channel_config import ChannelResources
 from workers.confirm_gate import BodySyncGate
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTargets
+from workers.limits import WorkerLimits
 
 log = logging.getLogger("shoal.worker")
 
@@ -93,6 +94,8 @@ class Worker:
         # within LAZY_SETTLE_DELAY (Server._lazy_waker); nothing without one.
         self.want_lazy_timer: Callable[[], object] = lambda: None
         self.handlers: dict[int, ConnectionHandler] = {}
+        # broker.runtime.limits as this worker has them (workers.limits): LimitsChanged
+        self.limits = WorkerLimits(self.handlers, config.vhost_limits, config.user_limits)
         self.targets = ConsumerTargets(len(region.slots))
         self.conn_ids = itertools.count(1)
         self.dirty: set[ConnectionHandler] = set()
@@ -437,11 +440,19 @@ class Worker:
                 self.vhosts_changed(vhosts, removed)
             case r.PermissionsChanged(permissions=table, topic_permissions=topics):
                 self.permissions.replace(table, topics)  # every connection's cache is stale now
+            case r.LimitsChanged():
+                self.limits.apply(event)
             case r.Returned():
                 self._handler_event(event)
                 self.region.arena.free(event.offset)  # our own block, always
             case _:
                 self._handler_event(event)
+
+    def limits_changed(self) -> None:
+        """Tell the supervisor this worker's use of the limited vhosts and users, if it changed
+        (workers.limits): after a connection or channel opened or closed, and each tick."""
+        if (usage := self.limits.changed()) is not None:
+            self.send(usage)
 
     def users_changed(self, users: dict[str, str], removed: list[str]) -> None:
         """The supervisor changed who may log in: the table every connection's login checks

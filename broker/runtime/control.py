@@ -55,6 +55,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -64,6 +65,7 @@ from broker.errors import AMQPError
 from broker.passwords import SHA256
 from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
+from broker.runtime.limits import LIMIT_COMMANDS
 from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters, federation_targets
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
@@ -200,6 +202,8 @@ class ControlServer:
             if self.policies is None:
                 return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
             return self.policies.command(command, request)
+        if command in LIMIT_COMMANDS:  # broker.runtime.limits
+            return self._dispatcher.limits.command(command, request)
         if command == "federation_targets":  # the links process: what to federate
             return federation_targets(self._dispatcher.vhost)
         if command in PARAMETER_COMMANDS:
@@ -253,6 +257,7 @@ class ControlServer:
             deleted = await users.delete(name)
             if self._permissions is not None:
                 self._permissions.forget(name)
+            self._dispatcher.limits.forget_user(name)
             return deleted
         except UserError as exc:
             return {"error": str(exc), "code": exc.code}
@@ -334,6 +339,8 @@ class ControlServer:
                     "code": "invalid"}
         importer = Importer(self._dispatcher, self._flush, self._users, self._permissions,
                             self.policies, self.parameters)
+        if self.vhosts is not None:  # the file's vhosts that are not here (definitions_io)
+            importer.add_vhost = partial(self.vhosts.command, "add_vhost")
         try:
             report = await importer.run(body, source)
         except DefinitionsError as exc:

@@ -42,6 +42,7 @@ from broker.runtime.arena_accounts import ArenaAccounts
 from broker.runtime.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
 from broker.runtime.deliveries import Deliveries
 from broker.runtime.dispatch_trace import DispatchTrace
+from broker.runtime.limits import RuntimeLimits
 from broker.runtime.listing import Listing, Listings
 from broker.runtime.open_channels import OpenChannels
 from broker.runtime.publishing import Publishing, StepWork
@@ -106,11 +107,14 @@ class Dispatcher:
         self._queued_checked = float("-inf")  # when the last count of them began
         self._queued_count: QueuedCount | None = None  # one under way
         self._trace: DispatchTrace | None = None
+        # Vhost and user limits: max-queues checked here, the workers' use of the rest relayed
+        self.limits = RuntimeLimits(self.outbox, lambda: self.vhosts.by_name)
         deliveries, publishing, teardown = self._deliveries, self._publishing, self._teardown
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             r.Hello: self._hello,
             r.ConnOpen: self._conn_open,
             r.ConnClose: self._conn_close,
+            r.LimitUsage: self.limits.usage_reported,
             r.ChanClose: teardown.chan_close,
             r.ExchangeDeclare: self._exchange_declare,
             r.ExchangeDelete: self._exchange_delete,
@@ -525,7 +529,10 @@ class Dispatcher:
         if rec.passive and rec.name == REPLY_TO:  # RabbitMQ: the pseudo-queue always "exists"
             self.answers.reply(worker, rec, queue=REPLY_TO)
             return
-        q = self.vhosts.of(worker, rec.conn).declare_queue(
+        vhost = self.vhosts.of(worker, rec.conn)
+        if not rec.passive:
+            self.limits.check_queue(vhost.name, vhost.queues, rec.name)
+        q = vhost.declare_queue(
             rec.name, owner=(worker, rec.conn), passive=rec.passive, durable=rec.durable,
             exclusive=rec.exclusive, auto_delete=rec.auto_delete, arguments=rec.arguments,
             reserved=rec.server_named,  # the worker named it amq.gen-... (workers.access)

@@ -121,6 +121,7 @@ class RuntimeVhosts:
             self._store.delete_vhost(name)
         if self._permissions is not None:
             self._permissions.forget_vhost(name)
+        d.limits.forget_vhost(name)  # its limits go with it (rabbit_vhost:delete)
         log.info("vhost '%s' deleted, with everything in it; closing its connections", name)
         self._tell([name])
         return {"deleted": name}

@@ -55,7 +55,10 @@ from broker.storage.definition_tables import (
     SCHEMA_VERSION,
     SIDE_TABLES,
     TOPIC_PERMISSIONS,
+    USER_LIMITS,
+    VHOST_LIMITS,
     VHOSTS,
+    SideTable,
     core_digest,
     core_triggers,
     mix,
@@ -247,6 +250,7 @@ class DefinitionStore(VhostRows):
             self._db.execute("DELETE FROM user_tags WHERE name=?", (name,))
             PERMISSIONS.delete(self._db, user=name)
             TOPIC_PERMISSIONS.delete(self._db, user=name)
+            USER_LIMITS.delete(self._db, user=name)
             return self._db.execute("DELETE FROM users WHERE name=?", (name,)).rowcount > 0
 
     def user_tags(self) -> dict[str, list[str]]:
@@ -337,6 +341,36 @@ class DefinitionStore(VhostRows):
         """Remove a parameter; False when there is none of that name."""
         with self._transaction():
             return PARAMETERS.delete(self._db, vhost=vhost, component=component, name=name) > 0
+
+    def vhost_limits(self) -> dict[str, dict[str, int]]:
+        """vhost -> {limit name: value} (broker.runtime.limits)."""
+        return self._limits(VHOST_LIMITS)
+
+    def user_limits(self) -> dict[str, dict[str, int]]:
+        """user -> {limit name: value}."""
+        return self._limits(USER_LIMITS)
+
+    def put_vhost_limits(self, vhost: str, limits: dict[str, int]) -> None:
+        """Make ``limits`` the vhost's limits, all of them (empty: none); on disk when this returns."""
+        self._put_limits(VHOST_LIMITS, {"vhost": vhost}, limits)
+
+    def put_user_limits(self, user: str, limits: dict[str, int]) -> None:
+        """Make ``limits`` the user's limits, all of them (empty: none)."""
+        self._put_limits(USER_LIMITS, {"user": user}, limits)
+
+    def _limits(self, table: SideTable) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        with self._reading():
+            for owner, name, value in table.rows(self._db):
+                out.setdefault(owner, {})[name] = value
+        return out
+
+    def _put_limits(self, table: SideTable, owner: dict[str, str], limits: dict[str, int]) -> None:
+        (value,) = owner.values()
+        with self._transaction():
+            table.delete(self._db, **owner)
+            for name, limit in sorted(limits.items()):
+                table.replace(self._db, (value, name, limit))
 
     @contextmanager
     def _transaction(self, count: bool = True) -> Iterator[None]:

@@ -24,7 +24,7 @@ DEFAULT_VHOST = "/"
 DEFAULT_DESCRIPTION = "Default virtual host"  # RabbitMQ's, of the "/" a new node makes
 # Every table whose rows belong to one vhost (its ``vhost`` column).
 PER_VHOST = ("exchanges", "queues", "bindings", "permissions", "topic_permissions", "policies",
-             "parameters")
+             "parameters", "vhost_limits")
 
 
 class VhostRows:

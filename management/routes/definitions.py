@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from broker.limits import export_limits
 from management import listing, shapes
 from management.http import (
     VHOST,
@@ -90,6 +91,10 @@ class Definitions(Resource):
         if whole:  # the shovels' parameters, from the supervisor (broker.runtime.parameters)
             answer = await ask(self.ctx.control_path, {"command": "list_parameters"})
             out["parameters"] = list(answer.get("parameters") or [])
+            vhost_limits = await ask(self.ctx.control_path, {"command": "list_vhost_limits"})
+            user_limits = await ask(self.ctx.control_path, {"command": "list_user_limits"})
+            export_limits(out, list(vhost_limits.get("limits") or []),
+                          list(user_limits.get("limits") or []))
         response = ok(out)
         if listing.truthy(request.query_params.get("download", "false")) or \
                 "download" in request.query_params:
