@@ -333,6 +333,7 @@ def test_a_replaced_worker_knows_the_vhosts(broker: Broker) -> None:
     """A worker started in place of a dead one is given the vhosts in its configuration, and
     learns those made later: connection.open to either succeeds on every worker."""
     add_vhost(broker, "before-kill")
+    broker.close_clients()  # the workers balance by open connections: start even
     old = broker.worker_pids[0]
     os.kill(old, signal.SIGKILL)
     broker.wait_for_worker_replaced(0, old)
