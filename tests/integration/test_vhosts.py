@@ -364,3 +364,23 @@ def test_topic_permissions_are_per_vhost(broker: Broker) -> None:
         a.queue_declare("", exclusive=True)
     assert caught.value.reply_text == ("ACCESS_REFUSED - access to topic 'refused' in exchange "
                                        "'amq.topic' in vhost 'tp-a' refused for user 'topical'")
+
+
+def test_slash_may_be_deleted_and_stays_deleted_across_a_restart(tmp_path: Path) -> None:
+    """RabbitMQ lets "/" be deleted: connection.open to it is 530 until it is made again."""
+    b = start_broker(tmp_path / "broker", workers=1)
+    try:
+        b.connect().channel().queue_declare("in-slash", durable=True)
+        b.close_clients()
+        assert control(b, command="delete_vhost", name="/") == {"deleted": "/"}
+        assert open_refused(b, "/") == (530, "NOT_ALLOWED - vhost / not found")
+        b.stop()
+        b = start_broker(tmp_path / "broker", workers=1)
+        assert control(b, command="list_vhosts")["vhosts"] == []
+        assert open_refused(b, "/") == (530, "NOT_ALLOWED - vhost / not found")
+        add_vhost(b, "/")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            b.connect().channel().queue_declare("in-slash", passive=True)
+        assert caught.value.reply_code == 404  # made again, empty
+    finally:
+        finish(b)
