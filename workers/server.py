@@ -47,7 +47,8 @@ from workers.consumer_target import PULL_DEFER
 from workers.login_log import LoginFailureLog
 from workers.socket_reader import PublishGates, SocketReader
 from workers.socket_writer import Doorbell, SocketWriter
-from workers.tls_connection import ViaTLS, serve_tls
+from workers.tls_connection import serve_tls
+from workers.tls_socket import TLSSocket
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
@@ -336,6 +337,7 @@ class Server:
             region.arena.trim(region.release_arena_pages, ARENA_TRIM_STEPS)
             if self.worker.trace is not None and whole:
                 self.worker.trace.maybe_flush()
+            self.worker.limits_changed()  # a channel closed by an error (workers.limits)
             now = trio.current_time()
             for handler in list(self.worker.handlers.values()):
                 closed = handler.proto.closed
@@ -399,22 +401,20 @@ class Server:
             self.worker.region.connections = self._open
 
     async def _connection(self, stream: trio.SocketStream, sock: socket.socket,
-                          via_tls: ViaTLS | None = None) -> None:
+                          session: TLSSocket | None = None) -> None:
         """One client connection: the AMQP protocol over ``sock``, the accepted socket, or with
-        ``via_tls`` the worker's end of the socket pair a TLS connection's pumps feed."""
+        ``session`` over the TLS session on it (its reader and writer use ``session``)."""
         c = self.config
-        if via_tls is None:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer, local = addresses(sock)
-        else:
-            peer, local = via_tls.peer, via_tls.local
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer, local = addresses(sock)
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users,
             peer_is_loopback=is_loopback(peer.rpartition(":")[0]),
             loopback_users=c.loopback_users,
-            external_user=via_tls.external_user if via_tls is not None else None,
+            # A certificate is only there when verify_peer checked it against --tls-ca.
+            external_user=tls.common_name(session.getpeercert()) if session is not None else None,
         )
         handler = ConnectionHandler(
             self.worker, next(self.worker.conn_ids), proto, arena=self.worker.region.arena,
@@ -423,8 +423,8 @@ class Server:
         )
         log_connection.info("accepting AMQP connection %s", handler.label)
         self.worker.handlers[handler.conn_id] = handler
-        writer = SocketWriter(sock, handler, self.worker.after_batch)
-        reader = SocketReader(sock, handler, self.worker, self._gates)
+        writer = SocketWriter(session or sock, handler, self.worker.after_batch)
+        reader = SocketReader(session or sock, handler, self.worker, self._gates)
         try:
             with trio.CancelScope() as scope:
                 self._scopes[handler.conn_id] = scope
@@ -436,6 +436,8 @@ class Server:
                 handler.finish()
                 self.worker.after_batch()
                 _log_closed(handler, self._login_failures)
+                if session is not None:
+                    session.close_notify()
                 await linger(sock)
         finally:
             self._scopes.pop(handler.conn_id, None)
@@ -448,10 +450,10 @@ class Server:
 
     async def _tls_connection(self, stream: trio.SocketStream, sock: socket.socket,
                               context: ssl.SSLContext) -> None:
-        """An AMQPS connection (``workers.tls_connection``): this connection's protocol over
-        the socket pair its pumps feed."""
+        """An AMQPS connection (``workers.tls_connection``): the handshake, then this
+        connection's protocol over the TLS session."""
         await serve_tls(stream, sock, context, self._connection,
-                        functools.partial(self._count_connection, -1), SHUTDOWN_GRACE)
+                        functools.partial(self._count_connection, -1))
 
 
 def _nothing() -> None:

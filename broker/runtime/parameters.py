@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Container
 from typing import Any
 
 from broker.federation import POLICY_KEYS, UPSTREAM_TYPE
@@ -54,8 +55,9 @@ def _first_uri(value: Any, key: str) -> str:
 class RuntimeParameters:
     """The supervisor's side of the parameter commands (module text)."""
 
-    def __init__(self, vhost: str, store: DefinitionStore | None, child: ShovelChild) -> None:
-        self._vhost = vhost
+    def __init__(self, vhosts: Container[str], store: DefinitionStore | None,
+                 child: ShovelChild) -> None:
+        self._vhosts = vhosts  # those that exist (the dispatcher's, which change)
         self._store = store
         self.child = child
         self.table: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -85,7 +87,7 @@ class RuntimeParameters:
                                    if vhost in (None, p["vhost"])
                                    and component in (None, p["component"])]}
         vhost = str(vhost or "/")
-        if vhost != self._vhost:
+        if vhost not in self._vhosts:
             return {"error": f"Virtual host '{vhost}' does not exist", "code": "missing"}
         component, name = str(component or ""), str(request.get("name") or "")
         key = (vhost, component, name)
