@@ -40,10 +40,12 @@ class Hello(_Record, frozen=True, tag="hello"):
 
 class ConnOpen(_Record, frozen=True, tag="copen"):
     """Connection ``conn`` is open; ``user`` logged in on it (topic permissions are checked in
-    the supervisor, which knows the exchanges' types)."""
+    the supervisor, which knows the exchanges' types) to ``vhost``, where every request of the
+    connection goes."""
 
     conn: int
     user: str = ""
+    vhost: str = "/"
 
 
 class ConnClose(_Record, frozen=True, tag="cclose"):
@@ -51,6 +53,15 @@ class ConnClose(_Record, frozen=True, tag="cclose"):
     its exclusive queues are deleted."""
 
     conn: int
+
+
+class LimitUsage(_Record, frozen=True, tag="limuse"):
+    """What this worker has open of the limited vhosts and users (``workers.limits``), sent
+    when it changes: the supervisor tells the other workers (``LimitsChanged``)."""
+
+    vhost_connections: dict[str, int]
+    user_connections: dict[str, int]
+    user_channels: dict[str, int]
 
 
 class ChanClose(_Record, frozen=True, tag="chclose"):
@@ -185,12 +196,18 @@ class Pull(_Record, frozen=True, tag="pull"):
     before the last is answered (``workers.channel_consumers``); one that finds the rest of a
     standing pull open adds to it. ``seq`` numbers the consumer's pulls, and each ``Pulled``
     says up to which the supervisor had applied: the worker counts the later ones as still
-    asked for."""
+    asked for.
+
+    ``limited``: the client limits this consumer, not the supervisor: its prefetch was full and
+    less than half of it came back within ``workers.consumer_target.PULL_DEFER`` (a slow
+    application acking one message at a time). Credit flow's "behind" rule passes over such a
+    consumer (``broker.runtime.credit_flow``)."""
 
     consumer: int
     max: int
     standing: bool = False
     seq: int = 0  # the consumer's pulls numbered from 1 (see above)
+    limited: bool = False
 
 
 class Get(_Record, frozen=True, tag="get"):
@@ -345,6 +362,7 @@ Request = (
     Hello
     | ConnOpen
     | ConnClose
+    | LimitUsage
     | ChanClose
     | ExchangeDeclare
     | ExchangeDelete
@@ -522,12 +540,33 @@ class UsersChanged(_Record, frozen=True, tag="users"):
     impersonators: list[str] | None = None  # who is tagged impersonator now (None: unchanged)
 
 
+class VhostsChanged(_Record, frozen=True, tag="vhosts"):
+    """The vhosts changed at runtime (``shoal ctl add_vhost`` etc.): ``vhosts`` is the whole
+    set now (connection.open to another is 530); the open connections of each of ``removed``
+    are closed with ``320 CONNECTION_FORCED - vhost 'V' is deleted``."""
+
+    vhosts: list[str]
+    removed: list[str] = []
+
+
 class PermissionsChanged(_Record, frozen=True, tag="perms"):
     """The permissions changed at runtime (``shoal ctl set_permissions`` etc.): both tables
     whole (``broker.permissions``), which replace the worker's."""
 
     permissions: dict[str, dict[str, tuple[str, str, str]]]
     topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]]
+
+
+class LimitsChanged(_Record, frozen=True, tag="limits"):
+    """The vhost and user limits (``broker.runtime.limits``) and what the other workers use of
+    them: each worker's check at connection.open and channel.open counts its own connections
+    and channels and adds these (``workers.limits``)."""
+
+    vhosts: dict[str, dict[str, int]]  # vhost -> {max-connections, max-queues}
+    users: dict[str, dict[str, int]]  # user -> {max-connections, max-channels}
+    vhost_connections: dict[str, int]  # on the other workers, of the limited vhosts and users
+    user_connections: dict[str, int]
+    user_channels: dict[str, int]
 
 
 class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
@@ -559,6 +598,8 @@ Event = (
     | CloseConnection
     | UsersChanged
     | PermissionsChanged
+    | VhostsChanged
+    | LimitsChanged
 )
 
 

@@ -28,6 +28,11 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     permissions: dict[str, dict[str, tuple[str, str, str]]] | None = None
     topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
     impersonators: list[str] = []  # users tagged impersonator (user_id, workers.connection_handler)
+    vhosts: list[str] = msgspec.field(default_factory=lambda: ["/"])  # may be opened (VhostsChanged)
+    # broker.runtime.limits: vhost -> {max-connections, ...}, user -> {max-connections,
+    # max-channels}; then LimitsChanged
+    vhost_limits: dict[str, dict[str, int]] = {}
+    user_limits: dict[str, dict[str, int]] = {}
     # The users (JSON {name: password}) are read from this pipe at start, not passed on the
     # command line or in the environment, where other local users (ps, /proc/PID/environ)
     # could read them. -1: none.

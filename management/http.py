@@ -87,12 +87,33 @@ def no_content(status: int = 204) -> Response:
 
 
 def check_vhost(vhost: str) -> None:
+    """Only "/": routes use :meth:`Resource.vhost_param`, which knows the live vhosts."""
     if vhost != VHOST:
         raise not_found()
 
 
+def vhost_names(sample: Any) -> set[str]:
+    """The vhosts a sample's snapshot lists (broker.runtime.snapshot)."""
+    return {str(v["name"]) for v in sample.snapshot.get("vhosts") or [{"name": VHOST}]}
+
+
 def params(request: Request) -> dict[str, str]:
     return dict(request.query_params)
+
+
+def in_vhost(items: list[dict[str, Any]], vhost: str | None,
+             where: Callable[[dict[str, Any]], str] = lambda item: str(item["vhost"]),
+             ) -> list[dict[str, Any]]:
+    """The items of ``vhost`` (``where`` reads an item's), all of them for None."""
+    return items if vhost is None else [item for item in items if where(item) == vhost]
+
+
+def named(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The item called ``name``: 404 when there is none."""
+    for item in items:
+        if item["name"] == name:
+            return item
+    raise not_found()
 
 
 def paged(request: Request, items: list[dict[str, Any]], default_sort: str | None = "name") -> Response:
@@ -156,6 +177,21 @@ class Resource:
     async def sample(self) -> Any:
         return await self.ctx.sampler.refresh()
 
+    async def vhost_param(self, request: Request) -> str:
+        """The path's ``{vhost}``, which must exist (404 otherwise): the sample's vhosts, and a
+        fresh sample's before a name it lacks is refused (one made by shoal ctl just now)."""
+        name = seg(request, "vhost")
+        if name in vhost_names(await self.sample()):
+            return name
+        if name in vhost_names(await self.ctx.sampler.refresh(force=True)):
+            return name
+        raise not_found()
+
+    async def vhost_scope(self, request: Request) -> str | None:
+        """A listing's vhost: the path's ``{vhost}`` (404 when it does not exist), or None
+        under the path without one (every vhost)."""
+        return await self.vhost_param(request) if "vhost" in request.path_params else None
+
     async def control(self, request: dict[str, Any]) -> dict[str, Any]:
         """A control command to the supervisor: 503 when it does not answer, 404 for what is
         missing, 400 for what it refuses."""
@@ -169,10 +205,13 @@ class Resource:
             raise bad_request(str(answer["error"]))
         return answer
 
-    async def amqp(self, request: Request, op: Callable[[amqp_ops.Client], Awaitable[Any]]) -> Any:
+    async def amqp(self, request: Request, op: Callable[[amqp_ops.Client], Awaitable[Any]],
+                   vhost: str = VHOST) -> Any:
+        """``op`` on an AMQP connection to ``vhost`` as the HTTP request's user."""
         user, password = self.auth(request)
         try:
-            async with amqp_ops.connect(self.ctx.amqp_host, self.ctx.amqp_port, user, password) as client:
+            async with amqp_ops.connect(self.ctx.amqp_host, self.ctx.amqp_port, user, password,
+                                        vhost) as client:
                 return await op(client)
         except amqp_ops.AMQPFailure as exc:
             raise amqp_error(exc) from None

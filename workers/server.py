@@ -337,6 +337,7 @@ class Server:
             region.arena.trim(region.release_arena_pages, ARENA_TRIM_STEPS)
             if self.worker.trace is not None and whole:
                 self.worker.trace.maybe_flush()
+            self.worker.limits_changed()  # a channel closed by an error (workers.limits)
             now = trio.current_time()
             for handler in list(self.worker.handlers.values()):
                 closed = handler.proto.closed

@@ -1,4 +1,4 @@
-"""Runtime parameters (dynamic shovels): ``shoal ctl set_parameter`` and ``PUT /api/parameters/...``.
+"""Runtime parameters (shovels, federation upstreams): ``shoal ctl set_parameter``, ``PUT /api/parameters``.
 
 Theory of operation
 -------------------
@@ -10,7 +10,8 @@ clear_parameter, list_parameters, shovel_status) and is applied as policies are
 2. written to the data directory's definitions (``DefinitionStore.put_parameter`` /
    ``delete_parameter``, on disk when it returns);
 3. kept in the table here and told to the links process (``broker.runtime.shovel_child``), which
-   starts, restarts or stops the shovel. The first shovel starts that process.
+   starts, restarts or stops the shovel, or adjusts its federation links (which also follow the
+   policies: it polls ``federation_targets``, below). The first parameter starts that process.
 
 At start the stored parameters are read back and the links process is started with them, so a
 shovel outlives a restart of its broker. ``shovel_status`` lists every shovel parameter with
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Container
 from typing import Any
 
 from broker.federation import POLICY_KEYS, UPSTREAM_TYPE
@@ -53,8 +55,9 @@ def _first_uri(value: Any, key: str) -> str:
 class RuntimeParameters:
     """The supervisor's side of the parameter commands (module text)."""
 
-    def __init__(self, vhost: str, store: DefinitionStore | None, child: ShovelChild) -> None:
-        self._vhost = vhost
+    def __init__(self, vhosts: Container[str], store: DefinitionStore | None,
+                 child: ShovelChild) -> None:
+        self._vhosts = vhosts  # those that exist (the dispatcher's, which change)
         self._store = store
         self.child = child
         self.table: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -84,7 +87,7 @@ class RuntimeParameters:
                                    if vhost in (None, p["vhost"])
                                    and component in (None, p["component"])]}
         vhost = str(vhost or "/")
-        if vhost != self._vhost:
+        if vhost not in self._vhosts:
             return {"error": f"Virtual host '{vhost}' does not exist", "code": "missing"}
         component, name = str(component or ""), str(request.get("name") or "")
         key = (vhost, component, name)

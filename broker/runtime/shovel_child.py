@@ -1,9 +1,9 @@
-"""The links process (dynamic shovels) as the supervisor's child: started, told, restarted, ended.
+"""The links process (shovels, federation links) as the supervisor's child: started, told, restarted, ended.
 
 Shovels are AMQP clients of other brokers (and of this one); they never run on the supervisor's
 loop or in a worker. The supervisor starts ``python -m links.process`` (asyncio, an AMQP 0-9-1
 client library) as it starts the management process (broker.runtime.management_child), the
-first time a shovel parameter exists -- a broker without shovels never starts it -- and again
+first time a shovel or federation parameter exists -- a broker without them never starts it -- and again
 whenever it dies (``broker.runtime.child_process``). Nothing here imports ``links/``:
 the supervisor knows it by its module name only.
 

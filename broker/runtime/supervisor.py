@@ -49,6 +49,7 @@ from broker.runtime.policies import RuntimePolicies
 from broker.runtime.serve_config import ServeConfig
 from broker.runtime.shovel_child import ShovelChild
 from broker.runtime.users import RuntimeUsers
+from broker.runtime.vhost_admin import RuntimeVhosts
 from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
@@ -183,13 +184,16 @@ class Supervisor:
         self.user_admin = RuntimeUsers(  # changes self.users (and the tags) in place
             self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
             self.flush, self.management.tell_users if self.management is not None else None)
+        self.dispatcher.limits.attach(store, self.users, self.flush)  # broker.runtime.limits
         self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
         self._control_sock = self._control.bind(self.control_path)
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
-        self.parameters = RuntimeParameters(self.dispatcher.vhost.name, store, self.shovels)
+        self.parameters = RuntimeParameters(self.dispatcher.vhosts, store, self.shovels)
         self._control.parameters = self.parameters
+        self._control.vhosts = RuntimeVhosts(self.dispatcher, store, self.permission_admin,
+                                             self.parameters, self.flush)
         if c.load_definitions:  # read now: a malformed file stops the start (run imports it)
             self._definitions = definitions_io.read(c.load_definitions)
 
@@ -318,7 +322,7 @@ class Supervisor:
         for w in self.workers:
             with contextlib.suppress(RingCorrupt):
                 self._apply_all(w)
-        self.dispatcher.vhost.drain(whole=True)  # dead letters still waiting for a step: on disk too
+        self.dispatcher.vhosts.drain(whole=True)  # dead letters still waiting for a step: on disk too
         self.flush()
         if self.durability is not None:
             await self.durability.sync_now()
@@ -358,7 +362,8 @@ class Supervisor:
             loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
-            impersonators=self.user_admin.impersonators(),
+            impersonators=self.user_admin.impersonators(), vhosts=list(self.dispatcher.vhosts.by_name),
+            vhost_limits=self.dispatcher.limits.vhosts, user_limits=self.dispatcher.limits.users,
             data_dir=str(self.durability.path) if self.durability is not None else "",
             tls_listen_fd=self._tls_listener.fileno() if self._tls_listener is not None else -1,
             tls_cert=c.tls_cert or "", tls_key=c.tls_key or "", tls_ca=c.tls_ca or "",
@@ -381,6 +386,7 @@ class Supervisor:
         except RingCorrupt as exc:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
+        self.dispatcher.limits.forget_worker(w.index)
         self._check_deadline()  # its channels' deliveries go back over the timer's next ticks
         w.pending.clear()
         w.unapplied.clear()
@@ -568,6 +574,8 @@ class Supervisor:
     def _hello(self, w: WorkerSlot, rec: r.Hello) -> None:
         w.ready = True
         log.info("worker %d ready (pid %d)", w.index, rec.pid)
+        if self.dispatcher.limits.vhosts or self.dispatcher.limits.users:  # a restarted worker
+            self.dispatcher.outbox[w.index].append(self.dispatcher.limits.for_worker(w.index))
         self._sample()
         if all(s.ready for s in self.workers):
             self._write_ready_file()

@@ -55,10 +55,15 @@ from broker.storage.definition_tables import (
     SCHEMA_VERSION,
     SIDE_TABLES,
     TOPIC_PERMISSIONS,
+    USER_LIMITS,
+    VHOST_LIMITS,
+    VHOSTS,
+    SideTable,
     core_digest,
     core_triggers,
     mix,
 )
+from broker.storage.vhost_rows import VhostRows
 from broker.topology.definitions import (
     BindingDef,
     Change,
@@ -76,8 +81,9 @@ __all__ = ["SCHEMA_VERSION", "DefinitionStore", "DefinitionStoreError", "Generat
 log = logging.getLogger("shoal.definitions")
 
 
-class DefinitionStore:
-    """The durable exchanges, queues and bindings of one broker (one virtual host today).
+class DefinitionStore(VhostRows):
+    """The durable exchanges, queues and bindings of one broker, each in its vhost (their
+    rows: :class:`broker.storage.vhost_rows.VhostRows`).
 
     Opening one creates Shoal's tables in a new database, with ``node`` (a new id unless
     given) in meta, or adds meta to one from a Shoal that wrote none; :func:`open_definitions`
@@ -110,6 +116,8 @@ class DefinitionStore:
                         table.install(self._db)
                         if table is PERMISSIONS:
                             self._grant_everyone()
+                        elif table is VHOSTS:
+                            self._default_vhost()
             self.node: str = self._meta("node")
             self.generation: int = self._meta("generation")
         except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
@@ -155,9 +163,9 @@ class DefinitionStore:
     def close(self) -> None:
         self._db.close()
 
-    def load(self) -> Definitions:
-        """Everything stored, each kind in the order it was created."""
-        v = self.vhost
+    def load(self, vhost: str | None = None) -> Definitions:
+        """Everything stored in ``vhost`` (None: the store's), each kind in creation order."""
+        v = self.vhost if vhost is None else vhost
         q = self._db.execute
         try:
             exchanges = [
@@ -181,9 +189,10 @@ class DefinitionStore:
             raise DefinitionStoreError(f"{self.path}: {exc}") from exc
         return Definitions(exchanges, queues, bindings)
 
-    def apply(self, changes: Iterable[Change]) -> None:
-        """Write ``changes`` in order, in one transaction; on disk when this returns."""
-        v = self.vhost
+    def apply(self, changes: Iterable[Change], vhost: str | None = None) -> None:
+        """Write ``changes`` to ``vhost`` (None: the store's) in order, in one transaction;
+        on disk when this returns."""
+        v = self.vhost if vhost is None else vhost
         db = self._db
         with self._transaction():
             for c in changes:
@@ -199,11 +208,11 @@ class DefinitionStore:
                 elif isinstance(c, BindingDef):
                     db.execute(
                         "INSERT OR IGNORE INTO bindings (vhost, source, destination, to_exchange, "
-                        "routing_key, arguments) VALUES (?, ?, ?, ?, ?, ?)", self._binding_row(c))
+                        "routing_key, arguments) VALUES (?, ?, ?, ?, ?, ?)", self._binding_row(c, v))
                 elif isinstance(c, Unbound):
                     db.execute(
                         "DELETE FROM bindings WHERE vhost=? AND source=? AND destination=? AND "
-                        "to_exchange=? AND routing_key=? AND arguments=?", self._binding_row(c.binding))
+                        "to_exchange=? AND routing_key=? AND arguments=?", self._binding_row(c.binding, v))
                 elif isinstance(c, Removed) and c.kind == "queue":
                     db.execute("DELETE FROM queues WHERE vhost=? AND name=?", (v, c.name))
                     db.execute("DELETE FROM bindings WHERE vhost=? AND destination=? AND to_exchange=0",
@@ -241,6 +250,7 @@ class DefinitionStore:
             self._db.execute("DELETE FROM user_tags WHERE name=?", (name,))
             PERMISSIONS.delete(self._db, user=name)
             TOPIC_PERMISSIONS.delete(self._db, user=name)
+            USER_LIMITS.delete(self._db, user=name)
             return self._db.execute("DELETE FROM users WHERE name=?", (name,)).rowcount > 0
 
     def user_tags(self) -> dict[str, list[str]]:
@@ -332,6 +342,36 @@ class DefinitionStore:
         with self._transaction():
             return PARAMETERS.delete(self._db, vhost=vhost, component=component, name=name) > 0
 
+    def vhost_limits(self) -> dict[str, dict[str, int]]:
+        """vhost -> {limit name: value} (broker.runtime.limits)."""
+        return self._limits(VHOST_LIMITS)
+
+    def user_limits(self) -> dict[str, dict[str, int]]:
+        """user -> {limit name: value}."""
+        return self._limits(USER_LIMITS)
+
+    def put_vhost_limits(self, vhost: str, limits: dict[str, int]) -> None:
+        """Make ``limits`` the vhost's limits, all of them (empty: none); on disk when this returns."""
+        self._put_limits(VHOST_LIMITS, {"vhost": vhost}, limits)
+
+    def put_user_limits(self, user: str, limits: dict[str, int]) -> None:
+        """Make ``limits`` the user's limits, all of them (empty: none)."""
+        self._put_limits(USER_LIMITS, {"user": user}, limits)
+
+    def _limits(self, table: SideTable) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        with self._reading():
+            for owner, name, value in table.rows(self._db):
+                out.setdefault(owner, {})[name] = value
+        return out
+
+    def _put_limits(self, table: SideTable, owner: dict[str, str], limits: dict[str, int]) -> None:
+        (value,) = owner.values()
+        with self._transaction():
+            table.delete(self._db, **owner)
+            for name, limit in sorted(limits.items()):
+                table.replace(self._db, (value, name, limit))
+
     @contextmanager
     def _transaction(self, count: bool = True) -> Iterator[None]:
         """One batch: committed with the next generation (unless not ``count``; on disk when
@@ -365,8 +405,8 @@ class DefinitionStore:
             log.warning("%s: checkpoint incomplete: the latest definitions are in its WAL only",
                         self.path)
 
-    def _binding_row(self, b: BindingDef) -> tuple[Any, ...]:
-        return (self.vhost, b.source, b.destination, b.to_exchange, b.routing_key,
+    def _binding_row(self, b: BindingDef, vhost: str) -> tuple[Any, ...]:
+        return (vhost, b.source, b.destination, b.to_exchange, b.routing_key,
                 self._encode(b.arguments))
 
 

@@ -178,5 +178,24 @@ PARAMETERS = SideTable(
     PRIMARY KEY (vhost, component, name)
 )""")
 
+# Virtual hosts (issue 37): a directory opened without the table gets it with "/" in it
+# (broker.storage.vhost_rows); ``tags`` and ``metadata`` JSON text.
+VHOSTS = SideTable(
+    "vhosts", ("name", "description", "tags", "default_queue_type", "metadata"), ("name",),
+    """CREATE TABLE IF NOT EXISTS vhosts (
+    name TEXT PRIMARY KEY, description TEXT NOT NULL, tags TEXT NOT NULL,
+    default_queue_type TEXT NOT NULL, metadata TEXT NOT NULL
+)""")
+
+# Vhost and user limits (issue 37; broker.runtime.limits): one row per limit that is set.
+VHOST_LIMITS = SideTable("vhost_limits", ("vhost", "name", "value"), ("vhost", "name"),
+                         """CREATE TABLE IF NOT EXISTS vhost_limits (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL, PRIMARY KEY (vhost, name)
+)""")
+USER_LIMITS = SideTable("user_limits", ("user", "name", "value"), ("user", "name"),
+                        """CREATE TABLE IF NOT EXISTS user_limits (
+    user TEXT NOT NULL, name TEXT NOT NULL, value INTEGER NOT NULL, PRIMARY KEY (user, name)
+)""")
+
 # In the order a start installs them and checks their digests.
-SIDE_TABLES = (PERMISSIONS, TOPIC_PERMISSIONS, POLICIES, PARAMETERS)
+SIDE_TABLES = (PERMISSIONS, TOPIC_PERMISSIONS, POLICIES, PARAMETERS, VHOSTS, VHOST_LIMITS, USER_LIMITS)
