@@ -38,8 +38,8 @@ from broker.runtime.answers import Answers
 from broker.runtime.arena_accounts import ArenaAccounts
 from broker.runtime.credit_flow import ANYWHERE, CreditFlow
 from broker.runtime.dispatch_trace import DispatchTrace
+from broker.runtime.topic_verdicts import TopicVerdicts
 from broker.storage.paging import Pager
-from broker.topic_verdicts import TopicVerdicts
 from broker.topology.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
 from broker.topology.vhosts import VirtualHosts
 from ipc import records as r
@@ -265,7 +265,7 @@ class Publishing:
         (rabbit_channel:check_write_permitted_on_topic, after the 404 and internal checks,
         which vhost.publish makes: an exchange missing or internal is left to it). The verdict
         per user, exchange and routing key is kept until a permission changes
-        (``broker.topic_verdicts``)."""
+        (``broker.runtime.topic_verdicts``)."""
         x = self.vhosts.of(worker, rec.conn).exchanges.get(rec.exchange)
         if x is None or x.internal or x.type != "topic":
             return

@@ -1,9 +1,9 @@
-"""broker.topic_verdicts: topic-permission verdicts of the publish path, kept until a change."""
+"""broker.runtime.topic_verdicts: topic-permission verdicts of the publish path, kept until a change."""
 
 from __future__ import annotations
 
 from broker.permissions import TopicTable
-from broker.topic_verdicts import TopicVerdicts
+from broker.runtime.topic_verdicts import TopicVerdicts
 
 
 def _table() -> TopicTable:
