@@ -83,6 +83,7 @@ class Durability:
         started = time.monotonic()
         opened = open_definitions(self.data)
         self.definitions, self._opened = opened.store, opened
+        opened.store.checkpoint_off_loop(trio.lowlevel.start_thread_soon)
         if opened.behind:
             log.error("data directory %s: %s is %d change batch(es) behind what was committed to "
                       "it (%s says generation %d, it holds %d): the latest declares, deletes or "
