@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import select
 import signal
 import socket
 import struct
@@ -103,19 +104,59 @@ async def _deliver(read_fd: int | socket.socket, sock: socket.socket, acks_fd: i
 
 
 async def _supervisor(read_fd: int, write_fd: int, acks_fd: int) -> None:
-    """The middle process: forwards messages, takes the consumer worker's ack batches."""
+    """The middle process: forwards messages, takes the consumer worker's ack batches (a trio
+    task per input, as Shoal's supervisor had a task per worker's ring)."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_pump, acks_fd, len)
         await _forward(read_fd, write_fd)
         nursery.cancel_scope.cancel()
 
 
-def _child(target: object, *args: object) -> int:
+def _epoll_of(*fds: int) -> select.epoll:
+    epoll = select.epoll()
+    for fd in fds:
+        os.set_blocking(fd, False)
+        epoll.register(fd, select.EPOLLIN)
+    return epoll
+
+
+def _relay_ready(epoll: select.epoll, read_fd: int, write_fd: int, timeout: float) -> bool:
+    """One turn of a single-loop middle process: every input that is ready; False at end of file."""
+    for fd, _ in epoll.poll(timeout):
+        data = os.read(fd, 65536)
+        if not data:
+            return False
+        if fd == read_fd:
+            os.write(write_fd, data)
+    return True
+
+
+async def _supervisor_one_task(read_fd: int, write_fd: int, acks_fd: int) -> None:
+    """The middle process as one trio task waiting on one epoll fd that holds both inputs (the
+    supervisor's ring loop since issue 38)."""
+    epoll = _epoll_of(read_fd, acks_fd)
+    while True:
+        await trio.lowlevel.wait_readable(epoll.fileno())
+        if not _relay_ready(epoll, read_fd, write_fd, 0):
+            return
+
+
+def _supervisor_epoll(read_fd: int, write_fd: int, acks_fd: int) -> None:
+    """The middle process without trio: a blocking epoll loop."""
+    epoll = _epoll_of(read_fd, acks_fd)
+    while _relay_ready(epoll, read_fd, write_fd, -1):
+        pass
+
+
+def _child(target: object, *args: object, plain: bool = False) -> int:
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
-            trio.run(target, *args)  # type: ignore[arg-type]
+            if plain:
+                target(*args)  # type: ignore[operator]
+            else:
+                trio.run(target, *args)  # type: ignore[arg-type]
         except BaseException:  # noqa: BLE001 -- a child reports and exits, never returns
             import traceback
 
@@ -130,7 +171,7 @@ def _consumer(sock: socket.socket, count: int, result_fd: int) -> int:
     pid = os.fork()
     if pid != 0:
         return pid
-    latencies = []
+    latencies: list[int] = []
     buffered = b""
     ack = b"a" * ACK
     while len(latencies) < count:
@@ -150,14 +191,30 @@ def _consumer(sock: socket.socket, count: int, result_fd: int) -> int:
     os._exit(0)
 
 
-def _cpu_s(pid: int) -> float:
+def _cpu_s(pid: int) -> tuple[float, int]:
+    """CPU-seconds (user + system) and context switches (voluntary + not) of ``pid`` so far."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    switches = 0
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                switches += int(line.split()[1])
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), switches
 
 
-def run_layout(processes: int, rate: float, seconds: float) -> dict[str, float]:
-    """One run of a layout: relays' µs of CPU per message, latency p50 / p99 in µs."""
+# The layouts: name -> how the middle process (Shoal's supervisor) waits; "1" is one process.
+LAYOUTS = {
+    "1": "one process (RabbitMQ's shape)",
+    "3": "3 processes, a trio task per input in the middle",
+    "3-one-task": "3 processes, one trio task on one epoll fd in the middle",
+    "3-epoll": "3 processes, a plain epoll loop in the middle (no trio)",
+}
+
+
+def run_layout(layout: str, rate: float, seconds: float) -> dict[str, object]:
+    """One run of a layout: each relay's µs of CPU and context switches per message, latency
+    p50 / p99 in µs."""
     count = int(rate * seconds)
     pub_client, pub_broker = _tcp_pair()
     con_client, con_broker = _tcp_pair()
@@ -166,21 +223,25 @@ def run_layout(processes: int, rate: float, seconds: float) -> dict[str, float]:
     con_client.close()
     os.close(result_w)
     relays: list[int] = []
-    if processes == 1:
+    if layout == "1":
         relays.append(_child(_deliver, pub_broker, con_broker, None))
     else:
         to_sup_r, to_sup_w = os.pipe()
         to_con_r, to_con_w = os.pipe()
         acks_r, acks_w = os.pipe()
         relays.append(_child(_forward, pub_broker, to_sup_w))
-        relays.append(_child(_supervisor, to_sup_r, to_con_w, acks_r))
+        if layout == "3-epoll":
+            relays.append(_child(_supervisor_epoll, to_sup_r, to_con_w, acks_r, plain=True))
+        else:
+            middle = _supervisor_one_task if layout == "3-one-task" else _supervisor
+            relays.append(_child(middle, to_sup_r, to_con_w, acks_r))
         relays.append(_child(_deliver, to_con_r, con_broker, acks_w))
         for fd in (to_sup_r, to_sup_w, to_con_r, to_con_w, acks_r, acks_w):
             os.close(fd)
     pub_broker.close()
     con_broker.close()
     time.sleep(0.3)  # the children are up and waiting
-    cpu0 = sum(_cpu_s(pid) for pid in relays)
+    before = [_cpu_s(pid) for pid in relays]
     padding = b"p" * (MESSAGE - 8)
     start = time.monotonic()
     for i in range(count):
@@ -196,7 +257,7 @@ def run_layout(processes: int, rate: float, seconds: float) -> dict[str, float]:
         if not chunk:
             break
         result += chunk
-    cpu1 = sum(_cpu_s(pid) for pid in relays)
+    after = [_cpu_s(pid) for pid in relays]
     pub_client.close()
     for pid in relays:  # each holds the others' descriptors too: ended by PID, not end of file
         os.kill(pid, signal.SIGTERM)
@@ -204,7 +265,9 @@ def run_layout(processes: int, rate: float, seconds: float) -> dict[str, float]:
         os.waitpid(pid, 0)
     os.close(result_r)
     p50, p99, received = struct.unpack("ddq", result) if len(result) == 24 else (0.0, 0.0, 0)
-    return {"processes": processes, "us_per_msg": (cpu1 - cpu0) / max(received, 1) * 1e6,
+    n = max(received, 1)
+    per = [((a[0] - b[0]) / n * 1e6, (a[1] - b[1]) / n) for a, b in zip(after, before, strict=True)]
+    return {"layout": layout, "us_per_msg": sum(us for us, _ in per), "per_process": per,
             "p50_us": p50, "p99_us": p99, "received": received, "sent": count}
 
 
@@ -213,13 +276,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=1000.0, help="msg/s (1000)")
     parser.add_argument("--seconds", type=float, default=6.0, help="per layout and round (6)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the layouts alternating (2)")
+    parser.add_argument("--layouts", default="1,3,3-one-task,3-epoll",
+                        help="comma-separated, of: " + "; ".join(f"{k}: {v}" for k, v in LAYOUTS.items()))
     args = parser.parse_args(argv)
+    layouts = [name for name in args.layouts.split(",") if name]
+    unknown = [name for name in layouts if name not in LAYOUTS]
+    if unknown:
+        parser.error(f"unknown layout(s): {', '.join(unknown)}")
     for round_no in range(1, args.rounds + 1):
-        for processes in (1, 3) if round_no % 2 else (3, 1):
-            res = run_layout(processes, args.rate, args.seconds)
-            print(f"round {round_no}  {processes} process{'es' if processes > 1 else ''}: "
-                  f"{res['us_per_msg']:6.1f} us of CPU a message   p50 {res['p50_us']:6.1f} us"
-                  f"   p99 {res['p99_us']:6.1f} us   ({res['received']:,} of {res['sent']:,} received)")
+        for layout in layouts if round_no % 2 else layouts[::-1]:
+            res = run_layout(layout, args.rate, args.seconds)
+            per = "  ".join(f"{us:5.1f} us {cs:.2f} cs" for us, cs in res["per_process"])  # type: ignore[attr-defined]
+            print(f"round {round_no}  {layout:<10}: {res['us_per_msg']:6.1f} us of CPU a message "
+                  f"({per})   p50 {res['p50_us']:6.1f} us   p99 {res['p99_us']:6.1f} us"
+                  f"   ({res['received']:,} of {res['sent']:,} received)")
             sys.stdout.flush()
 
 

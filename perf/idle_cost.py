@@ -18,6 +18,8 @@ What it prints, per broker and round:
 - **cs/msg**: voluntary + involuntary context switches of the broker per delivered message
   (how many times a broker process went to sleep and was woken, roughly; psutil counts a
   process's main thread only, so RabbitMQ's beam.smp shows 0);
+- **per process, per message** (Shoal, a second line): each process's µs of CPU and context
+  switches (its wake-ups, roughly) per delivered message;
 - **idle cores**: the broker's cores over `--idle` seconds before `go`, both clients connected
   and the consumer attached, nothing published;
 - **p50 / p99**: end-to-end latency of every delivery (the publisher's CLOCK_MONOTONIC in the
@@ -142,6 +144,8 @@ def run_once(broker: Broker, seconds: float, rate: float, warmup: float, idle: f
         wall_s=round(wall, 3),
         delivered=delivered,
         cores={k: round(c / wall, 3) for k, (c, _, _) in cpu.items()},
+        per_message={k: (round(c / delivered * 1e6, 1), round(s / delivered, 2))
+                     for k, (c, s, _) in cpu.items() if delivered and c > 0},
         system_share=round(sum(s for _, _, s in cpu.values()) / total_cpu, 3) if total_cpu else None,
         cores_total=round(total_cpu / wall, 3),
         us_per_msg=round(total_cpu / delivered * 1e6, 1) if delivered else None,
@@ -157,6 +161,9 @@ def _line(result: dict[str, Any]) -> str:
     lat = result["latency"]
     per = "  ".join(f"{k} {v:.3f}" for k, v in result["cores"].items())
     flag = "  ! " + "; ".join(result["errors"]) if result["errors"] else ""
+    per_message = "  ".join(f"{k} {us} us {cs} cs" for k, (us, cs) in result["per_message"].items())
+    if result["label"].startswith("shoal"):
+        flag += f"\n{'':<14} per message: {per_message}"
     return (
         f"{result['label']:<14} cores {result['cores_total']:.3f} ({per})  {result['us_per_msg']} us/msg  "
         f"{result['cs_per_msg']} cs/msg  sys {result['system_share']:.0%}  idle {result['idle_cores']:.3f}  "

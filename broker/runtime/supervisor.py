@@ -7,11 +7,14 @@ region and two eventfds per worker, binds the listening socket, and starts N
 worker processes that inherit the socket and the fds (gunicorn's arbiter
 shape: signal handlers only record, the main loop reaps and restarts).
 
-For each worker one trio task drains its request ring into the
-:class:`~broker.runtime.dispatch.Dispatcher` and then *flushes*: every worker's
-outbox goes into its event ring, notify slots are set, and a worker's
-eventfd is written only if that worker said it was going to sleep. A busy
-broker therefore makes no syscall per message.
+The main thread runs :class:`~broker.runtime.ring_loop.RingLoop`: each turn applies every
+worker's request ring (a bounded step each) through the
+:class:`~broker.runtime.dispatch.Dispatcher` and then *flushes* once: every worker's outbox
+goes into its event ring, notify slots are set, and a worker's eventfd is written only if that
+worker said it was going to sleep. A busy broker therefore makes no syscall per message; an
+idle one sleeps in one ``epoll_wait`` on the workers' eventfds. The control plane (control
+socket, worker and child processes, signals, the data directory's sync) runs under trio as that
+loop's guest, between its steps.
 
 A worker that dies is forgotten by the dispatcher (its consumers leave, its
 unacked messages are requeued, its exclusive queues go), its rings are
@@ -31,13 +34,14 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from broker.passwords import DEFAULT_USER, hashed
 from broker.permissions import FULL, Table, TopicTable
-from broker.runtime import definitions_io
+from broker.runtime import definitions_io, listeners
 from broker.runtime.control import ControlServer, default_control_path
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.dispatch_trace import DispatchTrace
@@ -46,6 +50,7 @@ from broker.runtime.management_child import ManagementChild
 from broker.runtime.parameters import RuntimeParameters
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import RuntimePolicies
+from broker.runtime.ring_loop import RingLoop
 from broker.runtime.serve_config import ServeConfig
 from broker.runtime.shovel_child import ShovelChild
 from broker.runtime.users import RuntimeUsers
@@ -59,8 +64,8 @@ from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
-from ipc.tls import TLSSettingsError, server_context
-from ipc.wakeup import wait_for_work, wake_if_sleeping
+from ipc.tls import TLSSettingsError
+from ipc.wakeup import wake_if_sleeping
 from ipc.worker_config import WorkerConfig
 
 if TYPE_CHECKING:
@@ -77,7 +82,13 @@ BATCH = 1024
 # a busy broker's batches are smaller.
 STEP_WORK = 2048
 IDLE_TICK = 1.0  # the timer's longest sleep
-FORGET_PAGES_INTERVAL = 1.0  # s between dropping the arenas' pages from the supervisor's RSS
+BACKLOG_RETRY = 0.0005  # s: an event ring was full; how soon its worker is offered the rest
+# Every FORGET_PAGES_INTERVAL s (at a timer tick) the arena pages the supervisor touched by
+# freeing blocks in them are unmapped (ipc.region.Region.forget_arena_pages): it never reads a
+# body, and without this its RSS grows to every arena's size and counts each arena a second
+# time. A pipeline's frees stay in a few pages near each arena's start, so mapping them again
+# costs little; a drain of a paged queue frees blocks all through its arena.
+FORGET_PAGES_INTERVAL = 1.0
 
 
 class Supervisor:
@@ -95,8 +106,9 @@ class Supervisor:
             config.workers, self._free_body, now=time.monotonic(),
             epoch_offset=time.time() - time.monotonic(),
         )
-        self._deadline_changed = trio.Event()
-        self._deadline: float | None = None
+        self._deadline = 0.0  # when the timer ticks next (the ring loop's longest sleep)
+        self._forget_pages_at = 0.0
+        self._backlogged = False  # an event ring was full: some worker's events wait (pending)
         self.stopping = False
         self.port = 0
         self._listener: socket.socket | None = None
@@ -104,7 +116,6 @@ class Supervisor:
         self._control_sock: socket.socket | None = None
         self.control_path = ""
         self._alive_r, self._alive_w = os.pipe()
-        self._backlog = trio.Event()
         self.durability: Durability | None = None  # --data-dir
         self.users: dict[str, str] = {}  # who may log in: name -> stored password (setup)
         self.permissions: Table = {}  # broker.permissions' tables (setup)
@@ -121,9 +132,9 @@ class Supervisor:
         directory and restore durable topology (before any worker runs, so no client sees a
         half-recovered broker), then sweep what dead instances left and create the regions and
         the control socket."""
-        self._listener = self._bind()
+        self._listener = listeners.bind(self.config.host, self.config.port)
         if self.config.tls_port:
-            self._tls_listener = self._bind_tls()
+            self._tls_listener = listeners.bind_tls(self.config)
         if self.config.management_port:
             try:
                 self.management = ManagementChild(  # binds: a port in use fails here
@@ -134,7 +145,7 @@ class Supervisor:
                 log.warning("management API not started: port %d: %s (--management-port "
                             "chooses another)", self.config.management_port, exc.strerror or exc)
         if self.config.management_tls_port:
-            self._bind_management_tls()
+            listeners.bind_management_tls(self.config, self.management)
         if self.management is not None and self.config.prometheus_port:
             self.management.listen_prometheus(self.config.prometheus_host or self.config.host,
                                               self.config.prometheus_port,
@@ -197,49 +208,6 @@ class Supervisor:
         if c.load_definitions:  # read now: a malformed file stops the start (run imports it)
             self._definitions = definitions_io.read(c.load_definitions)
 
-    def _bind_tls(self) -> socket.socket:
-        """The AMQPS listener: the TLS files are loaded once here to check them (ipc.tls; the
-        context is dropped at once, the workers load their own), then the port is bound."""
-        c = self.config
-        if not c.tls_cert or not c.tls_key:
-            raise TLSSettingsError("--tls-port needs --tls-cert and --tls-key")
-        server_context(c.tls_cert, c.tls_key, c.tls_ca or "", verify_peer=c.tls_verify_peer,
-                       fail_if_no_peer_cert=c.tls_fail_if_no_peer_cert)
-        try:
-            return self._bind(c.tls_port)
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, f"{c.host}:{c.tls_port}") from None
-
-    def _bind_management_tls(self) -> None:
-        """The management API's HTTPS listener (--management-tls-port): its files are checked
-        here (the management process loads its own from the paths), then the port is bound; a
-        port in use fails the start, as it was asked for."""
-        c = self.config
-        cert, key = c.management_tls_cert or c.tls_cert, c.management_tls_key or c.tls_key
-        if not cert or not key:
-            raise TLSSettingsError("--management-tls-port needs --tls-cert and --tls-key (or "
-                                   "--management-tls-cert and --management-tls-key)")
-        if not c.management_port:
-            raise TLSSettingsError("--management-tls-port needs the management API "
-                                   "(--management-port is 0)")
-        server_context(cert, key, c.management_tls_ca or c.tls_ca or "")
-        if self.management is None:  # the default management port was taken: said already
-            return
-        host = c.management_host or c.host
-        try:
-            self.management.listen_tls(host, c.management_tls_port, cert, key,
-                                       c.management_tls_ca or c.tls_ca or "")
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, f"{host}:{c.management_tls_port}") from None
-
-    def _bind(self, port: int | None = None) -> socket.socket:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.config.host, self.config.port if port is None else port))
-        sock.listen(1024)
-        sock.setblocking(False)
-        return sock
-
     def cleanup(self) -> None:
         if self.dispatcher.trace is not None:
             self.dispatcher.trace.writer.close()
@@ -269,11 +237,6 @@ class Supervisor:
             await self._control.import_definitions(body, path)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._signals, nursery)
-            nursery.start_soon(self._retry_backlog)
-            nursery.start_soon(self._timer)
-            nursery.start_soon(self._forget_arena_pages)
-            if self.samples is not None:
-                nursery.start_soon(self._sample_processes)
             if self.durability is not None:
                 nursery.start_soon(self.durability.sync_index, self.flush)
                 if self.config.disk_free_limit:
@@ -288,7 +251,18 @@ class Supervisor:
                                self.parameters.listing, lambda: self.stopping)
             for w in self.workers:
                 nursery.start_soon(self._supervise, w)
-                nursery.start_soon(self._drain, w)
+
+    def serve(self, main: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Run the ring loop with ``main`` (default :meth:`run`) as its trio guest, until
+        ``main`` returns."""
+        loop = RingLoop()
+        try:
+            for w in self.workers:
+                loop.watch(w.request_efd.fileno())
+            run_profiled("supervisor", loop.run, main or self.run, self._step, self._sleep,
+                         self._woke, instruments=trio_instruments("supervisor"))
+        finally:
+            loop.close()
 
     async def _signals(self, nursery: trio.Nursery) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -376,6 +350,7 @@ class Supervisor:
         leave new connections to the replacement (a starting mark) if it is
         awaited, else they stop leaving connections to this region."""
         w.ready = False
+        w.corrupt = False  # its rings are reset below
         if replacement_awaited:
             w.region.mark_starting(self.config.start_grace)
         else:
@@ -398,38 +373,53 @@ class Supervisor:
             log.info("worker %d: reclaimed %d unfinished body block(s)", w.index, swept)
         self.flush()
 
-    async def _corrupt(self, w: WorkerSlot) -> None:
-        w.kill()
-        await trio.sleep(RESTART_BACKOFF / 10)  # _supervise resets the rings
-
     def _free_body(self, region: int, offset: int) -> None:
         self.workers[region].region.arena.free(offset)
 
     # ------------------------------------------------------------ the rings
 
-    async def _drain(self, w: WorkerSlot) -> None:
-        """Apply worker k's requests in ring order; sleep on its eventfd when idle."""
-        ring = w.region.request_ring
-        flag = w.region.supervisor_sleeping
-
-        def has_work() -> bool:
-            return not ring.is_empty()
-
+    def _step(self) -> bool:
+        """One turn of the ring loop: a bounded step of every worker's requests in ring order,
+        the timer when due, one flush. True while work is left (the loop turns again at once,
+        after trio's tasks have had their turn)."""
+        busy = applied = False
         run_pending = self.dispatcher.run_pending
-        while True:
+        for w in self.workers:
+            ring = w.region.request_ring
             try:
-                batch = w.unapplied or ring.get_all_nowait(BATCH)
+                batch = w.unapplied or (ring.get_all_nowait(BATCH) if not w.corrupt else [])
             except RingCorrupt as exc:
                 log.error("worker %d: request ring: %s", w.index, exc)
-                await self._corrupt(w)
+                w.corrupt = True  # nothing more is read from it until _forget resets it
+                w.kill()
                 continue
             if batch or run_pending(w.index):
                 self._apply(w, batch, STEP_WORK)
-                self.flush()
-                if w.unapplied or run_pending(w.index) or not ring.is_empty():
-                    await trio.sleep(0)  # more is waiting: let the other tasks run first
-                    continue
-            await wait_for_work(flag, w.request_efd, has_work)
+                applied = True
+                busy = busy or bool(w.unapplied) or run_pending(w.index) or not ring.is_empty()
+        now = time.monotonic()
+        ticked = now >= self._deadline
+        if ticked:
+            self._tick(now)
+        if applied or ticked or self._backlogged:
+            self.flush()
+        return busy or now >= self._deadline
+
+    def _sleep(self) -> float | None:
+        """The ring loop is about to sleep: announce it to every worker (ipc.wakeup's
+        handshake), then None if a ring has records after all, else the seconds to sleep."""
+        for w in self.workers:
+            w.region.supervisor_sleeping.set_sleeping()
+        for w in self.workers:
+            if not (w.corrupt or w.region.request_ring.is_empty()):
+                self._woke()
+                return None
+        delay = self._deadline - time.monotonic()
+        return max(0.0, min(delay, BACKLOG_RETRY) if self._backlogged else delay)
+
+    def _woke(self) -> None:
+        for w in self.workers:
+            w.region.supervisor_sleeping.clear()
 
     def _apply_all(self, w: WorkerSlot) -> None:
         """Everything worker k's ring holds, what a step left over first."""
@@ -466,11 +456,11 @@ class Supervisor:
         self._check_deadline()
 
     def _check_deadline(self) -> None:
-        """Wake the timer if the dispatcher's next deadline is earlier than the one it sleeps
-        until (a request, or a dead worker's requeue, left work for it)."""
+        """Bring the timer's next tick forward if the dispatcher's next deadline is earlier (a
+        request, or a dead worker's requeue, left work for it)."""
         deadline = self.dispatcher.next_deadline()
-        if deadline is not None and (self._deadline is None or deadline < self._deadline):
-            self._deadline_changed.set()  # the timer sleeps too long for this one
+        if deadline is not None and deadline < self._deadline:
+            self._deadline = deadline
 
     def _apply_one(self, w: WorkerSlot, rec: r.Request | None) -> None:
         """Apply ``rec`` (None: go on with the worker's stopped PublishRun); a bug is logged
@@ -493,6 +483,7 @@ class Supervisor:
         if self.durability is not None:
             self.durability.save()
         encode = self.codec.encode
+        self._backlogged = False
         for w in self.workers:
             out = self.dispatcher.outbox[w.index]
             slots = self.dispatcher.notify[w.index]
@@ -510,64 +501,35 @@ class Supervisor:
                     continue
                 del w.pending[:written]
                 if w.pending:
-                    self._backlog.set()
+                    self._backlogged = True  # the ring loop offers the rest soon (BACKLOG_RETRY)
             for slot in slots:
                 w.region.set_slot(slot)
             slots.clear()
             wake_if_sleeping(w.region.worker_sleeping, w.event_efd)
 
-    async def _timer(self) -> None:
-        """Message TTL, queue x-expires and held messages: tick at the next deadline.
-
-        Each tick is a bounded step: while expired messages or purged and deleted queues'
-        bodies are left over, the deadline is now and the timer ticks again as soon as the
-        other tasks (the rings) have had their turn."""
-        while True:
-            self._deadline = self.dispatcher.tick(time.monotonic())
-            self.flush()
-            if self.dispatcher.trace is not None:
-                self.dispatcher.trace.writer.maybe_flush()
-            delay = IDLE_TICK if self._deadline is None else self._deadline - time.monotonic()
-            with trio.move_on_after(max(0.0, min(delay, IDLE_TICK))):
-                await self._deadline_changed.wait()
-            self._deadline_changed = trio.Event()
-
-    async def _sample_processes(self) -> None:
-        """--trace: the supervisor's and each worker's CPU and memory every second, in the trace
-        directory's ``proc`` table (the report's CPU and memory charts)."""
-        from tracing.procs import SAMPLE_INTERVAL_S
-
-        while True:
-            self._sample()
-            await trio.sleep(SAMPLE_INTERVAL_S)
+    def _tick(self, now: float) -> None:
+        """Message TTL, queue x-expires and held messages: the timer's tick, at the next
+        deadline and at least every IDLE_TICK. Each tick is a bounded step: while expired
+        messages or purged and deleted queues' bodies are left over, the deadline is now and
+        the ring loop ticks again after the other work of its turn."""
+        deadline = self.dispatcher.tick(now)
+        self._deadline = now + IDLE_TICK if deadline is None else min(deadline, now + IDLE_TICK)
+        if self.dispatcher.trace is not None:
+            self.dispatcher.trace.writer.maybe_flush()
+        if now >= self._forget_pages_at:
+            self._forget_pages_at = now + FORGET_PAGES_INTERVAL
+            for w in self.workers:
+                w.region.forget_arena_pages()
+            self._sample()  # tracing.procs.SAMPLE_INTERVAL_S is FORGET_PAGES_INTERVAL too
 
     def _sample(self) -> None:
+        """--trace: the supervisor's and each worker's CPU and memory, in the trace directory's
+        ``proc`` table (the report's CPU and memory charts: a point a second, at a tick)."""
         if self.samples is not None:  # a few /proc reads per process: ~0.1 ms each
             pids = {"supervisor": os.getpid()}
             pids.update((f"worker{w.index}", w.process.pid) for w in self.workers
                         if w.process is not None and w.process.returncode is None)
             self.samples.sample_pids(pids)
-
-    async def _forget_arena_pages(self) -> None:
-        """Every FORGET_PAGES_INTERVAL, unmap the arena pages this process touched by freeing
-        blocks in them (ipc.region.Region.forget_arena_pages): the supervisor never reads a
-        body, and without this its RSS grows to every arena's size and counts each arena a
-        second time. A pipeline's frees stay in
-        a few pages near each arena's start, so mapping them again costs little; a drain of
-        a paged queue frees blocks all through its arena, which this keeps out of the RSS."""
-        while True:
-            await trio.sleep(FORGET_PAGES_INTERVAL)
-            for w in self.workers:
-                w.region.forget_arena_pages()
-
-    async def _retry_backlog(self) -> None:
-        """An event ring was full: retry until the slow worker has room."""
-        while True:
-            await self._backlog.wait()
-            self._backlog = trio.Event()
-            while any(w.pending for w in self.workers):
-                await trio.sleep(0.0005)
-                self.flush()
 
     # ------------------------------------------------------------ readiness
 
@@ -625,13 +587,9 @@ def run(config: ServeConfig) -> int:
     sup = Supervisor(config)
     try:
         sup.setup()
-    except TLSSettingsError as exc:
-        log.error("cannot start: TLS: %s", exc)
-        sup.cleanup()
-        return 1
-    except (DataDirInUse, DataDirDamaged, DefinitionStoreError, ArenasFull,
+    except (TLSSettingsError, DataDirInUse, DataDirDamaged, DefinitionStoreError, ArenasFull,
             definitions_io.DefinitionsError) as exc:
-        log.error("cannot start: %s", exc)
+        log.error("cannot start: %s%s", "TLS: " if isinstance(exc, TLSSettingsError) else "", exc)
         sup.cleanup()
         return 1
     except OSError as exc:
@@ -647,7 +605,7 @@ def run(config: ServeConfig) -> int:
     if sup._tls_listener is not None:
         log.info("AMQPS (TLS) listening on %s:%d", config.host, sup._tls_listener.getsockname()[1])
     try:
-        run_profiled("supervisor", trio.run, sup.run, instruments=trio_instruments("supervisor"))
+        sup.serve()
     finally:
         sup.cleanup()
     return 0

@@ -33,6 +33,7 @@ class WorkerSlot:
         self.event_efd = EventFd()  # supervisor → worker
         self.process: trio.Process | None = None
         self.ready = False
+        self.corrupt = False  # its request ring no longer adds up: not read until reset
         self.pending: list[bytes] = []  # encoded events that did not fit the ring
         # Requests taken from the ring that a step's STEP_WORK left for the next: they come
         # before whatever is still in the ring.

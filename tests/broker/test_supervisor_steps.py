@@ -1,5 +1,5 @@
 """How the supervisor applies a worker's request ring: in steps of bounded work (STEP_WORK),
-with a flush and a turn for its other tasks between them, in ring order; what a step left over
+with a flush and a turn for its trio tasks (the ring loop's guest) between them, in ring order; what a step left over
 is applied before anything else of that worker, also when the worker dies.
 
 A real supervisor over real regions (shared memory), without worker processes: the records are
@@ -56,21 +56,23 @@ def _watch(sup: Supervisor) -> list[object]:
     return seen
 
 
-async def _drain_until(sup: Supervisor, seen: list[object], done: Callable[[], bool]) -> None:
-    """Run worker 0's drain task beside another task that notes each of its turns ("turn"),
-    until ``done()``."""
+def _drain_until(sup: Supervisor, seen: list[object], done: Callable[[], bool]) -> None:
+    """Run the supervisor's ring loop with, as its trio guest, a task that notes each of its
+    turns ("turn"), until ``done()``."""
 
     async def other_task() -> None:
         while True:
             seen.append("turn")
             await trio.sleep(0)
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(sup._drain, sup.workers[0])
-        nursery.start_soon(other_task)
-        while not done():
-            await trio.sleep(0)
-        nursery.cancel_scope.cancel()
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_task)
+            while not done():
+                await trio.sleep(0)
+            nursery.cancel_scope.cancel()
+
+    sup.serve(main)
 
 
 def _steps(seen: list[object]) -> list[list[object]]:
@@ -85,7 +87,7 @@ def _steps(seen: list[object]) -> list[list[object]]:
     return [s for s in steps if s]
 
 
-async def test_a_ring_batch_is_applied_in_steps_with_turns_for_the_other_tasks(
+def test_a_ring_batch_is_applied_in_steps_with_turns_for_the_other_tasks(
         supervisor: Supervisor) -> None:
     """Ten Settles of a thousand entries sit in the ring (five steps' work): they are applied
     in ring order, at most STEP_WORK entries and one record past it per step, each step
@@ -93,15 +95,15 @@ async def test_a_ring_batch_is_applied_in_steps_with_turns_for_the_other_tasks(
     sup = supervisor
     seen = _watch(sup)
     _write(sup, _settles())
-    await _drain_until(sup, seen, lambda: sum(isinstance(item, int) for item in seen) == RECORDS)
+    _drain_until(sup, seen, lambda: sum(isinstance(item, int) for item in seen) == RECORDS)
 
     applied = [item for item in seen if isinstance(item, int)]
     assert applied == list(range(1, RECORDS + 1)), "every record once, in ring order"
     steps = _steps(seen)
     assert len(steps) >= RECORDS * ENTRIES // STEP_WORK
     assert all((len(step) - 1) * ENTRIES < STEP_WORK for step in steps)
-    # Each step ends with a flush; trio runs each ready task once a round, in any order, so
-    # the other task has a turn in each round the steps take.
+    # Each step ends with a flush; the ring loop runs trio's ready tasks once between two
+    # steps, so the other task has a turn in each round the steps take.
     ends = [seen.index(step[-1]) for step in steps]
     assert all(seen[end + 1] == "flush" for end in ends)
     turns = seen[seen.index(steps[0][0]):ends[-1]].count("turn")
@@ -151,14 +153,14 @@ def test_a_dead_workers_deliveries_going_back_in_steps_wake_the_timer(supervisor
     d.begin_batch(2.0)
     sup._forget(sup.workers[1])
     assert queue.message_count == 10
-    assert sup._deadline_changed.is_set()
     now = d.vhost.now  # the supervisor's clock (its steps read time.monotonic())
+    assert sup._deadline <= now, "the timer ticks at once"
     while (deadline := d.tick(now)) is not None and deadline <= now:
         pass
     assert queue.message_count == 50
 
 
-async def test_a_run_to_a_wide_fanout_goes_over_several_steps_before_the_next_request(
+def test_a_run_to_a_wide_fanout_goes_over_several_steps_before_the_next_request(
         supervisor: Supervisor) -> None:
     """A PublishRun of 64 messages to a fanout of 100 queues is 6,400 copies, three steps'
     work: it goes on over several steps, the other task has turns in between, and the
@@ -180,7 +182,7 @@ async def test_a_run_to_a_wide_fanout_goes_over_several_steps_before_the_next_re
     d.resume_run = watched_resume  # type: ignore[method-assign]
     bodies = [x for i in range(64) for x in (256 * (i + 1), 16, 100)]
     _write(sup, [r.PublishRun(1, 1, "fx", "", False, False, bodies), r.Settle(1, 5, [1], r.ACK)])
-    await _drain_until(sup, seen, lambda: 5 in seen)
+    _drain_until(sup, seen, lambda: 5 in seen)
 
     resumed = [item for item in seen if isinstance(item, tuple)]
     assert len(resumed) >= 6400 // STEP_WORK
