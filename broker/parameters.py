@@ -1,5 +1,6 @@
 """Runtime parameters (RabbitMQ's ``rabbitmqctl set_parameter``): the ``shovel`` component's keys
-checked, and its URIs read. Pure: stdlib only, no IO.
+checked, and its URIs read (the ``federation-upstream`` and ``federation-upstream-set``
+components are ``broker.federation``'s). Pure: stdlib only, no IO.
 
 A dynamic shovel is the parameter ``{"vhost", "component": "shovel", "name", "value": {...}}``;
 :func:`validate_shovel` accepts what RabbitMQ 3.10's rabbit_shovel_parameters accepts for AMQP
@@ -20,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-COMPONENTS = ("shovel",)  # federation-upstream later
+from broker.federation import FederationError, validate_upstream, validate_upstream_set
+
+COMPONENTS = ("shovel", "federation-upstream", "federation-upstream-set")
 ACK_MODES = ("on-confirm", "on-publish", "no-ack")
 DEFAULT_PREFETCH = 1000
 DEFAULT_RECONNECT_DELAY = 5.0
@@ -225,4 +228,12 @@ def validate(component: str, name: str, value: Any) -> None:
         raise ParameterError(f"component {component} not found")
     if not name:
         raise ParameterError("a parameter needs a non-empty name")
-    shovel_settings(value)
+    try:
+        if component == "federation-upstream":
+            validate_upstream(name, value)
+        elif component == "federation-upstream-set":
+            validate_upstream_set(name, value)
+        else:
+            shovel_settings(value)
+    except FederationError as exc:
+        raise ParameterError(str(exc)) from None

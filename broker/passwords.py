@@ -3,6 +3,11 @@
 Passwords are kept as RabbitMQ keeps them (``rabbit_password_hashing_sha256``, its default):
 ``base64(salt + sha256(salt + password))`` with a 4-byte random salt -- the ``password_hash``
 of its definitions export. Neither the data directory nor a worker ever holds a password.
+Hashes of RabbitMQ's two other modules, imported or given as ``password_hash``, are kept as
+they come and checked as RabbitMQ checks them: ``rabbit_password_hashing_sha512`` (the same with
+SHA-512) and ``rabbit_password_hashing_md5`` (MD5; users from RabbitMQ before 3.6). Each
+digest has its own length, so a stored hash says which module made it (``algorithm_of``); new
+passwords are always SHA-256.
 
 Who may log in (RabbitMQ's rules, with ``--user`` in the place of ``default_user``): the users
 in the data directory, plus those given at this start (``--user``, ``--users-file``,
@@ -30,6 +35,12 @@ DEFAULT_USER = ("guest", "guest")
 # at runtime has the tags it is given (rabbitmqctl add_user: none).
 DEFAULT_TAGS = ("administrator",)
 _SALT = 4
+SHA256 = "rabbit_password_hashing_sha256"
+# RabbitMQ's hashing modules (rabbit_password_hashing_*: hash/1), by the length of salt + digest.
+HASHINGS = {SHA256: "sha256", "rabbit_password_hashing_sha512": "sha512",
+            "rabbit_password_hashing_md5": "md5"}
+_BY_LENGTH = {_SALT + hashlib.new(digest).digest_size: (name, digest)
+              for name, digest in HASHINGS.items()}
 
 
 def hash_password(password: str, salt: bytes | None = None) -> str:
@@ -38,16 +49,27 @@ def hash_password(password: str, salt: bytes | None = None) -> str:
     return base64.b64encode(salt + hashlib.sha256(salt + password.encode()).digest()).decode()
 
 
+def algorithm_of(stored: str) -> str | None:
+    """The hashing module whose hash ``stored`` is (HASHINGS' names), None if none's."""
+    found = _BY_LENGTH.get(len(_decoded(stored)))
+    return None if found is None else found[0]
+
+
 def check_password(stored: str, password: str) -> bool:
     """Whether ``password`` is the one ``stored`` was made from (constant-time compare)."""
-    try:
-        raw = base64.b64decode(stored, validate=True)
-    except (binascii.Error, ValueError):
-        return False
-    if len(raw) != _SALT + hashlib.sha256().digest_size:
+    raw = _decoded(stored)
+    found = _BY_LENGTH.get(len(raw))
+    if found is None:
         return False
     salt, digest = raw[:_SALT], raw[_SALT:]
-    return hmac.compare_digest(digest, hashlib.sha256(salt + password.encode()).digest())
+    return hmac.compare_digest(digest, hashlib.new(found[1], salt + password.encode()).digest())
+
+
+def _decoded(stored: str) -> bytes:
+    try:
+        return base64.b64decode(stored, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
 
 
 def hashed(users: Mapping[str, str]) -> dict[str, str]:

@@ -20,8 +20,8 @@ Shoal yet, 70 any other failure (a user that already exists).
 The modules: ``cli.ctl_group`` (the group, the general options, requests, exit codes, output),
 ``cli.ctl_format`` (the pure formatting and rows ``tests/cli/test_ctl.py`` checks), the verbs by
 kind in ``cli.ctl_lists``, ``cli.ctl_users`` (users and permissions), ``cli.ctl_objects``
-(queues, connections, definitions, the node) and ``cli.ctl_policies``; here, the verbs Shoal
-lacks. The integration tests drive the verbs against a broker.
+(queues, connections, definitions, the node), ``cli.ctl_policies`` and ``cli.ctl_limits``; here,
+the verbs Shoal lacks. The integration tests drive the verbs against a broker.
 """
 
 from __future__ import annotations
@@ -29,20 +29,26 @@ from __future__ import annotations
 import click
 
 # Each verb module registers its verbs on the group when imported: a new one is one more name here.
-from cli import ctl_lists, ctl_objects, ctl_parameters, ctl_policies, ctl_users  # noqa: F401
+from cli import (  # noqa: F401
+    ctl_federation,
+    ctl_limits,
+    ctl_lists,
+    ctl_objects,
+    ctl_parameters,
+    ctl_policies,
+    ctl_users,
+)
 from cli.ctl_group import ctl, not_supported
 
 __all__ = ["ctl"]
 
 # ------------------------------------------------------------------ not yet
 
-UNSUPPORTED = ("add_vhost", "delete_vhost", "set_vhost_limits", "clear_vhost_limits",
-               "list_vhost_limits", "set_vhost_tags", "restart_vhost", "set_policy",
+UNSUPPORTED = ("add_vhost", "delete_vhost", "set_vhost_tags", "restart_vhost", "set_policy",
                "clear_policy", "list_policies", "set_operator_policy", "clear_operator_policy",
                "list_operator_policies", "set_parameter", "clear_parameter", "list_parameters",
                "set_global_parameter", "clear_global_parameter", "list_global_parameters",
-               "set_user_limits", "clear_user_limits", "list_user_limits", "clear_password",
-               "trace_on", "trace_off")
+               "clear_password", "trace_on", "trace_off")
 
 
 def _unsupported(name: str) -> click.Command:

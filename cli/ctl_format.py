@@ -117,7 +117,8 @@ CHANNEL_COLUMNS = ("pid", "connection", "name", "number", "user", "vhost", "cons
 CONSUMER_COLUMNS = ("queue_name", "channel_pid", "consumer_tag", "ack_required", "prefetch_count",
                     "active", "arguments", "exclusive")
 USER_COLUMNS = ("user", "tags")
-VHOST_COLUMNS = ("name", "tracing", "description")
+VHOST_COLUMNS = ("name", "description", "tags", "tracing", "default_queue_type", "messages",
+                 "messages_ready", "messages_unacknowledged")
 DEFAULTS = {
     "queues": ("name", "messages"),
     "exchanges": ("name", "type"),
@@ -130,10 +131,18 @@ DEFAULTS = {
 }
 
 
-def policy_name(snapshot: dict[str, Any], kind: str, name: str) -> str:
-    """The policy applying to a ``queue`` or ``exchange`` (the snapshot's ``policies``,
-    broker.runtime.policies.policy_snapshot), '' for none, as rabbitmqctl's ``policy`` column."""
-    applied = ((snapshot.get("policies") or {}).get("applied") or {}).get(kind, {}).get(name)
+def row_vhost(row: Sequence[Any], at: int) -> str:
+    """The vhost a snapshot row names at index ``at`` (broker.runtime.snapshot), "/" when it
+    names none."""
+    return str(row[at]) if len(row) > at else VHOST
+
+
+def policy_name(snapshot: dict[str, Any], kind: str, name: str, vhost: str = VHOST) -> str:
+    """The policy applying to a ``queue`` or ``exchange`` of ``vhost`` (the snapshot's
+    ``vhost_policies``, broker.runtime.policies.policy_snapshot), '' for none, as
+    rabbitmqctl's ``policy`` column."""
+    per_vhost = snapshot.get("vhost_policies") or {VHOST: snapshot.get("policies")}
+    applied = ((per_vhost.get(vhost) or {}).get("applied") or {}).get(kind, {}).get(name)
     return str(applied[0] or "") if applied else ""
 
 
@@ -146,29 +155,30 @@ def queue_rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
                      "arguments": arguments or {}, "messages": ready + unacked,
                      "messages_ready": ready, "messages_unacknowledged": unacked,
                      "consumers": consumers, "exclusive": owner is not None, "state": "running",
-                     "type": "classic", "policy": policy_name(snapshot, "queue", name),
-                     "vhost": snapshot.get("vhost", VHOST),
+                     "type": "classic",
+                     "policy": policy_name(snapshot, "queue", name, row_vhost(q, 16)),
+                     "vhost": row_vhost(q, 16),
                      "messages_enqueued": q[8] if len(q) > 8 else None})
     return rows
 
 
 def exchange_rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": x[0], "type": x[1], "durable": x[2], "auto_delete": x[3], "internal": x[4],
-             "arguments": x[5] or {}, "policy": policy_name(snapshot, "exchange", x[0]),
-             "vhost": snapshot.get("vhost", VHOST)}
+             "arguments": x[5] or {},
+             "policy": policy_name(snapshot, "exchange", x[0], row_vhost(x, 8)),
+             "vhost": row_vhost(x, 8)}
             for x in snapshot.get("exchanges", ())]
 
 
 def binding_rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     """The default exchange's binding of every queue first (the snapshot leaves them out), then
     the others, as rabbitmqctl lists them."""
-    vhost = snapshot.get("vhost", VHOST)
     rows = [{"source_name": "", "source_kind": "exchange", "destination_name": q[0],
-             "destination_kind": "queue", "routing_key": q[0], "arguments": {}, "vhost": vhost}
-            for q in snapshot.get("queues", ())]
+             "destination_kind": "queue", "routing_key": q[0], "arguments": {},
+             "vhost": row_vhost(q, 16)} for q in snapshot.get("queues", ())]
     rows += [{"source_name": b[0], "source_kind": "exchange", "destination_name": b[1],
               "destination_kind": b[2], "routing_key": b[3], "arguments": b[4] or {},
-              "vhost": vhost} for b in snapshot.get("bindings", ())]
+              "vhost": row_vhost(b, 5)} for b in snapshot.get("bindings", ())]
     return rows
 
 
@@ -202,11 +212,11 @@ def channel_rows(snapshot: dict[str, Any], connections: list[dict[str, Any]]) ->
 
 def consumer_rows(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    for queue, tag, worker, conn, ch, exclusive, ack_required, priority, active in \
-            snapshot.get("consumers", ()):
+    for c in snapshot.get("consumers", ()):
+        queue, tag, worker, conn, ch, exclusive, ack_required, priority, active = c[:9]
         rows.append({"queue_name": queue, "channel_pid": channel_pid(worker, conn, ch),
                      "consumer_tag": tag, "ack_required": ack_required, "prefetch_count": None,
-                     "active": active, "exclusive": exclusive,
+                     "active": active, "exclusive": exclusive, "vhost": row_vhost(c, 9),
                      "arguments": {"x-priority": priority} if priority else {}})
     return rows
 
@@ -223,14 +233,14 @@ def export_definitions(snapshot: dict[str, Any], users: list[dict[str, Any]],
     with full permissions, no topic permissions): exclusive queues and the bindings to them, the
     default exchange and ``amq.*`` are left out, as RabbitMQ leaves them out."""
     vhost = snapshot.get("vhost", VHOST)
-    exclusive = {q[0] for q in snapshot.get("queues", ()) if q[3] is not None}
+    exclusive = {(row_vhost(q, 16), q[0]) for q in snapshot.get("queues", ()) if q[3] is not None}
     return {
         "bindings": [{"arguments": b[4] or {}, "destination": b[1], "destination_type": b[2],
-                      "routing_key": b[3], "source": b[0], "vhost": vhost}
+                      "routing_key": b[3], "source": b[0], "vhost": row_vhost(b, 5)}
                      for b in snapshot.get("bindings", ())
-                     if b[0] and not (b[2] == "queue" and b[1] in exclusive)],
+                     if b[0] and not (b[2] == "queue" and (row_vhost(b, 5), b[1]) in exclusive)],
         "exchanges": [{"arguments": x[5] or {}, "auto_delete": x[3], "durable": x[2],
-                       "internal": x[4], "name": x[0], "type": x[1], "vhost": vhost}
+                       "internal": x[4], "name": x[0], "type": x[1], "vhost": row_vhost(x, 8)}
                       for x in snapshot.get("exchanges", ())
                       if x[0] and not str(x[0]).startswith("amq.")],
         "global_parameters": [],
@@ -241,7 +251,7 @@ def export_definitions(snapshot: dict[str, Any], users: list[dict[str, Any]],
                          "write": FULL} for u in users],
         "policies": list((snapshot.get("policies") or {}).get("policies", [])),
         "queues": [{"arguments": q[4] or {}, "auto_delete": q[2], "durable": q[1], "name": q[0],
-                    "type": "classic", "vhost": vhost}
+                    "type": "classic", "vhost": row_vhost(q, 16)}
                    for q in snapshot.get("queues", ()) if q[3] is None],
         "rabbit_version": version,
         "rabbitmq_version": version,

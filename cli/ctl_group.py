@@ -62,7 +62,7 @@ def general_options(f: Callable[..., Any]) -> Callable[..., Any]:
                      help="No column names."),
         click.option("--formatter", type=click.Choice(["table", "json"]), default=None,
                      help="table (tab-separated, the default) or json."),
-        click.option("-p", "--vhost", default=None, help='The virtual host (Shoal has "/").'),
+        click.option("-p", "--vhost", default=None, help='The virtual host (default "/").'),
         click.option("-t", "--timeout", type=float, default=None, help="Seconds to wait."),
         click.option("-n", "--node", default=None, hidden=True,
                      help="Accepted for rabbitmqctl's sake; --port or --control-socket choose."),
@@ -176,12 +176,20 @@ def chosen_columns(opts: Options, kind: str, known: Sequence[str], given: tuple[
     return columns
 
 
-def fetch_snapshot(opts: Options) -> dict[str, Any]:
+# Where each snapshot row names its vhost (broker.runtime.snapshot).
+_VHOST_AT = {"queues": 16, "exchanges": 8, "bindings": 5, "consumers": 9}
+
+
+def fetch_snapshot(opts: Options, *, every_vhost: bool = False) -> dict[str, Any]:
+    """The supervisor's snapshot, its rows those of the vhost -p names (``every_vhost``: all)."""
     answer = request(opts, {"command": "snapshot"})
     if "error" in answer:
         error(str(answer["error"]), EX_SOFTWARE)
-    if opts.vhost != answer.get("vhost", VHOST):  # a vhost Shoal does not have: nothing in it
-        return {"vhost": opts.vhost}
+    if every_vhost:
+        return answer
+    for key, at in _VHOST_AT.items():
+        answer[key] = [row for row in answer.get(key, ())
+                       if (row[at] if len(row) > at else VHOST) == opts.vhost]
     return answer
 
 

@@ -16,7 +16,6 @@ from cli.ctl_format import (
     EXCHANGE_COLUMNS,
     QUEUE_COLUMNS,
     USER_COLUMNS,
-    VHOST,
     VHOST_COLUMNS,
     binding_rows,
     channel_rows,
@@ -27,14 +26,17 @@ from cli.ctl_format import (
     user_rows,
 )
 from cli.ctl_group import (
+    EX_SOFTWARE,
     Options,
     check_columns,
     chosen_columns,
     emit,
+    error,
     fetch_connections,
     fetch_snapshot,
     fetch_users,
     info,
+    request,
     verb,
 )
 
@@ -112,8 +114,12 @@ def list_users(opts: Options) -> None:
 @verb("list_vhosts")
 @click.argument("columns", nargs=-1)
 def list_vhosts(opts: Options, columns: tuple[str, ...]) -> None:
-    """Virtual hosts: Shoal has one, "/"."""
+    """Virtual hosts: name description tags tracing default_queue_type messages messages_ready
+    messages_unacknowledged."""
     cols = [c for arg in columns for c in arg.split(",") if c] or ["name"]
     check_columns(cols, VHOST_COLUMNS, cols)
     info(opts, "Listing vhosts ...")
-    emit(opts, cols, [{"name": VHOST, "tracing": False, "description": "Default virtual host"}])
+    answer = request(opts, {"command": "list_vhosts"})
+    if "error" in answer:
+        error(str(answer["error"]), EX_SOFTWARE)
+    emit(opts, cols, [{**row, "tracing": False} for row in answer["vhosts"]])

@@ -8,11 +8,13 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 import click
 
+from broker.limits import export_limits
 from cli.control import ask
-from cli.ctl_format import VHOST, export_definitions
+from cli.ctl_format import export_definitions
 from cli.ctl_group import (
     EX_DATAERR,
     EX_SOFTWARE,
@@ -37,9 +39,7 @@ from cli.ctl_group import (
 def purge_queue(opts: Options, queue: str) -> None:
     """Remove the ready messages of a queue."""
     info(opts, f"Purging queue '{queue}' in vhost '{opts.vhost}' ...")
-    if opts.vhost != VHOST:
-        error("not_found", EX_UNAVAILABLE)
-    answer = request(opts, {"command": "purge_queue", "name": queue})
+    answer = request(opts, {"command": "purge_queue", "name": queue, "vhost": opts.vhost})
     if "error" in answer:
         error("not_found" if answer.get("code") == "missing" else str(answer["error"]),
               EX_UNAVAILABLE)
@@ -52,10 +52,8 @@ def purge_queue(opts: Options, queue: str) -> None:
 def delete_queue(opts: Options, queue: str, if_unused: bool, if_empty: bool) -> None:
     """Delete a queue."""
     info(opts, f"Deleting queue '{queue}' on vhost '{opts.vhost}' ...")
-    if opts.vhost != VHOST:
-        error("Queue not found", EX_USAGE)
     answer = request(opts, {"command": "delete_queue", "name": queue, "if_unused": if_unused,
-                            "if_empty": if_empty})
+                            "if_empty": if_empty, "vhost": opts.vhost})
     if "error" in answer:
         if answer.get("code") == "missing":
             error("Queue not found", EX_USAGE)
@@ -86,14 +84,43 @@ def close_all_connections(opts: Options, explanation: str, limit: int, global_: 
     """Close every client connection with 320 CONNECTION_FORCED and EXPLANATION."""
     where = "on node" if global_ else f"in vhost {opts.vhost}"
     info(opts, f"Closing all connections {where}, reason: {explanation}...")
-    if opts.vhost != VHOST and not global_:
-        info(opts, "Closed 0 connections")
-        return
     answer = request(opts, {"command": "close_all_connections", "reason": explanation,
-                            "limit": limit})
+                            "limit": limit, "vhost": None if global_ else opts.vhost})
     if "error" in answer:
         error(str(answer["error"]), EX_SOFTWARE)
     info(opts, f"Closed {answer['closed']} connections")
+
+
+# ------------------------------------------------------------------ vhosts
+
+
+def _vhost_answer(answer: dict[str, Any]) -> None:
+    if "error" in answer:
+        error(str(answer["error"]), EX_UNAVAILABLE if answer.get("code") == "missing" else EX_SOFTWARE)
+
+
+@verb("add_vhost")
+@click.argument("name")
+@click.option("--description", default="", help="What the vhost is for.")
+@click.option("--tags", default=None, help="Comma-separated tags.")
+@click.option("--default-queue-type", default="", help="classic (the only type here).")
+def add_vhost(opts: Options, name: str, description: str, tags: str | None,
+              default_queue_type: str) -> None:
+    """Create a virtual host (nobody has permissions on it yet: see set_permissions -p)."""
+    info(opts, f'Adding vhost "{name}" ...')
+    command: dict[str, Any] = {"command": "add_vhost", "name": name, "description": description,
+                               "default_queue_type": default_queue_type}
+    if tags is not None:
+        command["tags"] = tags
+    _vhost_answer(request(opts, command))
+
+
+@verb("delete_vhost")
+@click.argument("name")
+def delete_vhost(opts: Options, name: str) -> None:
+    """Delete a virtual host and everything in it; its connections are closed (320)."""
+    info(opts, f'Deleting vhost "{name}" ...')
+    _vhost_answer(request(opts, {"command": "delete_vhost", "name": name}))
 
 
 # ------------------------------------------------------------------ definitions, node
@@ -114,12 +141,16 @@ def export_definitions_cmd(opts: Options, path: str, format_: str) -> None:
     perms = request(opts, {"command": "list_permissions"})
     topics = request(opts, {"command": "list_topic_permissions"})
     definitions = export_definitions(
-        fetch_snapshot(opts), fetch_users(opts), _version(),
+        fetch_snapshot(opts, every_vhost=True), fetch_users(opts), _version(),
         perms.get("permissions") if "error" not in perms else None,
         topics.get("topic_permissions") if "error" not in topics else None)
     params = request(opts, {"command": "list_parameters"})  # shovels (broker.runtime.parameters)
     if "error" not in params:
         definitions["parameters"] = list(params.get("parameters") or [])
+    vhost_limits = request(opts, {"command": "list_vhost_limits"})  # broker.runtime.limits
+    user_limits = request(opts, {"command": "list_user_limits"})
+    if "error" not in vhost_limits and "error" not in user_limits:
+        export_limits(definitions, vhost_limits["limits"], user_limits["limits"])
     text = json.dumps(definitions, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
                       default=str)
     if path == "-":

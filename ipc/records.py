@@ -40,10 +40,12 @@ class Hello(_Record, frozen=True, tag="hello"):
 
 class ConnOpen(_Record, frozen=True, tag="copen"):
     """Connection ``conn`` is open; ``user`` logged in on it (topic permissions are checked in
-    the supervisor, which knows the exchanges' types)."""
+    the supervisor, which knows the exchanges' types) to ``vhost``, where every request of the
+    connection goes."""
 
     conn: int
     user: str = ""
+    vhost: str = "/"
 
 
 class ConnClose(_Record, frozen=True, tag="cclose"):
@@ -51,6 +53,15 @@ class ConnClose(_Record, frozen=True, tag="cclose"):
     its exclusive queues are deleted."""
 
     conn: int
+
+
+class LimitUsage(_Record, frozen=True, tag="limuse"):
+    """What this worker has open of the limited vhosts and users (``workers.limits``), sent
+    when it changes: the supervisor tells the other workers (``LimitsChanged``)."""
+
+    vhost_connections: dict[str, int]
+    user_connections: dict[str, int]
+    user_channels: dict[str, int]
 
 
 class ChanClose(_Record, frozen=True, tag="chclose"):
@@ -345,6 +356,7 @@ Request = (
     Hello
     | ConnOpen
     | ConnClose
+    | LimitUsage
     | ChanClose
     | ExchangeDeclare
     | ExchangeDelete
@@ -522,12 +534,33 @@ class UsersChanged(_Record, frozen=True, tag="users"):
     impersonators: list[str] | None = None  # who is tagged impersonator now (None: unchanged)
 
 
+class VhostsChanged(_Record, frozen=True, tag="vhosts"):
+    """The vhosts changed at runtime (``shoal ctl add_vhost`` etc.): ``vhosts`` is the whole
+    set now (connection.open to another is 530); the open connections of each of ``removed``
+    are closed with ``320 CONNECTION_FORCED - vhost 'V' is deleted``."""
+
+    vhosts: list[str]
+    removed: list[str] = []
+
+
 class PermissionsChanged(_Record, frozen=True, tag="perms"):
     """The permissions changed at runtime (``shoal ctl set_permissions`` etc.): both tables
     whole (``broker.permissions``), which replace the worker's."""
 
     permissions: dict[str, dict[str, tuple[str, str, str]]]
     topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]]
+
+
+class LimitsChanged(_Record, frozen=True, tag="limits"):
+    """The vhost and user limits (``broker.runtime.limits``) and what the other workers use of
+    them: each worker's check at connection.open and channel.open counts its own connections
+    and channels and adds these (``workers.limits``)."""
+
+    vhosts: dict[str, dict[str, int]]  # vhost -> {max-connections, max-queues}
+    users: dict[str, dict[str, int]]  # user -> {max-connections, max-channels}
+    vhost_connections: dict[str, int]  # on the other workers, of the limited vhosts and users
+    user_connections: dict[str, int]
+    user_channels: dict[str, int]
 
 
 class ArenaFreed(_Record, frozen=True, tag="arenafreed"):
@@ -559,27 +592,9 @@ Event = (
     | CloseConnection
     | UsersChanged
     | PermissionsChanged
+    | VhostsChanged
+    | LimitsChanged
 )
-
-
-# AMQP (class_id, method_id) of the method each request stands for, so that a
-# domain error can name it in channel.close (AMQP 0-9-1 §1.5.2.8 reply fields).
-METHOD_IDS: dict[type, tuple[int, int]] = {
-    ExchangeDeclare: (40, 10),
-    ExchangeDelete: (40, 20),
-    ExchangeBind: (40, 30),
-    ExchangeUnbind: (40, 40),
-    QueueDeclare: (50, 10),
-    QueueBind: (50, 20),
-    QueuePurge: (50, 30),
-    QueueDelete: (50, 40),
-    QueueUnbind: (50, 50),
-    Consume: (60, 20),
-    Cancel: (60, 30),
-    Publish: (60, 40),
-    PublishRun: (60, 40),
-    Get: (60, 70),
-}
 
 
 class Codec:
@@ -592,47 +607,3 @@ class Codec:
         self.encode = self._enc.encode
         self.decode_request = self._req.decode
         self.decode_event = self._evt.decode
-
-
-# --------------------------------------------------------------------------
-# supervisor → worker at start-up (JSON on the worker's command line)
-# --------------------------------------------------------------------------
-
-
-
-
-class WorkerConfig(msgspec.Struct, frozen=True):
-    """Everything a worker process needs to attach and serve."""
-
-    index: int
-    instance: str
-    regions: list[str]
-    listen_fd: int
-    request_fd: int
-    event_fd: int
-    alive_fd: int
-    heartbeat: int = 60
-    frame_max: int = 131072
-    channel_max: int = 2047
-    max_message_size: int = 128 << 20
-    log_level: str = "info"
-    loopback_users: frozenset[str] = frozenset({"guest"})  # may log in only from loopback
-    trace_dir: str = ""  # shoal serve --trace: write trace files here
-    data_dir: str = ""  # shoal serve --data-dir: persistent bodies go to DIR/bodies/w<index>
-    # broker.permissions' tables; None: everyone may do everything (tests without a supervisor)
-    permissions: dict[str, dict[str, tuple[str, str, str]]] | None = None
-    topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
-    impersonators: list[str] = []  # users tagged impersonator (user_id, workers.connection_handler)
-    # The users (JSON {name: password}) are read from this pipe at start, not passed on the
-    # command line or in the environment, where other local users (ps, /proc/PID/environ)
-    # could read them. -1: none.
-    users_fd: int = -1
-    users: dict[str, str] = {}  # name -> password; empty: nobody logs in. Filled from users_fd
-    # The AMQPS listener (shoal serve --tls-port), shared as listen_fd is; -1: none. The worker
-    # loads the certificate and key from these paths itself (ipc.tls): no key material here.
-    tls_listen_fd: int = -1
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_ca: str = ""
-    tls_verify_peer: bool = False
-    tls_fail_if_no_peer_cert: bool = False

@@ -1,4 +1,4 @@
-"""The links process: every dynamic shovel of one broker, on one asyncio loop.
+"""The links process: every dynamic shovel and federation link of one broker, on one asyncio loop.
 
 Started by the supervisor (broker.runtime.shovel_child, which describes the pipes) as
 ``python -m links.process SETTINGS_JSON``. Its stdin brings the parameters (the whole table
@@ -20,6 +20,7 @@ from typing import Any
 
 from broker.parameters import ParameterError
 from ipc.profiling import run_profiled
+from links.federating import Federation, ask
 from links.shovel import Shovel
 
 log = logging.getLogger("shoal.links")
@@ -34,6 +35,7 @@ class Links:
         self.control_path = str(settings.get("control_path") or "")
         self.shovels: dict[tuple[str, str], tuple[Shovel, asyncio.Task[None]]] = {}
         self.done = asyncio.Event()
+        self.federation = Federation(self.control_path, self.local, self.emit)
 
     def emit(self, message: dict[str, Any]) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -45,6 +47,7 @@ class Links:
 
     def set(self, param: dict[str, Any]) -> None:
         if param.get("component") != "shovel":
+            self.federation.set(param)
             return
         key = (str(param["vhost"]), str(param["name"]))
         self.stop(key, gone=False)
@@ -69,12 +72,8 @@ class Links:
         request = {"command": "clear_parameter", "vhost": vhost, "component": "shovel",
                    "name": name}
         try:
-            reader, writer = await asyncio.open_unix_connection(self.control_path)
-            writer.write(json.dumps(request).encode() + b"\n")
-            await writer.drain()
-            await asyncio.wait_for(reader.readline(), 5.0)
-            writer.close()
-        except (TimeoutError, OSError) as exc:
+            await ask(self.control_path, request)
+        except (TimeoutError, OSError, ValueError) as exc:
             log.error("shovel '%s': cannot clear its parameter: %s", name, exc)
 
     def heard(self, line: bytes) -> None:
@@ -89,13 +88,17 @@ class Links:
                       if p.get("component") == "shovel"}
             for key in set(self.shovels) - wanted:
                 self.stop(key)
+            self.federation.replace(message["parameters"])
             for p in message["parameters"]:
                 self.set(p)
         if isinstance(message.get("set"), dict):
             self.set(message["set"])
         if isinstance(message.get("clear"), dict):
             c = message["clear"]
-            self.stop((str(c.get("vhost")), str(c.get("name"))))
+            if c.get("component", "shovel") == "shovel":
+                self.stop((str(c.get("vhost")), str(c.get("name"))))
+            else:
+                self.federation.clear(c)
 
     async def read_stdin(self) -> None:
         loop = asyncio.get_running_loop()
@@ -128,14 +131,13 @@ class Links:
                 log.error("the supervisor is gone; the links process ends")
                 self.done.set()
             loop.add_reader(alive, supervisor_gone)
-        tasks = [loop.create_task(self.read_stdin()), loop.create_task(self.tick())]
+        tasks = [loop.create_task(self.read_stdin()), loop.create_task(self.tick()),
+                 loop.create_task(self.federation.poll())]
         await self.done.wait()
-        for _, task in self.shovels.values():
+        links = [t for _, t in self.shovels.values()] + self.federation.tasks()
+        for task in links + tasks:
             task.cancel()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*(t for _, t in self.shovels.values()), *tasks,
-                             return_exceptions=True)
+        await asyncio.gather(*links, *tasks, return_exceptions=True)
 
 
 def main(argv: list[str]) -> int:

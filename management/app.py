@@ -25,6 +25,8 @@ from management.routes import (
     definitions,
     empty,
     exchanges,
+    federation,
+    limits,
     overview,
     parameters,
     permissions,
@@ -37,7 +39,8 @@ __all__ = ["Context", "api_routes", "make_app", "node_name"]
 # Each module's ``routes(ctx)``, in the order the router tries them: a new resource module is one
 # more entry here. ``empty`` (the paths answered with []) comes last.
 ROUTE_MODULES = (overview, users, queues, exchanges, bindings, connections, definitions,
-                 policy_routes, parameters, permissions, empty)
+                 policy_routes, parameters, federation, permissions, limits,
+                 empty)
 
 
 def api_routes(ctx: Context) -> list[BaseRoute]:

@@ -87,8 +87,14 @@ def no_content(status: int = 204) -> Response:
 
 
 def check_vhost(vhost: str) -> None:
+    """Only "/": routes use :meth:`Resource.vhost_param`, which knows the live vhosts."""
     if vhost != VHOST:
         raise not_found()
+
+
+def vhost_names(sample: Any) -> set[str]:
+    """The vhosts a sample's snapshot lists (broker.runtime.snapshot)."""
+    return {str(v["name"]) for v in sample.snapshot.get("vhosts") or [{"name": VHOST}]}
 
 
 def params(request: Request) -> dict[str, str]:
@@ -156,6 +162,16 @@ class Resource:
     async def sample(self) -> Any:
         return await self.ctx.sampler.refresh()
 
+    async def vhost_param(self, request: Request) -> str:
+        """The path's ``{vhost}``, which must exist (404 otherwise): the sample's vhosts, and a
+        fresh sample's before a name it lacks is refused (one made by shoal ctl just now)."""
+        name = seg(request, "vhost")
+        if name in vhost_names(await self.sample()):
+            return name
+        if name in vhost_names(await self.ctx.sampler.refresh(force=True)):
+            return name
+        raise not_found()
+
     async def control(self, request: dict[str, Any]) -> dict[str, Any]:
         """A control command to the supervisor: 503 when it does not answer, 404 for what is
         missing, 400 for what it refuses."""
@@ -169,10 +185,13 @@ class Resource:
             raise bad_request(str(answer["error"]))
         return answer
 
-    async def amqp(self, request: Request, op: Callable[[amqp_ops.Client], Awaitable[Any]]) -> Any:
+    async def amqp(self, request: Request, op: Callable[[amqp_ops.Client], Awaitable[Any]],
+                   vhost: str = VHOST) -> Any:
+        """``op`` on an AMQP connection to ``vhost`` as the HTTP request's user."""
         user, password = self.auth(request)
         try:
-            async with amqp_ops.connect(self.ctx.amqp_host, self.ctx.amqp_port, user, password) as client:
+            async with amqp_ops.connect(self.ctx.amqp_host, self.ctx.amqp_port, user, password,
+                                        vhost) as client:
                 return await op(client)
         except amqp_ops.AMQPFailure as exc:
             raise amqp_error(exc) from None

@@ -16,12 +16,12 @@ from management.http import (
     Resource,
     bad_request,
     body_json,
-    check_vhost,
     no_content,
     not_found,
     ok,
     paged,
     seg,
+    vhost_names,
 )
 
 
@@ -40,21 +40,23 @@ class Policies(Resource):
         finally:
             self.ctx.sampler.stale()
 
-    async def _list(self) -> list[dict[str, Any]]:
+    async def _list(self, vhost: str | None = None) -> list[dict[str, Any]]:
+        """The policies of ``vhost`` (None: of every vhost)."""
         verb = "list_operator_policies" if self.operator else "list_policies"
-        return list((await self._command({"command": verb}))["policies"])
+        names = [vhost] if vhost is not None else sorted(vhost_names(await self.sample()))
+        return [p for name in names
+                for p in (await self._command({"command": verb, "vhost": name}))["policies"]]
 
     async def listing(self, request: Request) -> Response:
         self.auth(request)
-        if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
-        return paged(request, await self._list(), None)
+        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
+        return paged(request, await self._list(vhost), None)
 
     async def one(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
         name = seg(request, "name")
-        for p in await self._list():
+        for p in await self._list(vhost):
             if p["name"] == name:
                 return ok(p)
         raise not_found()
@@ -63,7 +65,7 @@ class Policies(Resource):
         """PUT: ``pattern`` and ``definition`` needed; ``priority`` (0) and ``apply-to`` (all)
         optional; 201 for a new policy, 204 for a changed one, 400 with RabbitMQ's text."""
         self.auth_admin(request)
-        check_vhost(seg(request, "vhost"))
+        await self.vhost_param(request)
         body = await body_json(request)
         for key in ("pattern", "definition"):
             if key not in body:
@@ -77,7 +79,7 @@ class Policies(Resource):
 
     async def delete(self, request: Request) -> Response:
         self.auth_admin(request)
-        check_vhost(seg(request, "vhost"))
+        await self.vhost_param(request)
         await self._command({
             "command": "clear_operator_policy" if self.operator else "clear_policy",
             "vhost": seg(request, "vhost"), "name": seg(request, "name")})

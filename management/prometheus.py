@@ -40,7 +40,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from management.stats import QUEUE_COUNTERS, Sample, Sampler
+from management.stats import QUEUE_COUNTERS, Sample, Sampler, row_vhost, split_object_key
 
 PROTOCOL = {"protocol": "amqp091"}
 QUEUE_TYPE = {"protocol": "amqp091", "queue_type": "rabbit_classic_queue"}
@@ -164,7 +164,6 @@ class ShoalCollector(Collector):
         yield GaugeMetricFamily("rabbitmq_queues", "Queues available", len(snap.get("queues", ())))
 
     def _queues(self, s: Sample) -> Iterator[Metric]:
-        vhost = s.snapshot.get("vhost", "/")
         rows = s.snapshot.get("queues", ())
         consumers = GaugeMetricFamily("rabbitmq_queue_consumers", "Consumers on a queue",
                                       labels=["vhost", "queue"] if self.per_object else None)
@@ -174,37 +173,37 @@ class ShoalCollector(Collector):
                 yield GaugeMetricFamily(metric, help_text, total)
                 continue
             family = GaugeMetricFamily(metric, help_text, labels=["vhost", "queue"])
-            for name, counters in s.queue_counters.items():
-                family.add_metric([vhost, name], counters[column])
+            for key, counters in s.queue_counters.items():
+                family.add_metric(split_object_key(key), counters[column])
             yield family
         if not self.per_object:
             consumers.add_metric([], sum(row[7] for row in rows))
             yield consumers
             return
         for row in rows:
-            consumers.add_metric([vhost, row[0]], row[7])
+            consumers.add_metric([row_vhost(row, 16), row[0]], row[7])
         yield consumers
         published = CounterMetricFamily(
             "rabbitmq_queue_messages_published_total",
             "Total number of messages published into a queue through an exchange on a channel",
             labels=["vhost", "queue"])
-        for name, counters in s.queue_counters.items():
-            published.add_metric([vhost, name], counters[3])
+        for key, counters in s.queue_counters.items():
+            published.add_metric(split_object_key(key), counters[3])
         yield published
         for metric, counter, help_text in QUEUE_COUNTER_METRICS:
             counter_family = CounterMetricFamily(metric, help_text, labels=["vhost", "queue"])
             i = 4 + QUEUE_COUNTERS.index(counter)
-            for name, counters in s.queue_counters.items():
-                counter_family.add_metric([vhost, name], counters[i] if len(counters) > i else 0)
+            for key, counters in s.queue_counters.items():
+                counter_family.add_metric(split_object_key(key),
+                                          counters[i] if len(counters) > i else 0)
             yield counter_family
 
     def _exchanges(self, s: Sample) -> Iterator[Metric]:
-        vhost = s.snapshot.get("vhost", "/")
         family = CounterMetricFamily("rabbitmq_exchange_messages_published_total",
                                      "Total number of messages published into an exchange",
                                      labels=["vhost", "exchange"])
-        for name, (publish_in, _) in s.exchange_counters.items():
-            family.add_metric([vhost, name], publish_in)
+        for key, (publish_in, _) in s.exchange_counters.items():
+            family.add_metric(split_object_key(key), publish_in)
         yield family
 
     def _global(self, s: Sample) -> Iterator[Metric]:

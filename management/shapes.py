@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote_plus, unquote
 
-from management.stats import QUEUE_COUNTERS, Sample, rate
+from management.stats import QUEUE_COUNTERS, Sample, object_key, rate, row_vhost
 
 DEFAULT_EXCHANGE_PATH = "amq.default"  # the default exchange's name in paths
 
@@ -93,10 +93,12 @@ def matches_properties_key(given: str, routing_key: str, arguments: dict[str, An
 
 # ------------------------------------------------------------------------------- objects
 
-def policy_fields(snapshot: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
+def policy_fields(snapshot: dict[str, Any], kind: str, name: str,
+                  vhost: str = "/") -> dict[str, Any]:
     """``policy``, ``operator_policy`` and ``effective_policy_definition`` of a queue or exchange
-    (the snapshot's ``policies``, broker.runtime.policies.policy_snapshot)."""
-    applied = ((snapshot.get("policies") or {}).get("applied") or {}).get(kind, {}).get(name)
+    of ``vhost`` (the snapshot's ``vhost_policies``, broker.runtime.policies.policy_snapshot)."""
+    per_vhost = snapshot.get("vhost_policies") or {"/": snapshot.get("policies")}
+    applied = ((per_vhost.get(vhost) or {}).get("applied") or {}).get(kind, {}).get(name)
     if not applied:
         return {"policy": None, "operator_policy": None, "effective_policy_definition": {}}
     return {"policy": applied[0], "operator_policy": applied[1],
@@ -112,15 +114,16 @@ def iso_time(t: float) -> str:
 def queue_items(latest: Sample, base: Sample | None, node: Node,
                 consumers_by_queue: dict[str, int] | None = None) -> list[dict[str, Any]]:
     snapshot = latest.snapshot
-    vhost = snapshot.get("vhost", "/")
     names = connection_names(latest)
     seconds = latest.time - base.time if base is not None else 0.0
     old = base.queue_counters if base is not None else {}
     items = []
     for row in snapshot.get("queues", ()):
         name, durable, auto_delete, owner, arguments, ready, unacked, consumers, enqueued = row[:9]
-        before = old.get(name)
-        counters = latest.queue_counters.get(name, ())
+        vhost = row_vhost(row, 16)
+        key = object_key(vhost, name)
+        before = old.get(key)
+        counters = latest.queue_counters.get(key, ())
         stats = counters_with_rates(
             {"publish": enqueued, **dict(zip(QUEUE_COUNTERS, counters[4:], strict=False))},
             dict(zip(("publish", *QUEUE_COUNTERS), before[3:], strict=False))
@@ -142,7 +145,7 @@ def queue_items(latest: Sample, base: Sample | None, node: Node,
             "node": node.name,
             "type": "classic",
             "state": "running",
-            **policy_fields(snapshot, "queue", name),
+            **policy_fields(snapshot, "queue", name, vhost),
             "exclusive_consumer_tag": None,
             "owner_pid_details": ({"name": names.get((owner[0], owner[1]), ""),
                                    "peer_host": "", "peer_port": 0}
@@ -158,8 +161,8 @@ def queue_items(latest: Sample, base: Sample | None, node: Node,
             "messages_unacknowledged_details": details(u_rate),
             "message_stats": stats,
         }
-        if name in latest.idle_since:  # RabbitMQ writes it for an idle queue only
-            item["idle_since"] = iso_time(latest.idle_since[name])
+        if key in latest.idle_since:  # RabbitMQ writes it for an idle queue only
+            item["idle_since"] = iso_time(latest.idle_since[key])
         if owner is None:
             del item["owner_pid_details"]
         items.append(item)
@@ -175,13 +178,13 @@ EXCHANGE_DESCRIPTIONS = {
 
 
 def exchange_items(latest: Sample, node: Node, base: Sample | None = None) -> list[dict[str, Any]]:
-    vhost = latest.snapshot.get("vhost", "/")
     seconds = latest.time - base.time if base is not None else 0.0
     old = base.exchange_counters if base is not None else {}
 
-    def stats(name: str) -> dict[str, Any]:
-        publish_in, publish_out = latest.exchange_counters.get(name, (0, 0))
-        before = old.get(name)
+    def stats(vhost: str, name: str) -> dict[str, Any]:
+        key = object_key(vhost, name)
+        publish_in, publish_out = latest.exchange_counters.get(key, (0, 0))
+        before = old.get(key)
         return counters_with_rates(
             {"publish_in": publish_in, "publish_out": publish_out},
             {"publish_in": before[0], "publish_out": before[1]} if before is not None else None,
@@ -189,26 +192,24 @@ def exchange_items(latest: Sample, node: Node, base: Sample | None = None) -> li
 
     return [{
         "name": name,
-        "vhost": vhost,
+        "vhost": row_vhost(row, 8),
         "type": type,
         "durable": durable,
         "auto_delete": auto_delete,
         "internal": internal,
         "arguments": arguments,
         "user_who_performed_action": "rmq-internal" if name == "" or name.startswith("amq.") else "",
-        **policy_fields(latest.snapshot, "exchange", name),
-        "message_stats": stats(name),
-    } for name, type, durable, auto_delete, internal, arguments, *_ in
-        latest.snapshot.get("exchanges", ())]
+        **policy_fields(latest.snapshot, "exchange", name, row_vhost(row, 8)),
+        "message_stats": stats(row_vhost(row, 8), name),
+    } for row in latest.snapshot.get("exchanges", ())
+        for name, type, durable, auto_delete, internal, arguments in [row[:6]]]
 
 
 def binding_items(latest: Sample) -> list[dict[str, Any]]:
     """Every binding, the default exchange's (one per queue) first, as RabbitMQ lists them."""
-    vhost = latest.snapshot.get("vhost", "/")
-    items = [binding_item(vhost, "", q[0], "queue", q[0], {})
+    items = [binding_item(row_vhost(q, 16), "", q[0], "queue", q[0], {})
              for q in latest.snapshot.get("queues", ())]
-    items += [binding_item(vhost, source, destination, kind, key, arguments)
-              for source, destination, kind, key, arguments in latest.snapshot.get("bindings", ())]
+    items += [binding_item(row_vhost(b, 5), *b[:5]) for b in latest.snapshot.get("bindings", ())]
     return items
 
 
@@ -332,11 +333,11 @@ def channel_item(c: dict[str, Any], number: int, consumers: int, unacked: int,
 
 
 def consumer_items(latest: Sample) -> list[dict[str, Any]]:
-    vhost = latest.snapshot.get("vhost", "/")
     by_conn = {(c["worker"], c["conn"]): c for c in latest.connections}
     items = []
-    for queue, tag, worker, conn, ch, exclusive, ack_required, priority, active in \
-            latest.snapshot.get("consumers", ()):
+    for row in latest.snapshot.get("consumers", ()):
+        queue, tag, worker, conn, ch, exclusive, ack_required, priority, active = row[:9]
+        vhost = row_vhost(row, 9)
         c = by_conn.get((worker, conn), {"name": "", "peer": ""})
         peer_host, peer_port = _split_peer(c.get("peer", ""))
         items.append({

@@ -59,6 +59,25 @@ QUEUE_COUNTERS = ("deliver", "deliver_no_ack", "get", "get_no_ack", "redeliver",
 NO_COUNTS = (0,) * len(QUEUE_COUNTERS)
 
 
+def row_vhost(row: list[Any], at: int) -> str:
+    """The vhost a snapshot row names at index ``at`` (broker.runtime.snapshot); "/" if none."""
+    return str(row[at]) if len(row) > at else "/"
+
+
+def object_key(vhost: str, name: str) -> str:
+    """A queue's or exchange's key in a sample's counters: its name in "/", else the vhost's
+    and its (two vhosts may each have a queue ``q``)."""
+    return name if vhost == "/" else f"\x00{vhost}\x00{name}"
+
+
+def split_object_key(key: str) -> list[str]:
+    """``[vhost, name]`` of an :func:`object_key`."""
+    if not key.startswith("\x00"):
+        return ["/", key]
+    vhost, _, name = key[1:].partition("\x00")
+    return [vhost, name]
+
+
 def queue_counts(row: list[Any]) -> tuple[int, ...]:
     """A snapshot queue row's message counters (zeros from a supervisor without them)."""
     counts = tuple(row[9:9 + len(QUEUE_COUNTERS)])
@@ -84,13 +103,14 @@ class Sample:
     @classmethod
     def of(cls, snapshot: dict[str, Any], connections: list[dict[str, Any]]) -> Sample:
         sample = cls(float(snapshot.get("time") or time.time()), snapshot, connections)
-        sample.queue_counters = {row[0]: (row[5] + row[6], row[5], row[6], row[8],
-                                          *queue_counts(row))
-                                 for row in snapshot.get("queues", ())}
+        sample.queue_counters = {object_key(row_vhost(row, 16), row[0]): (
+            row[5] + row[6], row[5], row[6], row[8], *queue_counts(row))
+            for row in snapshot.get("queues", ())}
         sample.conn_counters = {c["name"]: (c.get("recv_oct", 0), c.get("send_oct", 0))
                                 for c in connections}
-        sample.exchange_counters = {row[0]: (row[6], row[7]) if len(row) >= 8 else (0, 0)
-                                    for row in snapshot.get("exchanges", ())}
+        sample.exchange_counters = {
+            object_key(row_vhost(row, 8), row[0]): (row[6], row[7]) if len(row) >= 8 else (0, 0)
+            for row in snapshot.get("exchanges", ())}
         sample.messages = dict(snapshot.get("messages") or {})
         return sample
 

@@ -34,6 +34,7 @@ from pamqp import commands, frame, header
 from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd
+from ipc.worker_config import WorkerConfig
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
 from workers.server import server_properties
@@ -51,7 +52,7 @@ class _Consumer:
         self.name = f"/shoalperf.{os.getpid()}-{secrets.token_hex(4)}.w0"
         self.region = Region.create(self.name, ring_bytes=1 << 20, slots=64, arena_bytes=1 << 22)
         self.request, self.event = EventFd(), EventFd()
-        config = r.WorkerConfig(
+        config = WorkerConfig(
             index=0, instance=f"{os.getpid()}-00", regions=[self.name], listen_fd=-1,
             request_fd=self.request.fileno(), event_fd=self.event.fileno(), alive_fd=-1)
         self.worker = Worker(config, self.region)

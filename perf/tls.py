@@ -13,24 +13,30 @@ asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pika
+import pika.exceptions
+import psutil
+
+from perf.brokers import Broker, RabbitBroker, ShoalBroker, free_port, rabbitmq_available
 
 HOST = "127.0.0.1"
 BODIES = {"128 B": 128, "256 KiB": 256 * 1024}
 COUNTS = {128: 200_000, 256 * 1024: 4_000}
+RABBIT_TLS_READY = 60.0  # seconds for the ssl listener's first handshake, after AMQP answers
 
 
 def make_certs(d: Path) -> None:
@@ -119,59 +125,61 @@ def one_run(port: int, ca: str | None, size: int, seconds: float) -> dict[str, f
             "mib_s": state["bytes"] / elapsed / (1 << 20)}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def start_shoal(d: Path, workers: int) -> tuple[subprocess.Popen[bytes], int, int]:
-    ready = d / "ready.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--port", "0", "--workers", str(workers),
-         "--management-port", "0", "--prometheus-port", "0", "--data-dir", str(d / "data"),
-         "--control-socket", str(d / "c.sock"), "--ready-file", str(ready), "--log-level", "warning",
-         "--tls-port", str(_free_port()), "--tls-cert", str(d / "server.pem"), "--tls-key", str(d / "server.key")],
-        cwd=Path(__file__).resolve().parents[1], start_new_session=True)
-    limit = time.monotonic() + 30
-    while time.monotonic() < limit:
-        if ready.exists():
-            info = json.loads(ready.read_text())
-            if len(info["worker_pids"]) == workers:
-                return proc, int(info["port"]), int(info["tls_port"])
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("shoal did not start")
+def broker_cpu(broker: Broker) -> float:
+    """CPU seconds (user + system) the broker's processes have used so far."""
+    total = 0.0
+    for process in broker.processes().values():
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            total += times.user + times.system
+    return total
 
 
-def start_rabbitmq(d: Path) -> tuple[subprocess.Popen[bytes], int, int]:
-    port, tls_port = _free_port(), _free_port()
-    conf = d / "rabbitmq.conf"
-    conf.write_text(
-        f"listeners.tcp.default = {port}\nlisteners.ssl.default = {tls_port}\n"
-        f"ssl_options.certfile = {d / 'server.pem'}\nssl_options.keyfile = {d / 'server.key'}\n"
-        f"ssl_options.cacertfile = {d / 'ca.pem'}\nssl_options.verify = verify_none\n"
-        "ssl_options.versions.1 = tlsv1.3\nssl_options.versions.2 = tlsv1.2\n"
-        "loopback_users = none\n")
-    env = {**os.environ, "RABBITMQ_NODENAME": f"perftls{os.getpid()}@localhost",
-           "RABBITMQ_NODE_PORT": str(port), "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
-           "RABBITMQ_LOG_BASE": str(d / "log"), "RABBITMQ_CONFIG_FILE": str(conf),
-           "RABBITMQ_DIST_PORT": str(_free_port()), "RABBITMQ_ENABLED_PLUGINS": "[]",
-           "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins")}
-    (d / "enabled_plugins").write_text("[].\n")
-    proc = subprocess.Popen(["rabbitmq-server"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    limit = time.monotonic() + 90
-    while time.monotonic() < limit:
+def start_shoal(d: Path, workers: int) -> tuple[Broker, int]:
+    """Shoal with an AMQPS listener beside the plain one; the broker and its TLS port."""
+    broker = ShoalBroker(workers, [
+        "--tls-port", str(free_port()), "--tls-cert", str(d / "server.pem"),
+        "--tls-key", str(d / "server.key"), "--management-port", "0", "--prometheus-port", "0"])
+    info = json.loads(broker.ready_file.read_text())
+    return broker, int(info["tls_port"])
+
+
+class TLSRabbit(RabbitBroker):
+    """perf.brokers' private RabbitMQ node (its own node name, ports, HOME, mnesia and log
+    directories under /tmp, run as this user) with an ssl listener: ``listeners.ssl.default``
+    and the ``ssl_options`` files, TLS 1.2 and 1.3 (what Shoal takes), no client certificate."""
+
+    certs: Path
+    tls_port = 0
+
+    def _start(self) -> None:
+        self.tls_port = free_port()
+        (self.directory / "rabbitmq.conf").write_text(
+            f"listeners.ssl.default = {self.tls_port}\n"
+            f"ssl_options.cacertfile = {self.certs / 'ca.pem'}\n"
+            f"ssl_options.certfile = {self.certs / 'server.pem'}\n"
+            f"ssl_options.keyfile = {self.certs / 'server.key'}\n"
+            "ssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n"
+            "ssl_options.versions.1 = tlsv1.3\nssl_options.versions.2 = tlsv1.2\n"
+            "loopback_users = none\n")
+        super()._start()
+
+
+def start_rabbitmq(d: Path, _workers: int) -> tuple[Broker, int]:
+    TLSRabbit.certs = d
+    broker = TLSRabbit()
+    # The AMQP port answers first; the ssl listener is up by then, but wait for its handshake.
+    limit = time.monotonic() + RABBIT_TLS_READY
+    while True:
         try:
-            pika.BlockingConnection(_params(tls_port, str(d / "ca.pem"))).close()
-            return proc, port, tls_port
-        except Exception:  # noqa: BLE001 -- not up yet
+            pika.BlockingConnection(_params(broker.tls_port, str(d / "ca.pem"))).close()
+            return broker, broker.tls_port
+        except pika.exceptions.AMQPError as exc:
+            if time.monotonic() > limit:
+                log = broker.log_tail()
+                broker.stop()
+                raise SystemExit(f"rabbitmq's TLS listener did not answer: {exc!r}\n{log}") from None
             time.sleep(1)
-    os.killpg(proc.pid, signal.SIGTERM)
-    raise SystemExit("rabbitmq did not start")
 
 
 def main() -> None:
@@ -179,31 +187,44 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rabbitmq", action="store_true")
+    parser.add_argument("--no-shoal", action="store_true", help="RabbitMQ only (with --rabbitmq)")
     args = parser.parse_args()
     d = Path(tempfile.mkdtemp(prefix="perf-tls-"))
     rows: list[tuple[str, str, str, dict[str, float]]] = []
+    brokers: list[tuple[str, Callable[[Path, int], tuple[Broker, int]]]] = []
+    if not args.no_shoal:
+        brokers.append(("Shoal", start_shoal))
+    if args.rabbitmq:
+        why = rabbitmq_available()
+        if why is None:
+            brokers.append(("RabbitMQ", start_rabbitmq))
+        else:
+            print(f"RabbitMQ skipped: {why}", file=sys.stderr)
     try:
         make_certs(d)
-        brokers = [("Shoal", start_shoal)]
-        if args.rabbitmq and shutil.which("rabbitmq-server"):
-            brokers.append(("RabbitMQ", lambda d, _w: start_rabbitmq(d)))
         for name, start in brokers:
-            proc, port, tls_port = start(d, args.workers)  # type: ignore[operator]
+            broker, tls_port = start(d, args.workers)
             try:
                 for label, size in BODIES.items():
-                    for transport, p, ca in (("plain", port, None), ("TLS", tls_port, str(d / "ca.pem"))):
-                        result = one_run(p, ca, size, args.seconds)
+                    for transport, port, ca in (("plain", broker.port, None),
+                                                ("TLS", tls_port, str(d / "ca.pem"))):
+                        cpu = broker_cpu(broker)
+                        result = one_run(port, ca, size, args.seconds)
+                        result["msg_cpu_s"] = result["msgs"] / max(broker_cpu(broker) - cpu, 1e-9)
                         rows.append((name, label, transport, result))
                         print(f"{name:8} {label:8} {transport:5} {result['msg_s']:10.0f} msg/s "
-                              f"{result['mib_s']:8.1f} MiB/s", file=sys.stderr)
+                              f"{result['mib_s']:8.1f} MiB/s {result['msg_cpu_s']:10.0f} msg/CPU-s",
+                              file=sys.stderr)
             finally:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(30)
+                for problem in broker.stop():
+                    print(problem, file=sys.stderr)
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    print("| broker | body | transport | msg/s | MiB/s |\n|---|---|---|---:|---:|")
+    print("| broker | body | transport | msg/s | MiB/s | msg per broker CPU-s |")
+    print("|---|---|---|---:|---:|---:|")
     for name, label, transport, result in rows:
-        print(f"| {name} | {label} | {transport} | {result['msg_s']:.0f} | {result['mib_s']:.1f} |")
+        print(f"| {name} | {label} | {transport} | {result['msg_s']:.0f} | {result['mib_s']:.1f} "
+              f"| {result['msg_cpu_s']:.0f} |")
 
 
 if __name__ == "__main__":

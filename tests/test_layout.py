@@ -36,9 +36,11 @@ ALLOWED_MODULES = {
     "workers": {"broker.errors", "broker.constants", "broker.passwords", "broker.permissions"},
     # The management process reads the supervisor over its control socket, not its objects:
     # of broker/ it takes the pure modules only (stored passwords, names, errors).
-    "management": {"broker.errors", "broker.constants", "broker.passwords"},
-    # The links process reads the supervisor's parameters as data (the shovel keys and URIs).
-    "links": {"broker.errors", "broker.constants", "broker.parameters"},
+    "management": {"broker.errors", "broker.constants", "broker.passwords",
+                   "broker.limits"},
+    # The links process reads the supervisor's parameters as data (the shovel keys and URIs, the
+    # federation upstreams and loop rules).
+    "links": {"broker.errors", "broker.constants", "broker.parameters", "broker.federation"},
 }
 
 
@@ -303,7 +305,9 @@ def test_broker_groups_import_only_the_groups_before_them() -> None:
     graph = import_graph(("broker",))
     ungrouped = [m for m in graph if _group(m) == "broker" and m not in (
         "broker", "broker.errors", "broker.constants", "broker.passwords", "broker.permissions",
-        "broker.parameters")]  # pure modules other packages import (links/: the shovel keys)
+        "broker.parameters", "broker.federation", "broker.limits")]  # pure modules other packages
+    # import (links/: the shovel keys, the federation upstreams and loop rules; management/: the
+    # limits' export shape)
     assert not ungrouped, f"modules of broker/ outside its groups: {ungrouped}"
     offenders = group_order_offenders(graph)
     assert not offenders, "imports that run back up broker/'s groups:\n" + "\n".join(offenders)

@@ -41,13 +41,13 @@ from tracing import names
 from workers import codec, topology
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.channel_consumers import ChannelConsumers
-from workers.channel_deliveries import next_pull, take_pulled
+from workers.channel_deliveries import next_pull, take_got, take_pulled
 from workers.channel_frames import method_ids
 from workers.channel_inbox import HeldPublish, Inbox
 from workers.confirm_gate import BodySyncGate
 from workers.consumer_target import ConsumerTarget
 from workers.delivery_tags import DeliveryTags, unknown_tag
-from workers.outgoing import BasicGetOk, DeclareOk, Deliveries, Method, Outgoing, Return
+from workers.outgoing import DeclareOk, Deliveries, Method, Outgoing, Return
 from workers.publisher_confirms import PublisherConfirms
 from workers.transaction import Transaction
 
@@ -308,22 +308,14 @@ class Channel:
         if isinstance(ev, r.GetEmpty):
             self._send(spec.Basic.GetEmpty())
             return
-        d = ev.delivery
-        content = self._bodies.body(d)
-        if content is None:  # paged out and unreadable (workers.arenas): gone for good
-            self._settle([d.entry], r.AUTO_ACK)
+        got = take_got(ev, self.number, no_ack, self.tags, self._bodies, self._trace)
+        if got is None:  # paged out and unreadable (workers.arenas): gone for good
+            self._settle([ev.delivery.entry], r.AUTO_ACK)
             self._send(spec.Basic.GetEmpty())
             return
-        header, body = content
-        tag = self.tags.tag(d.entry, None, no_ack)
-        self._reply(BasicGetOk(
-            self.number, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
-            header, body,
-        ))
-        if self._trace is not None:
-            self._trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
+        self._reply(got)
         if no_ack:  # settled here: AUTO_ACK, which message statistics do not count as an ack
-            self._settle([d.entry], r.AUTO_ACK)
+            self._settle([ev.delivery.entry], r.AUTO_ACK)
 
     def _ack(self, m: spec.Basic.Ack) -> None:
         self._settle_tags(m.delivery_tag, m.multiple, r.ACK, m)

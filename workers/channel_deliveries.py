@@ -1,10 +1,10 @@
 """A pull's answer on the worker side (deliverSingleMessage, docs/design.md): the deliveries a
 channel hands its client -- each with its delivery tag, its body read from the arenas, its
 trace row, and prefetch credit held until it is acked -- and what the answer says of the
-consumer's next pull.
+consumer's next pull; and a basic.get's answer, the same way.
 
-Pure functions of the channel's parts (``workers.channel.Channel.on_pulled`` calls them):
-no IO, and nothing of the connection.
+Pure functions of the channel's parts (``workers.channel.Channel.on_pulled`` and
+``_get_answer`` call them): no IO, and nothing of the connection.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tracing import TraceWriter
 from workers.channel_config import Bodies
 from workers.consumer_target import ChannelCredit, ConsumerTarget
 from workers.delivery_tags import DeliveryTags
-from workers.outgoing import Delivery
+from workers.outgoing import BasicGetOk, Delivery
 
 
 def take_pulled(deliveries: list[r.Delivery], target: ConsumerTarget,
@@ -58,3 +58,19 @@ def next_pull(target: ConsumerTarget, ev: r.Pulled, asked: int, global_prefetch:
     target.renew = 0 < asked == len(ev.deliveries) and not ev.open and not global_prefetch
     target.notified = ev.more or target.renew or (target.renotified and not ev.open)
     target.renotified = False
+
+
+def take_got(ev: r.GetOk, channel: int, no_ack: bool, tags: DeliveryTags[ConsumerTarget],
+             bodies: Bodies, trace: TraceWriter | None) -> BasicGetOk | None:
+    """basic.get-ok for ``ev``, its delivery tagged (settled at once with ``no_ack``: the
+    caller settles it as AUTO_ACK); None when its body was paged out and is unreadable."""
+    d = ev.delivery
+    content = bodies.body(d)
+    if content is None:
+        return None
+    header, body = content
+    tag = tags.tag(d.entry, None, no_ack)
+    if trace is not None:
+        trace.delivered(time.monotonic_ns(), d.entry, "", None, "", d.redelivered)
+    return BasicGetOk(channel, tag, d.redelivered, d.exchange, d.routing_key, ev.message_count,
+                      header, body)

@@ -105,6 +105,8 @@ class ChannelFrames:
     def __init__(self, max_body_size: int, channel_max: int) -> None:
         self._max_body_size = max_body_size
         self.channel_max = channel_max  # the negotiated value, set at tune-ok
+        # Why a new channel is refused (the user's max-channels, workers.limits); None: never
+        self.admit: Callable[[], str | None] | None = None
         self._channels: dict[int, _ChannelFraming] = {}
         # The open channels that are not closing: what may be sent on (checked per frame sent).
         self.sendable: set[int] = set()
@@ -142,6 +144,8 @@ class ChannelFrames:
                     f"number of channels opened ({len(self._channels)}) has reached the "
                     f"negotiated channel_max ({self.channel_max})",
                 )
+            if self.admit is not None and (refused := self.admit()) is not None:
+                raise errors.NotAllowed(refused)  # the user's max-channels (workers.limits)
             chan = _UNOPENED
         handler = chan.handlers.get(frame.type)  # a row of _CHANNEL_TABLE
         if handler is None:

@@ -68,6 +68,7 @@ bodies not copied, until ``seal_output``; see ``workers.output_queue``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from pamqp import base, commands
@@ -94,6 +95,7 @@ from workers.frame_buffer import (
     FrameBuffer,
 )
 from workers.handshake import ACCEPTED_PROTOCOL_HEADERS, Handshake
+from workers.limits import WorkerLimits
 from workers.liveness import Liveness
 from workers.outgoing import BasicGetOk, Deliveries, Method, Outgoing, encode
 from workers.output_queue import OutputQueue
@@ -141,6 +143,10 @@ class AMQPConnection:
         self.close_reason: str | None = None
         # (user, vhost) -> may open it: the worker's permissions (workers.access); None: anyone
         self.vhost_access: Callable[[str, str], bool] | None = None
+        # vhost -> it exists (the worker's set, workers.worker); None: only "/"
+        self.vhost_exists: Callable[[str], bool] | None = None
+        # The vhost and user limits (workers.limits): max-connections, max-channels; None: none
+        self.limits: WorkerLimits | None = None
 
         # Heartbeats and timeouts, in the runtime's clock (heartbeat_tick), from byte counts.
         self._liveness = Liveness(handshake_timeout)
@@ -534,7 +540,11 @@ class AMQPConnection:
         self._buffer.frame_max = tuned.frame_max
 
     def _on_open(self, method: commands.Connection.Open) -> None:
-        self.vhost = vhost = self._handshake.open(method)
+        self.vhost = vhost = self._handshake.open(method, self.vhost_exists)
+        if self.limits is not None:  # rabbit_reader: the vhost's limit, the user's, then access
+            if (refused := self.limits.admit_connection(vhost, self.user)) is not None:
+                raise errors.NotAllowed(refused, 10, 40)
+            self._channels.admit = partial(self.limits.admit_channel, self.user)
         if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
             raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
         self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))

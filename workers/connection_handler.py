@@ -72,6 +72,7 @@ class HandlerWorker(Protocol):
     def store_body(self, offset: int, header_len: int, body_len: int,
                    conn: int) -> tuple[int, int, int] | None: ...
     def after_body_sync(self, call: Callable[[], object]) -> None: ...
+    def limits_changed(self) -> None: ...
 
 
 _UNWRITTEN: Final = 1 << 62  # a delivery's place in the output stream until its frames are queued
@@ -104,6 +105,10 @@ class ConnectionHandler:
         self.permissions: PermissionTables | None = getattr(worker, "permissions", None)
         if self.permissions is not None:
             proto.vhost_access = self.permissions.may_enter
+        vhosts = getattr(worker, "vhosts", None)  # the worker's live set (VhostsChanged)
+        if vhosts is not None:
+            proto.vhost_exists = vhosts.__contains__
+        proto.limits = getattr(worker, "limits", None)  # workers.limits; None: no checks
         self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
         self.in_flight = 0  # handed to the socket, not yet written
         self.credit = PUBLISH_CREDIT  # Publish records we may still send (credit flow)
@@ -350,11 +355,13 @@ class ConnectionHandler:
             case ev.ChannelOpened(channel=n):
                 self.channels[n] = Channel(n, self._channel_config, self.worker.channel_resources)
                 log.debug("connection %s: channel %d opened", self.label, n)
+                self._limits_changed()
             case ev.ChannelClosed(channel=n):
                 ch = self.channels.pop(n, None)
                 if ch is not None and not ch.closing:
                     self._close_channel(ch)
                 log.debug("connection %s: channel %d closed", self.label, n)
+                self._limits_changed()
             case ev.ConnectionClosed():
                 self.finish()
         self.worker.dirty.add(self)
@@ -379,7 +386,8 @@ class ConnectionHandler:
                       props.get("version", "?"), props.get("platform", "?"),
                       sorted(name for name, on in caps.items() if on) if isinstance(caps, dict)
                       else [], event.frame_max, event.channel_max, event.heartbeat)
-        self.worker.send(r.ConnOpen(self.conn_id, event.user))
+        self.worker.send(r.ConnOpen(self.conn_id, event.user, event.vhost))
+        self._limits_changed()
 
     def publish_header(self, event: ev.PublishReceived, reply_to: str | None) -> bytes | None:
         """The content header to store: the publisher's, or with reply_to set to
@@ -525,6 +533,12 @@ class ConnectionHandler:
         if self.opened:
             self.worker.send(r.ConnClose(self.conn_id))
         self.worker.handlers.pop(self.conn_id, None)
+        self._limits_changed()
+
+    def _limits_changed(self) -> None:
+        limits = self.proto.limits  # a test's worker has none
+        if limits is not None and limits.watching:
+            self.worker.limits_changed()
 
     # ---------------------------------------------------- supervisor events
 

@@ -10,7 +10,7 @@ hears of it). No IO, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from pamqp import commands
@@ -103,10 +103,12 @@ class Handshake:
         # RabbitMQ takes the client's heartbeat as is; 0 disables heartbeats.
         return Tuned(frame_max, channel_max, method.heartbeat)
 
-    def open(self, method: commands.Connection.Open) -> str:
-        """The virtual host connection.open names (only "/" here; 530 for another)."""
+    def open(self, method: commands.Connection.Open,
+             exists: Callable[[str], bool] | None = None) -> str:
+        """The virtual host connection.open names; 530 for one that does not exist
+        (``exists``, the worker's live set; None: only "/")."""
         vhost = method.virtual_host
-        if vhost != "/":
+        if not (exists(vhost) if exists is not None else vhost == "/"):
             raise errors.NotAllowed(f"vhost {vhost} not found", 10, 40)
         return vhost
 

@@ -13,7 +13,7 @@ import trio
 from ipc import allocator
 from ipc.compiled import compiled_modules
 from ipc.profiling import run_profiled, trio_instruments
-from ipc.records import WorkerConfig
+from ipc.worker_config import WorkerConfig
 from workers.server import serve
 
 

@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import functools
-import ipaddress
 import logging
 import math
 import signal
 import socket
 import ssl
-import sys
-import termios
 import time
 from typing import Any, Final
 
@@ -39,17 +35,20 @@ import trio
 
 from broker import errors
 from ipc import collector, tls
-from ipc import records as r
 from ipc.region import NOT_ACCEPTING, Region
 from ipc.wakeup import wait_for_work
+from ipc.worker_config import WorkerConfig
 from workers.balance import AcceptBalance
 from workers.body_sync import sync_bodies
+from workers.client_socket import addresses, is_loopback, linger, socket_queues
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import PULL_DEFER
 from workers.login_log import LoginFailureLog
-from workers.socket_reader import RECEIVE_SIZE, PublishGates, SocketReader
+from workers.socket_reader import PublishGates, SocketReader
 from workers.socket_writer import Doorbell, SocketWriter
+from workers.tls_connection import serve_tls
+from workers.tls_socket import TLSSocket
 from workers.worker import LAZY_SETTLE_DELAY, Worker
 
 log = logging.getLogger("shoal.worker")
@@ -58,10 +57,6 @@ LOGIN_SUMMARY_INTERVAL: Final = 5.0  # seconds between looks for refused-login s
 
 CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to finish
 SHUTDOWN_GRACE = 1.0
-TLS_HANDSHAKE_TIMEOUT = 5.0  # RabbitMQ's ssl_handshake_timeout
-TLS_RECEIVE_SIZE = 256 << 10  # a pump's read: a TLS record is 16 KiB at most
-TLS_PAIR_BUFFER = 1 << 20  # the socket pair's buffers: a few big messages in flight
-CLOSE_LINGER = 2.0  # how long a closed connection's socket is read (and dropped) for its EOF
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
 ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
 # Blocks of its arena a worker looks at per heartbeat tick (0.5 s) to give free pages back
@@ -133,7 +128,7 @@ class Server:
     and a writer per connection around its sans-IO protocol object, drains the event ring when
     the supervisor kicks the eventfd, and keeps heartbeats, flow control and shutdown."""
 
-    def __init__(self, config: r.WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self._flush_bell = Doorbell()
         self._gates = PublishGates()
@@ -342,6 +337,7 @@ class Server:
             region.arena.trim(region.release_arena_pages, ARENA_TRIM_STEPS)
             if self.worker.trace is not None and whole:
                 self.worker.trace.maybe_flush()
+            self.worker.limits_changed()  # a channel closed by an error (workers.limits)
             now = trio.current_time()
             for handler in list(self.worker.handlers.values()):
                 closed = handler.proto.closed
@@ -405,32 +401,30 @@ class Server:
             self.worker.region.connections = self._open
 
     async def _connection(self, stream: trio.SocketStream, sock: socket.socket,
-                          via_tls: _ViaTLS | None = None) -> None:
+                          session: TLSSocket | None = None) -> None:
         """One client connection: the AMQP protocol over ``sock``, the accepted socket, or with
-        ``via_tls`` the worker's end of the socket pair a TLS connection's pumps feed."""
+        ``session`` over the TLS session on it (its reader and writer use ``session``)."""
         c = self.config
-        if via_tls is None:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer, local = _addresses(sock)
-        else:
-            peer, local = via_tls.peer, via_tls.local
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer, local = addresses(sock)
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,
             channel_max=c.channel_max, heartbeat=c.heartbeat,
             max_body_size=c.max_message_size, users=c.users,
-            peer_is_loopback=_is_loopback(peer.rpartition(":")[0]),
+            peer_is_loopback=is_loopback(peer.rpartition(":")[0]),
             loopback_users=c.loopback_users,
-            external_user=via_tls.external_user if via_tls is not None else None,
+            # A certificate is only there when verify_peer checked it against --tls-ca.
+            external_user=tls.common_name(session.getpeercert()) if session is not None else None,
         )
         handler = ConnectionHandler(
             self.worker, next(self.worker.conn_ids), proto, arena=self.worker.region.arena,
             peer=peer, local=local, connected_at=time.time(),
-            socket_queues=functools.partial(_socket_queues, sock),
+            socket_queues=functools.partial(socket_queues, sock),
         )
         log_connection.info("accepting AMQP connection %s", handler.label)
         self.worker.handlers[handler.conn_id] = handler
-        writer = SocketWriter(sock, handler, self.worker.after_batch)
-        reader = SocketReader(sock, handler, self.worker, self._gates)
+        writer = SocketWriter(session or sock, handler, self.worker.after_batch)
+        reader = SocketReader(session or sock, handler, self.worker, self._gates)
         try:
             with trio.CancelScope() as scope:
                 self._scopes[handler.conn_id] = scope
@@ -442,7 +436,9 @@ class Server:
                 handler.finish()
                 self.worker.after_batch()
                 _log_closed(handler, self._login_failures)
-                await _linger(sock)
+                if session is not None:
+                    session.close_notify()
+                await linger(sock)
         finally:
             self._scopes.pop(handler.conn_id, None)
             if not handler.finished:
@@ -454,144 +450,14 @@ class Server:
 
     async def _tls_connection(self, stream: trio.SocketStream, sock: socket.socket,
                               context: ssl.SSLContext) -> None:
-        """An AMQPS connection: the TLS handshake (trio's SSLStream over the accepted socket),
-        then the plain connection's reader and writer over one end of a socket pair, and two
-        pumps between the other end and the TLS stream. The plain path pays nothing for TLS;
-        a TLS connection pays a copy through the pair on top of its crypto."""
-        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer, local = _addresses(sock)
-        tls_stream = trio.SSLStream(stream, context, server_side=True)
-        try:
-            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
-                await tls_stream.do_handshake()
-        except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError,
-                OSError) as exc:
-            cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) else exc
-            log_connection.warning("TLS handshake of %s failed: %s", peer or "?",
-                                   cause or "handshake timeout")
-            self._count_connection(-1)
-            with trio.move_on_after(0.5) as scope:
-                scope.shield = True
-                await stream.aclose()
-            return
-        # A certificate is only there when verify_peer checked it against --tls-ca.
-        user = tls.common_name(tls_stream.getpeercert())
-        ours, theirs = socket.socketpair()
-        for end in (ours, theirs):
-            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, TLS_PAIR_BUFFER)
-            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, TLS_PAIR_BUFFER)
-            end.setblocking(False)
-        inner = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-        pumped = trio.SocketStream(trio.socket.from_stdlib_socket(theirs))
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_pump_in, tls_stream, pumped)
-                out_done = trio.Event()
-                nursery.start_soon(_pump_out, pumped, tls_stream, out_done)
-                await self._connection(inner, ours, _ViaTLS(peer, local, user))
-                with trio.move_on_after(SHUTDOWN_GRACE):  # what the writer sent goes out
-                    await out_done.wait()
-                nursery.cancel_scope.cancel()
-        finally:
-            with trio.move_on_after(0.5) as scope:
-                scope.shield = True
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await tls_stream.aclose()  # close_notify, then the socket
-                await pumped.aclose()
-
-
-class _ViaTLS:
-    """What a TLS connection's AMQP side takes from the TLS socket: its addresses and the
-    user its verified client certificate names (EXTERNAL), if any."""
-
-    __slots__ = ("external_user", "local", "peer")
-
-    def __init__(self, peer: str, local: str, external_user: str | None) -> None:
-        self.peer = peer
-        self.local = local
-        self.external_user = external_user
-
-
-async def _pump_in(tls_stream: trio.SSLStream[trio.SocketStream],
-                   pumped: trio.SocketStream) -> None:
-    """Client → connection: decrypted bytes into the pair (its buffer full, this stops reading
-    the TLS socket: credit flow reaches the client's TCP window as on the plain path); the
-    client's EOF, or a broken TLS stream, is EOF on the pair."""
-    try:
-        while data := await tls_stream.receive_some(TLS_RECEIVE_SIZE):
-            await pumped.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        await pumped.send_eof()
-
-
-async def _pump_out(pumped: trio.SocketStream, tls_stream: trio.SSLStream[trio.SocketStream],
-                    done: trio.Event) -> None:
-    """Connection → client: what the writer sent, encrypted; ``done`` at the pair's EOF (the
-    connection's last frame is out)."""
-    try:
-        while data := await pumped.receive_some(TLS_RECEIVE_SIZE):
-            await tls_stream.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    finally:
-        done.set()
-
-
-def _addresses(sock: socket.socket) -> tuple[str, str]:
-    """A client socket's peer and local addresses, HOST:PORT (empty when it is gone)."""
-    peer = local = ""
-    with contextlib.suppress(OSError):
-        peer_host, peer_port = sock.getpeername()[:2]
-        peer = f"{peer_host}:{peer_port}"
-        local_host, local_port = sock.getsockname()[:2]
-        local = f"{local_host}:{local_port}"
-    return peer, local
+        """An AMQPS connection (``workers.tls_connection``): the handshake, then this
+        connection's protocol over the TLS session."""
+        await serve_tls(stream, sock, context, self._connection,
+                        functools.partial(self._count_connection, -1))
 
 
 def _nothing() -> None:
     pass
-
-
-async def _linger(sock: socket.socket) -> None:
-    """After our last frame (close-ok, or our connection.close): send FIN, then read and drop
-    what the client still sends until it closes its end, for at most CLOSE_LINGER seconds.
-    Closing a socket with unread input sends a TCP reset, which can reach the client before
-    the close-ok it is waiting for (amqplib writes connection.close ahead of publishes it
-    still has buffered). RabbitMQ reads on after close-ok the same way."""
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_WR)
-    with trio.move_on_after(CLOSE_LINGER):
-        while True:
-            try:
-                await trio.lowlevel.wait_readable(sock)
-                if not sock.recv(RECEIVE_SIZE):
-                    return
-            except BlockingIOError:
-                continue
-            except (OSError, trio.ClosedResourceError):
-                return
-
-
-def _socket_queues(sock: socket.socket) -> tuple[int, int]:
-    """Bytes received and not read yet, bytes sent and not acknowledged yet (Linux ioctls)."""
-    try:
-        unread = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-        unacked = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
-    except OSError:
-        return (-1, -1)
-    return int.from_bytes(unread, sys.byteorder), int.from_bytes(unacked, sys.byteorder)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
 
 
 def _log_closed(handler: ConnectionHandler, login_failures: LoginFailureLog) -> None:
@@ -626,7 +492,7 @@ def _host(peer: str) -> str:
     return peer.rpartition(":")[0] or peer
 
 
-async def serve(config: r.WorkerConfig) -> None:
+async def serve(config: WorkerConfig) -> None:
     server = Server(config)
     try:
         await server.run()

@@ -21,6 +21,7 @@ from broker import errors
 from ipc import records as r
 from workers import events as ev
 from workers.connection_handler import ConnectionHandler
+from workers.tls_socket import TLSSocket
 from workers.worker import Worker
 
 log = logging.getLogger("shoal.worker")
@@ -71,7 +72,7 @@ class SocketReader:
 
     __slots__ = ("_gates", "_handler", "_sock", "_worker")
 
-    def __init__(self, sock: socket.socket, handler: ConnectionHandler, worker: Worker,
+    def __init__(self, sock: socket.socket | TLSSocket, handler: ConnectionHandler, worker: Worker,
                  gates: PublishGates) -> None:
         self._sock = sock
         self._handler = handler
@@ -87,6 +88,8 @@ class SocketReader:
         sock = self._sock
         recv = sock.recv
         recv_into = sock.recv_into
+        # TLS: records already received may be waiting to be decrypted (TLSSocket.wait_readable)
+        wait_readable = sock.wait_readable if isinstance(sock, TLSSocket) else trio.lowlevel.wait_readable
         eager = 0  # reads that may still go without waiting first
         ask = RECEIVE_SMALL  # the next read's size: more after one that filled its ask
         while not proto.closed:
@@ -102,7 +105,7 @@ class SocketReader:
             try:
                 waited = not eager
                 if waited:
-                    await trio.lowlevel.wait_readable(sock)
+                    await wait_readable(sock)
                 # Asked after the wait: meanwhile another task may have closed the channel
                 # whose publish the room was in, and freed its block.
                 room = proto.receive_room()

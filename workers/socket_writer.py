@@ -8,7 +8,8 @@ goes to the writer task (``run``), which sends it as trio's ``send_all`` would; 
 when the reader is done. Big message bodies reach the socket from their arena blocks (sendmsg),
 also when they wait for the writer task: the views are held until the socket took them, and
 copied (``seal``) only if a record that may free one of those blocks is about to go to the
-supervisor (``ConnectionHandler.seal_held``, called from ``Worker.send``).
+supervisor (``ConnectionHandler.seal_held``, called from ``Worker.send``). On an AMQPS
+connection the socket is a ``workers.tls_socket.TLSSocket``, which encrypts on the way.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import trio
 
 from workers.codec import Buffer
 from workers.connection_handler import ConnectionHandler
+from workers.tls_socket import TLSSocket
 
 IOV_MAX = 1024  # the most buffers one sendmsg takes (Linux)
 
 
-def send_parts(sock: socket.socket, parts: list[Buffer], size: int, errors: bool = False) -> int:
+def send_parts(sock: socket.socket | TLSSocket, parts: list[Buffer], size: int, errors: bool = False) -> int:
     """Send ``parts`` (``size`` octets in all) on the non-blocking ``sock``, IOV_MAX buffers
     per sendmsg, until the socket takes no more; the octets sent. An error other than a full
     socket is raised with ``errors``, else it ends the sending as a full socket does (the
@@ -100,7 +102,7 @@ class SocketWriter:
         "sending",
     )
 
-    def __init__(self, sock: socket.socket, handler: ConnectionHandler,
+    def __init__(self, sock: socket.socket | TLSSocket, handler: ConnectionHandler,
                  after_batch: Callable[[], None]) -> None:
         self._sock = sock
         self._handler = handler

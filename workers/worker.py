@@ -20,6 +20,7 @@ from ipc import records as r
 from ipc.logfile import BodyLog
 from ipc.region import Region
 from ipc.wakeup import EventFd, wake_if_sleeping
+from ipc.worker_config import WorkerConfig
 from tracing import TraceWriter
 from workers import codec
 from workers.access import PermissionTables
@@ -28,6 +29,7 @@ from workers.channel_config import ChannelResources
 from workers.confirm_gate import BodySyncGate
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import ConsumerTargets
+from workers.limits import WorkerLimits
 
 log = logging.getLogger("shoal.worker")
 
@@ -60,7 +62,7 @@ class Worker:
     scheduling round), events come in through ``handle_events``; :class:`workers.server.Server`
     drives it from trio (and syncs the body log)."""
 
-    def __init__(self, config: r.WorkerConfig, region: Region, *,
+    def __init__(self, config: WorkerConfig, region: Region, *,
                  on_blocked: Callable[[bool], object] = _ignore,
                  on_arena_freed: Callable[[], object] = _nothing,
                  want_flush: Callable[[], object] | None = None) -> None:
@@ -69,6 +71,8 @@ class Worker:
         self.permissions = PermissionTables(config.permissions, config.topic_permissions)
         # users tagged impersonator: may publish with another user_id (UsersChanged)
         self.impersonators: set[str] = set(config.impersonators)
+        # the vhosts a connection may open: replaced by VhostsChanged
+        self.vhosts: set[str] = set(config.vhosts)
         self.index = config.index
         self.region = region
         self.request_efd = EventFd(fd=config.request_fd)
@@ -90,6 +94,8 @@ class Worker:
         # within LAZY_SETTLE_DELAY (Server._lazy_waker); nothing without one.
         self.want_lazy_timer: Callable[[], object] = lambda: None
         self.handlers: dict[int, ConnectionHandler] = {}
+        # broker.runtime.limits as this worker has them (workers.limits): LimitsChanged
+        self.limits = WorkerLimits(self.handlers, config.vhost_limits, config.user_limits)
         self.targets = ConsumerTargets(len(region.slots))
         self.conn_ids = itertools.count(1)
         self.dirty: set[ConnectionHandler] = set()
@@ -430,13 +436,23 @@ class Worker:
                 self.users_changed(users, removed)
                 if impersonators is not None:
                     self.impersonators = set(impersonators)
+            case r.VhostsChanged(vhosts=vhosts, removed=removed):
+                self.vhosts_changed(vhosts, removed)
             case r.PermissionsChanged(permissions=table, topic_permissions=topics):
                 self.permissions.replace(table, topics)  # every connection's cache is stale now
+            case r.LimitsChanged():
+                self.limits.apply(event)
             case r.Returned():
                 self._handler_event(event)
                 self.region.arena.free(event.offset)  # our own block, always
             case _:
                 self._handler_event(event)
+
+    def limits_changed(self) -> None:
+        """Tell the supervisor this worker's use of the limited vhosts and users, if it changed
+        (workers.limits): after a connection or channel opened or closed, and each tick."""
+        if (usage := self.limits.changed()) is not None:
+            self.send(usage)
 
     def users_changed(self, users: dict[str, str], removed: list[str]) -> None:
         """The supervisor changed who may log in: the table every connection's login checks
@@ -453,6 +469,20 @@ class Worker:
             user = handler.proto.user
             if user in gone and not handler.finished:
                 handler.proto.close(320, f"CONNECTION_FORCED - user '{user}' is deleted")
+                handler.wake_writer()
+
+    def vhosts_changed(self, vhosts: list[str], removed: list[str]) -> None:
+        """The supervisor added or deleted vhosts: connection.open checks the new set, and
+        the connections on a deleted one are closed with RabbitMQ's 320 text (rabbit_vhost)."""
+        self.vhosts.clear()  # in place: each connection's check holds this set
+        self.vhosts.update(vhosts)
+        if not removed:
+            return
+        gone = set(removed)
+        for handler in self.handlers.values():
+            vhost = handler.proto.vhost
+            if handler.opened and vhost in gone and not handler.finished:
+                handler.proto.close(320, f"CONNECTION_FORCED - vhost '{vhost}' is deleted")
                 handler.wake_writer()
 
     @property

@@ -35,6 +35,11 @@ Records are tuples, msgpack-encoded by the store:
     ("P", queue, [ids kept])                     purged: every entry but these (acquired) went
     ("X", queue)                                 the queue was deleted
 
+A queue's name in these records is its index key (:func:`queue_key`): the bare name in the
+vhost ``/`` (so a data directory from before there were other vhosts reads the same), the vhost
+and the name otherwise. The journal is the broker's one; a queue of another vhost writes to it
+through a :class:`VhostJournal`, which keys its names.
+
 Pure: no IO here.
 """
 
@@ -44,6 +49,31 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from broker.messages.message import Message
+
+DEFAULT_VHOST = "/"
+# Starts the index key of a queue that is not simply named: ``KEYED len(vhost) ":" vhost name``.
+KEYED = "\x00"
+
+
+def queue_key(vhost: str, queue: str) -> str:
+    """The index's name for ``queue`` of ``vhost``: the bare name in "/", else KEYED, the
+    vhost's length, ":", the vhost and the name. (A "/" queue whose own name begins with NUL
+    and a length would read back as another vhost's: no client names a queue so.)"""
+    if vhost == DEFAULT_VHOST:
+        return queue
+    return f"{KEYED}{len(vhost)}:{vhost}{queue}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``(vhost, queue)`` of an index key (:func:`queue_key`'s inverse)."""
+    if not key.startswith(KEYED):
+        return DEFAULT_VHOST, key
+    length, colon, rest = key[1:].partition(":")
+    if not colon or not length.isdigit() or int(length) > len(rest):
+        return DEFAULT_VHOST, key
+    n = int(length)
+    return rest[:n], rest[n:]
+
 
 # (store id, worker, segment, offset, length, index file): a stored message's identity, where
 # its body is, and the index file its E records went to.
@@ -316,3 +346,35 @@ class IndexSyncGate:
         """Drop held confirms whose key ``match(key)`` says (a channel, connection or worker gone)."""
         for key in [k for k in self._held if match(k)]:
             del self._held[key]
+
+
+class VhostJournal(MessageJournal):
+    """The journal as the durable queues of a vhost other than "/" write to it: each queue
+    name becomes its index key (:func:`queue_key`). Only the queues' calls are here."""
+
+    __slots__ = ("journal", "vhost")
+
+    def __init__(self, journal: MessageJournal, vhost: str) -> None:
+        self.journal = journal  # no MessageJournal state of its own: every call goes there
+        self.vhost = vhost
+
+    def enqueued(self, queue: str, message: Message, now: float) -> None:
+        self.journal.enqueued(queue_key(self.vhost, queue), message, now)
+
+    def delivered(self, queue: str, message: Message) -> None:
+        self.journal.delivered(queue_key(self.vhost, queue), message)
+
+    def removed(self, queue: str, message: Message) -> None:
+        self.journal.removed(queue_key(self.vhost, queue), message)
+
+    def purged(self, queue: str, kept: list[Message]) -> None:
+        self.journal.purged(queue_key(self.vhost, queue), kept)
+
+    def deleted(self, queue: str) -> None:
+        self.journal.deleted(queue_key(self.vhost, queue))
+
+
+def journal_for(journal: MessageJournal, vhost: str) -> MessageJournal:
+    """What the durable queues of ``vhost`` write their records to: the journal itself in "/"
+    (bare names, no extra call on the hot path), a :class:`VhostJournal` elsewhere."""
+    return journal if vhost == DEFAULT_VHOST else VhostJournal(journal, vhost)

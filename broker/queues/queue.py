@@ -580,13 +580,7 @@ class Queue:
     def _unref(self, message: Message) -> None:
         if self.store is not None and message.stored is not None:
             self.store.removed(self.name, message)
-        message.refs -= 1
-        if message.refs == 0:
-            # A dead-letter copy releases its origin, whose last reference calls on_drop.
-            if message.origin is not None:
-                drop_reference(message.origin, self._on_drop)
-            elif self._on_drop is not None:
-                self._on_drop(message)
+        drop_reference(message, self._on_drop)  # a dead-letter copy's last releases its origin
 
     def _dead_letter(self, message: Message, reason: DeadLetterReason) -> None:
         # rabbit_amqqueue_process with_dlx: only a queue with a dead-letter exchange republishes.

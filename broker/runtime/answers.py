@@ -16,6 +16,25 @@ from broker.messages.message_journal import IndexSyncGate
 from broker.queues.message_counts import MessageCounts
 from ipc import records as r
 
+# AMQP (class_id, method_id) of the method each request stands for, so that a
+# domain error can name it in channel.close (AMQP 0-9-1 §1.5.2.8 reply fields).
+METHOD_IDS: dict[type, tuple[int, int]] = {
+    r.ExchangeDeclare: (40, 10),
+    r.ExchangeDelete: (40, 20),
+    r.ExchangeBind: (40, 30),
+    r.ExchangeUnbind: (40, 40),
+    r.QueueDeclare: (50, 10),
+    r.QueueBind: (50, 20),
+    r.QueuePurge: (50, 30),
+    r.QueueDelete: (50, 40),
+    r.QueueUnbind: (50, 50),
+    r.Consume: (60, 20),
+    r.Cancel: (60, 30),
+    r.Publish: (60, 40),
+    r.PublishRun: (60, 40),
+    r.Get: (60, 70),
+}
+
 
 class Answers:
     """Every worker's outbox, and the confirms (and answers behind them) held for the sync;
@@ -46,7 +65,7 @@ class Answers:
         """``rec`` failed with ``exc``: the worker closes the channel or connection with it."""
         class_id, method_id = exc.class_id, exc.method_id
         if not class_id:
-            class_id, method_id = r.METHOD_IDS.get(type(rec), (0, 0))
+            class_id, method_id = METHOD_IDS.get(type(rec), (0, 0))
         conn, ch = getattr(rec, "conn", 0), getattr(rec, "ch", 0)
         self.answer(worker, conn, ch,
                     r.Error(conn, ch, exc.reply_code, exc.reply_text, class_id, method_id))

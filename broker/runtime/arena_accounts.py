@@ -16,7 +16,7 @@ from collections.abc import Callable
 from broker.messages.body_ref import arena_block, body_log_at, unpack_body_ref
 from broker.messages.message import Message
 from broker.runtime.open_channels import OpenChannels
-from broker.topology.vhost import VirtualHost
+from broker.topology.vhosts import VirtualHosts
 from ipc import records as r
 
 
@@ -24,11 +24,11 @@ class ArenaAccounts:
     """Bytes held per arena, blocks to hand back, and the workers waiting for room."""
 
     __slots__ = ("_arena_freed", "_arena_need", "_channels", "_free_body", "outbox",
-                 "region_bytes", "vhost")
+                 "region_bytes", "vhosts")
 
-    def __init__(self, vhost: VirtualHost, channels: OpenChannels, region_bytes: list[int],
+    def __init__(self, vhosts: VirtualHosts, channels: OpenChannels, region_bytes: list[int],
                  outbox: list[list[r.Event]], free_body: Callable[[int, int], None]) -> None:
-        self.vhost = vhost
+        self.vhosts = vhosts
         self._channels = channels
         self.region_bytes = region_bytes  # the alarms' (broker.runtime.alarms.Alarms)
         self.outbox = outbox
@@ -40,7 +40,7 @@ class ArenaAccounts:
 
     def drop(self, message: Message) -> None:
         """The last reference to ``message`` went: its body is let go of."""
-        journal = self.vhost.messages
+        journal = self.vhosts.messages
         if message.stored is not None and journal is not None:
             journal.body_dropped(message.stored)
         ref = message.body_ref
@@ -64,8 +64,8 @@ class ArenaAccounts:
 
     def paged_body(self, worker: int, segment: int) -> None:
         """A transient body was paged out to ``worker``'s body log segment ``segment``."""
-        if self.vhost.messages is not None:
-            self.vhost.messages.segment_used(worker, segment)
+        if self.vhosts.messages is not None:
+            self.vhosts.messages.segment_used(worker, segment)
 
     def arena_wait(self, worker: int, rec: r.ArenaWait) -> None:
         """``worker``'s arena had no room for ``rec.size`` bytes: tell it once that is freed."""
@@ -79,8 +79,8 @@ class ArenaAccounts:
         """Arena offsets in ``region`` still referenced by a queue or a channel, or by a
         purged or deleted queue's entry whose body is not freed yet (it will be, once)."""
         live: set[int] = set()
-        refs = [ref for q in self.vhost.queues.values() for ref in q.body_refs()]
-        refs.extend(self.vhost.buried_body_refs())
+        refs = [ref for q in self.vhosts.queues() for ref in q.body_refs()]
+        refs.extend(self.vhosts.buried_body_refs())
         for ref in refs:
             block = arena_block(ref)
             if block is not None and block[0] == region:  # None: paged out

@@ -22,8 +22,8 @@ meanwhile is not waited for. The later management API is meant to grow from here
 ``shoal ctl`` (cli.ctl) and the management API's user endpoints send the rest:
 
 * users (broker.runtime.users): ``list_users`` -> ``{"users": [{name, tags, password_hash,
-  hashing_algorithm}]}``; ``add_user`` / ``put_user`` ``{name, password | password_hash,
-  tags}``, ``change_password {name, password}``, ``set_user_tags {name, tags}``,
+  hashing_algorithm}]}``; ``add_user`` / ``put_user`` ``{name, password | password_hash
+  [, hashing_algorithm], tags}``, ``change_password {name, password}``, ``set_user_tags {name, tags}``,
   ``delete_user {name}`` -> the user, or ``{"error", "code": missing | exists | invalid}``;
 * ``purge_queue {name}`` -> ``{"purged": n}``; ``delete_queue {name, if_unused, if_empty}`` ->
   ``{"deleted": n}`` (a missing queue: ``{"error", "code": "missing"}``), as queue.purge and
@@ -35,7 +35,12 @@ meanwhile is not waited for. The later management API is meant to grow from here
   "unsupported"}``;
 * parameters (broker.runtime.parameters, dynamic shovels): ``set_parameter {vhost, component,
   name, value}``, ``clear_parameter {vhost, component, name}``, ``list_parameters {vhost?,
-  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``;
+  component?}`` -> ``{"parameters": [...]}``, ``shovel_status`` -> ``{"shovels": [...]}``,
+  ``federation_status`` -> ``{"links": [...]}``; ``federation_targets`` -> the federated
+  exchanges and queues (broker.runtime.parameters);
+* vhosts (broker.runtime.vhost_admin): ``add_vhost {name, description?, tags?}``,
+  ``delete_vhost {name}``, ``list_vhosts {}``;
+* ``purge_queue`` and ``delete_queue`` take ``vhost`` too ("/" when absent);
 * ``status`` -> the supervisor's pid, listener, uptime, workers and object counts.
 """
 
@@ -56,13 +61,16 @@ import msgspec
 import trio
 
 from broker.errors import AMQPError
+from broker.passwords import SHA256
 from broker.runtime.definitions_io import DefinitionsError, Importer
 from broker.runtime.dispatch import Dispatcher
-from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters
+from broker.runtime.limits import LIMIT_COMMANDS
+from broker.runtime.parameters import PARAMETER_COMMANDS, RuntimeParameters, federation_targets
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import POLICY_COMMANDS, RuntimePolicies
 from broker.runtime.snapshot import build_snapshot
 from broker.runtime.users import RuntimeUsers, UserError, parse_tags
+from broker.runtime.vhost_admin import VHOST_COMMANDS, RuntimeVhosts
 from ipc import records as r
 
 log = logging.getLogger("shoal.control")
@@ -104,6 +112,7 @@ class ControlServer:
 
     policies: RuntimePolicies | None = None  # set_policy and friends (the supervisor sets it)
     parameters: RuntimeParameters | None = None  # set_parameter (shovels; the supervisor sets it)
+    vhosts: RuntimeVhosts | None = None  # add_vhost and friends (the supervisor sets it)
 
     def __init__(self, dispatcher: Dispatcher, ready_workers: Callable[[], list[int]],
                  flush: Callable[[], None], address: str, users: RuntimeUsers | None = None,
@@ -182,7 +191,8 @@ class ControlServer:
                                                str(request.get("reason") or "Closed via management plugin"))
         if command == "close_all_connections":
             return await self.close_all_connections(str(request.get("reason") or "Closed via shoal ctl"),
-                                                    int(request.get("limit") or 0))
+                                                    int(request.get("limit") or 0),
+                                                    request.get("vhost"))
         if command in _USER_COMMANDS:
             return await self.user_command(command, request)
         if command in _PERMISSION_COMMANDS:
@@ -191,10 +201,18 @@ class ControlServer:
             if self.policies is None:
                 return {"error": "this broker keeps no policies at runtime", "code": "invalid"}
             return self.policies.command(command, request)
+        if command in LIMIT_COMMANDS:  # broker.runtime.limits
+            return self._dispatcher.limits.command(command, request)
+        if command == "federation_targets":  # the links process: what to federate
+            return federation_targets(self._dispatcher.vhost)
         if command in PARAMETER_COMMANDS:
             if self.parameters is None:
                 return {"error": "this broker keeps no parameters at runtime", "code": "invalid"}
             return await self.parameters.command(command, request)
+        if command in VHOST_COMMANDS:
+            if self.vhosts is None:
+                return {"error": "this broker keeps no vhosts at runtime", "code": "invalid"}
+            return await self.vhosts.command(command, request)
         if command in ("purge_queue", "delete_queue"):
             return self.queue_command(command, request)
         if command == "import_definitions":
@@ -204,11 +222,12 @@ class ControlServer:
         return {"error": f"unknown command {command!r}"}
 
     def status(self) -> dict[str, Any]:
-        vhost = self._dispatcher.vhost
+        vhosts = self._dispatcher.vhosts
         return {"pid": os.getpid(), "listener": self._address, "started": self._started,
                 "uptime": time.time() - self._started, "workers": self._ready_workers(),
-                "worker_pids": self._dispatcher.worker_pids, "vhost": vhost.name,
-                "queues": len(vhost.queues), "exchanges": len(vhost.exchanges),
+                "worker_pids": self._dispatcher.worker_pids, "vhosts": len(vhosts),
+                "queues": sum(len(v.queues) for v in vhosts),
+                "exchanges": sum(len(v.exchanges) for v in vhosts),
                 "users": len(self._users.table) if self._users is not None else None,
                 "queued_messages": self._dispatcher.queued_messages()}
 
@@ -223,12 +242,13 @@ class ControlServer:
         password = None if password is None else str(password)
         stored = request.get("password_hash")
         stored = None if stored is None else str(stored)
+        algorithm = str(request.get("hashing_algorithm") or SHA256)
         tags = parse_tags(request["tags"]) if request.get("tags") is not None else None
         try:
             if command == "add_user":
-                return await users.add(name, password, stored, tags)
+                return await users.add(name, password, stored, tags, algorithm)
             if command == "put_user":
-                return await users.put(name, password, stored, tags)
+                return await users.put(name, password, stored, tags, algorithm)
             if command == "change_password":
                 return await users.change_password(name, password or "")
             if command == "set_user_tags":
@@ -236,6 +256,7 @@ class ControlServer:
             deleted = await users.delete(name)
             if self._permissions is not None:
                 self._permissions.forget(name)
+            self._dispatcher.limits.forget_user(name)
             return deleted
         except UserError as exc:
             return {"error": str(exc), "code": exc.code}
@@ -276,15 +297,17 @@ class ControlServer:
         exclusive one), in a batch of the dispatcher's own."""
         d = self._dispatcher
         name = str(request.get("name") or "")
-        queue = d.vhost.queues.get(name)
-        if queue is None or queue.deleted:
-            return {"error": f"no queue '{name}' in vhost '{d.vhost.name}'", "code": "missing"}
+        vhost_name = str(request.get("vhost") or "/")
+        vhost = d.vhosts.get(vhost_name)
+        queue = vhost.queues.get(name) if vhost is not None else None
+        if vhost is None or queue is None or queue.deleted:
+            return {"error": f"no queue '{name}' in vhost '{vhost_name}'", "code": "missing"}
         d.begin_batch(time.monotonic())
         try:
             owner = queue.exclusive_owner
             if command == "purge_queue":
-                return {"purged": d.vhost.purge_queue(name, owner=owner)}
-            count, consumers = d.vhost.delete_queue(
+                return {"purged": vhost.purge_queue(name, owner=owner)}
+            count, consumers = vhost.delete_queue(
                 name, owner=owner, if_unused=bool(request.get("if_unused")),
                 if_empty=bool(request.get("if_empty")))
             d._teardown.cancel_all(consumers)
@@ -295,8 +318,10 @@ class ControlServer:
             d.end_batch()
             self._flush()
 
-    async def close_all_connections(self, reason: str, limit: int) -> dict[str, Any]:
-        rows = await self.list_connections()
+    async def close_all_connections(self, reason: str, limit: int,
+                                    vhost: Any = None) -> dict[str, Any]:
+        """Every connection (of ``vhost`` only, when given) gets 320 with ``reason``."""
+        rows = [row for row in await self.list_connections() if vhost in (None, row.get("vhost"))]
         if limit > 0:
             rows = rows[:limit]
         for row in rows:
@@ -308,6 +333,9 @@ class ControlServer:
                                  source: str = "import_definitions") -> dict[str, Any]:
         """RabbitMQ's definitions JSON, through the importer every import path shares
         (broker.runtime.definitions_io) -> its report, or ``{"error"}`` for a malformed one."""
+        if "/" not in self._dispatcher.vhosts:  # the importer's objects go to "/"
+            return {"error": "Virtual host '/' does not exist: nothing to import into",
+                    "code": "invalid"}
         importer = Importer(self._dispatcher, self._flush, self._users, self._permissions,
                             self.policies, self.parameters)
         try:

@@ -9,12 +9,17 @@ What a file holds (RabbitMQ 3.x's export, ``rabbitmqadmin export`` / ``rabbitmqc
 export_definitions``), in the order RabbitMQ imports it:
 
 * ``rabbit_version``, ``rabbitmq_version``, ``product_name``, ``product_version``: accepted;
-* ``users``: ``password_hash`` of ``rabbit_password_hashing_sha256`` (RabbitMQ's default; no
-  algorithm given means it) and ``tags`` (a list, or one string ``"a,b"``); md5 and sha512 hashes
-  are refused by name (broker.passwords verifies sha256 only); user ``limits`` are reported;
-* ``vhosts``: ``/`` only -- every other vhost, and each object in one, is named and skipped;
-* ``permissions``, ``topic_permissions``, ``policies``, ``parameters`` (with a runtime that keeps
-  them: shovels), then ``exchanges``, ``queues``, ``bindings``;
+* ``users``: ``password_hash`` of the user's ``hashing_algorithm``, one of RabbitMQ's
+  (``rabbit_password_hashing_sha256``, ``_sha512``, ``_md5``: ``broker.passwords``); without one,
+  the file's top-level ``hashing_algorithm``, else md5 in a file of RabbitMQ 3.0 to 3.5, else
+  sha256 (RabbitMQ's ``hashing_algorithm/2``); ``tags`` (a list, or one string ``"a,b"``); a hash
+  that is not of its algorithm, or an unknown algorithm, is skipped by name; a user's ``limits``,
+  when it has some, become its limits (broker.runtime.limits);
+* ``vhosts``: those not here are added (``add_vhost``, once the broker has it; until then named
+  and skipped with everything in them); a vhost's ``limits`` (older exports) become its limits;
+* ``permissions``, ``topic_permissions``, ``policies``, ``parameters`` (component
+  ``vhost-limits``: the vhost's limits, as RabbitMQ 3.10 exports them; the others with a runtime
+  that keeps them: shovels), then ``exchanges``, ``queues``, ``bindings``;
 * ``global_parameters`` (``cluster_name``, ``internal_cluster_id``, ...): each named, unsupported.
 
 Idempotent, as RabbitMQ imports ``load_definitions`` at every boot: an object equal to the one the
@@ -35,11 +40,13 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from broker.errors import AMQPError
+from broker.limits import VHOST_COMPONENT
+from broker.passwords import SHA256
 from broker.runtime.dispatch import Dispatcher
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import RuntimePolicies
@@ -47,14 +54,15 @@ from broker.runtime.users import RuntimeUsers, UserError, parse_tags
 
 log = logging.getLogger("shoal.definitions")
 
-SHA256 = "rabbit_password_hashing_sha256"
-# RabbitMQ's other hashing modules: their hashes cannot be checked by broker.passwords.
-OTHER_HASHING = ("rabbit_password_hashing_sha512", "rabbit_password_hashing_md5")
-METADATA_KEYS = ("rabbit_version", "rabbitmq_version", "product_name", "product_version")
+MD5 = "rabbit_password_hashing_md5"
+# Files of these RabbitMQ versions hold md5 hashes without saying so (3.6.0 started sha256).
+MD5_VERSIONS = tuple(f"3.{minor}." for minor in range(6))
+METADATA_KEYS = ("rabbit_version", "rabbitmq_version", "product_name", "product_version",
+                 "hashing_algorithm")
 LIST_KEYS = ("users", "vhosts", "permissions", "topic_permissions", "parameters",
              "global_parameters", "policies", "queues", "exchanges", "bindings")
-COUNTED = ("users", "permissions", "topic_permissions", "policies", "parameters", "exchanges",
-           "queues", "bindings")
+COUNTED = ("users", "permissions", "topic_permissions", "policies", "parameters", "limits",
+           "exchanges", "queues", "bindings")
 
 
 class DefinitionsError(ValueError):
@@ -133,6 +141,37 @@ def read(path: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+@dataclass
+class VhostPlan:
+    """What a file's ``vhosts`` ask of a broker that has some already (:func:`vhost_plan`)."""
+
+    add: list[dict[str, Any]]  # add_vhost requests: {name, description, tags}, in file order
+    present: list[str]  # named in the file, here already
+    limits: dict[str, dict[str, Any]]  # a vhost's ``limits`` key (older exports), when set
+
+
+def vhost_plan(vhosts: list[dict[str, Any]], existing: Collection[str]) -> VhostPlan:
+    """Which of the file's vhosts to add and which are here; RabbitMQ 3.10 exports a vhost's
+    description and tags both at the top and in ``metadata``."""
+    plan = VhostPlan([], [], {})
+    for v in vhosts:
+        name = str(v.get("name") or "")
+        if not name or name in plan.present or any(a["name"] == name for a in plan.add):
+            continue
+        if isinstance(v.get("limits"), dict) and v["limits"]:
+            plan.limits[name] = v["limits"]
+        if name in existing:
+            plan.present.append(name)
+            continue
+        meta: dict[str, Any] = v["metadata"] if isinstance(v.get("metadata"), dict) else {}
+        tags = v.get("tags", meta.get("tags")) or []
+        plan.add.append({"name": name,
+                         "description": str(v.get("description", meta.get("description")) or ""),
+                         "tags": [str(t) for t in tags] if isinstance(tags, list) else
+                                 [t for t in str(tags).split(",") if t]})
+    return plan
+
+
 class Importer:
     """Applies a checked document to the supervisor's users, permissions, policies, parameters
     and virtual host (module text)."""
@@ -147,22 +186,21 @@ class Importer:
         self._policies = policies
         self._parameters = parameters
         self._vhost = dispatcher.vhost.name
+        # The control server's add_vhost, when this broker keeps more vhosts than "/"
+        self.add_vhost: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
 
     async def run(self, body: Any, source: str = "definitions") -> ImportReport:
         body = check(body)
         report = ImportReport()
         self._report = report
+        self._user_limits: list[tuple[str, Any]] = []
         for key in body:
             if key not in LIST_KEYS and key not in METADATA_KEYS:
                 self._unsupported(f"key '{key}': not supported by this Shoal, ignored")
-        for v in body.get("vhosts") or []:
-            name = v.get("name")
-            if name != self._vhost:
-                self._unsupported(f"vhost '{name}': this Shoal has only '{self._vhost}', skipped "
-                                  "with everything in it")
-            elif v.get("limits"):
-                self._unsupported(f"vhost '{name}': limits {v['limits']} not supported, ignored")
+        await self._vhosts_of(body)
         await self._users_of(body)
+        for name, limits in self._user_limits:
+            self._limits("user", name, limits)
         await self._permissions_of(body)
         self._policies_of(body)
         await self._parameters_of(body)
@@ -183,31 +221,47 @@ class Importer:
         log.warning("definitions: %s", line)
         self._report.skipped.append(line)
 
-    def _ours(self, kind: str, what: str, item: dict[str, Any]) -> bool:
-        """Whether ``item`` lies in our vhost; if not it is named as skipped."""
-        vhost = item.get("vhost", self._vhost)
-        if vhost == self._vhost:
-            return True
+    def _where(self, what: str, item: dict[str, Any]) -> str | None:
+        """The vhost ``item`` lies in (none named: "/"), when the broker has it; if not, the
+        item is named as skipped."""
+        vhost = str(item.get("vhost", self._vhost))
+        if vhost in self._dispatcher.vhosts:
+            return vhost
         self._unsupported(f"{what} in vhost '{vhost}': no such vhost here, skipped")
-        return False
+        return None
 
-    # -- users, permissions, policies, parameters -----------------------------------------
+    # -- vhosts, users, permissions, policies, parameters ---------------------------------
+
+    async def _vhosts_of(self, body: dict[str, Any]) -> None:
+        """The file's vhosts that are not here are added (``add_vhost``, when this broker has
+        it); a vhost's ``limits`` (older exports) become its limits."""
+        plan = vhost_plan(body.get("vhosts") or [], self._dispatcher.vhosts.by_name)
+        for v in plan.add:
+            if self.add_vhost is None:
+                self._unsupported(f"vhost '{v['name']}': not here, and this broker adds no "
+                                  "vhost at runtime: skipped with everything in it")
+                continue
+            answer = await self.add_vhost({"command": "add_vhost", **v})
+            if "error" in answer:
+                self._skipped(f"vhost '{v['name']}': {answer['error']}, skipped")
+        for name, limits in plan.limits.items():
+            if name in self._dispatcher.vhosts:
+                self._limits("vhost", name, limits)
+
 
     async def _users_of(self, body: dict[str, Any]) -> None:
+        version = str(body.get("rabbitmq_version") or body.get("rabbit_version") or "")
+        default_hashing = str(body.get("hashing_algorithm")
+                              or (MD5 if version.startswith(MD5_VERSIONS) else SHA256))
         for u in body.get("users") or []:
             name = str(u.get("name") or "")
             what = f"user '{name}'"
             if self._users is None:
                 self._unsupported(f"{what}: this broker keeps no users at runtime, skipped")
                 continue
-            algorithm = u.get("hashing_algorithm") or SHA256
-            if algorithm != SHA256:
-                known = "RabbitMQ's" if algorithm in OTHER_HASHING else "an unknown"
-                self._skipped(f"{what}: password hashing {algorithm} ({known}) is not supported "
-                              f"by this Shoal ({SHA256} only), skipped")
-                continue
-            if u.get("limits"):
-                self._unsupported(f"{what}: limits {u['limits']} not supported, ignored")
+            algorithm = str(u.get("hashing_algorithm") or default_hashing)
+            if isinstance(u.get("limits"), dict) and u["limits"]:
+                self._limits("user", name, u["limits"], after_users=True)
             raw_tags = u.get("tags")  # RabbitMQ 3.10 exports ["a,b"] for tags set as "a,b"
             tags = parse_tags(",".join(map(str, raw_tags)) if isinstance(raw_tags, list)
                               else raw_tags)
@@ -217,9 +271,9 @@ class Importer:
                 self._report.unchanged["users"] += 1
                 continue
             try:
-                await self._users.put(name, None, stored, tags)
+                await self._users.put(name, None, stored, tags, algorithm)
             except UserError as exc:
-                self._skipped(f"{what}: {exc}, skipped")
+                self._skipped(f"{what}: password hashing {algorithm}: {exc}, skipped")
                 continue
             self._report.imported["users"] += 1
             if old is not None:
@@ -234,15 +288,15 @@ class Importer:
             if admin is None:
                 self._unsupported(f"{what}: this broker keeps no permissions at runtime, skipped")
                 continue
-            if not self._ours("permissions", what, p):
+            if (vhost := self._where(what, p)) is None:
                 continue
             perms = tuple(str(p.get(k, "")) for k in ("configure", "write", "read"))
-            old = admin.table.get(user, {}).get(self._vhost)
+            old = admin.table.get(user, {}).get(vhost)
             if old is not None and tuple(old) == perms:
                 self._report.unchanged["permissions"] += 1
                 continue
             try:
-                await admin.set(user, self._vhost, *perms)
+                await admin.set(user, vhost, *perms)
             except UserError as exc:
                 self._skipped(f"{what}: {exc}, skipped")
                 continue
@@ -255,15 +309,15 @@ class Importer:
             if admin is None:
                 self._unsupported(f"{what}: this broker keeps no permissions at runtime, skipped")
                 continue
-            if not self._ours("topic_permissions", what, p):
+            if (vhost := self._where(what, p)) is None:
                 continue
             pair = (str(p.get("write", "")), str(p.get("read", "")))
-            old_pair = admin.topics.get(user, {}).get(self._vhost, {}).get(exchange)
+            old_pair = admin.topics.get(user, {}).get(vhost, {}).get(exchange)
             if old_pair is not None and tuple(old_pair) == pair:
                 self._report.unchanged["topic_permissions"] += 1
                 continue
             try:
-                await admin.set_topic(user, self._vhost, exchange, *pair)
+                await admin.set_topic(user, vhost, exchange, *pair)
             except UserError as exc:
                 self._skipped(f"{what}: {exc}, skipped")
                 continue
@@ -277,12 +331,12 @@ class Importer:
             if self._policies is None:
                 self._unsupported(f"{what}: this broker keeps no policies at runtime, skipped")
                 continue
-            if not self._ours("policies", what, p):
+            if (vhost := self._where(what, p)) is None:
                 continue
-            listed = self._policies.command("list_policies", {"vhost": self._vhost})
+            listed = self._policies.command("list_policies", {"vhost": vhost})
             old = next((q for q in listed.get("policies", []) if q.get("name") == p.get("name")),
                        None)
-            answer = self._policies.command("set_policy", {**p, "vhost": self._vhost})
+            answer = self._policies.command("set_policy", {**p, "vhost": vhost})
             if "error" in answer:
                 reason = " ".join(str(answer["error"]).split())
                 self._skipped(f"{what}: {reason}, skipped")
@@ -301,19 +355,38 @@ class Importer:
             if self._parameters is None:
                 self._unsupported(f"{what}: not supported by this Shoal, skipped")
                 continue
-            if not self._ours("parameters", what, p):
+            if (vhost := self._where(what, p)) is None:
                 continue
-            answer = await self._parameters.command("set_parameter", {**p, "vhost": self._vhost})
+            if p.get("component") == VHOST_COMPONENT:
+                self._limits("vhost", vhost, p.get("value"))
+                continue
+            answer = await self._parameters.command("set_parameter", {**p, "vhost": vhost})
             if "error" in answer:
                 self._skipped(f"{what}: {' '.join(str(answer['error']).split())}, skipped")
             else:
                 self._report.imported["parameters"] += 1
 
+    def _limits(self, kind: str, name: str, limits: Any, after_users: bool = False) -> None:
+        """A vhost's limits (all of them) or a user's (merged), as the file has them. A user's
+        wait for the users (``after_users``: they come with its object, before it exists)."""
+        if after_users:
+            self._user_limits.append((name, limits))
+            return
+        admin = self._dispatcher.limits
+        old = admin.vhosts.get(name, {}) if kind == "vhost" else admin.users.get(name, {})
+        command = "set_vhost_limits" if kind == "vhost" else "set_user_limits"
+        answer = admin.command(command, {kind: name, "limits": limits})
+        if "error" in answer:
+            self._skipped(f"limits of {kind} '{name}': {answer['error']}, skipped")
+        elif answer["value"] == old:
+            self._report.unchanged["limits"] += 1
+        else:
+            self._report.imported["limits"] += 1
+
     # -- exchanges, queues, bindings ------------------------------------------------------
 
     def _topology(self, body: dict[str, Any]) -> None:
         d = self._dispatcher
-        vhost = d.vhost
         report = self._report
 
         def attempt(kind: str, what: str, existed: bool, declare: Callable[..., object],
@@ -335,8 +408,9 @@ class Importer:
             for x in body.get("exchanges") or []:
                 name = str(x.get("name") or "")
                 what = f"exchange '{name}'"
-                if not name or name.startswith("amq.") or not self._ours("exchanges", what, x):
+                if not name or name.startswith("amq.") or (where := self._where(what, x)) is None:
                     continue  # the default and amq.* exchanges exist already (RabbitMQ: same)
+                vhost = d.vhosts.by_name[where]
                 attempt("exchanges", what, name in vhost.exchanges, vhost.declare_exchange, name,
                         str(x.get("type", "direct")), durable=bool(x.get("durable", True)),
                         auto_delete=bool(x.get("auto_delete", False)),
@@ -345,8 +419,9 @@ class Importer:
             for q in body.get("queues") or []:
                 name = str(q.get("name") or "")
                 what = f"queue '{name}'"
-                if not name or not self._ours("queues", what, q):
+                if not name or (where := self._where(what, q)) is None:
                     continue
+                vhost = d.vhosts.by_name[where]
                 args = dict(q.get("arguments") or {})
                 if args.get("x-queue-type") == "classic":
                     args.pop("x-queue-type")
@@ -358,8 +433,9 @@ class Importer:
                 key, args = str(b.get("routing_key", "")), dict(b.get("arguments") or {})
                 kind = b.get("destination_type", "queue")
                 what = f"binding of '{src}' to {kind} '{dst}' ({key!r})"
-                if not src or not self._ours("bindings", what, b):
+                if not src or (where := self._where(what, b)) is None:
                     continue  # the default exchange's bindings come with their queues
+                vhost = d.vhosts.by_name[where]
                 if kind == "exchange":
                     attempt("bindings", what, False, vhost.bind_exchange, dst, src, key, args)
                 else:

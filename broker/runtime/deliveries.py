@@ -25,17 +25,17 @@ from broker.runtime.credit_flow import CreditFlow
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.open_channels import Held, OpenChannels, Pin, Subscription
 from broker.runtime.publishing import StepWork
-from broker.topology.vhost import VirtualHost
+from broker.topology.vhosts import VirtualHosts
 from ipc import records as r
 
 
 class Deliveries:
     """Consume, cancel, interest, pull, get and settle records, and the wake-ups they make."""
 
-    def __init__(self, vhost: VirtualHost, step: StepWork, answers: Answers,
+    def __init__(self, vhosts: VirtualHosts, step: StepWork, answers: Answers,
                  channels: OpenChannels, credit: CreditFlow, accounts: ArenaAccounts,
                  workers: int) -> None:
-        self.vhost = vhost
+        self.vhosts = vhosts  # each request goes to its connection's vhost
         self.step = step
         self.answers = answers
         self.outbox = answers.outbox
@@ -57,7 +57,7 @@ class Deliveries:
         if rec.queue == REPLY_TO:
             q = self._reply_queue(worker, rec)
         else:
-            q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
+            q = self.vhosts.of(worker, rec.conn).queue(rec.queue, owner=(worker, rec.conn))
         consumer = QueueConsumer(
             (worker, rec.consumer, rec.slot), rec.tag, priority=rec.priority, acquiring=not rec.browse,
             exclusive=rec.exclusive, no_ack=rec.no_ack,
@@ -75,7 +75,7 @@ class Deliveries:
         gets a queue of its own, named for the requester's reply_to; it goes with
         the consumer (auto-delete) or the connection (exclusive)."""
         name = f"{REPLY_TO}.{secrets.token_urlsafe(18)}"
-        return self.vhost.declare_queue(name, owner=(worker, rec.conn), exclusive=True,
+        return self.vhosts.of(worker, rec.conn).declare_queue(name, owner=(worker, rec.conn), exclusive=True,
                                         auto_delete=True, reserved=True)
 
     def cancel(self, worker: int, rec: r.Cancel) -> None:
@@ -84,7 +84,7 @@ class Deliveries:
         if sub is not None:
             if self.trace is not None:
                 self.trace.cancelled(sub.queue.name, worker, rec.consumer)
-            self.wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
+            self.wake(self.vhosts.remove_consumer(sub.queue, sub.consumer))
         self.answers.reply(worker, rec)
 
     def interest(self, worker: int, rec: r.Interest) -> None:
@@ -123,7 +123,7 @@ class Deliveries:
                     self.outbox[key[0]].append(r.Pulled(key[1], [], False))
                 else:
                     self._run_pull(key[0], sub, key[1], budget, standing=True)
-            self.wake(self.vhost.drain())
+            self.wake(self.vhosts.drain())
 
     def end_standing(self, worker: int, cid: int, *, answer: bool, seq: int | None = None) -> None:
         """A standing pull ends without deliveries: the consumer is no longer interested, is
@@ -176,7 +176,7 @@ class Deliveries:
             self.trace.pulled(worker, cid, sub.queue.name, entries)
 
     def get(self, worker: int, rec: r.Get) -> None:
-        q = self.vhost.queue(rec.queue, owner=(worker, rec.conn))
+        q = self.vhosts.of(worker, rec.conn).queue(rec.queue, owner=(worker, rec.conn))
         entry = q.get()
         counts, q_counts = self.counts, q.counts
         if entry is None:
@@ -253,7 +253,7 @@ class Deliveries:
         a standing pull, that pull runs (before the flush: ``serve_standing``)."""
         trace = self.trace
         woke = self._credit.woke
-        now = self.vhost.now
+        now = self.vhosts.now
         standing = self._standing
         for c in consumers:
             worker, cid, slot = c.key

@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 The supervisor is the single owner of queue state (docs/design.md, Processes). Every worker's
 request ring is drained in order and each record is applied to the domain
-(:class:`broker.topology.vhost.VirtualHost`) here. Nothing in this module does IO: the
-answers are appended to a per-worker *outbox* and the consumers to wake are
-appended to a per-worker *notify* list; the runtime (``broker.runtime.supervisor``)
+(:class:`broker.topology.vhost.VirtualHost` of the connection's vhost, one of the broker's
+:class:`broker.topology.vhosts.VirtualHosts`: a connection's ``ConnOpen`` says which) here.
+Nothing in this module does IO: the answers are appended to a per-worker *outbox* and the
+consumers to wake are appended to a per-worker *notify* list; the runtime (``broker.runtime.supervisor``)
 writes outboxes into event rings, sets notify slots and kicks eventfds.
 
 The :class:`Dispatcher` owns the request table and its parts, one module each: what is said back
@@ -41,12 +42,14 @@ from broker.runtime.arena_accounts import ArenaAccounts
 from broker.runtime.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
 from broker.runtime.deliveries import Deliveries
 from broker.runtime.dispatch_trace import DispatchTrace
+from broker.runtime.limits import RuntimeLimits
 from broker.runtime.listing import Listing, Listings
 from broker.runtime.open_channels import OpenChannels
 from broker.runtime.publishing import Publishing, StepWork
 from broker.runtime.teardown import DETACH, RETURN, Teardown
 from broker.storage.paging import Pager
 from broker.topology.vhost import VirtualHost
+from broker.topology.vhosts import DEFAULT_DESCRIPTION, DEFAULT_VHOST, VirtualHosts
 from ipc import records as r
 
 log = logging.getLogger("shoal.dispatch")
@@ -69,14 +72,15 @@ class Dispatcher:
                  now: float = 0.0, epoch_offset: float = 0.0) -> None:
         # Time comes in from the runtime (monotonic seconds); epoch_offset turns it
         # into wall-clock time for x-death and held-message headers.
-        self.vhost = VirtualHost("/", on_drop=self._drop, now=now, epoch_offset=epoch_offset)
-        self.vhost.body_codec = ARENA_BODY_CODEC  # plain queues may keep waiting messages as handles
+        # Plain queues may keep waiting messages as their body handles (ARENA_BODY_CODEC).
+        self.vhosts = VirtualHosts(self._drop, now=now, epoch_offset=epoch_offset,
+                                   body_codec=ARENA_BODY_CODEC)
+        self.vhosts.add(DEFAULT_VHOST).description = DEFAULT_DESCRIPTION
         self.answers = Answers(workers)
         self.outbox = self.answers.outbox
         self.confirms = self.answers.confirms
         self._channels = OpenChannels()  # consumers and unsettled deliveries per channel
         self._subs = self._channels.subs
-        self._router = self.vhost.router
         # The runtime's bounded steps (broker.runtime.supervisor.STEP_WORK): see StepWork.
         self._step = StepWork()
         # Memory alarm, per worker arena: bytes of messages held in region k; its publishers
@@ -85,30 +89,32 @@ class Dispatcher:
         self.region_bytes = self.alarms.region_bytes
         self._credit = CreditFlow()  # publish credit due, and whether we are behind
         self.listings = Listings()  # shoal list-connections requests in progress
-        self._accounts = ArenaAccounts(self.vhost, self._channels, self.region_bytes,
+        self._accounts = ArenaAccounts(self.vhosts, self._channels, self.region_bytes,
                                        self.outbox, free_body)
         # Message bodies paged out of arenas past their mark (--data-dir; broker.storage.paging).
         self.pager = Pager(self.region_bytes, self._accounts.free,
                            lambda message: drop_reference(message, self._drop),
                            self._accounts.paged_body, self._channels.viewed)
-        self._deliveries = Deliveries(self.vhost, self._step, self.answers, self._channels,
+        self._deliveries = Deliveries(self.vhosts, self._step, self.answers, self._channels,
                                       self._credit, self._accounts, workers)
         self.notify = self._deliveries.notify
         self._wake = self._deliveries.wake
-        self._publishing = Publishing(self.vhost, self._step, self.answers, self._credit,
+        self._publishing = Publishing(self.vhosts, self._step, self.answers, self._credit,
                                       self.pager, self._accounts, self._wake, workers)
-        self._teardown = Teardown(self.vhost, self.answers, self._channels, self._deliveries)
-        self._sliced = self.vhost.sliced
+        self._teardown = Teardown(self.vhosts, self.answers, self._channels, self._deliveries)
+        self._sliced = self.vhosts.sliced
         self._sliced.add_budget(COUNT, QUEUED_COUNT_SLICE)
         self._queued_checked = float("-inf")  # when the last count of them began
         self._queued_count: QueuedCount | None = None  # one under way
         self._trace: DispatchTrace | None = None
+        # Vhost and user limits: max-queues checked here, the workers' use of the rest relayed
+        self.limits = RuntimeLimits(self.outbox, lambda: self.vhosts.by_name)
         deliveries, publishing, teardown = self._deliveries, self._publishing, self._teardown
         self._handlers: dict[type, Callable[[int, Any], None]] = {
             r.Hello: self._hello,
-            r.ConnOpen: lambda worker, rec: self._channels.connection_opened((worker, rec.conn),
-                                                                             rec.user),
-            r.ConnClose: teardown.conn_close,
+            r.ConnOpen: self._conn_open,
+            r.ConnClose: self._conn_close,
+            r.LimitUsage: self.limits.usage_reported,
             r.ChanClose: teardown.chan_close,
             r.ExchangeDeclare: self._exchange_declare,
             r.ExchangeDelete: self._exchange_delete,
@@ -132,6 +138,40 @@ class Dispatcher:
             r.PagedOut: lambda worker, rec: self.pager.paged_out(worker, rec.written),
             r.ConnectionsListed: lambda worker, rec: self.listings.listed(worker, rec),
         }
+
+    # ------------------------------------------------------------ virtual hosts
+
+    @property
+    def vhost(self) -> VirtualHost:
+        """The vhost "/" (what a connection that named none is on: a test's)."""
+        return self.vhosts.by_name[DEFAULT_VHOST]
+
+    def _conn_open(self, worker: int, rec: r.ConnOpen) -> None:
+        self._channels.connection_opened((worker, rec.conn), rec.user)
+        self.vhosts.opened((worker, rec.conn), rec.vhost)
+
+    def _conn_close(self, worker: int, rec: r.ConnClose) -> None:
+        self._teardown.conn_close(worker, rec)
+        self.vhosts.closed((worker, rec.conn))
+
+    def add_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
+                  default_queue_type: str | None = None) -> tuple[VirtualHost, bool]:
+        """rabbitmqctl add_vhost: the vhost, and whether it is new (an existing one's
+        description and tags are updated, as PUT /api/vhosts/{name} does)."""
+        created = name not in self.vhosts
+        vhost = self.vhosts.add(name)
+        if description or created:
+            vhost.description = description
+        if tags is not None:
+            vhost.tags = list(tags)
+        if default_queue_type:
+            vhost.default_queue_type = default_queue_type
+        return vhost, created
+
+    def delete_vhost(self, name: str) -> None:
+        """rabbitmqctl delete_vhost: it and everything in it go (the consumers of its queues
+        are cancelled); its connections' requests get 320 until their workers close them."""
+        self._teardown.cancel_all(self.vhosts.remove(name))
 
     # ------------------------------------------------------------ the parts' settings
 
@@ -241,13 +281,13 @@ class Dispatcher:
     def begin_batch(self, now: float) -> None:
         """Requests of one ring batch happen at ``now`` (TTL, x-expires, x-death time); the
         batch is a step (``return_slice``, ``detach_slice``)."""
-        self.vhost.advance(now)
+        self.vhosts.advance(now)
         self._teardown.step()
 
     def end_batch(self) -> None:
         """Route the dead letters the batch made (pull, get, release, discard can);
         block or unblock publishers around the memory high watermark."""
-        if woken := self.vhost.drain():
+        if woken := self.vhosts.drain():
             self._wake(woken)
         self.flow_tick()
 
@@ -258,7 +298,7 @@ class Dispatcher:
         if self._credit.due:
             for worker, grant in self._credit.grants(self._subs, self._reaches,
                                                      all_credit=all_credit,
-                                                     now=self.vhost.now).items():
+                                                     now=self.vhosts.now).items():
                 self.outbox[worker].append(grant)
         if self.pager.high:
             for region, bodies in self.pager.check().items():
@@ -273,10 +313,10 @@ class Dispatcher:
         at most every QUEUED_CHECK_INTERVAL, ``queued_count_slice`` queues or channels a step."""
         count = self._queued_count
         if count is None:
-            if self.vhost.now < self._queued_checked + QUEUED_CHECK_INTERVAL:
+            if self.vhosts.now < self._queued_checked + QUEUED_CHECK_INTERVAL:
                 return
-            self._queued_checked = self.vhost.now
-            self._queued_count = QueuedCount(list(self.vhost.queues.values()),
+            self._queued_checked = self.vhosts.now
+            self._queued_count = QueuedCount(list(self.vhosts.queues()),
                                              self._channels.open_channels)
             self._sliced.take(COUNT)  # one abandoned (``_queued_count`` cleared) goes
             self._sliced.add(COUNT, self._counting)
@@ -298,7 +338,7 @@ class Dispatcher:
         """Messages waiting in all queues, each queue's copy counted, and deliveries not
         settled yet (the supervisor's memory alarm: a consumer without prefetch that never acks
         holds them all): a whole count at once, as the alarm's goes a slice per step."""
-        count = QueuedCount(list(self.vhost.queues.values()), self._channels.open_channels)
+        count = QueuedCount(list(self.vhosts.queues()), self._channels.open_channels)
         count.step(sys.maxsize)
         return count.total
 
@@ -315,17 +355,21 @@ class Dispatcher:
 
     def _reaches(self, destination: Destination) -> list[str] | None:
         """The names of the queues a publish to ``destination`` is routed to now (credit flow
-        asks only while it is behind on a queue); None: it may reach any."""
+        asks only while it is behind on a queue; the destination names no vhost, so those of
+        every vhost where it routes: a queue of that name elsewhere may be held back too);
+        None: it may reach any."""
         if destination is None:  # ANYWHERE
             return None
         exchange_name, routing_key = destination
         if not exchange_name:
             return [routing_key]
-        exchange = self.vhost.exchanges.get(exchange_name)
-        if exchange is None:
-            return []
-        return [q.name for q in self._router.route(exchange, PlainMessage(
-            exchange_name, routing_key, None, 0))]
+        names: list[str] = []
+        for vhost in self.vhosts:
+            exchange = vhost.exchanges.get(exchange_name)
+            if exchange is not None:
+                names += [q.name for q in vhost.router.route(exchange, PlainMessage(
+                    exchange_name, routing_key, None, 0))]
+        return names
 
     def set_disk_alarm(self, active: bool) -> None:
         """The disk alarm (RabbitMQ's disk_free_limit): every worker's publishers block."""
@@ -352,10 +396,10 @@ class Dispatcher:
         messages, free a slice of purged and deleted queues' bodies, tear down a slice of
         closed channels -- a bounded step (broker.topology.step_host). Returns the next
         deadline (None: nothing pending; ``now`` or earlier: more to do at once)."""
-        self.vhost.advance(now)
+        self.vhosts.advance(now)
         self._teardown.step()
         self._teardown.run()
-        outcome = self.vhost.tick(now)
+        outcome = self.vhosts.tick(now)
         self._wake(outcome.notify)
         self._teardown.cancel_all(outcome.cancelled)
         self.flow_tick(all_credit=True)
@@ -365,7 +409,7 @@ class Dispatcher:
         """When the runtime's timer should next call :meth:`tick`: ``now`` while sliced work
         is left (closed channels' consumers and deliveries, a count of what is queued, the
         graveyard), else the virtual host's next deadline."""
-        return self.vhost.next_deadline()
+        return self.vhosts.next_deadline()
 
     def internal_error(self, worker: int, rec: r.Request) -> None:
         """A request failed unexpectedly: close its connection with 541."""
@@ -378,12 +422,13 @@ class Dispatcher:
         exclusive queues are deleted."""
         self._publishing.worker_died(worker)
         owners = self._channels.connections_on(worker)
-        for q in self.vhost.queues.values():
+        for q in self.vhosts.queues():
             owner = q.exclusive_owner
             if isinstance(owner, tuple) and owner[0] == worker:
                 owners.add(owner)
         for owner in sorted(owners):
             self._teardown.conn_close(worker, r.ConnClose(conn=owner[1]), worker_died=True)
+        self.vhosts.worker_gone(worker)
         self._teardown.worker_died(worker)
         self.outbox[worker].clear()
         self._deliveries.worker_died(worker)
@@ -402,7 +447,7 @@ class Dispatcher:
     def _sync(self, worker: int, rec: r.Sync) -> None:
         """The barrier a worker waits on (tx.commit, local replies): answered once the index
         log holds what came before it, so a commit-ok means the commit is on disk."""
-        journal = self.vhost.messages
+        journal = self.vhosts.messages
         need = journal.mark if journal is not None and journal.mark > self.confirms.synced else 0
         if need:
             self.confirms.admit((worker, rec.conn, rec.ch), r.Reply(rec.conn, rec.ch, "sync"), need)
@@ -411,8 +456,9 @@ class Dispatcher:
 
     def index_synced(self, mark: int) -> None:
         """The index log is on disk up to journal mark ``mark``: send the confirms it held."""
-        if self.vhost.messages is not None:  # old index files wait for it (broker.storage.index_moves)
-            self.vhost.messages.synced = max(self.vhost.messages.synced, mark)
+        journal = self.vhosts.messages
+        if journal is not None:  # old index files wait for it (broker.storage.index_moves)
+            journal.synced = max(journal.synced, mark)
         self.answers.synced(mark)
 
     def drop_unqueued(self, message: Message) -> None:
@@ -430,14 +476,14 @@ class Dispatcher:
     # ------------------------------------------------------------ exchanges
 
     def _exchange_declare(self, worker: int, rec: r.ExchangeDeclare) -> None:
-        self.vhost.declare_exchange(
+        self.vhosts.of(worker, rec.conn).declare_exchange(
             rec.name, rec.type, passive=rec.passive, durable=rec.durable,
             auto_delete=rec.auto_delete, internal=rec.internal, arguments=rec.arguments,
         )
         self.answers.reply(worker, rec)
 
     def _exchange_delete(self, worker: int, rec: r.ExchangeDelete) -> None:
-        self.vhost.delete_exchange(rec.name, if_unused=rec.if_unused)
+        self.vhosts.of(worker, rec.conn).delete_exchange(rec.name, if_unused=rec.if_unused)
         self.answers.reply(worker, rec)
 
     @property
@@ -454,11 +500,11 @@ class Dispatcher:
     def _check_binding_topic(self, worker: int, conn: int, source: str, key: str) -> None:
         """A binding key from a topic exchange against the user's topic read permission
         (rabbit_channel:binding_action: only when the source exists, else its 404 follows)."""
-        x = self.vhost.exchanges.get(source)
+        x = self.vhosts.of(worker, conn).exchanges.get(source)
         if x is None or x.type != "topic":
             return
         user = self._channels.user_of((worker, conn))
-        vhost = self.vhost.name
+        vhost = x.vhost
         if user is not None and not topic_allowed(self._publishing.topics, user, vhost, source,
                                                   key, READ):
             raise AccessRefused(refused_topic(key, source, vhost, user))
@@ -466,13 +512,15 @@ class Dispatcher:
     def _exchange_bind(self, worker: int, rec: r.ExchangeBind) -> None:
         if self._publishing.topics:
             self._check_binding_topic(worker, rec.conn, rec.source, rec.routing_key)
-        self.vhost.bind_exchange(rec.destination, rec.source, rec.routing_key, rec.arguments)
+        self.vhosts.of(worker, rec.conn).bind_exchange(rec.destination, rec.source,
+                                                       rec.routing_key, rec.arguments)
         self.answers.reply(worker, rec)
 
     def _exchange_unbind(self, worker: int, rec: r.ExchangeUnbind) -> None:
         if self._publishing.topics:
             self._check_binding_topic(worker, rec.conn, rec.source, rec.routing_key)
-        self.vhost.unbind_exchange(rec.destination, rec.source, rec.routing_key, rec.arguments)
+        self.vhosts.of(worker, rec.conn).unbind_exchange(rec.destination, rec.source,
+                                                         rec.routing_key, rec.arguments)
         self.answers.reply(worker, rec)
 
     # --------------------------------------------------------------- queues
@@ -481,7 +529,10 @@ class Dispatcher:
         if rec.passive and rec.name == REPLY_TO:  # RabbitMQ: the pseudo-queue always "exists"
             self.answers.reply(worker, rec, queue=REPLY_TO)
             return
-        q = self.vhost.declare_queue(
+        vhost = self.vhosts.of(worker, rec.conn)
+        if not rec.passive:
+            self.limits.check_queue(vhost.name, vhost.queues, rec.name)
+        q = vhost.declare_queue(
             rec.name, owner=(worker, rec.conn), passive=rec.passive, durable=rec.durable,
             exclusive=rec.exclusive, auto_delete=rec.auto_delete, arguments=rec.arguments,
             reserved=rec.server_named,  # the worker named it amq.gen-... (workers.access)
@@ -494,7 +545,7 @@ class Dispatcher:
     def _queue_bind(self, worker: int, rec: r.QueueBind) -> None:
         if self._publishing.topics:
             self._check_binding_topic(worker, rec.conn, rec.exchange, rec.routing_key)
-        self.vhost.bind_queue(
+        self.vhosts.of(worker, rec.conn).bind_queue(
             rec.queue, rec.exchange, rec.routing_key, rec.arguments, owner=(worker, rec.conn)
         )
         self.answers.reply(worker, rec)
@@ -502,17 +553,17 @@ class Dispatcher:
     def _queue_unbind(self, worker: int, rec: r.QueueUnbind) -> None:
         if self._publishing.topics:
             self._check_binding_topic(worker, rec.conn, rec.exchange, rec.routing_key)
-        self.vhost.unbind_queue(
+        self.vhosts.of(worker, rec.conn).unbind_queue(
             rec.queue, rec.exchange, rec.routing_key, rec.arguments, owner=(worker, rec.conn)
         )
         self.answers.reply(worker, rec)
 
     def _queue_purge(self, worker: int, rec: r.QueuePurge) -> None:
-        count = self.vhost.purge_queue(rec.queue, owner=(worker, rec.conn))
+        count = self.vhosts.of(worker, rec.conn).purge_queue(rec.queue, owner=(worker, rec.conn))
         self.answers.reply(worker, rec, message_count=count)
 
     def _queue_delete(self, worker: int, rec: r.QueueDelete) -> None:
-        count, consumers = self.vhost.delete_queue(
+        count, consumers = self.vhosts.of(worker, rec.conn).delete_queue(
             rec.queue, owner=(worker, rec.conn), if_unused=rec.if_unused, if_empty=rec.if_empty
         )
         self._teardown.cancel_all(consumers)

@@ -26,11 +26,13 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
 
-from broker.messages.message_journal import MessageJournal
+from broker.messages.message import Message
+from broker.messages.message_journal import DEFAULT_VHOST, MessageJournal, split_key
 from broker.passwords import users_at_start
 from broker.permissions import FULL
 from broker.runtime.dispatch import Dispatcher
@@ -52,6 +54,7 @@ from broker.storage.message_store import (
 )
 from broker.storage.message_store import restore as restore_messages
 from broker.topology.definitions import TopologyJournal
+from broker.topology.vhosts import VirtualHosts
 from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause, write_all
 from ipc.logfile import segments as body_segments
 
@@ -87,15 +90,26 @@ class Durability:
                       "queues whose definition went are not restored",
                       self.path, self.data.definitions, opened.behind, self.data.generation,
                       opened.store.generation + opened.behind, opened.store.generation)
-        defs = self.definitions.load()
-        vhost = self.dispatcher.vhost
-        skipped_policies = load_policies(vhost, self.definitions.policies())  # before the queues
-        skipped = restore(vhost, defs)
-        skipped += skipped_policies
-        vhost.journal = TopologyJournal()
-        log.info("data directory %s: restored %d exchange(s), %d queue(s), %d binding(s)%s in %.0f ms",
-                 self.path, len(defs.exchanges), len(defs.queues), len(defs.bindings),
-                 f" ({len(skipped)} skipped)" if skipped else "", (time.monotonic() - started) * 1e3)
+        d, store = self.dispatcher, self.definitions
+        stored = {row["name"]: row for row in store.vhosts()}
+        if DEFAULT_VHOST not in stored:  # deleted, as RabbitMQ lets "/" be
+            d.delete_vhost(DEFAULT_VHOST)
+        policies = store.policies()
+        counts = [0, 0, 0]
+        skipped: list[str] = []
+        for name, row in stored.items():
+            vhost, _ = d.add_vhost(name, row["description"], row["tags"], row["default_queue_type"])
+            skipped += load_policies(vhost, policies)  # before the queues
+            defs = store.load(name)
+            skipped += restore(vhost, defs)
+            vhost.journal = TopologyJournal()
+            counts = [counts[0] + len(defs.exchanges), counts[1] + len(defs.queues),
+                      counts[2] + len(defs.bindings)]
+        d.vhosts.keep_topology = True  # a vhost added from now on journals its changes too
+        log.info("data directory %s: restored %d exchange(s), %d queue(s), %d binding(s)%s in "
+                 "%d vhost(s) in %.0f ms", self.path, *counts,
+                 f" ({len(skipped)} skipped)" if skipped else "", len(stored),
+                 (time.monotonic() - started) * 1e3)
 
     def recover_users(self, given: dict[str, str]) -> dict[str, str]:
         """Who may log in (``broker.passwords.users_at_start``): the stored users, with those
@@ -141,21 +155,18 @@ class Durability:
     def _recover_messages(self, arenas: list[Any], arena_mb: int) -> None:
         started = time.monotonic()
         d = self.dispatcher
-        vhost = d.vhost
+        vhosts = d.vhosts
         sizes = self._stopped_cleanly()
         clean = sizes is not None
         state = load_index(self.path, clean=clean, sizes=sizes)
         _report_index(state, clean)
-        journal = MessageJournal(last_id=state.max_id, epoch_offset=vhost.epoch_offset)
-        vhost.messages = journal
-        for queue in vhost.queues.values():
-            if queue.durable:
-                queue.store = journal
+        journal = MessageJournal(last_id=state.max_id, epoch_offset=vhosts.epoch_offset)
+        vhosts.messages = journal  # every vhost's durable queues write their records there
         self.index = IndexLog(self.path)
         journal.index_file = self.index.number  # what changes from here on is written there
         try:
-            restored = restore_messages(state, journal, self.path, arenas, vhost.restore_message,
-                                        lazy=bool(d.pager.high))
+            restored = restore_messages(state, journal, self.path, arenas,
+                                        partial(_place, vhosts), lazy=bool(d.pager.high))
         except ArenasFull as exc:
             raise ArenasFull(f"{exc} ({len(arenas)} x {arena_mb} MiB): start with a larger "
                              "--arena-mb (or more --workers)") from None
@@ -216,7 +227,7 @@ class Durability:
     def stopped_cleanly(self) -> None:
         """The stop is orderly and the index synced (every record made is on disk): leave the
         marker that tells the next start its D records are exact and no tail is torn."""
-        index, journal = self.index, self.dispatcher.vhost.messages
+        index, journal = self.index, self.dispatcher.vhosts.messages
         if index is None or journal is None or index.unsynced or journal.mark > index.written:
             return
         marker = self.path / INDEX_DIR / CLEAN_STOP
@@ -231,15 +242,16 @@ class Durability:
     def save(self) -> None:
         """Before a flush: commit the batch's definition changes, ring the index sync if the
         batch made index records, remove the files nothing needs."""
-        vhost = self.dispatcher.vhost
-        topology = vhost.journal
-        if topology is not None and topology.changes and self.definitions is not None:
-            changes = topology.take()
-            try:
-                self.definitions.apply(changes)
-            except Exception:  # a full or failing disk: the broker goes on, the change is not kept
-                log.exception("data directory: %d definition change(s) not saved", len(changes))
-        journal, index = vhost.messages, self.index
+        vhosts = self.dispatcher.vhosts
+        for vhost in vhosts:
+            topology = vhost.journal
+            if topology is not None and topology.changes and self.definitions is not None:
+                changes = topology.take()
+                try:
+                    self.definitions.apply(changes, vhost.name)
+                except Exception:  # a full or failing disk: the broker goes on, the change is not kept
+                    log.exception("data directory: %d definition change(s) not saved", len(changes))
+        journal, index = vhosts.messages, self.index
         if journal is None or index is None:
             return
         if journal.mark > index.written:
@@ -271,15 +283,15 @@ class Durability:
         """Write the index records made since the last write (what cancelled out is left out),
         then begin the next index file if this one is full. Both in one step of the event
         loop: every record made later counts in, and goes to, the file begun here."""
-        vhost = self.dispatcher.vhost
-        journal, index = vhost.messages, self.index
+        vhosts = self.dispatcher.vhosts
+        journal, index = vhosts.messages, self.index
         if journal is None or index is None:
             return
         if journal.mark > index.written:
             index.append(journal.take(), journal.mark)
         if index.rotate():  # the newest file is full: records go to the next one
             journal.index_file = index.number
-            moved = move_oldest(vhost, journal, index.files, vhost.now)
+            moved = move_oldest(vhosts, journal, index.files, vhosts.now)
             if moved:
                 log.info("index: %d live message record(s) moved out of the oldest index file, "
                          "which goes once they are on disk", moved)
@@ -327,6 +339,15 @@ class Durability:
         if self.definitions is not None:
             self.definitions.close()
         self.data.close()
+
+
+def _place(vhosts: VirtualHosts, key: str, message: Message, redelivered: bool,
+           enqueued_at: float) -> bool:
+    """A restored message onto the durable queue its index key names (message_journal.queue_key),
+    in its vhost; False when there is no such queue (nor vhost)."""
+    vhost_name, name = split_key(key)
+    vhost = vhosts.get(vhost_name)
+    return vhost is not None and vhost.restore_message(name, message, redelivered, enqueued_at)
 
 
 def _sync_dir(path: Any) -> None:

@@ -6,8 +6,8 @@ read end of the ``alive`` pipe and a pipe with the users' stored passwords are i
 descriptors, the rest is a JSON argument without secrets (with --management-tls-port, the
 HTTPS listener is inherited too, and the certificate and key go by path: the process reads
 them). A management process that dies is started again (after RESTART_BACKOFF when it dies
-within it: it must not spin); SIGTERM at shutdown ends it with the workers. Nothing here
-imports ``management/``: the supervisor knows it by its module name only.
+within it: it must not spin, ``broker.runtime.child_process``); SIGTERM at shutdown ends it with
+the workers. Nothing here imports ``management/``: the supervisor knows it by its module name only.
 
 Users changed at runtime (broker.runtime.users) reach the running process as JSON lines on its
 stdin, a pipe of ours: ``{"users": {name: stored password}, "removed": [name], "tags": {name:
@@ -21,8 +21,6 @@ import contextlib
 import logging
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -30,9 +28,10 @@ from typing import Any
 import msgspec
 import trio
 
+from broker.runtime.child_process import SupervisedChild, start_module
+
 log = logging.getLogger("shoal.supervisor")
 
-RESTART_BACKOFF = 1.0
 USERS_PIPE_MAX = 60_000  # what a pipe takes without a reader
 MODULE = "management.process"
 
@@ -58,13 +57,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-class ManagementChild:
+class ManagementChild(SupervisedChild):
     """The management process of one broker: its listener and its current process."""
 
+    what = "management process"
+
     def __init__(self, host: str, port: int) -> None:
+        super().__init__()
         sock = self.sock = listen(host, port)
         self.port: int = sock.getsockname()[1]
-        self.process: trio.Process | None = None
         self.prometheus: socket.socket | None = None  # --prometheus-port, served by the process too
         self.prometheus_port = 0
         self.tls: socket.socket | None = None  # --management-tls-port: HTTPS, same app
@@ -100,30 +101,12 @@ class ManagementChild:
     async def supervise(self, settings: Callable[[], dict[str, Any]],
                         stopping: Callable[[], bool]) -> None:
         """Start the management process, and again whenever it dies, until the broker stops."""
-        while not stopping():
-            started = trio.current_time()
-            try:
-                self.process = await self._spawn(settings())
-            except (OSError, ValueError) as exc:
-                log.error("cannot start the management process: %s", exc)
-                await trio.sleep(RESTART_BACKOFF)
-                continue
-            code = await self.process.wait()
-            if stopping():
-                return
-            log.warning("management process (pid %d) exited with %s; restarting it",
-                        self.process.pid, code)
-            if trio.current_time() - started < RESTART_BACKOFF:
-                await trio.sleep(RESTART_BACKOFF)
+        await self._supervise(settings, stopping)
 
     async def tell_users(self, change: dict[str, Any]) -> None:
         """A users change, to the running management process (none running: its next start
         reads the whole table)."""
-        process = self.process
-        if process is None or process.returncode is not None or process.stdin is None:
-            return
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await process.stdin.send_all(msgspec.json.encode(change) + b"\n")
+        await self.tell(change)
 
     async def _spawn(self, settings: dict[str, Any]) -> trio.Process:
         users = settings.pop("users")
@@ -148,11 +131,7 @@ class ManagementChild:
                 config.update(tls_fd=self.tls.fileno(), tls_cert=cert, tls_key=key, tls_ca=ca,
                               https_port=self.tls_port)
                 fds.append(self.tls.fileno())
-            argv = [sys.executable, "-m", MODULE, msgspec.json.encode(config).decode()]
-            env = {k: v for k, v in os.environ.items() if k != "SHOAL_USERS"}
-            return await trio.lowlevel.open_process(
-                argv, pass_fds=fds, env=env,
-                stdin=subprocess.PIPE)
+            return await start_module(MODULE, config, fds)
         finally:
             os.close(users_r)
             if users_w >= 0:

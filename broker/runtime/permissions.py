@@ -15,8 +15,8 @@ user -> vhost -> exchange -> (write, read)); a change comes over the control soc
    of answers (``workers.access``) -- the next check on an open connection sees the change, and
    the next connection.open too.
 
-A user deleted loses its permissions (``forget``). RabbitMQ's vhost is "/" only here: another
-is ``no_such_vhost``.
+A user deleted loses its permissions (``forget``), and so does a vhost deleted
+(``forget_vhost``). A vhost that does not exist (the dispatcher's set) is ``no_such_vhost``.
 """
 
 from __future__ import annotations
@@ -39,14 +39,13 @@ class RuntimePermissions:
 
     def __init__(self, table: Table, topics: TopicTable, users: Mapping[str, str],
                  store: DefinitionStore | None, dispatcher: Dispatcher,
-                 flush: Callable[[], None], vhost: str = "/") -> None:
+                 flush: Callable[[], None]) -> None:
         self.table = table
         self.topics = topics
         self._users = users  # name -> stored password: who exists
         self._store = store
         self._dispatcher = dispatcher
         self._flush = flush
-        self.vhost = vhost
 
     # -- listings (rabbitmqctl's and the management API's rows) ---------------------------
 
@@ -141,6 +140,13 @@ class RuntimePermissions:
         if self.table.pop(user, None) is not None or self.topics.pop(user, None) is not None:
             self._tell()
 
+    def forget_vhost(self, vhost: str) -> None:
+        """A deleted vhost's permissions, everyone's, go with it (the store deleted its rows)."""
+        had = [perms.pop(vhost, None) is not None for perms in self.table.values()]
+        had += [topics.pop(vhost, None) is not None for topics in self.topics.values()]
+        if any(had):
+            self._tell()
+
     # -- helpers --------------------------------------------------------------------------
 
     def _user_exists(self, user: str) -> None:
@@ -148,7 +154,7 @@ class RuntimePermissions:
             raise UserError("missing", f'User "{user}" does not exist')
 
     def _vhost_exists(self, vhost: str) -> None:
-        if vhost != self.vhost:
+        if vhost not in self._dispatcher.vhosts:
             raise UserError("missing", f'Virtual host "{vhost}" does not exist')
 
     def _tell(self) -> None:

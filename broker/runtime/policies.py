@@ -70,24 +70,25 @@ class RuntimePolicies:
     def command(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
         operator = "operator" in command
         vhost_name = str(request.get("vhost") or "/")
-        vhost = self._dispatcher.vhost
-        if vhost_name != vhost.name:
+        vhost = self._dispatcher.vhosts.get(vhost_name)
+        if vhost is None:
             return {"error": f"Virtual host '{vhost_name}' does not exist", "code": "missing"}
         if command.startswith("list_"):
             return {"policies": [p.as_json() for p in vhost.policies.listing(operator)]}
         name = str(request.get("name") or "")
         if command.startswith("clear_"):
-            return self.clear(name, operator)
+            return self.clear(name, operator, vhost=vhost)
         try:
             return self.set(name, request.get("pattern"), request.get("definition"),
-                            request.get("priority"), request.get("apply-to"), operator)
+                            request.get("priority"), request.get("apply-to"), operator, vhost=vhost)
         except PolicyError as exc:
             return {"error": str(exc), "code": "invalid"}
 
     def set(self, name: str, pattern: Any, definition: Any, priority: Any, apply_to: Any,
-            operator: bool = False) -> dict[str, Any]:
-        """Add or replace a policy; applied to every matching queue and exchange at once."""
-        vhost = self._dispatcher.vhost
+            operator: bool = False, *, vhost: VirtualHost | None = None) -> dict[str, Any]:
+        """Add or replace a policy of ``vhost`` (None: "/"); applied to every matching queue
+        and exchange of it at once."""
+        vhost = vhost or self._dispatcher.vhost
         if not name:
             raise PolicyError("Validation failed\n\na policy needs a non-empty name\n")
         policy = make_policy(vhost.name, name, pattern, definition, priority, apply_to,
@@ -97,14 +98,15 @@ class RuntimePolicies:
         if self._store is not None:
             self._store.put_policy(policy.as_json(), operator)
         table[name] = policy
-        self._apply()
+        self._apply(vhost)
         log.info("%s '%s' set: pattern '%s', apply-to %s, priority %d, %s",
                  "operator policy" if operator else "policy", name, policy.pattern,
                  policy.apply_to, policy.priority, policy.definition)
         return {**policy.as_json(), "created": created}
 
-    def clear(self, name: str, operator: bool = False) -> dict[str, Any]:
-        vhost = self._dispatcher.vhost
+    def clear(self, name: str, operator: bool = False, *,
+              vhost: VirtualHost | None = None) -> dict[str, Any]:
+        vhost = vhost or self._dispatcher.vhost
         table = vhost.policies.table(operator)
         if name not in table:
             kind = "operator policy" if operator else "policy"
@@ -113,15 +115,15 @@ class RuntimePolicies:
         if self._store is not None:
             self._store.delete_policy(vhost.name, name, operator)
         del table[name]
-        self._apply()
+        self._apply(vhost)
         log.info("%s '%s' cleared", "operator policy" if operator else "policy", name)
         return {"cleared": name}
 
-    def _apply(self) -> None:
+    def _apply(self, vhost: VirtualHost) -> None:
         d = self._dispatcher
         d.begin_batch(time.monotonic())
         try:
-            d.vhost.apply_policies()
+            vhost.apply_policies()
         finally:
             d.end_batch()
             self._flush()

@@ -40,6 +40,7 @@ from broker.runtime.credit_flow import ANYWHERE, CreditFlow
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.storage.paging import Pager
 from broker.topology.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
+from broker.topology.vhosts import VirtualHosts
 from ipc import records as r
 
 # A publish routed to more queues than a step has left to do is offered to at least this many
@@ -79,16 +80,16 @@ class PausedPublish(NamedTuple):
     pageable: int = 0
     mark: int = 0
     expiration: str | None = None
+    vhost: VirtualHost | None = None  # where ``routing`` routes (its connection's vhost)
 
 
 class Publishing:
     """Publish and PublishRun records applied to the virtual host, a step's limit at a time."""
 
-    def __init__(self, vhost: VirtualHost, step: StepWork, answers: Answers, credit: CreditFlow,
+    def __init__(self, vhosts: VirtualHosts, step: StepWork, answers: Answers, credit: CreditFlow,
                  pager: Pager, accounts: ArenaAccounts,
                  wake: Callable[[Iterable[QueueConsumer]], None], workers: int) -> None:
-        self.vhost = vhost
-        self._router = vhost.router  # exchange-to-exchange walks count as a step's work
+        self.vhosts = vhosts  # each publish goes to its connection's vhost
         self.step = step
         self.answers = answers
         self.outbox = answers.outbox
@@ -191,7 +192,7 @@ class Publishing:
         # body handle one packed int.
         body_ref = pack_body_ref(worker, offset, header_len, body_len)
         exchange, routing_key = sys.intern(exchange), sys.intern(routing_key)
-        journal = self.vhost.messages
+        journal = self.vhosts.messages
         mark = journal.mark if journal is not None else 0
         pager = self.pager
         pageable = pager.high and pager.registers(worker, header_len + body_len)
@@ -221,16 +222,17 @@ class Publishing:
         last) to as many queues as the step has left: whether it is done (else it and the rest
         of ``rec`` wait in ``paused``)."""
         exchange = rec.exchange
-        router = self._router
-        visited = router.visited if exchange else 0
         try:
+            vhost = self.vhosts.of(worker, rec.conn)
+            router = vhost.router  # exchange-to-exchange walks count as a step's work
+            visited = router.visited if exchange else 0
             if self.topics and exchange:
                 self._check_topic(worker, rec)
-            outcome = self.vhost.publish(exchange, message,
-                                         limit=self._route_limit() if exchange else None)
+            outcome = vhost.publish(exchange, message,
+                                    limit=self._route_limit() if exchange else None)
         except AMQPError:
             self._free(worker, offset, header_len + body_len)
-            journal = self.vhost.messages
+            journal = self.vhosts.messages
             if message.stored is not None and journal is not None:
                 journal.body_dropped(message.stored)
             if next_start is not None:
@@ -239,7 +241,7 @@ class Publishing:
         if outcome.routing is not None:  # to more queues than the step has left: the rest later
             self._pause_routing(worker, PausedPublish(
                 rec, next_start, outcome.routing, message, offset, header_len, body_len,
-                pageable, mark, expiration), outcome)
+                pageable, mark, expiration, vhost), outcome)
             return False
         self.step.work += outcome.routed + (router.visited - visited if exchange else 0)
         self._published(worker, rec, message, outcome, offset, header_len, body_len, pageable,
@@ -250,11 +252,11 @@ class Publishing:
         """A topic exchange's routing key against the user's topic write permission
         (rabbit_channel:check_write_permitted_on_topic, after the 404 and internal checks,
         which vhost.publish makes: an exchange missing or internal is left to it)."""
-        x = self.vhost.exchanges.get(rec.exchange)
+        x = self.vhosts.of(worker, rec.conn).exchanges.get(rec.exchange)
         if x is None or x.internal or x.type != "topic":
             return
         user = self.users.get((worker, rec.conn))
-        vhost = self.vhost.name
+        vhost = x.vhost
         if user is not None and not topic_allowed(self.topics, user, vhost, rec.exchange,
                                                   rec.routing_key, WRITE):
             raise AccessRefused(refused_topic(rec.routing_key, rec.exchange, vhost, user))
@@ -264,7 +266,7 @@ class Publishing:
                    pageable: int, mark: int, expiration: str | None) -> None:
         """A publish was routed (``outcome``): the arena's count, paging, a basic.return or
         the free of an unroutable body, the confirm, the consumers to wake."""
-        journal = self.vhost.messages
+        journal = self.vhosts.messages
         routed = outcome.routed
         if routed:
             self.counts.routed += routed
@@ -335,7 +337,8 @@ class Publishing:
         it is done (else it waits in ``paused`` for the next step again)."""
         routing = paused.routing
         assert routing is not None and paused.message is not None
-        outcome = self.vhost.route_on(routing, None if whole else self._route_limit())
+        assert paused.vhost is not None  # a deleted one's queues are gone: they get nothing
+        outcome = paused.vhost.route_on(routing, None if whole else self._route_limit())
         if outcome.routing is not None:
             self._pause_routing(worker, paused, outcome)
             return False

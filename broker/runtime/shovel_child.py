@@ -1,10 +1,10 @@
-"""The links process (dynamic shovels) as the supervisor's child: started, told, restarted, ended.
+"""The links process (shovels, federation links) as the supervisor's child: started, told, restarted, ended.
 
 Shovels are AMQP clients of other brokers (and of this one); they never run on the supervisor's
 loop or in a worker. The supervisor starts ``python -m links.process`` (asyncio, an AMQP 0-9-1
 client library) as it starts the management process (broker.runtime.management_child), the
-first time a shovel parameter exists -- a broker without shovels never starts it -- and again
-whenever it dies (after RESTART_BACKOFF when it dies within it). Nothing here imports ``links/``:
+first time a shovel or federation parameter exists -- a broker without them never starts it -- and again
+whenever it dies (``broker.runtime.child_process``). Nothing here imports ``links/``:
 the supervisor knows it by its module name only.
 
 The pipes, JSON lines each way:
@@ -14,7 +14,9 @@ The pipes, JSON lines each way:
   "name"}}`` as ``broker.runtime.parameters`` changes them;
 * its stdout, ours: ``{"status": {vhost, name, state, reason, ...}}`` at each state change of a
   shovel (and its counters now and then), ``{"gone": [vhost, name]}`` when one is stopped.
-  Those rows are what ``/api/shovels`` lists (the control command ``shovel_status``).
+  Those rows are what ``/api/shovels`` lists (the control command ``shovel_status``). A
+  federation link's are ``{"link": {"key": [...], "row": {...}}}`` and ``{"link_gone": key}``
+  (``/api/federation-links``, the control command ``federation_status``).
 
 The read end of the supervisor's ``alive`` pipe is inherited: EOF there (the supervisor died)
 ends the process.
@@ -22,31 +24,30 @@ ends the process.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import trio
 
-log = logging.getLogger("shoal.supervisor")
+from broker.runtime.child_process import SupervisedChild, start_module
 
-RESTART_BACKOFF = 1.0
 MODULE = "links.process"
 LINE_LIMIT = 1 << 20
 
 
-class ShovelChild:
+class ShovelChild(SupervisedChild):
     """The links process of one broker and the last status it reported per shovel."""
 
+    what = "links process"
+    why = " (shovels)"
+
     def __init__(self) -> None:
-        self.process: trio.Process | None = None
+        super().__init__()
+        self._parameters: Callable[[], list[dict[str, Any]]] = list
         self.status: dict[tuple[str, str], dict[str, Any]] = {}
+        # federation links: (vhost, type, exchange or queue, upstream) -> its status row
+        self.links: dict[tuple[str, ...], dict[str, Any]] = {}
         self._wanted = trio.Event()
 
     def want(self) -> None:
@@ -57,28 +58,24 @@ class ShovelChild:
                         parameters: Callable[[], list[dict[str, Any]]],
                         stopping: Callable[[], bool]) -> None:
         await self._wanted.wait()
-        while not stopping():
-            started = trio.current_time()
-            try:
-                self.process = await self._spawn(settings())
-            except (OSError, ValueError) as exc:
-                log.error("cannot start the links process (shovels): %s", exc)
-                await trio.sleep(RESTART_BACKOFF)
-                continue
-            process = self.process
-            await self.tell({"parameters": parameters()})
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read, process)
-                code = await process.wait()
-                await trio.sleep(0.05)  # what it wrote last is read
-                nursery.cancel_scope.cancel()
-            if stopping():
-                return
-            for key, row in self.status.items():
-                self.status[key] = {**row, "state": "starting", "reason": "links process restarting"}
-            log.warning("links process (pid %d) exited with %s; restarting it", process.pid, code)
-            if trio.current_time() - started < RESTART_BACKOFF:
-                await trio.sleep(RESTART_BACKOFF)
+        self._parameters = parameters
+        await self._supervise(settings, stopping)
+
+    async def _lifetime(self, process: trio.Process) -> int:
+        """The whole table first, then its status lines read until it exits."""
+        await self.tell({"parameters": self._parameters()})
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read, process)
+            code = await process.wait()
+            await trio.sleep(0.05)  # what it wrote last is read
+            nursery.cancel_scope.cancel()
+        return code
+
+    def _restarting(self) -> None:
+        for key, row in self.status.items():
+            self.status[key] = {**row, "state": "starting", "reason": "links process restarting"}
+        for link, row in self.links.items():
+            self.links[link] = {**row, "status": "starting"}
 
     async def _read(self, process: trio.Process) -> None:
         assert process.stdout is not None
@@ -110,19 +107,12 @@ class ShovelChild:
         gone = message.get("gone")
         if isinstance(gone, list) and len(gone) == 2:
             self.status.pop((str(gone[0]), str(gone[1])), None)
-
-    async def tell(self, change: dict[str, Any]) -> None:
-        """A parameters change, to the running process (none running: its next start reads the
-        whole table)."""
-        process = self.process
-        if process is None or process.returncode is not None or process.stdin is None:
-            return
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await process.stdin.send_all(msgspec.json.encode(change) + b"\n")
+        link = message.get("link")
+        if isinstance(link, dict) and isinstance(link.get("key"), list):
+            self.links[tuple(map(str, link["key"]))] = link["row"]
+        gone = message.get("link_gone")
+        if isinstance(gone, list):
+            self.links.pop(tuple(map(str, gone)), None)
 
     async def _spawn(self, settings: dict[str, Any]) -> trio.Process:
-        argv = [sys.executable, "-m", MODULE, msgspec.json.encode(settings).decode()]
-        env = {k: v for k, v in os.environ.items() if k != "SHOAL_USERS"}
-        return await trio.lowlevel.open_process(
-            argv, pass_fds=[settings["alive_fd"]], env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        return await start_module(MODULE, settings, [settings["alive_fd"]], stdout=True)

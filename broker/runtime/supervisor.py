@@ -7,14 +7,11 @@ region and two eventfds per worker, binds the listening socket, and starts N
 worker processes that inherit the socket and the fds (gunicorn's arbiter
 shape: signal handlers only record, the main loop reaps and restarts).
 
-The main thread runs :class:`~broker.runtime.ring_loop.RingLoop`: each turn applies every
-worker's request ring (a bounded step each) through the
-:class:`~broker.runtime.dispatch.Dispatcher` and then *flushes* once: every worker's outbox
-goes into its event ring, notify slots are set, and a worker's eventfd is written only if that
-worker said it was going to sleep. A busy broker therefore makes no syscall per message; an
-idle one sleeps in one ``epoll_wait`` on the workers' eventfds. The control plane (control
-socket, worker and child processes, signals, the data directory's sync) runs under trio as that
-loop's guest, between its steps.
+Each turn of :class:`~broker.runtime.ring_loop.RingLoop` applies a bounded step of every worker's
+request ring through the :class:`~broker.runtime.dispatch.Dispatcher`, then *flushes* once: each
+outbox goes into its event ring, notify slots are set, and a worker's eventfd is written only if
+it said it was going to sleep: a busy broker makes no syscall per message. The control plane
+(control socket, processes, signals, the data directory's sync) is trio, the loop's guest.
 
 A worker that dies is forgotten by the dispatcher (its consumers leave, its
 unacked messages are requeued, its exclusive queues go), its rings are
@@ -54,6 +51,7 @@ from broker.runtime.ring_loop import RingLoop
 from broker.runtime.serve_config import ServeConfig
 from broker.runtime.shovel_child import ShovelChild
 from broker.runtime.users import RuntimeUsers
+from broker.runtime.vhost_admin import RuntimeVhosts
 from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
@@ -65,6 +63,7 @@ from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
 from ipc.tls import TLSSettingsError
 from ipc.wakeup import wake_if_sleeping
+from ipc.worker_config import WorkerConfig
 
 if TYPE_CHECKING:
     from tracing.procs import ProcSampleWriter
@@ -81,11 +80,9 @@ BATCH = 1024
 STEP_WORK = 2048
 IDLE_TICK = 1.0  # the timer's longest sleep
 BACKLOG_RETRY = 0.0005  # s: an event ring was full; how soon its worker is offered the rest
-# Every FORGET_PAGES_INTERVAL s (at a timer tick) the arena pages the supervisor touched by
-# freeing blocks in them are unmapped (ipc.region.Region.forget_arena_pages): it never reads a
-# body, and without this its RSS grows to every arena's size and counts each arena a second
-# time. A pipeline's frees stay in a few pages near each arena's start, so mapping them again
-# costs little; a drain of a paged queue frees blocks all through its arena.
+# Every FORGET_PAGES_INTERVAL s (at a tick) the arena pages the supervisor touched by freeing
+# blocks are unmapped (ipc.region.Region.forget_arena_pages): it never reads a body, and else its
+# RSS grows to every arena's size. A pipeline's frees stay in a few pages; a drain's do not.
 FORGET_PAGES_INTERVAL = 1.0
 
 
@@ -193,13 +190,16 @@ class Supervisor:
         self.user_admin = RuntimeUsers(  # changes self.users (and the tags) in place
             self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
             self.flush, self.management.tell_users if self.management is not None else None)
+        self.dispatcher.limits.attach(store, self.users, self.flush)  # broker.runtime.limits
         self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
         self._control_sock = self._control.bind(self.control_path)
         self._control.policies = RuntimePolicies(self.dispatcher, store, self.flush)
-        self.parameters = RuntimeParameters(self.dispatcher.vhost.name, store, self.shovels)
+        self.parameters = RuntimeParameters(self.dispatcher.vhosts, store, self.shovels)
         self._control.parameters = self.parameters
+        self._control.vhosts = RuntimeVhosts(self.dispatcher, store, self.permission_admin,
+                                             self.parameters, self.flush)
         if c.load_definitions:  # read now: a malformed file stops the start (run imports it)
             self._definitions = definitions_io.read(c.load_definitions)
 
@@ -253,9 +253,9 @@ class Supervisor:
         loop = RingLoop()
         try:
             for w in self.workers:
-                loop.watch(w.request_efd.fileno())
-            run_profiled("supervisor", loop.run, main or self.run, self._step, self._sleep,
-                         self._woke, instruments=trio_instruments("supervisor"))
+                loop.watch(w.request_efd.fileno(), w.region.supervisor_sleeping)
+            run_profiled("supervisor", loop.run, main or self.run, self._step, self._has_work,
+                         self._timeout, instruments=trio_instruments("supervisor"))
         finally:
             loop.close()
 
@@ -291,7 +291,7 @@ class Supervisor:
         for w in self.workers:
             with contextlib.suppress(RingCorrupt):
                 self._apply_all(w)
-        self.dispatcher.vhost.drain(whole=True)  # dead letters still waiting for a step: on disk too
+        self.dispatcher.vhosts.drain(whole=True)  # dead letters still waiting for a step: on disk too
         self.flush()
         if self.durability is not None:
             await self.durability.sync_now()
@@ -321,7 +321,7 @@ class Supervisor:
     async def _spawn(self, w: WorkerSlot) -> trio.Process:
         c = self.config
         assert self._listener is not None
-        return await start_worker(r.WorkerConfig(
+        return await start_worker(WorkerConfig(
             index=w.index, instance=self.instance,
             regions=[s.region.name for s in self.workers],
             listen_fd=self._listener.fileno(), request_fd=w.request_efd.fileno(),
@@ -331,7 +331,8 @@ class Supervisor:
             loopback_users=c.loopback_users,
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
-            impersonators=self.user_admin.impersonators(),
+            impersonators=self.user_admin.impersonators(), vhosts=list(self.dispatcher.vhosts.by_name),
+            vhost_limits=self.dispatcher.limits.vhosts, user_limits=self.dispatcher.limits.users,
             data_dir=str(self.durability.path) if self.durability is not None else "",
             tls_listen_fd=self._tls_listener.fileno() if self._tls_listener is not None else -1,
             tls_cert=c.tls_cert or "", tls_key=c.tls_key or "", tls_ca=c.tls_ca or "",
@@ -355,6 +356,7 @@ class Supervisor:
         except RingCorrupt as exc:
             log.error("worker %d: request ring corrupt (%s); its last records are lost", w.index, exc)
         self.dispatcher.worker_died(w.index)
+        self.dispatcher.limits.forget_worker(w.index)
         self._check_deadline()  # its channels' deliveries go back over the timer's next ticks
         w.pending.clear()
         w.unapplied.clear()
@@ -398,21 +400,18 @@ class Supervisor:
             self.flush()
         return busy or now >= self._deadline
 
-    def _sleep(self) -> float | None:
-        """The ring loop is about to sleep: announce it to every worker (ipc.wakeup's
-        handshake), then None if a ring has records after all, else the seconds to sleep."""
-        for w in self.workers:
-            w.region.supervisor_sleeping.set_sleeping()
+    def _has_work(self) -> bool:
+        """A ring has records (asked once sleep is announced: ipc.wakeup's handshake)."""
         for w in self.workers:
             if not (w.corrupt or w.region.request_ring.is_empty()):
-                self._woke()
-                return None
+                return True
+        return False
+
+    def _timeout(self) -> float:
+        """How long the ring loop may sleep: until the timer's tick, or a full event ring's
+        next try."""
         delay = self._deadline - time.monotonic()
         return max(0.0, min(delay, BACKLOG_RETRY) if self._backlogged else delay)
-
-    def _woke(self) -> None:
-        for w in self.workers:
-            w.region.supervisor_sleeping.clear()
 
     def _apply_all(self, w: WorkerSlot) -> None:
         """Everything worker k's ring holds, what a step left over first."""
@@ -529,6 +528,8 @@ class Supervisor:
     def _hello(self, w: WorkerSlot, rec: r.Hello) -> None:
         w.ready = True
         log.info("worker %d ready (pid %d)", w.index, rec.pid)
+        if self.dispatcher.limits.vhosts or self.dispatcher.limits.users:  # a restarted worker
+            self.dispatcher.outbox[w.index].append(self.dispatcher.limits.for_worker(w.index))
         self._sample()
         if all(s.ready for s in self.workers):
             self._write_ready_file()

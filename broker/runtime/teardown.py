@@ -25,7 +25,7 @@ from broker.runtime.answers import Answers
 from broker.runtime.deliveries import Deliveries
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.open_channels import ChannelKey, Detaching, OpenChannels, Returning
-from broker.topology.vhost import VirtualHost
+from broker.topology.vhosts import VirtualHosts
 from ipc import records as r
 
 # The sliced work's budgets (broker.queues.sliced_work) a step of the dispatcher's refills.
@@ -54,15 +54,15 @@ class _Cancelling:
 class Teardown:
     """Closed connections and channels, and deleted queues' consumers, undone a slice a step."""
 
-    def __init__(self, vhost: VirtualHost, answers: Answers, channels: OpenChannels,
+    def __init__(self, vhosts: VirtualHosts, answers: Answers, channels: OpenChannels,
                  deliveries: Deliveries) -> None:
-        self.vhost = vhost
+        self.vhosts = vhosts
         self.answers = answers
         self.outbox = answers.outbox
         self._channels = channels
         self._subs = channels.subs
         self.deliveries = deliveries
-        self.sliced: SlicedWork = vhost.sliced
+        self.sliced: SlicedWork = vhosts.sliced
         self.sliced.add_budget(DETACH, DETACH_SLICE)
         self.sliced.add_budget(RETURN, RETURN_SLICE)
         self.cancel_at_once = CANCEL_AT_ONCE
@@ -84,7 +84,9 @@ class Teardown:
         self.answers.confirms.forget(lambda key: key[:2] == owner)
         for ch in self._channels.close_connection(owner):
             self._release_channel((worker, rec.conn, ch))
-        self.cancel_all(self.vhost.delete_owned_queues(owner, self.cancel_all, at_once=worker_died))
+        vhost = self.vhosts.vhost_of_conn(owner)
+        if vhost is not None:  # its exclusive queues (none left in a deleted vhost)
+            self.cancel_all(vhost.delete_owned_queues(owner, self.cancel_all, at_once=worker_died))
 
     def chan_close(self, worker: int, rec: r.ChanClose) -> None:
         key = (worker, rec.conn, rec.ch)
@@ -126,7 +128,7 @@ class Teardown:
             sub = self._channels.forget(worker, cid, chan)
             if sub is not None:
                 self.deliveries.end_standing(worker, cid, answer=False)
-                self.deliveries.wake(self.vhost.remove_consumer(sub.queue, sub.consumer))
+                self.deliveries.wake(self.vhosts.remove_consumer(sub.queue, sub.consumer))
         return len(cids), job.at == len(job.cids)
 
     def _return(self, ret: Returning, n: int) -> tuple[int, bool]:
@@ -144,7 +146,7 @@ class Teardown:
             return done, False
         self._channels.returning.popleft()
         if ret.done > self.sliced.slices[RETURN]:  # a million-item dict freed at once would hold the step
-            self.vhost.discard(ret.held)  # the graveyard's, a slice per step
+            self.vhosts.discard(ret.held)  # the graveyard's, a slice per step
         return done, True
 
     # ------------------------------------------------------------ cancelled

@@ -3,9 +3,9 @@
 Theory of operation
 -------------------
 The supervisor keeps who may log in as name -> stored password (``broker.passwords``: RabbitMQ's
-``rabbit_password_hashing_sha256``) and name -> tags. A change comes over the control socket
-(``broker.runtime.control``: add_user, put_user, delete_user, change_password, set_user_tags)
-and is applied in this order:
+``rabbit_password_hashing_sha256``, or a sha512 or md5 hash given as one) and name -> tags. A
+change comes over the control socket (``broker.runtime.control``: add_user, put_user,
+delete_user, change_password, set_user_tags) and is applied in this order:
 
 1. written to the data directory's definitions (``DefinitionStore.put_user``/``delete_user``, one
    transaction, on disk when it returns; a change is rare, so on the supervisor's loop);
@@ -24,21 +24,16 @@ without stored tags has ``broker.passwords.DEFAULT_TAGS``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.passwords import DEFAULT_TAGS, hash_password
+from broker.passwords import DEFAULT_TAGS, HASHINGS, SHA256, algorithm_of, hash_password
 from broker.runtime.dispatch import Dispatcher
 from broker.storage.definition_store import DefinitionStore
 from ipc import records as r
 
 log = logging.getLogger("shoal.users")
-
-HASHING = "rabbit_password_hashing_sha256"
-_HASH_BYTES = 4 + 32  # salt + sha256
 
 
 class UserError(Exception):
@@ -57,15 +52,13 @@ def parse_tags(tags: Any) -> list[str]:
     return [str(t).strip() for t in words if str(t).strip()]
 
 
-def check_hash(password_hash: str) -> str:
-    """``password_hash`` when it is a stored password of RabbitMQ's sha256 scheme."""
-    try:
-        raw = base64.b64decode(password_hash, validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != _HASH_BYTES:
-        raise UserError("invalid", "password_hash is not a rabbit_password_hashing_sha256 hash "
-                                   "(base64 of a 4-byte salt and a SHA-256)")
+def check_hash(password_hash: str, algorithm: str = SHA256) -> str:
+    """``password_hash`` when it is a stored password of RabbitMQ's ``algorithm`` module."""
+    if algorithm not in HASHINGS:
+        raise UserError("invalid", f"hashing algorithm {algorithm} is not supported")
+    if algorithm_of(password_hash) != algorithm:
+        raise UserError("invalid", f"password_hash is not a {algorithm} hash (base64 of a 4-byte "
+                                   f"salt and a {HASHINGS[algorithm].upper()})")
     return password_hash
 
 
@@ -92,26 +85,32 @@ class RuntimeUsers:
 
     def listing(self) -> list[dict[str, Any]]:
         """Every user in name order: name, tags, password_hash, hashing_algorithm."""
-        return [{"name": name, "tags": self.tags_of(name), "password_hash": self.table[name],
-                 "hashing_algorithm": HASHING} for name in sorted(self.table)]
+        return [self._item(name) for name in sorted(self.table)]
+
+    def _item(self, name: str) -> dict[str, Any]:
+        stored = self.table[name]
+        return {"name": name, "tags": self.tags_of(name), "password_hash": stored,
+                "hashing_algorithm": algorithm_of(stored) or SHA256}
 
     async def add(self, name: str, password: str | None = None, password_hash: str | None = None,
-                  tags: list[str] | None = None) -> dict[str, Any]:
+                  tags: list[str] | None = None, algorithm: str = SHA256) -> dict[str, Any]:
         """rabbitmqctl add_user: a new user (refused when the name is taken), no tags unless given."""
         if name in self.table:
             raise UserError("exists", f'User "{name}" already exists')
-        return await self.put(name, password, password_hash, tags if tags is not None else [])
+        return await self.put(name, password, password_hash, tags if tags is not None else [],
+                              algorithm)
 
     async def put(self, name: str, password: str | None = None, password_hash: str | None = None,
-                  tags: list[str] | None = None) -> dict[str, Any]:
-        """Create or change a user (PUT /api/users/NAME): a password, or a stored one, or neither
-        to keep the one it has; tags None keeps them (a new user: none)."""
+                  tags: list[str] | None = None, algorithm: str = SHA256) -> dict[str, Any]:
+        """Create or change a user (PUT /api/users/NAME): a password, or a stored one of the
+        ``algorithm`` module, or neither to keep the one it has; tags None keeps them (a new
+        user: none)."""
         if not name:
             raise UserError("invalid", "a user needs a non-empty name")
         if password is not None:
             stored: str | None = hash_password(password)
         elif password_hash is not None:
-            stored = check_hash(password_hash) if password_hash else None
+            stored = check_hash(password_hash, algorithm) if password_hash else None
             if stored is None:  # RabbitMQ: an empty password_hash -- no password login
                 raise UserError("invalid", "an empty password_hash is not supported by this Shoal yet")
         else:
@@ -130,8 +129,7 @@ class RuntimeUsers:
         log.info("user '%s' %s", name, "added" if new else "changed")
         await self._tell({name: self.table[name]} if stored is not None else {}, [],
                          {name: self.tags_of(name)})
-        return {"name": name, "tags": self.tags_of(name), "password_hash": self.table[name],
-                "hashing_algorithm": HASHING, "created": new}
+        return {**self._item(name), "created": new}
 
     async def change_password(self, name: str, password: str) -> dict[str, Any]:
         self._exists(name)

@@ -12,9 +12,9 @@ from typing import NamedTuple
 import msgspec
 import trio
 
-from ipc import records as r
 from ipc.region import Region
 from ipc.wakeup import EventFd
+from ipc.worker_config import WorkerConfig
 
 log = logging.getLogger("shoal.supervisor")
 
@@ -82,7 +82,7 @@ class Restarts:
         return Replacement(awaited, quick and not awaited)
 
 
-async def start_worker(cfg: r.WorkerConfig, users: dict[str, str]) -> trio.Process:
+async def start_worker(cfg: WorkerConfig, users: dict[str, str]) -> trio.Process:
     """Start ``workers.main`` with ``cfg``, passing it ``cfg``'s fds. Passwords (``users``:
     stored passwords, never the passwords) reach it through a pipe it reads at start: not argv
     (ps), not its environment (/proc/PID/environ), from which $SHOAL_USERS is left out as well."""

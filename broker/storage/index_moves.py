@@ -18,15 +18,15 @@ Called from: the supervisor process (``broker.runtime.durability``).
 from __future__ import annotations
 
 from broker.messages.message import Message
-from broker.messages.message_journal import MessageJournal
+from broker.messages.message_journal import MessageJournal, queue_key
 from broker.queues.queue import Queue
-from broker.topology.vhost import VirtualHost
+from broker.topology.vhosts import VirtualHosts
 
 KEEP_FILES = 4  # an index of at most this many files is left as it is
 MOVE_LIMIT = 4096  # live messages a file may hold and still be moved out of, at once
 
 
-def move_oldest(vhost: VirtualHost, journal: MessageJournal, files: list[int], now: float) -> int:
+def move_oldest(vhosts: VirtualHosts, journal: MessageJournal, files: list[int], now: float) -> int:
     """Record the oldest index file's live messages again, if it is time (module docstring);
     returns how many entries were recorded again (0: nothing moved)."""
     if len(files) <= KEEP_FILES:
@@ -36,7 +36,7 @@ def move_oldest(vhost: VirtualHost, journal: MessageJournal, files: list[int], n
     if not 0 < live <= MOVE_LIMIT:
         return 0
     found: list[tuple[Queue, Message, bool]] = []
-    for queue in vhost.queues.values():
+    for queue in vhosts.queues():
         if queue.store is None:
             continue
         held = queue.stored_in(file, MOVE_LIMIT)
@@ -46,6 +46,6 @@ def move_oldest(vhost: VirtualHost, journal: MessageJournal, files: list[int], n
     if len({id(m) for _, m, _ in found if m.origin is None}) != live:
         return 0
     for queue, message, delivered in found:
-        journal.recorded_again(queue.name, message, delivered, now)
+        journal.recorded_again(queue_key(queue.vhost, queue.name), message, delivered, now)
     journal.file_moved(file)
     return len(found)

@@ -33,6 +33,13 @@ from itertools import islice
 from typing import Any, NamedTuple, Protocol
 
 from broker.errors import CommandInvalid, PreconditionFailed
+from broker.federation import (
+    DOWNSTREAM_NAME_ARG,
+    DOWNSTREAM_VHOST_ARG,
+    MAX_HOPS_ARG,
+    UPSTREAM_TYPE,
+    should_forward,
+)
 from broker.messages.field_tables import (
     Arguments,
     Inequivalence,
@@ -346,12 +353,40 @@ class _HeadersRouter:
                 for dest, matches in (matchers[key],) if matches(data)}
 
 
+class _FederationUpstreamRouter(_FanoutRouter):
+    """``x-federation-upstream`` (rabbit_federation_upstream_exchange): fanout, less what has
+    made ``x-max-hops`` hops or passed through its downstream (broker.federation)."""
+
+    def __init__(self, arguments: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        args = arguments or {}
+        self._hops = args.get(MAX_HOPS_ARG)
+        self._downstream = (_text(args.get(DOWNSTREAM_NAME_ARG)),
+                            _text(args.get(DOWNSTREAM_VHOST_ARG)))
+
+    def route(self, routing_key: str, headers: Mapping[str, Any] | None) -> set[Hashable]:
+        if should_forward(headers, int(self._hops or 0), *self._downstream):
+            return set(self._counts)
+        return set()
+
+
+def _text(value: Any) -> str | None:
+    return bytes(value).decode(errors="replace") if isinstance(value, (bytes, bytearray)) \
+        else value if isinstance(value, str) else None
+
+
 _ROUTERS: dict[str, type[_DirectRouter | _FanoutRouter | _TopicRouter | _HeadersRouter]] = {
     "direct": _DirectRouter,
     "fanout": _FanoutRouter,
     "topic": _TopicRouter,
     "headers": _HeadersRouter,
+    UPSTREAM_TYPE: _FederationUpstreamRouter,
 }
+
+
+def _is_long(arguments: Arguments | None, key: str) -> bool:
+    value = (arguments or {}).get(key)
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_exchange_type(type_name: str) -> str:
@@ -380,12 +415,16 @@ class Exchange:
     ) -> None:
         self.name = name
         self.type = check_exchange_type(type)
+        if type == UPSTREAM_TYPE and not _is_long(arguments, MAX_HOPS_ARG):
+            # rabbit_federation_util:validate_arg
+            raise CommandInvalid(f"Missing or invalid argument {MAX_HOPS_ARG}")
         self.durable = durable
         self.auto_delete = auto_delete
         self.internal = internal
         self.arguments: dict[str, Any] = dict(arguments or {})
         self.vhost = vhost
-        self._router: _Router = _ROUTERS[type]()
+        self._router: _Router = (_FederationUpstreamRouter(arguments) if type == UPSTREAM_TYPE
+                                 else _ROUTERS[type]())
         self._bindings: dict[BindingKey, Binding] = {}
         self._by_destination: dict[Hashable, dict[BindingKey, None]] = {}
         # Bindings to exchanges: while there are none and no alternate exchange, every route

@@ -78,6 +78,9 @@ _VALIDATORS: dict[str, tuple[Any, str]] = {
     "overflow": (lambda v: v in ("drop-head", "reject-publish", "reject-publish-dlx"),
                  "is not a valid overflow value"),
     "delivery-limit": (_int_at_least(0), "is not a valid delivery limit"),
+    # rabbit_federation_parameters:validate_policy; the links process reads them, routing never
+    "federation-upstream": (_binary, "is not a valid federation upstream name"),
+    "federation-upstream-set": (_binary, "is not a valid federation upstream set name"),
 }
 
 
@@ -142,6 +145,8 @@ def _definition_errors(definition: Any, operator: bool) -> list[str]:
             check, text = _VALIDATORS[key]
             if not check(value):
                 return [f"{erl(value)} {text}"]
+    if "federation-upstream" in definition and "federation-upstream-set" in definition:
+        return ["cannot specify federation-upstream and federation-upstream-set together"]
     unknown = [(k, v) for k, v in items if k not in allowed]
     if unknown:
         listed = ",".join(f"{{{erl(k)},{erl(v)}}}" for k, v in unknown)

@@ -64,7 +64,8 @@ class StepHost:
 
     _queues: dict[str, Queue]
 
-    def __init__(self, dead_letters: DeadLetterRouter, *, now: float, epoch_offset: float) -> None:
+    def __init__(self, dead_letters: DeadLetterRouter, *, now: float, epoch_offset: float,
+                 sliced: SlicedWork | None = None) -> None:
         # The latest monotonic time the runtime passed in, and Unix time minus monotonic time
         # (the runtime's time.time() - time.monotonic()): x-death times and held messages'
         # x-qpid-not-valid-before are Unix times.
@@ -78,8 +79,10 @@ class StepHost:
         self.dead_letter_slice = DEAD_LETTER_SLICE
         self._dead_letter_budget = DEAD_LETTER_SLICE
         # The step's sliced work (broker.queues.sliced_work): the graveyard's line (``REAP``),
-        # and the lines the runtime adds (closed channels' consumers and deliveries).
-        self.sliced = SlicedWork(**{REAP: REAP_SLICE})
+        # and the lines the runtime adds (closed channels' consumers and deliveries). The
+        # virtual hosts of one broker share one (``sliced``): one step's budgets, whichever
+        # vhost's queue or channel the work is for.
+        self.sliced = sliced if sliced is not None else SlicedWork(**{REAP: REAP_SLICE})
         self._graveyard = Graveyard(self.sliced)
         # The runtime's (broker.runtime.dispatch): lets plain queues keep a waiting message as its
         # body handle alone (broker.queues.fifo_entries). None: they never do.

@@ -35,7 +35,7 @@ from typing import Any
 from broker.errors import AccessRefused, AMQPError, NotFound, PreconditionFailed
 from broker.messages.field_tables import args_inequivalence, field_inequivalence
 from broker.messages.message import Message
-from broker.messages.message_journal import MessageJournal
+from broker.messages.message_journal import MessageJournal, journal_for
 from broker.queues.arguments import (
     QUEUE_ARG_DEFAULTS,
     QUEUE_ARG_KEYS,
@@ -45,6 +45,7 @@ from broker.queues.arguments import (
 from broker.queues.consumer_manager import QueueConsumer
 from broker.queues.featured.queue_kinds import make_queue, upgrade
 from broker.queues.queue import Queue
+from broker.queues.sliced_work import SlicedWork
 from broker.topology.binding_index import BindingIndex
 from broker.topology.bindings import DEFAULT_EXCHANGE_REFUSED, BindingHost
 from broker.topology.definitions import TopologyJournal
@@ -92,8 +93,14 @@ class VirtualHost(BindingHost, PublishingHost):
         *,
         epoch_offset: float = 0.0,
         now: float = 0.0,
+        sliced: SlicedWork | None = None,
     ) -> None:
         self.name = name
+        # What rabbitmqctl add_vhost and PUT /api/vhosts/{name} say of it (list_vhosts).
+        self.description = ""
+        self.tags: list[str] = []
+        self.default_queue_type = "classic"
+        self.deleted = False  # delete_all: gone with everything in it
         self._on_drop = on_drop
         self._exchanges: dict[str, Exchange] = {}
         self._queues: dict[str, Queue] = {}
@@ -104,7 +111,7 @@ class VirtualHost(BindingHost, PublishingHost):
         self._router = self.router = Router(self._exchanges, self._queues)
         # Time, steps, deadlines and dead letters (broker.topology.step_host).
         dead_letters = DeadLetterRouter(self._router, self._exchanges, on_drop)
-        super().__init__(dead_letters, now=now, epoch_offset=epoch_offset)
+        super().__init__(dead_letters, now=now, epoch_offset=epoch_offset, sliced=sliced)
         # Queues whose kind is not plain: while there are none, publishing through an exchange
         # needs no per-queue check.
         self._featured_queues = 0
@@ -119,12 +126,28 @@ class VirtualHost(BindingHost, PublishingHost):
         # Changes to durable topology for the runtime to write (shoal serve --data-dir);
         # None: nothing is kept (and nothing recorded).
         self.journal: TopologyJournal | None = None
-        # Index records of persistent messages on durable queues (shoal serve --data-dir).
-        self.messages: MessageJournal | None = None
+        # Index records of persistent messages on durable queues (shoal serve --data-dir):
+        # the broker's one journal (``messages``) and, for this vhost's queues, its view that
+        # names them with the vhost (``_queue_store``).
+        self._messages: MessageJournal | None = None
+        self._queue_store: MessageJournal | None = None
         # Policies (broker.topology.policies), and which apply to each queue and exchange:
         # (kind, name) -> (policy, operator policy), for those some policy applies to.
         self.policies = PolicyTable()
         self.applied: dict[tuple[str, str], tuple[Policy | None, Policy | None]] = {}
+
+    @property
+    def messages(self) -> MessageJournal | None:
+        """The index records' journal (shoal serve --data-dir), shared by every vhost."""
+        return self._messages
+
+    @messages.setter
+    def messages(self, journal: MessageJournal | None) -> None:
+        self._messages = journal
+        self._queue_store = None if journal is None else journal_for(journal, self.name)
+        for queue in self._queues.values():
+            if queue.durable:
+                queue.store = self._queue_store
 
     @property
     def exchanges(self) -> Mapping[str, Exchange]:
@@ -308,8 +331,8 @@ class VirtualHost(BindingHost, PublishingHost):
         self._declared += 1
         queue.declared = self._declared
         self._featured_queues += not queue.plain
-        if durable and self.messages is not None:
-            queue.store = self.messages
+        if durable and self._queue_store is not None:
+            queue.store = self._queue_store
         if self.journal is not None:
             self.journal.queue_created(name, durable=durable, auto_delete=auto_delete,
                                        arguments=queue.arguments)
@@ -380,6 +403,17 @@ class VirtualHost(BindingHost, PublishingHost):
         if queue.exclusive_owner is not None:
             self._exclusive.remove(queue)
         return queue.delete()
+
+    def delete_all(self) -> list[QueueConsumer]:
+        """The vhost is deleted (rabbitmqctl delete_vhost): every queue goes as queue.delete
+        takes it (its index records say so); returns their consumers, to cancel. Its durable
+        definitions are the runtime's to remove, all at once."""
+        self.deleted = True
+        self.journal = None
+        consumers: list[QueueConsumer] = []
+        for queue in list(self._queues.values()):
+            consumers += self._delete_queue(queue)
+        return consumers
 
     def queues_owned_by(self, owner: Hashable) -> list[Queue]:
         """Exclusive queues declared by ``owner``."""

@@ -16,7 +16,6 @@ from management.http import (
     Context,
     Resource,
     body_json,
-    check_vhost,
     exchange_name,
     no_content,
     not_found,
@@ -31,23 +30,24 @@ class Bindings(Resource):
 
     async def bindings(self, request: Request) -> Response:
         self.auth(request)
-        if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
         s = await self.sample()
-        return paged(request, shapes.binding_items(s), None)
+        return paged(request, [b for b in shapes.binding_items(s) if vhost in (None, b["vhost"])],
+                     None)
 
-    def _ends(self, request: Request) -> tuple[str, str, str]:
-        check_vhost(seg(request, "vhost"))
+    async def _ends(self, request: Request) -> tuple[str, str, str, str]:
+        vhost = await self.vhost_param(request)
         kind = {"q": "queue", "e": "exchange"}.get(request.path_params["dtype"])
         if kind is None:
             raise not_found()
-        return exchange_name(seg(request, "source")), kind, seg(request, "dest")
+        return vhost, exchange_name(seg(request, "source")), kind, seg(request, "dest")
 
     async def _between(self, request: Request) -> tuple[str, str, str, list[dict[str, Any]]]:
-        source, kind, dest = self._ends(request)
+        vhost, source, kind, dest = await self._ends(request)
         s = await self.sample()
         items = [b for b in shapes.binding_items(s) if b["source"] == source
-                 and b["destination_type"] == kind and b["destination"] == dest]
+                 and b["destination_type"] == kind and b["destination"] == dest
+                 and b["vhost"] == vhost]
         return source, kind, dest, items
 
     async def bindings_between(self, request: Request) -> Response:
@@ -57,14 +57,14 @@ class Bindings(Resource):
 
     async def post_binding(self, request: Request) -> Response:
         self.auth(request)
-        source, kind, dest = self._ends(request)
+        vhost, source, kind, dest = await self._ends(request)
         if source == "":
             raise APIError(401, "not_authorised",
                            "operation not permitted on the default exchange")
         body = await body_json(request)
         key = str(body.get("routing_key", ""))
         arguments = dict(body.get("arguments") or {})
-        await self.amqp(request, lambda c: c.bind(kind, source, dest, key, arguments))
+        await self.amqp(request, lambda c: c.bind(kind, source, dest, key, arguments), vhost)
         location = shapes.properties_key(key, arguments)
         response = no_content(201)
         response.headers["Location"] = location
@@ -86,7 +86,8 @@ class Bindings(Resource):
         self.auth(request)
         b = await self._binding(request)
         await self.amqp(request, lambda c: c.unbind(b["destination_type"], b["source"],
-                                                     b["destination"], b["routing_key"], b["arguments"]))
+                                                     b["destination"], b["routing_key"], b["arguments"]),
+                        b["vhost"])
         return no_content()
 
     def routes(self) -> list[Route]:

@@ -15,7 +15,6 @@ from management.http import (
     APIError,
     Context,
     Resource,
-    check_vhost,
     no_content,
     not_found,
     ok,
@@ -38,7 +37,8 @@ class Connections(Resource):
         self.auth(request)
         items = await self._connections()
         if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
+            vhost = await self.vhost_param(request)
+            items = [c for c in items if c["vhost"] == vhost]
         return paged(request, items)
 
     async def _connection(self, request: Request) -> dict[str, Any]:
@@ -77,10 +77,10 @@ class Connections(Resource):
 
     async def channels(self, request: Request) -> Response:
         self.auth(request)
-        if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
         s = await self.sample()
-        return paged(request, shapes.channel_items(s, self.ctx.node))
+        return paged(request, [ch for ch in shapes.channel_items(s, self.ctx.node)
+                               if vhost in (None, ch["vhost"])])
 
     async def channel(self, request: Request) -> Response:
         self.auth(request)
@@ -93,10 +93,10 @@ class Connections(Resource):
 
     async def consumers(self, request: Request) -> Response:
         self.auth(request)
-        if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
         s = await self.sample()
-        return paged(request, shapes.consumer_items(s), None)
+        return paged(request, [c for c in shapes.consumer_items(s)
+                               if vhost in (None, c["queue"]["vhost"])], None)
 
     def routes(self) -> list[Route]:
         V, N = "{vhost}", "{name}"

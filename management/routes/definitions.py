@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from broker.limits import export_limits
 from management import listing, shapes
 from management.http import (
     VHOST,
@@ -18,10 +19,8 @@ from management.http import (
     Resource,
     bad_request,
     body_json,
-    check_vhost,
     no_content,
     ok,
-    seg,
 )
 from management.routes.users import user_item
 from management.stats import ask
@@ -37,20 +36,24 @@ class Definitions(Resource):
         topics = await ask(self.ctx.control_path, {"command": "list_topic_permissions"})
         return list(perms.get("permissions") or []), list(topics.get("topic_permissions") or [])
 
-    def _definitions(self, s: Any, whole: bool,
-                     perms: tuple[list[Any], list[Any]] = ([], [])) -> dict[str, Any]:
-        exclusive = {q[0] for q in s.snapshot.get("queues", ()) if q[3] is not None}
+    def _definitions(self, s: Any, whole: bool, perms: tuple[list[Any], list[Any]] = ([], []),
+                     vhost: str | None = None) -> dict[str, Any]:
+        """Every vhost's objects (``whole``), or those of ``vhost``."""
+        exclusive = {(q["vhost"], q["name"]) for q in shapes.queue_items(s, None, self.ctx.node)
+                     if q["exclusive"]}
         queues = [{"name": q["name"], "vhost": q["vhost"], "durable": q["durable"],
                    "auto_delete": q["auto_delete"], "arguments": q["arguments"]}
-                  for q in shapes.queue_items(s, None, self.ctx.node) if not q["exclusive"]]
+                  for q in shapes.queue_items(s, None, self.ctx.node)
+                  if not q["exclusive"] and vhost in (None, q["vhost"])]
         exchanges = [{k: x[k] for k in ("name", "vhost", "type", "durable", "auto_delete",
                                         "internal", "arguments")}
                      for x in shapes.exchange_items(s, self.ctx.node)
-                     if x["name"] and not x["name"].startswith("amq.")]
+                     if x["name"] and not x["name"].startswith("amq.") and vhost in (None, x["vhost"])]
         bindings = [{k: b[k] for k in ("source", "vhost", "destination", "destination_type",
                                        "routing_key", "arguments")}
                     for b in shapes.binding_items(s)
-                    if b["source"] and b["destination"] not in exclusive]
+                    if b["source"] and (b["vhost"], b["destination"]) not in exclusive
+                    and vhost in (None, b["vhost"])]
         out: dict[str, Any] = {
             "rabbit_version": self.ctx.node.version,
             "rabbitmq_version": self.ctx.node.version,
@@ -59,12 +62,16 @@ class Definitions(Resource):
         }
         if whole:
             out["users"] = [user_item(self.ctx, n) for n in self.ctx.users.stored if n]
-            out["vhosts"] = [{"name": VHOST, "description": "Default virtual host", "tags": [],
-                              "metadata": {"description": "Default virtual host", "tags": []}}]
+            out["vhosts"] = [{k: v[k] for k in ("name", "description", "tags", "metadata")}
+                             for v in s.snapshot.get("vhosts") or [
+                                 {"name": VHOST, "description": "", "tags": [],
+                                  "metadata": {"description": "", "tags": []}}]]
             out["permissions"], out["topic_permissions"] = perms
             out["parameters"] = []
             out["global_parameters"] = []
-        out["policies"] = list((s.snapshot.get("policies") or {}).get("policies", []))
+        per_vhost = s.snapshot.get("vhost_policies") or {VHOST: s.snapshot.get("policies")}
+        out["policies"] = [p for name, table in sorted(per_vhost.items())
+                           if vhost in (None, name) for p in (table or {}).get("policies", [])]
         out["queues"] = queues
         out["exchanges"] = exchanges
         out["bindings"] = bindings
@@ -77,14 +84,17 @@ class Definitions(Resource):
     async def definitions(self, request: Request) -> Response:
         self.auth(request)
         whole = "vhost" not in request.path_params
-        if not whole:
-            check_vhost(seg(request, "vhost"))
+        vhost = None if whole else await self.vhost_param(request)
         perms = await self._permission_rows() if whole else ([], [])
         s = await self.sample()
-        out = self._definitions(s, whole, perms)
+        out = self._definitions(s, whole, perms, vhost)
         if whole:  # the shovels' parameters, from the supervisor (broker.runtime.parameters)
             answer = await ask(self.ctx.control_path, {"command": "list_parameters"})
             out["parameters"] = list(answer.get("parameters") or [])
+            vhost_limits = await ask(self.ctx.control_path, {"command": "list_vhost_limits"})
+            user_limits = await ask(self.ctx.control_path, {"command": "list_user_limits"})
+            export_limits(out, list(vhost_limits.get("limits") or []),
+                          list(user_limits.get("limits") or []))
         response = ok(out)
         if listing.truthy(request.query_params.get("download", "false")) or \
                 "download" in request.query_params:
@@ -100,7 +110,7 @@ class Definitions(Resource):
         RabbitMQ's."""
         self.auth_admin(request)
         if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
+            await self.vhost_param(request)
         body = await body_json(request)
         if not isinstance(body, dict):
             raise bad_request("expected the definitions as one JSON object")

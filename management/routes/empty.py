@@ -1,4 +1,4 @@
-"""The RabbitMQ collections Shoal has none of (global parameters, limits, feature flags):
+"""The RabbitMQ collections Shoal has none of (global parameters, feature flags):
 each answers an empty list, so tools that read them work. A module that comes to serve one of these
 paths takes it out of ``EMPTY``.
 """
@@ -11,15 +11,14 @@ from starlette.routing import Route
 
 from management.http import Context, Resource, ok
 
-EMPTY = ("/api/global-parameters", "/api/vhost-limits",
-         "/api/feature-flags")
+EMPTY = ("/api/global-parameters", "/api/feature-flags")
 
 
 class Empty(Resource):
     """Each path of ``EMPTY``, answered with ``[]``."""
 
     async def empty_list(self, request: Request) -> Response:
-        """Policies, parameters, limits: Shoal has none."""
+        """Global parameters, feature flags: Shoal has none."""
         self.auth(request)
         return ok([])
 

@@ -16,7 +16,6 @@ from management.http import (
     Resource,
     bad_request,
     body_json,
-    check_vhost,
     exchange_name,
     flag,
     no_content,
@@ -28,22 +27,23 @@ from management.http import (
 
 
 class Exchanges(Resource):
-    """The exchanges of the one vhost, read from the sample, changed over AMQP."""
+    """The exchanges of every vhost (of one, under ``{vhost}``), read from the sample, changed
+    over AMQP on a connection to their vhost."""
 
-    async def _exchanges(self) -> list[dict[str, Any]]:
+    async def _exchanges(self, vhost: str | None = None) -> list[dict[str, Any]]:
         s = await self.sample()
-        return shapes.exchange_items(s, self.ctx.node, self.ctx.sampler.base())
+        return [x for x in shapes.exchange_items(s, self.ctx.node, self.ctx.sampler.base())
+                if vhost in (None, x["vhost"])]
 
     async def exchanges(self, request: Request) -> Response:
         self.auth(request)
-        if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
-        return paged(request, await self._exchanges())
+        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
+        return paged(request, await self._exchanges(vhost))
 
     async def _exchange(self, request: Request) -> dict[str, Any]:
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
         name = exchange_name(seg(request, "name"))
-        for x in await self._exchanges():
+        for x in await self._exchanges(vhost):
             if x["name"] == name:
                 return x
         raise not_found()
@@ -54,24 +54,24 @@ class Exchanges(Resource):
 
     async def put_exchange(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
         name = exchange_name(seg(request, "name"))
         body = await body_json(request)
         if "type" not in body:
             raise bad_request("[{key_missing,type}]")
-        existed = any(x[0] == name for x in (await self.sample()).snapshot.get("exchanges", ()))
+        existed = any(x["name"] == name for x in await self._exchanges(vhost))
         arguments = dict(body.get("arguments") or {})
         await self.amqp(request, lambda c: c.exchange_declare(
             name, str(body["type"]), flag(body, "durable", True), flag(body, "auto_delete", False),
-            flag(body, "internal", False), arguments))
+            flag(body, "internal", False), arguments), vhost)
         return no_content(204 if existed else 201)
 
     async def delete_exchange(self, request: Request) -> Response:
         self.auth(request)
-        await self._exchange(request)
+        x = await self._exchange(request)
         name = exchange_name(seg(request, "name"))
         if_unused = listing.truthy(request.query_params.get("if-unused", "false"))
-        await self.amqp(request, lambda c: c.exchange_delete(name, if_unused))
+        await self.amqp(request, lambda c: c.exchange_delete(name, if_unused), x["vhost"])
         return no_content()
 
     async def exchange_bindings(self, request: Request) -> Response:
@@ -80,12 +80,13 @@ class Exchanges(Resource):
         side = "source" if request.url.path.endswith("/source") else "destination"
         s = self.ctx.sampler.latest
         items = [b for b in shapes.binding_items(s) if b[side] == x["name"]
+                 and b["vhost"] == x["vhost"]
                  and (side == "source" or b["destination_type"] == "exchange")]
         return paged(request, items, None)
 
     async def publish(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
         name = exchange_name(seg(request, "name"))
         body = await body_json(request)
         for key in ("routing_key", "payload", "payload_encoding", "properties"):
@@ -97,7 +98,7 @@ class Exchanges(Resource):
         except (ValueError, TypeError) as exc:
             raise bad_request(str(exc)) from None
         routed = await self.amqp(request, lambda c: c.publish(name, str(body["routing_key"]),
-                                                               payload, props))
+                                                               payload, props), vhost)
         return ok({"routed": routed})
 
     def routes(self) -> list[Route]:

@@ -22,7 +22,6 @@ from management.http import (
     Context,
     Resource,
     bad_request,
-    check_vhost,
     not_found,
     ok,
     paged,
@@ -146,7 +145,7 @@ class Overview(Resource):
 
     async def aliveness(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
 
         async def run(c: amqp_ops.Client) -> bool:
             await c.queue_declare("aliveness-test", False, False, {})
@@ -154,7 +153,7 @@ class Overview(Resource):
             got = await c.get("aliveness-test", 1, "ack_requeue_false")
             return bool(got) and got[0].body == b"test_message"
 
-        if not await self.amqp(request, run):
+        if not await self.amqp(request, run, vhost):
             return ok({"status": "failed", "reason": "the test message did not come back"}, 503)
         return ok({"status": "ok"})
 

@@ -17,7 +17,6 @@ from management.http import (
     Resource,
     bad_request,
     body_json,
-    check_vhost,
     no_content,
     not_found,
     ok,
@@ -36,13 +35,12 @@ class Parameters(Resource):
         if "component" in request.path_params:
             query["component"] = seg(request, "component")
         if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
-            query["vhost"] = seg(request, "vhost")
+            query["vhost"] = await self.vhost_param(request)
         return paged(request, list((await self._command(query))["parameters"]), None)
 
     async def one(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
+        await self.vhost_param(request)
         answer = await self._command({"command": "list_parameters", "vhost": seg(request, "vhost"),
                                       "component": seg(request, "component")})
         for p in answer["parameters"]:
@@ -54,7 +52,7 @@ class Parameters(Resource):
         """PUT ``{"value": {...}}``: 201 for a new parameter, 204 for a changed one, 400 with
         RabbitMQ's Validation failed text."""
         self.auth_admin(request)
-        check_vhost(seg(request, "vhost"))
+        await self.vhost_param(request)
         body = await body_json(request)
         if "value" not in body:
             raise bad_request("[{key_missing,value}]")
@@ -66,7 +64,7 @@ class Parameters(Resource):
 
     async def delete(self, request: Request) -> Response:
         self.auth_admin(request)
-        check_vhost(seg(request, "vhost"))
+        await self.vhost_param(request)
         await self._command({"command": "clear_parameter", "vhost": seg(request, "vhost"),
                              "component": seg(request, "component"), "name": seg(request, "name")})
         return no_content()
@@ -77,7 +75,7 @@ class Parameters(Resource):
         for row in rows:
             row["node"] = self.ctx.node.name
         if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
+            await self.vhost_param(request)
             rows = [r for r in rows if r["vhost"] == seg(request, "vhost")]
         if "name" in request.path_params:
             for row in rows:

@@ -17,7 +17,6 @@ from management.http import (
     Resource,
     bad_request,
     body_json,
-    check_vhost,
     flag,
     no_content,
     not_found,
@@ -30,20 +29,20 @@ from management.http import (
 class Queues(Resource):
     """The queues of the one vhost, read from the sample, changed over AMQP."""
 
-    async def _queues(self) -> list[dict[str, Any]]:
+    async def _queues(self, vhost: str | None = None) -> list[dict[str, Any]]:
         s = await self.sample()
-        return shapes.queue_items(s, self.ctx.sampler.base(), self.ctx.node)
+        return [q for q in shapes.queue_items(s, self.ctx.sampler.base(), self.ctx.node)
+                if vhost in (None, q["vhost"])]
 
     async def queues(self, request: Request) -> Response:
         self.auth(request)
-        if "vhost" in request.path_params:
-            check_vhost(seg(request, "vhost"))
-        return paged(request, await self._queues())
+        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
+        return paged(request, await self._queues(vhost))
 
     async def _queue(self, request: Request) -> dict[str, Any]:
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
         name = seg(request, "name")
-        for q in await self._queues():
+        for q in await self._queues(vhost):
             if q["name"] == name:
                 return q
         raise not_found()
@@ -54,33 +53,33 @@ class Queues(Resource):
 
     async def put_queue(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
         name = seg(request, "name")
         body = await body_json(request)
         if "x-queue-type" in (body.get("arguments") or {}) and body["arguments"]["x-queue-type"] in (
                 "classic", None, ""):
             body["arguments"].pop("x-queue-type")
-        existed = any(q[0] == name for q in (await self.sample()).snapshot.get("queues", ()))
+        existed = any(q["name"] == name for q in await self._queues(vhost))
         arguments = dict(body.get("arguments") or {})
         await self.amqp(request, lambda c: c.queue_declare(
-            name, flag(body, "durable", True), flag(body, "auto_delete", False), arguments))
+            name, flag(body, "durable", True), flag(body, "auto_delete", False), arguments), vhost)
         return no_content(204 if existed else 201)
 
     async def delete_queue(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
         name = seg(request, "name")
         q = request.query_params
-        await self._queue(request)  # 404 first, as RabbitMQ (queue.delete of none is ok)
+        found = await self._queue(request)  # 404 first, as RabbitMQ (queue.delete of none is ok)
         await self.amqp(request, lambda c: c.queue_delete(
-            name, listing.truthy(q.get("if-unused", "false")), listing.truthy(q.get("if-empty", "false"))))
+            name, listing.truthy(q.get("if-unused", "false")), listing.truthy(q.get("if-empty", "false"))),
+            found["vhost"])
         return no_content()
 
     async def purge_queue(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
         name = seg(request, "name")
-        await self.amqp(request, lambda c: c.queue_purge(name))
+        await self.amqp(request, lambda c: c.queue_purge(name), vhost)
         return no_content()
 
     async def queue_bindings(self, request: Request) -> Response:
@@ -88,12 +87,13 @@ class Queues(Resource):
         q = await self._queue(request)
         s = self.ctx.sampler.latest
         return paged(request, [b for b in shapes.binding_items(s)
-                               if b["destination_type"] == "queue" and b["destination"] == q["name"]],
+                               if b["destination_type"] == "queue" and b["destination"] == q["name"]
+                               and b["vhost"] == q["vhost"]],
                      None)
 
     async def get_messages(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
+        vhost = await self.vhost_param(request)
         name = seg(request, "name")
         body = await body_json(request)
         try:
@@ -110,7 +110,7 @@ class Queues(Resource):
         encoding = str(body.get("encoding", "auto"))
         if encoding not in ("auto", "base64"):
             raise bad_request("encoding must be auto or base64")
-        got = await self.amqp(request, lambda c: c.get(name, count, ackmode))
+        got = await self.amqp(request, lambda c: c.get(name, count, ackmode), vhost)
         out = []
         for m in got:
             payload = m.body if truncate is None else m.body[:truncate]

@@ -1,5 +1,7 @@
-"""Users and vhosts: /api/users, /api/vhosts (rabbit_mgmt_wm_user(s), _vhost(s)). Users change
-through the supervisor; there is one vhost. Permissions: management.routes.permissions.
+"""Users and vhosts: /api/users, /api/vhosts (rabbit_mgmt_wm_user(s), _vhost(s)). Both change
+through the supervisor (broker.runtime.users, broker.runtime.vhost_admin); a vhost made here
+gives its maker full permissions on it, as rabbit_vhost:put_vhost does. Permissions:
+management.routes.permissions.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from broker.passwords import HASHINGS, SHA256, algorithm_of
 from management import shapes
 from management.http import (
     VHOST,
@@ -18,7 +21,6 @@ from management.http import (
     Resource,
     bad_request,
     body_json,
-    check_vhost,
     no_content,
     not_found,
     ok,
@@ -28,33 +30,69 @@ from management.http import (
 
 
 def user_item(ctx: Context, name: str) -> dict[str, Any]:
-    return {"name": name, "password_hash": ctx.users.stored[name],
-            "hashing_algorithm": "rabbit_password_hashing_sha256",
+    stored = ctx.users.stored[name]
+    return {"name": name, "password_hash": stored,
+            "hashing_algorithm": algorithm_of(stored) or SHA256,
             "tags": ctx.users.tags_of(name), "limits": {}}
 
 
 class Users(Resource):
     """Who may log in, with which tags, to which vhost."""
 
-    def _vhost_item(self, s: Any, base: Any) -> dict[str, Any]:
-        item = {"name": VHOST, "description": "Default virtual host", "tags": [],
-                "default_queue_type": "classic", "tracing": False,
-                "metadata": {"description": "Default virtual host", "tags": []},
+    def _vhost_item(self, s: Any, base: Any, row: dict[str, Any]) -> dict[str, Any]:
+        """One vhost in RabbitMQ's shape; its message counts are its queues' (the snapshot's
+        vhost row), the message rates the broker's (they are counted broker-wide)."""
+        item = {"name": row["name"], "description": row.get("description", ""),
+                "tags": row.get("tags", []),
+                "default_queue_type": row.get("default_queue_type", "classic"), "tracing": False,
+                "metadata": row.get("metadata") or {"description": "", "tags": []},
                 "cluster_state": {self.ctx.node.name: "running"}}
-        item.update(shapes.queue_totals(s, base))
+        if len(s.snapshot.get("vhosts") or ()) <= 1:  # the one vhost: with the rates
+            item.update(shapes.queue_totals(s, base))
+        else:
+            for key in ("messages", "messages_ready", "messages_unacknowledged"):
+                item[key] = row.get(key, 0)
+                item[f"{key}_details"] = {"rate": 0.0}
         item["message_stats"] = shapes.message_stats(s, base)
         return item
+
+    def _vhost_rows(self, s: Any) -> list[dict[str, Any]]:
+        return list(s.snapshot.get("vhosts") or [{"name": VHOST}])
 
     async def vhosts(self, request: Request) -> Response:
         self.auth(request)
         s = await self.sample()
-        return paged(request, [self._vhost_item(s, self.ctx.sampler.base())])
+        base = self.ctx.sampler.base()
+        return paged(request, [self._vhost_item(s, base, row) for row in self._vhost_rows(s)])
 
     async def vhost(self, request: Request) -> Response:
         self.auth(request)
-        check_vhost(seg(request, "vhost"))
-        s = await self.sample()
-        return ok(self._vhost_item(s, self.ctx.sampler.base()))
+        name = await self.vhost_param(request)
+        s = self.ctx.sampler.latest
+        row = next(row for row in self._vhost_rows(s) if row["name"] == name)
+        return ok(self._vhost_item(s, self.ctx.sampler.base(), row))
+
+    async def put_vhost(self, request: Request) -> Response:
+        """PUT /api/vhosts/NAME ``{description, tags, default_queue_type}``: 201 for a new vhost
+        (its maker gets full permissions on it), 204 for one updated."""
+        user, _ = self.auth_admin(request)
+        body = await body_json(request)
+        command: dict[str, Any] = {"command": "add_vhost", "name": seg(request, "vhost"),
+                                   "description": str(body.get("description") or ""),
+                                   "default_queue_type": str(body.get("default_queue_type") or ""),
+                                   "grant_to": user}
+        if body.get("tags") is not None:
+            command["tags"] = body["tags"]
+        answer = await self.control(command)
+        self.ctx.sampler.stale()
+        return no_content(201 if answer.get("created") else 204)
+
+    async def delete_vhost(self, request: Request) -> Response:
+        """DELETE /api/vhosts/NAME: it and everything in it; its connections are closed."""
+        self.auth_admin(request)
+        await self.control({"command": "delete_vhost", "name": seg(request, "vhost")})
+        self.ctx.sampler.stale()
+        return no_content()
 
     async def users(self, request: Request) -> Response:
         self.auth_admin(request)
@@ -89,9 +127,10 @@ class Users(Resource):
             command["password"] = str(body["password"])
         elif "password_hash" in body:
             command["password_hash"] = str(body["password_hash"])
-        if body.get("hashing_algorithm", "rabbit_password_hashing_sha256") != \
-                "rabbit_password_hashing_sha256":
-            raise bad_request(f"hashing algorithm {body['hashing_algorithm']} is not supported")
+        algorithm = body.get("hashing_algorithm", SHA256)
+        if algorithm not in HASHINGS:
+            raise bad_request(f"hashing algorithm {algorithm} is not supported")
+        command["hashing_algorithm"] = algorithm
         answer = await self._users_command(command)
         return no_content(201 if answer.get("created") else 204)
 
@@ -122,7 +161,9 @@ class Users(Resource):
         r = Route
         return [
             r("/api/vhosts", self.vhosts),
-            r(f"/api/vhosts/{V}", self.vhost),
+            r(f"/api/vhosts/{V}", self.vhost, methods=["GET"]),
+            r(f"/api/vhosts/{V}", self.put_vhost, methods=["PUT"]),
+            r(f"/api/vhosts/{V}", self.delete_vhost, methods=["DELETE"]),
             r("/api/users", self.users),
             r("/api/users/bulk-delete", self.bulk_delete_users, methods=["POST"]),
             r("/api/users/{user}", self.user, methods=["GET"]),

@@ -16,7 +16,7 @@ class Harness:
     def __init__(self) -> None:
         self.freed: list[tuple[int, int]] = []
         self.d = Dispatcher(2, lambda region, offset: self.freed.append((region, offset)))
-        self.d.vhost.messages = MessageJournal()
+        self.d.vhosts.messages = MessageJournal()
         self.d.pager.set_marks(high_watermark=20 * SIZE, ratio=0.5)
         self.d.handle(W0, r.QueueDeclare(1, 1, "d", False, True, False, False, {}, False))
         self.d.outbox[W0].clear()

@@ -97,8 +97,8 @@ def test_the_snapshot_hands_the_counters_over() -> None:
     snap = trio.run(build_snapshot, h.d, checkpoint)
     (row,) = snap["queues"]
     assert row[0] == "q" and row[8] == 1  # entered
-    assert dict(zip(QUEUE_FIELDS, row[9:], strict=True))["deliver"] == 1
+    assert dict(zip(QUEUE_FIELDS, row[9:-1], strict=True))["deliver"] == 1  # row[-1]: its vhost
     assert set(snap["messages"]) == set(MESSAGE_FIELDS)
     assert snap["messages"]["deliver"] == 1 and snap["messages"]["publish"] == 1
     default = next(x for x in snap["exchanges"] if x[0] == "")
-    assert default[6:] == [1, 1]
+    assert default[6:8] == [1, 1]  # default[8]: its vhost

@@ -72,8 +72,8 @@ def test_invalid_values_get_rabbitmqs_reason(change: dict[str, Any], reason: str
 def test_missing_keys_and_components() -> None:
     with pytest.raises(ParameterError, match='Key "dest-uri" not found'):
         validate("shovel", "s", {"src-uri": "amqp://", "src-queue": "a"})
-    with pytest.raises(ParameterError, match="component federation-upstream not found"):
-        validate("federation-upstream", "s", BASE)
+    with pytest.raises(ParameterError, match="component no-such-plugin not found"):
+        validate("no-such-plugin", "s", BASE)
     validate("shovel", "s", {**BASE, "src-delete-after": "queue-length", "ack-mode": "no-ack"})
 
 

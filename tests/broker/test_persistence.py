@@ -27,7 +27,7 @@ W0, W1 = 0, 1
 class Harness:
     def __init__(self) -> None:
         self.d = Dispatcher(2, lambda region, offset: None)
-        self.journal = self.d.vhost.messages = MessageJournal()
+        self.journal = self.d.vhosts.messages = MessageJournal()
         self._offset = 0
 
     def events(self, worker: int = W0) -> list[r.Event]:

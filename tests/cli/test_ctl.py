@@ -162,8 +162,8 @@ def test_users_verbs_and_their_exit_codes(answers: list[dict[str, object]]) -> N
 def test_unknown_unsupported_and_bad_columns() -> None:
     code, _, err = _run("foo")
     assert code == 64 and err.startswith("Command 'foo' not found.")
-    code, _, err = _run("add_vhost", "v2")
-    assert code == 69 and err == "add_vhost: not supported by this Shoal yet\n"
+    code, _, err = _run("restart_vhost", "v2")
+    assert code == 69 and err == "restart_vhost: not supported by this Shoal yet\n"
     code, _, err = _run("list_queues", "nosuch")
     assert code == 64 and "Info key(s) nosuch are not supported" in err
 

@@ -7,6 +7,7 @@ import msgspec
 import pytest
 
 from ipc import records as r
+from ipc.worker_config import WorkerConfig
 
 REQUESTS = [
     r.Hello(pid=42),
@@ -86,6 +87,6 @@ def test_records_are_frozen() -> None:
 
 def test_worker_config_round_trips_as_json() -> None:
     """The worker's start-up config travels as JSON on its command line."""
-    cfg = r.WorkerConfig(index=1, instance="1-ab", regions=["/a", "/b"], listen_fd=3,
-                         request_fd=4, event_fd=5, alive_fd=6)
-    assert msgspec.json.decode(msgspec.json.encode(cfg), type=r.WorkerConfig) == cfg
+    cfg = WorkerConfig(index=1, instance="1-ab", regions=["/a", "/b"], listen_fd=3,
+                       request_fd=4, event_fd=5, alive_fd=6)
+    assert msgspec.json.decode(msgspec.json.encode(cfg), type=WorkerConfig) == cfg

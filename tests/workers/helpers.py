@@ -17,6 +17,7 @@ from ipc import records as r
 from ipc.logfile import BodyLog
 from ipc.region import Region
 from ipc.wakeup import EventFd
+from ipc.worker_config import WorkerConfig
 from workers import events as ev
 from workers.channel import Channel
 from workers.channel_config import ChannelResources
@@ -278,13 +279,13 @@ def interests(records: list[Any]) -> list[r.Interest]:
 
 
 @contextlib.contextmanager
-def worker_region() -> Iterator[tuple[r.WorkerConfig, Region]]:
+def worker_region() -> Iterator[tuple[WorkerConfig, Region]]:
     """A worker's small region and eventfds, and the config that names them (removed after)."""
     name = f"/shoaltest.{os.getpid()}-{secrets.token_hex(4)}.w0"
     region = Region.create(name, ring_bytes=1 << 16, slots=64, arena_bytes=1 << 16)
     request, event = EventFd(), EventFd()
     try:
-        yield r.WorkerConfig(
+        yield WorkerConfig(
             index=0, instance=f"{os.getpid()}-00", regions=[name], listen_fd=-1,
             request_fd=request.fileno(), event_fd=event.fileno(), alive_fd=-1,
         ), region

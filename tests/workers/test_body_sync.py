@@ -20,6 +20,7 @@ from ipc import records as r
 from ipc.logfile import BodyLog
 from ipc.region import Region
 from ipc.wakeup import EventFd
+from ipc.worker_config import WorkerConfig
 from workers import body_sync, server
 from workers.body_sync import sync_bodies
 from workers.socket_writer import Doorbell
@@ -42,7 +43,7 @@ def region() -> Iterator[tuple[Region, EventFd, EventFd]]:
 
 def _worker(region: tuple[Region, EventFd, EventFd], data_dir: str) -> Worker:
     shm, request, event = region
-    config = r.WorkerConfig(
+    config = WorkerConfig(
         index=0, instance=f"{os.getpid()}-00", regions=[shm.name], listen_fd=-1,
         request_fd=request.fileno(), event_fd=event.fileno(), alive_fd=-1, data_dir=data_dir,
     )
@@ -207,7 +208,7 @@ async def test_the_server_syncs_a_stored_body_and_tells_the_worker(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Server._body_syncer: Worker.store_body rings it, Worker.body_synced follows the sync."""
     shm, request, event = region
-    config = r.WorkerConfig(
+    config = WorkerConfig(
         index=0, instance=f"{os.getpid()}-00", regions=[shm.name], listen_fd=-1,
         request_fd=request.fileno(), event_fd=event.fileno(), alive_fd=-1,
         data_dir=str(tmp_path),

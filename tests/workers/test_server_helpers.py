@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.server import _is_loopback
+from workers.client_socket import is_loopback as _is_loopback
 from workers.socket_reader import (
     RECEIVE_BIG,
     RECEIVE_SIZE,

@@ -14,6 +14,7 @@ import bisect
 import operator
 from collections.abc import Iterable
 
+from broker.messages.message import Message
 from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED
 from broker.queues.queue import QueueEntry
 
@@ -72,6 +73,29 @@ class ArrivalOrder:
                 seen.append(order[index])
             index += 1
         return seen
+
+    def stored_in(self, file: int, limit: int, ttl: bool) -> list[tuple[Message, bool]] | None:
+        """The messages whose E record is in index file ``file``, each with whether it was
+        delivered, in arrival order (every entry is here, acquired ones too). None when more
+        than ``limit`` are found, or one of them has a TTL (``ttl``: the queue's): its E
+        record says when it was enqueued, which the queue does not keep."""
+        found: list[tuple[Message, bool]] = []
+        for entry in self.entries:
+            if entry.state is DELETED:
+                continue
+            stored = entry.message.stored
+            if stored is None or stored[5] < file:
+                continue
+            if stored[5] > file:
+                if entry.state is not ACQUIRED:
+                    return found
+                continue
+            if ttl or entry.message.expiration is not None:
+                return None
+            found.append((entry.message, entry.state is ACQUIRED or entry.redelivered))
+            if len(found) > limit:
+                return None
+        return found
 
     def _compact(self) -> None:
         """Remove the deleted entries of one window, the next window next time (round the

@@ -66,7 +66,6 @@ from broker.queues.featured.message_groups import HeapItem, Owner, Ungrouped, me
 from broker.queues.featured.zero_ttl import ZeroTtlRound, can_take_at_once
 from broker.queues.fifo_entries import FifoEntries
 from broker.queues.queue import Queue, QueueEntry
-from broker.queues.queue_host import DEAD_LETTER_COST
 
 _PRIORITY_SHIFT = 48  # positions stay below 2**48
 
@@ -88,9 +87,7 @@ class FeaturedQueue(Queue):
         self._groups: Ungrouped = message_groups(settings)
         self._ready: list[HeapItem] = []
         self._held = HeldMessages()
-        self._expiry = MessageExpiry(
-            settings.message_ttl, DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
-        )
+        self._expiry = MessageExpiry(settings)
         self._deliveries = DeliveryCounts(settings.delivery_limit)
         self._order = ArrivalOrder()
         self._starved = False  # a pull or get met an expired head with no budget left
@@ -126,8 +123,7 @@ class FeaturedQueue(Queue):
         x-message-ttl to messages enqueued from now on (an expiry is computed at enqueue), the
         delivery limit to the next return."""
         self._limit = length_limit(settings)
-        self._expiry.ttl = settings.message_ttl
-        self._expiry.cost = DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
+        self._expiry.configure(settings)
         self._deliveries.limit = settings.delivery_limit
         super().change_settings(settings)
         limit = self._limit
@@ -364,26 +360,8 @@ class FeaturedQueue(Queue):
         yield from list(self._acquired.values())
 
     def stored_in(self, file: int, limit: int) -> list[tuple[Message, bool]] | None:
-        """Queue.stored_in, in arrival order (every entry is in it, acquired ones too). None
-        when more than ``limit`` are found, or one of them has a TTL: its E record says when it
-        was enqueued, which the queue does not keep."""
-        found: list[tuple[Message, bool]] = []
-        for entry in self._order.entries:
-            if entry.state is DELETED:
-                continue
-            stored = entry.message.stored
-            if stored is None or stored[5] < file:
-                continue
-            if stored[5] > file:
-                if entry.state is not ACQUIRED:
-                    return found
-                continue
-            if self.settings.message_ttl is not None or entry.message.expiration is not None:
-                return None
-            found.append((entry.message, entry.state is ACQUIRED or entry.redelivered))
-            if len(found) > limit:
-                return None
-        return found
+        """Queue.stored_in, in arrival order (:meth:`ArrivalOrder.stored_in`)."""
+        return self._order.stored_in(file, limit, self.settings.message_ttl is not None)
 
     def body_refs(self) -> Iterator[Any]:
         """The body handle of every message the queue holds (a dead-letter copy's: its

@@ -20,10 +20,10 @@ import heapq
 from collections.abc import Mapping
 from typing import Any
 
-from broker.queues.arguments import parse_expiration
+from broker.queues.arguments import QueueSettings, parse_expiration
 from broker.queues.featured.message_groups import HeapItem
 from broker.queues.queue import QueueEntry
-from broker.queues.queue_host import QueueHost
+from broker.queues.queue_host import DEAD_LETTER_COST, QueueHost
 
 
 class MessageExpiry:
@@ -31,10 +31,17 @@ class MessageExpiry:
 
     __slots__ = ("cost", "times", "ttl")
 
-    def __init__(self, ttl: int | None, cost: int) -> None:
-        self.ttl = ttl  # x-message-ttl in ms, or None
-        self.cost = cost  # budget units per expired message (host.expire_budget)
+    def __init__(self, settings: QueueSettings) -> None:
+        self.ttl: int | None = None  # x-message-ttl in ms, or None
+        self.cost = 1  # budget units per expired message (host.expire_budget)
+        self.configure(settings)
         self.times: dict[int, float] = {}
+
+    def configure(self, settings: QueueSettings) -> None:
+        """The queue's (new) x-message-ttl, for entries enqueued from now on (an expiry is
+        computed at enqueue), and what expiring one costs: a dead-lettered one more."""
+        self.ttl = settings.message_ttl
+        self.cost = DEAD_LETTER_COST if settings.dead_letter_exchange is not None else 1
 
     def start(self, entry: QueueEntry, now: float) -> int | None:
         """Set a new entry's expiry time; returns its TTL in ms (None: it never expires)."""
