@@ -336,11 +336,6 @@ def _default_user(reader: _Reader, key: str, value: str, line: int) -> None:
     reader.default_user[key] = (value, line)
 
 
-def _default_vhost(reader: _Reader, key: str, value: str, line: int) -> None:
-    if value != "/":
-        raise _Invalid(f"Shoal has one virtual host, '/'; got {value!r}")
-
-
 def _loopback_users(reader: _Reader, key: str, value: str, line: int) -> None:
     if value != "none":
         raise _Invalid(f"expected none (or loopback_users.NAME = true|false); got {value!r}")
@@ -376,7 +371,8 @@ _RULES: dict[str, _Rule] = {
     "listeners.tcp": _refuse("Shoal always has its one AMQP listener (listeners.tcp.default)"),
     "default_user": _default_user,
     "default_pass": _default_user,
-    "default_vhost": _default_vhost,
+    # The vhost a new data directory starts with, in the place of "/" (rabbit.schema).
+    "default_vhost": _to("default_vhost", str),
     "loopback_users": _loopback_users,
     "vm_memory_high_watermark.absolute": _to("memory_high_watermark", _absolute_watermark),
     # Of what: RabbitMQ's is of the machine's memory; Shoal's high watermark is per worker arena,

@@ -62,6 +62,12 @@ def _high_watermark(ctx: click.Context, param: click.Parameter, value: str) -> i
     return fraction
 
 
+def _parse_vhost_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value:
+        raise click.BadParameter("a vhost needs a non-empty name")
+    return value
+
+
 def _parse_loopback_users(ctx: click.Context, param: click.Parameter, value: str) -> frozenset[str]:
     names = [name.strip() for name in str(value).split(",")]
     return frozenset() if value == "none" else frozenset(name for name in names if name)
@@ -200,6 +206,11 @@ def main() -> None:
               "directory, added or given this password. On a new data directory, given users "
               "replace the default guest/guest, as RabbitMQ's default_user does. Also read from "
               "$SHOAL_USERS (space-separated), which keeps passwords out of `ps`.")
+@click.option("--default-vhost", default="/", show_default=True, metavar="NAME",
+              callback=_parse_vhost_name,
+              help="The virtual host a new data directory (or a broker without one) starts with, "
+              "in the place of '/'; the default user gets full permissions on it. RabbitMQ's "
+              "default_vhost: a data directory already initialised keeps its vhosts.")
 @click.option("--users-file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Read users from this file, one NAME:PASSWORD per line (# comments): the way "
               "to keep passwords out of `ps` and shell history. Adds to --user / $SHOAL_USERS.")

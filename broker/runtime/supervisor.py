@@ -57,6 +57,7 @@ from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlo
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
 from broker.storage.message_store import ArenasFull
+from broker.topology.vhosts import DEFAULT_DESCRIPTION, DEFAULT_VHOST
 from ipc import collector
 from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
@@ -148,10 +149,13 @@ class Supervisor:
                                               self.config.prometheus_required)
         if self.config.data_dir:
             self.durability = Durability(self.config.data_dir, self.dispatcher)
-            self.durability.recover_definitions()
+            self.durability.recover_definitions(self.config.default_vhost)
             self.users = self.durability.recover_users(self.config.users)
         else:  # no data directory (tests): the users given, or guest, this run only
             self.users = hashed(self.config.users or dict([DEFAULT_USER]))
+            if self.config.default_vhost != DEFAULT_VHOST:  # default_vhost, in the place of "/"
+                self.dispatcher.delete_vhost(DEFAULT_VHOST)
+                self.dispatcher.add_vhost(self.config.default_vhost, DEFAULT_DESCRIPTION)
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
@@ -183,8 +187,8 @@ class Supervisor:
         store = self.durability.definitions if self.durability is not None else None
         if store is not None:
             self.permissions, self.topic_permissions = store.permissions(), store.topic_permissions()
-        else:  # no data directory: the users given, or guest, have full permissions on "/"
-            self.permissions = {name: {"/": FULL} for name in self.users}
+        else:  # no data directory: the users given, or guest, have full permissions on its vhost
+            self.permissions = {name: {c.default_vhost: FULL} for name in self.users}
         self.permission_admin = RuntimePermissions(
             self.permissions, self.topic_permissions, self.users, store, self.dispatcher, self.flush)
         self.dispatcher.topic_permissions = self.topic_permissions  # checked on publish, bind
