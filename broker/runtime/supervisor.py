@@ -196,6 +196,8 @@ class Supervisor:
             self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
             self.flush, self.management.tell_users if self.management is not None else None)
         self.dispatcher.limits.attach(store, self.users, self.flush)  # broker.runtime.limits
+        if self.management is not None:  # GET /api/users shows the users' limits
+            self.dispatcher.limits.on_user_limits = self.management.user_limits_changed
         self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
@@ -247,6 +249,8 @@ class Supervisor:
             if self.management is not None:
                 nursery.start_soon(self.management.supervise, self._management_settings,
                                    lambda: self.stopping)
+                nursery.start_soon(self.management.push_user_limits,
+                                   lambda: self.dispatcher.limits.users)
             nursery.start_soon(self.shovels.supervise, self._shovel_settings,
                                self.parameters.listing, lambda: self.stopping)
             for w in self.workers:
@@ -546,7 +550,7 @@ class Supervisor:
                 "heartbeat": c.heartbeat, "frame_max": c.frame_max, "channel_max": c.channel_max,
                 "data_dir": str(self.durability.path) if self.durability is not None else "",
                 "log_level": c.log_level, "alive_fd": self._alive_r, "users": self.users,
-                "user_tags": self.user_admin.tags}
+                "user_tags": self.user_admin.tags, "user_limits": self.dispatcher.limits.users}
 
     def _shovel_settings(self) -> dict[str, object]:
         """What the links process is told at each start (links.process; the parameters, with
