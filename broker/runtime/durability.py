@@ -119,18 +119,19 @@ class Durability:
                  f" ({len(skipped)} skipped)" if skipped else "", len(stored),
                  (time.monotonic() - started) * 1e3)
 
-    def recover_users(self, given: dict[str, str]) -> dict[str, str]:
+    def recover_users(self, given: dict[str, str],
+                      permissions: tuple[str, str, str] = FULL) -> dict[str, str]:
         """Who may log in (``broker.passwords.users_at_start``): the stored users, with those
         ``given`` at this start added or given their new password (written before any worker
-        starts). Name -> stored password."""
+        starts), a new one with ``permissions`` on the default vhost. Name -> stored password."""
         assert self.definitions is not None and self._opened is not None
         stored = self.definitions.users()
         users, changes = users_at_start(stored, given, self._opened.new)
         if changes:
             self.definitions.put_users(changes)
-        for name in changes:  # RabbitMQ's default user, and those given at a start: full permissions
-            if name not in stored:
-                self.definitions.put_permissions(name, self.default_vhost, FULL)
+        for name in changes:  # RabbitMQ's default user, and those given at a start: its
+            if name not in stored:  # default_permissions (full unless told)
+                self.definitions.put_permissions(name, self.default_vhost, permissions)
         for name in changes:
             log.info("data directory %s: user '%s' %s", self.path, name,
                      "has a new password" if name in stored else "added")

@@ -38,7 +38,7 @@ import trio
 
 from broker.federation import node_name
 from broker.passwords import DEFAULT_USER, hashed
-from broker.permissions import FULL, Table, TopicTable
+from broker.permissions import Table, TopicTable
 from broker.runtime import definitions_io, listeners
 from broker.runtime.control import ControlServer, default_control_path
 from broker.runtime.dispatch import Dispatcher
@@ -150,7 +150,8 @@ class Supervisor:
         if self.config.data_dir:
             self.durability = Durability(self.config.data_dir, self.dispatcher)
             self.durability.recover_definitions(self.config.default_vhost)
-            self.users = self.durability.recover_users(self.config.users)
+            self.users = self.durability.recover_users(self.config.users,
+                                                       self.config.default_permissions)
         else:  # no data directory (tests): the users given, or guest, this run only
             self.users = hashed(self.config.users or dict([DEFAULT_USER]))
             if self.config.default_vhost != DEFAULT_VHOST:  # default_vhost, in the place of "/"
@@ -187,8 +188,9 @@ class Supervisor:
         store = self.durability.definitions if self.durability is not None else None
         if store is not None:
             self.permissions, self.topic_permissions = store.permissions(), store.topic_permissions()
-        else:  # no data directory: the users given, or guest, have full permissions on its vhost
-            self.permissions = {name: {c.default_vhost: FULL} for name in self.users}
+        else:  # no data directory: the users given, or guest, have default_permissions there
+            self.permissions = {name: {c.default_vhost: c.default_permissions}
+                                for name in self.users}
         self.permission_admin = RuntimePermissions(
             self.permissions, self.topic_permissions, self.users, store, self.dispatcher, self.flush)
         self.dispatcher.topic_permissions = self.topic_permissions  # checked on publish, bind

@@ -35,6 +35,8 @@ def _refused(text: str, options: set[str] = SERVE_OPTIONS) -> ConfigFileError:
     ("default_user = alice", {"users": {"alice": "guest"}}),
     ("default_vhost = /", {"default_vhost": "/"}),
     ("default_vhost = app", {"default_vhost": "app"}),
+    ("default_permissions.read = ^amq\\.\ndefault_permissions.configure = ^$",
+     {"default_permissions": ("^$", ".*", "^amq\\.")}),
     ("loopback_users = none", {"loopback_users": frozenset()}),
     ("loopback_users.guest = false", {"loopback_users": frozenset()}),
     ("loopback_users.admin = true", {"loopback_users": frozenset({"admin"})}),
@@ -271,3 +273,14 @@ def test_default_vhost_sets_serves_default_vhost(tmp_path: Path,
     assert seen["default_vhost"] == "app"
     code, output, _ = _serve(tmp_path, monkeypatch, "", "--default-vhost", "")
     assert code == 2 and "non-empty name" in output
+
+
+def test_default_permissions_set_serves_default_permissions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """default_permissions.* (each .* unless given) become --default-permissions; a key that is
+    no regular expression stops the start with FILE:LINE: key."""
+    code, output, seen = _serve(tmp_path, monkeypatch, "default_permissions.write = ^w\n")
+    assert code == 0, output
+    assert seen["default_permissions"] == (".*", "^w", ".*")
+    code, output, _ = _serve(tmp_path, monkeypatch, "heartbeat = 5\ndefault_permissions.read = (\n")
+    assert code == 1 and ":2: default_permissions: " in output and "not a regular expression" in output

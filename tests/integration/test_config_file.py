@@ -115,3 +115,18 @@ def test_default_vhost_does_not_change_an_initialised_data_directory(tmp_path: P
         assert open_refused(broker, "later") == (530, "NOT_ALLOWED - vhost later not found")
     finally:
         finish(broker)
+
+
+def test_default_permissions_are_what_the_default_user_gets(tmp_path: Path) -> None:
+    """default_permissions.configure = ^mine\\. : guest may declare mine.q in the default vhost,
+    and is refused other names (403 ACCESS_REFUSED), as RabbitMQ's default user would be."""
+    conf = _config(tmp_path, "default_vhost = app\ndefault_permissions.configure = ^mine\\.\n")
+    broker = Broker(tmp_path / "broker", 1, extra_args=["--config", str(conf)])
+    try:
+        channel = broker.connect(virtual_host="app").channel()
+        channel.queue_declare("mine.q")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_declare("theirs")
+        assert refused.value.reply_code == 403
+    finally:
+        finish(broker)
