@@ -131,3 +131,4 @@ def test_one_tick_does_one_graveyard_slice_however_many_vhosts() -> None:
     assert sum(done) == 10
     vhosts.tick(2.0)
     assert sum(done) == 20
+
