@@ -118,6 +118,7 @@ class _Reader:
         self.settings: dict[str, Setting] = {}
         self.listener: dict[str, tuple[str, int]] = {}  # "tcp"/"ssl" -> (key, line) of the one
         self.default_user: dict[str, tuple[str, int]] = {}  # key -> (value, line)
+        self.default_permissions: dict[str, tuple[str, int]] = {}  # configure/write/read -> ...
         self.loopback: dict[str, tuple[bool, int]] = {}  # name -> (restricted, line)
         self.loopback_none: int = 0  # line of `loopback_users = none`
         self.console_off: int = 0  # line of `log.console = false`
@@ -193,6 +194,12 @@ class _Reader:
             password, pass_line = self.default_user.get("default_pass", ("guest", 0))
             key = "default_user" if line >= pass_line else "default_pass"
             self.set("users", {name: password}, key, max(line, pass_line))
+        if self.default_permissions:  # rabbit.schema: each of the three defaults to .*
+            given = self.default_permissions
+            line = max(line for _, line in given.values())
+            self.set("default_permissions", tuple(given.get(kind, (".*", 0))[0] for kind in
+                                                  ("configure", "write", "read")),
+                     "default_permissions", line)
         if self.loopback_none:
             self.set("loopback_users", frozenset(), "loopback_users", self.loopback_none)
         elif self.loopback:
@@ -336,9 +343,8 @@ def _default_user(reader: _Reader, key: str, value: str, line: int) -> None:
     reader.default_user[key] = (value, line)
 
 
-def _default_vhost(reader: _Reader, key: str, value: str, line: int) -> None:
-    if value != "/":
-        raise _Invalid(f"Shoal has one virtual host, '/'; got {value!r}")
+def _default_permissions(reader: _Reader, key: str, value: str, line: int) -> None:
+    reader.default_permissions[key.removeprefix("default_permissions.")] = (value, line)
 
 
 def _loopback_users(reader: _Reader, key: str, value: str, line: int) -> None:
@@ -376,7 +382,11 @@ _RULES: dict[str, _Rule] = {
     "listeners.tcp": _refuse("Shoal always has its one AMQP listener (listeners.tcp.default)"),
     "default_user": _default_user,
     "default_pass": _default_user,
-    "default_vhost": _default_vhost,
+    # The vhost a new data directory starts with, in the place of "/" (rabbit.schema).
+    "default_vhost": _to("default_vhost", str),
+    "default_permissions.configure": _default_permissions,
+    "default_permissions.write": _default_permissions,
+    "default_permissions.read": _default_permissions,
     "loopback_users": _loopback_users,
     "vm_memory_high_watermark.absolute": _to("memory_high_watermark", _absolute_watermark),
     # Of what: RabbitMQ's is of the machine's memory; Shoal's high watermark is per worker arena,

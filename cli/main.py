@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable
 
@@ -60,6 +61,22 @@ def _high_watermark(ctx: click.Context, param: click.Parameter, value: str) -> i
     if not 0 < fraction <= 1:
         raise click.BadParameter(f"{value}: expected a size, or a fraction above 0 and at most 1")
     return fraction
+
+
+def _parse_vhost_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not value:
+        raise click.BadParameter("a vhost needs a non-empty name")
+    return value
+
+
+def _parse_permissions(ctx: click.Context, param: click.Parameter,
+                       value: tuple[str, str, str]) -> tuple[str, str, str]:
+    for regex in value:
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise click.BadParameter(f"{regex!r} is not a regular expression: {exc}") from None
+    return (value[0], value[1], value[2])
 
 
 def _parse_loopback_users(ctx: click.Context, param: click.Parameter, value: str) -> frozenset[str]:
@@ -200,6 +217,15 @@ def main() -> None:
               "directory, added or given this password. On a new data directory, given users "
               "replace the default guest/guest, as RabbitMQ's default_user does. Also read from "
               "$SHOAL_USERS (space-separated), which keeps passwords out of `ps`.")
+@click.option("--default-vhost", default="/", show_default=True, metavar="NAME",
+              callback=_parse_vhost_name,
+              help="The virtual host a new data directory (or a broker without one) starts with, "
+              "in the place of '/'; the default user gets full permissions on it. RabbitMQ's "
+              "default_vhost: a data directory already initialised keeps its vhosts.")
+@click.option("--default-permissions", nargs=3, default=(".*", ".*", ".*"), show_default=True,
+              metavar="CONFIGURE WRITE READ", callback=_parse_permissions,
+              help="The permissions (three regular expressions) the users made at the first start "
+              "of a new data directory get on --default-vhost (RabbitMQ's default_permissions).")
 @click.option("--users-file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Read users from this file, one NAME:PASSWORD per line (# comments): the way "
               "to keep passwords out of `ps` and shell history. Adds to --user / $SHOAL_USERS.")

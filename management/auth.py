@@ -53,10 +53,12 @@ class Users:
 
     def __init__(self, stored: Mapping[str, str],
                  loopback_users: frozenset[str] = LOOPBACK_USERS,
-                 tags: Mapping[str, list[str]] | None = None) -> None:
+                 tags: Mapping[str, list[str]] | None = None,
+                 limits: Mapping[str, dict[str, int]] | None = None) -> None:
         self.stored = dict(stored)
         self.loopback_users = loopback_users
         self.tags: dict[str, list[str]] = dict(tags or {})
+        self.limits: dict[str, dict[str, int]] = dict(limits or {})  # those with some set
 
     def tags_of(self, name: str) -> list[str]:
         return list(self.tags.get(name, TAGS))
@@ -66,12 +68,16 @@ class Users:
 
     def apply(self, change: Mapping[str, Any]) -> None:
         """A change the supervisor made: ``{"users": {name: stored}, "removed": [name],
-        "tags": {name: [tag]}}`` (broker.runtime.users)."""
+        "tags": {name: [tag]}}`` (broker.runtime.users), or ``{"user_limits": {name: {limit:
+        value}}}``, the whole table (broker.runtime.limits)."""
         self.stored.update(change.get("users") or {})
         self.tags.update(change.get("tags") or {})
+        if isinstance(change.get("user_limits"), dict):
+            self.limits = dict(change["user_limits"])
         for name in change.get("removed") or ():
             self.stored.pop(name, None)
             self.tags.pop(name, None)
+            self.limits.pop(name, None)
 
     def check(self, header: str | None, client_host: str | None) -> tuple[str, str] | None:
         """(user, password) when the header's credentials log in from ``client_host``."""

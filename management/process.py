@@ -58,14 +58,14 @@ class ManagementConfig:
     https_port: int = 0
 
 
-def read_users(fd: int) -> tuple[dict[str, str], dict[str, list[str]]]:
-    """The users pipe: ``[users, tags]`` (an older supervisor wrote ``users`` alone)."""
+def read_users(fd: int) -> tuple[dict[str, str], dict[str, list[str]], dict[str, dict[str, int]]]:
+    """The users pipe: ``[users, tags, user_limits]`` (an older supervisor wrote fewer)."""
     with os.fdopen(fd, "rb") as f:
         data = f.read()
     loaded = json.loads(data) if data else {}
     if isinstance(loaded, list):
-        return dict(loaded[0]), dict(loaded[1])
-    return dict(loaded), {}
+        return dict(loaded[0]), dict(loaded[1]), dict(loaded[2]) if len(loaded) > 2 else {}
+    return dict(loaded), {}, {}
 
 
 async def watch_user_changes(users: Users, fd: int = 0) -> None:
@@ -123,7 +123,8 @@ def add_reason_phrases() -> None:
 
 
 async def serve(config: ManagementConfig, users: dict[str, str],
-                tags: dict[str, list[str]] | None = None) -> None:
+                tags: dict[str, list[str]] | None = None,
+                limits: dict[str, dict[str, int]] | None = None) -> None:
     from hypercorn.config import Config as HyperConfig
     from hypercorn.trio import serve as hyper_serve
 
@@ -132,7 +133,7 @@ async def serve(config: ManagementConfig, users: dict[str, str],
                 config.heartbeat, config.frame_max, config.channel_max)
     amqp_host = "127.0.0.1" if config.amqp_host in ("0.0.0.0", "") else (
         "::1" if config.amqp_host == "::" else config.amqp_host)
-    ctx = Context(sampler, node, Users(users, tags=tags), config.control_path, amqp_host,
+    ctx = Context(sampler, node, Users(users, tags=tags, limits=limits), config.control_path, amqp_host,
                   config.amqp_port, config.data_dir)
     add_reason_phrases()
     hyper = HyperConfig()
@@ -165,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
     )
-    users, tags = read_users(config.users_fd)
+    users, tags, limits = read_users(config.users_fd)
     log.info("management API on port %d", config.http_port)
     if config.tls_fd >= 0:
         log.info("management API over TLS on port %d", config.https_port)
     try:
-        trio.run(serve, config, users, tags)
+        trio.run(serve, config, users, tags, limits)
     except KeyboardInterrupt:
         pass
     return 0

@@ -205,6 +205,8 @@ class ControlServer:
         if command in LIMIT_COMMANDS:  # broker.runtime.limits
             return self._dispatcher.limits.command(command, request)
         if command == "federation_targets":  # the links process: what to federate
+            if "/" not in self._dispatcher.vhosts:  # federation runs in "/" alone
+                return {"vhost": "/", "exchanges": [], "queues": []}
             return federation_targets(self._dispatcher.vhost)
         if command in PARAMETER_COMMANDS:
             if self.parameters is None:
@@ -334,9 +336,6 @@ class ControlServer:
                                  source: str = "import_definitions") -> dict[str, Any]:
         """RabbitMQ's definitions JSON, through the importer every import path shares
         (broker.runtime.definitions_io) -> its report, or ``{"error"}`` for a malformed one."""
-        if "/" not in self._dispatcher.vhosts:  # the importer's objects go to "/"
-            return {"error": "Virtual host '/' does not exist: nothing to import into",
-                    "code": "invalid"}
         importer = Importer(self._dispatcher, self._flush, self._users, self._permissions,
                             self.policies, self.parameters)
         if self.vhosts is not None:  # the file's vhosts that are not here (definitions_io)

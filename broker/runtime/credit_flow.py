@@ -20,7 +20,8 @@ its application, not on the supervisor. A slow consumer so holds back no publish
 lets its queue grow, and every publisher keeps its rate.
 
 What a connection's publishes reached is kept as the (exchange, routing key) pairs they were
-published with, and routed to queues only while the supervisor is behind on some queue.
+published with, and routed to queues -- in the connection's vhost, so a queue is known by its
+vhost and name -- only while the supervisor is behind on some queue.
 """
 
 from __future__ import annotations
@@ -46,11 +47,18 @@ CREDIT_CHUNK = 200
 # whose headers route it (CC / BCC, a headers exchange): counted as feeding every queue.
 Destination = tuple[str, str] | None
 ANYWHERE: Destination = None
+# A queue as credit flow knows it: (vhost, name), as a queue of that name in another vhost is
+# another queue.
+QueueKey = tuple[str, str]
+# The queues a connection's publishes to a destination route to now (None: it may reach any).
+Reaches = Callable[[tuple[int, int], Destination], Collection[QueueKey] | None]
 
 
 class _Queue(Protocol):
     @property
     def name(self) -> str: ...
+    @property
+    def vhost(self) -> str: ...
     @property
     def message_count(self) -> int: ...
 
@@ -93,7 +101,7 @@ class CreditFlow:
         # Grants held back per (worker, conn), ever (the control socket's credit_flow).
         self.withheld: dict[tuple[int, int], int] = {}
         # The queues the supervisor was behind on at the last grant.
-        self.behind_on: set[str] = set()
+        self.behind_on: set[QueueKey] = set()
 
     def spent(self, key: tuple[int, int], n: int, destination: Destination) -> None:
         """``n`` publishes of connection ``key`` to ``destination`` were applied (or refused):
@@ -122,19 +130,19 @@ class CreditFlow:
             seen.limited = limited
 
     def grants(self, subs: Mapping[tuple[int, int], Subscribed],
-               reaches: Callable[[Destination], Collection[str] | None], *,
+               reaches: Reaches, *,
                all_credit: bool, now: float = 0.0) -> dict[int, r.Credit]:
         """The Credit events to send, per worker: every connection with CREDIT_CHUNK or more due
         (with ``all_credit``, everything due), but none to a connection whose publishes reached
-        a queue the supervisor is behind on. ``reaches``: the names of the queues a destination
-        routes to (None: it may reach any)."""
+        a queue the supervisor is behind on. ``reaches(conn, destination)``: the queues a
+        publish of that connection to that destination routes to (None: it may reach any)."""
         behind_on = self.behind_on = self._behind_on(subs, now) if self.consumers else set()
         grants: dict[int, r.Credit] = {}
         due, feeds = self.due, self.feeds
         for key, n in list(due.items()):
             if n < CREDIT_CHUNK and not all_credit:
                 continue
-            if behind_on and _feeds(feeds.get(key), behind_on, reaches):
+            if behind_on and _feeds(key, feeds.get(key), behind_on, reaches):
                 self.withheld[key] = self.withheld.get(key, 0) + 1
                 continue
             del due[key]
@@ -147,13 +155,14 @@ class CreditFlow:
             grant.counts.append(n)
         return grants
 
-    def _behind_on(self, subs: Mapping[tuple[int, int], Subscribed], now: float) -> set[str]:
+    def _behind_on(self, subs: Mapping[tuple[int, int], Subscribed],
+                   now: float) -> set[QueueKey]:
         """The queues holding FLOW_BACKLOG ready messages or more on which a woken acquiring
         consumer waits for work: it is notified, or it is away for a moment as it was the last
         time (``_Woken.quick``), and its client does not limit it (``_Woken.limited``).
         O(consumers notified, or away within FLOW_HOLD)."""
         consumers = self.consumers
-        queues: set[str] = set()
+        queues: set[QueueKey] = set()
         for key, seen in list(consumers.items()):  # each looked at: when it went away counts
             sub = subs.get(key)
             if sub is None:
@@ -175,7 +184,7 @@ class CreditFlow:
                 continue
             queue = sub.queue
             if queue.message_count >= FLOW_BACKLOG:
-                queues.add(queue.name)
+                queues.add((queue.vhost, queue.name))
         return queues
 
     def forget_worker(self, worker: int) -> None:
@@ -187,13 +196,13 @@ class CreditFlow:
             del self.consumers[key]
 
 
-def _feeds(destinations: Mapping[Destination, None] | None, queues: set[str],
-           reaches: Callable[[Destination], Collection[str] | None]) -> bool:
-    """Whether publishes to ``destinations`` reach one of ``queues``."""
+def _feeds(conn: tuple[int, int], destinations: Mapping[Destination, None] | None,
+           queues: set[QueueKey], reaches: Reaches) -> bool:
+    """Whether publishes of ``conn`` to ``destinations`` reach one of ``queues``."""
     if not destinations:
         return False
     for destination in destinations:
-        names = reaches(destination)
+        names = reaches(conn, destination)
         if names is None or not queues.isdisjoint(names):
             return True
     return False

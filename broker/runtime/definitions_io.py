@@ -52,6 +52,7 @@ from broker.runtime.dispatch import Dispatcher
 from broker.runtime.permissions import RuntimePermissions
 from broker.runtime.policies import RuntimePolicies
 from broker.runtime.users import RuntimeUsers, UserError, parse_tags
+from broker.topology.vhosts import DEFAULT_VHOST
 
 log = logging.getLogger("shoal.definitions")
 
@@ -189,7 +190,7 @@ class Importer:
         self._permissions = permissions
         self._policies = policies
         self._parameters = parameters
-        self._vhost = dispatcher.vhost.name
+        self._vhost = DEFAULT_VHOST  # of an object that names none (it need not exist)
         # The control server's add_vhost, when this broker keeps more vhosts than "/"
         self.add_vhost: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
 

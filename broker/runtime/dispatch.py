@@ -39,7 +39,13 @@ from broker.permissions import READ, TopicTable, refused_topic, topic_allowed
 from broker.runtime.alarms import Alarms, QueuedCount
 from broker.runtime.answers import Answers
 from broker.runtime.arena_accounts import ArenaAccounts
-from broker.runtime.credit_flow import CREDIT_CHUNK, FLOW_BACKLOG, CreditFlow, Destination
+from broker.runtime.credit_flow import (
+    CREDIT_CHUNK,
+    FLOW_BACKLOG,
+    CreditFlow,
+    Destination,
+    QueueKey,
+)
 from broker.runtime.deliveries import Deliveries
 from broker.runtime.dispatch_trace import DispatchTrace
 from broker.runtime.limits import RuntimeLimits
@@ -353,23 +359,23 @@ class Dispatcher:
         credit_flow)."""
         return dict(self._credit.withheld)
 
-    def _reaches(self, destination: Destination) -> list[str] | None:
-        """The names of the queues a publish to ``destination`` is routed to now (credit flow
-        asks only while it is behind on a queue; the destination names no vhost, so those of
-        every vhost where it routes: a queue of that name elsewhere may be held back too);
-        None: it may reach any."""
+    def _reaches(self, conn: tuple[int, int], destination: Destination) -> list[QueueKey] | None:
+        """The queues, (vhost, name), a publish of connection ``conn`` to ``destination`` is
+        routed to now, in the vhost that connection opened (credit flow asks only while it is
+        behind on a queue); None: it may reach any."""
         if destination is None:  # ANYWHERE
             return None
+        vhost = self.vhosts.vhost_of_conn(conn)
+        if vhost is None:  # a connection of no vhost here: it feeds none of its queues
+            return []
         exchange_name, routing_key = destination
         if not exchange_name:
-            return [routing_key]
-        names: list[str] = []
-        for vhost in self.vhosts:
-            exchange = vhost.exchanges.get(exchange_name)
-            if exchange is not None:
-                names += [q.name for q in vhost.router.route(exchange, PlainMessage(
-                    exchange_name, routing_key, None, 0))]
-        return names
+            return [(vhost.name, routing_key)]
+        exchange = vhost.exchanges.get(exchange_name)
+        if exchange is None:
+            return []
+        return [(vhost.name, q.name) for q in vhost.router.route(exchange, PlainMessage(
+            exchange_name, routing_key, None, 0))]
 
     def set_disk_alarm(self, active: bool) -> None:
         """The disk alarm (RabbitMQ's disk_free_limit): every worker's publishers block."""

@@ -54,7 +54,7 @@ from broker.storage.message_store import (
 )
 from broker.storage.message_store import restore as restore_messages
 from broker.topology.definitions import TopologyJournal
-from broker.topology.vhosts import VirtualHosts
+from broker.topology.vhosts import DEFAULT_DESCRIPTION, VirtualHosts
 from ipc.logfile import CpuSaturation, remove_segment, sync_files, sync_pause, write_all
 from ipc.logfile import segments as body_segments
 
@@ -75,14 +75,21 @@ class Durability:
         self._opened: Opened | None = None
         self.index: IndexLog | None = None
         self._sync_bell = trio.Event()
+        self.default_vhost = DEFAULT_VHOST  # where the users added at a first start get permissions
         self.saturated = CpuSaturation()  # whether a busy sync's successor waits (ipc.logfile)
 
-    def recover_definitions(self) -> None:
+    def recover_definitions(self, default_vhost: str = DEFAULT_VHOST) -> None:
         """Open the definitions (``broker.storage.definition_store.open_definitions``: refused with
-        DataDirDamaged, nothing changed, when they cannot be this directory's) and declare them."""
+        DataDirDamaged, nothing changed, when they cannot be this directory's) and declare them.
+        A new directory's one vhost is ``default_vhost`` (RabbitMQ's default_vhost: read at the
+        first start only, so a directory already initialised keeps its vhosts)."""
         started = time.monotonic()
         opened = open_definitions(self.data)
         self.definitions, self._opened = opened.store, opened
+        self.default_vhost = default_vhost
+        if opened.new and default_vhost != DEFAULT_VHOST:  # "/" is then not made, as RabbitMQ
+            opened.store.delete_vhost(DEFAULT_VHOST)
+            opened.store.put_vhost(default_vhost, DEFAULT_DESCRIPTION)
         opened.store.checkpoint_off_loop(trio.lowlevel.start_thread_soon)
         if opened.behind:
             log.error("data directory %s: %s is %d change batch(es) behind what was committed to "
@@ -112,18 +119,19 @@ class Durability:
                  f" ({len(skipped)} skipped)" if skipped else "", len(stored),
                  (time.monotonic() - started) * 1e3)
 
-    def recover_users(self, given: dict[str, str]) -> dict[str, str]:
+    def recover_users(self, given: dict[str, str],
+                      permissions: tuple[str, str, str] = FULL) -> dict[str, str]:
         """Who may log in (``broker.passwords.users_at_start``): the stored users, with those
         ``given`` at this start added or given their new password (written before any worker
-        starts). Name -> stored password."""
+        starts), a new one with ``permissions`` on the default vhost. Name -> stored password."""
         assert self.definitions is not None and self._opened is not None
         stored = self.definitions.users()
         users, changes = users_at_start(stored, given, self._opened.new)
         if changes:
             self.definitions.put_users(changes)
-        for name in changes:  # RabbitMQ's default user, and those given at a start: full permissions
-            if name not in stored:
-                self.definitions.put_permissions(name, self.definitions.vhost, FULL)
+        for name in changes:  # RabbitMQ's default user, and those given at a start: its
+            if name not in stored:  # default_permissions (full unless told)
+                self.definitions.put_permissions(name, self.default_vhost, permissions)
         for name in changes:
             log.info("data directory %s: user '%s' %s", self.path, name,
                      "has a new password" if name in stored else "added")

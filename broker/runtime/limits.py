@@ -65,6 +65,8 @@ class RuntimeLimits:
         self._store: DefinitionStore | None = None
         self._flush: Callable[[], None] = lambda: None
         self._usage: dict[int, r.LimitUsage] = {}  # worker -> what it last reported
+        # Called after the users' limits changed (the management process shows them).
+        self.on_user_limits: Callable[[], None] = lambda: None
 
     def attach(self, store: DefinitionStore | None, users: Mapping[str, str],
                flush: Callable[[], None]) -> None:
@@ -136,7 +138,9 @@ class RuntimeLimits:
     def set_user(self, user: str, limits: dict[str, int]) -> dict[str, int]:
         if self._store is not None:
             self._store.put_user_limits(user, limits)
-        return self._set(self.users, "user", user, limits)
+        limits = self._set(self.users, "user", user, limits)
+        self.on_user_limits()
+        return limits
 
     def _set(self, table: dict[str, dict[str, int]], kind: str, key: str,
              limits: dict[str, int]) -> dict[str, int]:
@@ -157,6 +161,7 @@ class RuntimeLimits:
         """A deleted user's limits go with it (the store deleted its rows)."""
         if self.users.pop(user, None) is not None:
             self.tell()
+            self.on_user_limits()
 
     def _vhost_exists(self, vhost: str) -> str:
         if vhost not in self._vhost_names():

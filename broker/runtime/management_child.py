@@ -11,8 +11,9 @@ the workers. Nothing here imports ``management/``: the supervisor knows it by it
 
 Users changed at runtime (broker.runtime.users) reach the running process as JSON lines on its
 stdin, a pipe of ours: ``{"users": {name: stored password}, "removed": [name], "tags": {name:
-[tag]}}``. A process started later gets the whole table through its users pipe, as
-``[users, tags]``.
+[tag]}}``; the users' limits (broker.runtime.limits) as the whole table after each change,
+``{"user_limits": {name: {limit: value}}}`` (GET /api/users shows them). A process started later
+gets all of it through its users pipe, as ``[users, tags, user_limits]``.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class ManagementChild(SupervisedChild):
         self.tls: socket.socket | None = None  # --management-tls-port: HTTPS, same app
         self.tls_port = 0
         self.tls_files: tuple[str, str, str] = ("", "", "")  # cert, key, CA: paths only
+        self._limits_bell = trio.Event()  # the users' limits changed since the last push
 
     def listen_tls(self, host: str, port: int, cert: str, key: str, ca: str) -> None:
         """Bind the HTTPS listener; the process loads the files from these paths."""
@@ -108,13 +110,26 @@ class ManagementChild(SupervisedChild):
         reads the whole table)."""
         await self.tell(change)
 
+    def user_limits_changed(self) -> None:
+        """The users' limits changed (broker.runtime.limits): :meth:`push_user_limits` sends them."""
+        self._limits_bell.set()
+
+    async def push_user_limits(self, table: Callable[[], dict[str, dict[str, int]]]) -> None:
+        """The whole table after each change, from this one task: an older table never arrives
+        after a newer one, and changes made while one is sent go out together."""
+        while True:
+            await self._limits_bell.wait()
+            self._limits_bell = trio.Event()
+            await self.tell({"user_limits": table()})
+
     async def _spawn(self, settings: dict[str, Any]) -> trio.Process:
         users = settings.pop("users")
         tags = settings.pop("user_tags", {})
+        limits = settings.pop("user_limits", {})
         alive_fd = settings["alive_fd"]
         users_r, users_w = os.pipe()
         try:
-            payload = msgspec.json.encode([users, tags])  # stored passwords, never the passwords
+            payload = msgspec.json.encode([users, tags, limits])  # stored passwords, never the passwords
             if len(payload) > USERS_PIPE_MAX:
                 raise ValueError(f"{len(users)} users: {len(payload)} bytes, over {USERS_PIPE_MAX}")
             os.write(users_w, payload)

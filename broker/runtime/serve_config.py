@@ -72,6 +72,11 @@ class ServeConfig:
     prometheus_required: bool = True  # False: a Prometheus port in use is a warning
     # Users allowed to log in, name -> password; empty: guest/guest (RabbitMQ's default user).
     users: dict[str, str] = field(default_factory=dict)
+    # RabbitMQ's default_vhost: the vhost a new data directory (or none) starts with, instead
+    # of "/"; the users given at that first start, or guest, get full permissions on it.
+    default_vhost: str = "/"
+    # RabbitMQ's default_permissions: what those users get there (configure, write, read).
+    default_permissions: tuple[str, str, str] = (".*", ".*", ".*")
     # RabbitMQ's loopback_users: these may log in only from a loopback address.
     loopback_users: frozenset[str] = frozenset({"guest"})
     # The AMQPS listener (RabbitMQ's listeners.ssl.default and ssl_options; ipc.tls): its port

@@ -38,7 +38,7 @@ import trio
 
 from broker.federation import node_name
 from broker.passwords import DEFAULT_USER, hashed
-from broker.permissions import FULL, Table, TopicTable
+from broker.permissions import Table, TopicTable
 from broker.runtime import definitions_io, listeners
 from broker.runtime.control import ControlServer, default_control_path
 from broker.runtime.dispatch import Dispatcher
@@ -57,6 +57,7 @@ from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlo
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
 from broker.storage.message_store import ArenasFull
+from broker.topology.vhosts import DEFAULT_DESCRIPTION, DEFAULT_VHOST
 from ipc import collector
 from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
@@ -148,10 +149,14 @@ class Supervisor:
                                               self.config.prometheus_required)
         if self.config.data_dir:
             self.durability = Durability(self.config.data_dir, self.dispatcher)
-            self.durability.recover_definitions()
-            self.users = self.durability.recover_users(self.config.users)
+            self.durability.recover_definitions(self.config.default_vhost)
+            self.users = self.durability.recover_users(self.config.users,
+                                                       self.config.default_permissions)
         else:  # no data directory (tests): the users given, or guest, this run only
             self.users = hashed(self.config.users or dict([DEFAULT_USER]))
+            if self.config.default_vhost != DEFAULT_VHOST:  # default_vhost, in the place of "/"
+                self.dispatcher.delete_vhost(DEFAULT_VHOST)
+                self.dispatcher.add_vhost(self.config.default_vhost, DEFAULT_DESCRIPTION)
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
@@ -183,8 +188,9 @@ class Supervisor:
         store = self.durability.definitions if self.durability is not None else None
         if store is not None:
             self.permissions, self.topic_permissions = store.permissions(), store.topic_permissions()
-        else:  # no data directory: the users given, or guest, have full permissions on "/"
-            self.permissions = {name: {"/": FULL} for name in self.users}
+        else:  # no data directory: the users given, or guest, have default_permissions there
+            self.permissions = {name: {c.default_vhost: c.default_permissions}
+                                for name in self.users}
         self.permission_admin = RuntimePermissions(
             self.permissions, self.topic_permissions, self.users, store, self.dispatcher, self.flush)
         self.dispatcher.topic_permissions = self.topic_permissions  # checked on publish, bind
@@ -192,6 +198,8 @@ class Supervisor:
             self.users, store.user_tags() if store is not None else {}, store, self.dispatcher,
             self.flush, self.management.tell_users if self.management is not None else None)
         self.dispatcher.limits.attach(store, self.users, self.flush)  # broker.runtime.limits
+        if self.management is not None:  # GET /api/users shows the users' limits
+            self.dispatcher.limits.on_user_limits = self.management.user_limits_changed
         self._control = ControlServer(
             self.dispatcher, lambda: [w.index for w in self.workers if w.ready], self.flush,
             f"{c.host}:{self.port}", users=self.user_admin, permissions=self.permission_admin)
@@ -243,6 +251,8 @@ class Supervisor:
             if self.management is not None:
                 nursery.start_soon(self.management.supervise, self._management_settings,
                                    lambda: self.stopping)
+                nursery.start_soon(self.management.push_user_limits,
+                                   lambda: self.dispatcher.limits.users)
             nursery.start_soon(self.shovels.supervise, self._shovel_settings,
                                self.parameters.listing, lambda: self.stopping)
             for w in self.workers:
@@ -542,7 +552,7 @@ class Supervisor:
                 "heartbeat": c.heartbeat, "frame_max": c.frame_max, "channel_max": c.channel_max,
                 "data_dir": str(self.durability.path) if self.durability is not None else "",
                 "log_level": c.log_level, "alive_fd": self._alive_r, "users": self.users,
-                "user_tags": self.user_admin.tags}
+                "user_tags": self.user_admin.tags, "user_limits": self.dispatcher.limits.users}
 
     def _shovel_settings(self) -> dict[str, object]:
         """What the links process is told at each start (links.process; the parameters, with

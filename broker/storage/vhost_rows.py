@@ -3,7 +3,8 @@
 A row per vhost in the side table ``vhosts`` (``broker.storage.definition_tables.VHOSTS``:
 RabbitMQ's ``vhost`` record -- name, description, tags, default queue type, metadata). A data
 directory without the table -- a new one, or one written before there were vhosts -- gets it
-with "/" alone, so everything already stored (all of it "/"'s) stays where it was. Deleting a
+with "/" alone, so everything already stored (all of it "/"'s) stays where it was (a new
+directory's "/" is replaced by ``--default-vhost`` at its first start: broker.runtime.durability). Deleting a
 vhost deletes its row and every row of every table that names it (its exchanges, queues,
 bindings, permissions, topic permissions, policies, parameters), in one transaction: what
 rabbit_vhost:delete takes away.

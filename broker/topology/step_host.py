@@ -187,7 +187,7 @@ class StepHost:
             return self.now
         return self._timers.next_deadline()
 
-    def tick(self, now: float) -> TickOutcome:
+    def tick(self, now: float, *, refill: bool = True) -> TickOutcome:
         """The runtime's timer: expire messages, release held ones, delete unused x-expires queues.
 
         Expired messages are dead-lettered or dropped (``on_drop`` already called). Returns the
@@ -195,10 +195,13 @@ class StepHost:
 
         One step (module docstring): a slice of the graveyard, and at most ``expire_slice``
         messages expired or released (each due queue counts one too); a queue still due when
-        the budget is spent is ticked again at once.
+        the budget is spent is ticked again at once. ``refill=False``: the graveyard's budget is
+        shared and its owner refilled it (``broker.topology.vhosts``: one slice a tick, however
+        many vhosts tick).
         """
         self.advance(now)
-        self.sliced.refill(REAP)
+        if refill:
+            self.sliced.refill(REAP)
         self._dead_letter_budget = self.dead_letter_slice
         self._reap()
         # Dead letters still to route come first; no more expire until they have gone.

@@ -179,20 +179,21 @@ class VirtualHosts:
         return woken
 
     def tick(self, now: float) -> TickOutcome:
-        """Each vhost's timer step (StepHost.tick), the outcomes joined."""
-        self.now = max(self.now, now)
+        """Each vhost's timer step (StepHost.tick), the outcomes joined; the graveyard they
+        share gets one slice for the tick, not one per vhost."""
+        self.advance(now)  # each vhost's clock and budgets: none refills the graveyard's after
+        self.sliced.refill(REAP)
         notify: list[QueueConsumer] = []
         deleted: list[str] = []
         cancelled: list[QueueConsumer] = []
         dead_lettered = 0
         for vhost in list(self.by_name.values()):
-            outcome = vhost.tick(now)
+            outcome = vhost.tick(now, refill=False)
             notify += outcome.notify
             deleted += outcome.deleted_queues
             cancelled += outcome.cancelled
             dead_lettered += outcome.dead_lettered
         if not self.by_name and self.sliced:  # no vhost left: the shared line still runs
-            self.sliced.refill(REAP)
             self.sliced.run(REAP)
         return TickOutcome(notify, deleted, cancelled, dead_lettered)
 

@@ -33,7 +33,7 @@ def user_item(ctx: Context, name: str) -> dict[str, Any]:
     stored = ctx.users.stored[name]
     return {"name": name, "password_hash": stored,
             "hashing_algorithm": algorithm_of(stored) or SHA256,
-            "tags": ctx.users.tags_of(name), "limits": {}}
+            "tags": ctx.users.tags_of(name), "limits": dict(ctx.users.limits.get(name, {}))}
 
 
 class Users(Resource):

@@ -245,6 +245,28 @@ def test_publishers_to_other_queues_keep_their_credit_while_one_queue_is_behind(
     assert h.d.credit_withheld() == {(W0, 1): 1}
 
 
+def test_a_queue_of_the_same_name_in_another_vhost_holds_back_nobody(h: Harness) -> None:
+    """Credit flow knows a queue by its vhost and name: while the supervisor is behind on "q"
+    of vhost a, a publisher to "q" of vhost b keeps its credit."""
+    for name in ("a", "b"):
+        h.d.add_vhost(name)
+    h.send(W0, r.ConnOpen(1, "guest", "a"))
+    h.send(W0, r.ConnOpen(2, "guest", "b"))
+    h.send(W1, r.ConnOpen(7, "guest", "a"))
+    h.declare("q", conn=1)
+    h.declare("q", conn=2)
+    h.consume("q", cid=1, interested=False)  # W1's connection 7: vhost a
+    for _ in range(FLOW_BACKLOG):
+        h.publish("q", conn=1)
+    h.send(W1, r.Interest(1, True))
+    for _ in range(CREDIT_CHUNK):
+        h.publish("q", conn=2)
+    h.d.end_batch()
+    assert h.d.behind
+    assert h.credit(W0) == {2: CREDIT_CHUNK}  # a's publisher waits, b's does not
+    assert h.d.credit_withheld() == {(W0, 1): 1}
+
+
 def test_a_connection_that_fed_the_waited_on_queue_through_an_exchange_is_held(
         h: Harness) -> None:
     """What a connection's publishes reached is routed as its publishes were: through a

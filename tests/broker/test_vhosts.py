@@ -10,8 +10,10 @@ import pytest
 
 from broker.messages.message import FullMessage
 from broker.messages.message_journal import MessageJournal, queue_key, split_key
+from broker.queues.graveyard import REAP
 from broker.storage.definition_store import DefinitionStore
 from broker.topology.definitions import QueueDef
+from broker.topology.vhosts import VirtualHosts
 from ipc import records as r
 from tests.broker.dispatch_harness import W0, W1, Harness
 
@@ -108,3 +110,25 @@ def test_the_store_keeps_vhosts_and_deletes_everything_of_one(tmp_path: Path) ->
         assert store.delete_vhost("a") is False
     finally:
         store.close()
+
+
+def test_one_tick_does_one_graveyard_slice_however_many_vhosts() -> None:
+    """The vhosts share the graveyard's line and its budget (docs/design.md, Bounded step): a
+    timer tick refills it once, not once per vhost."""
+    vhosts = VirtualHosts(None)
+    for name in ("/", "a", "b"):
+        vhosts.add(name)
+    vhosts.sliced.slices[REAP] = 10
+    done: list[int] = []
+
+    def job(n: int) -> int:
+        done.append(n)
+        return n  # never finished: it takes whatever a step allows
+
+    vhosts.get("a").defer(job)  # type: ignore[union-attr]
+    done.clear()  # what the defer itself ran, in the step under way
+    vhosts.tick(1.0)
+    assert sum(done) == 10
+    vhosts.tick(2.0)
+    assert sum(done) == 20
+

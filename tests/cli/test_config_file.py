@@ -33,7 +33,10 @@ def _refused(text: str, options: set[str] = SERVE_OPTIONS) -> ConfigFileError:
     ("default_user = alice\ndefault_pass = pw", {"users": {"alice": "pw"}}),
     ("default_pass = pw", {"users": {"guest": "pw"}}),
     ("default_user = alice", {"users": {"alice": "guest"}}),
-    ("default_vhost = /", {}),
+    ("default_vhost = /", {"default_vhost": "/"}),
+    ("default_vhost = app", {"default_vhost": "app"}),
+    ("default_permissions.read = ^amq\\.\ndefault_permissions.configure = ^$",
+     {"default_permissions": ("^$", ".*", "^amq\\.")}),
     ("loopback_users = none", {"loopback_users": frozenset()}),
     ("loopback_users.guest = false", {"loopback_users": frozenset()}),
     ("loopback_users.admin = true", {"loopback_users": frozenset({"admin"})}),
@@ -85,7 +88,6 @@ def test_comments_blank_lines_and_spacing() -> None:
     ("listeners.tcp.default = ::1:5672", 1, "listeners.tcp.default", "IPv4 only"),
     ("listeners.tcp.default = localhost:5672", 1, "listeners.tcp.default", "not an IP address"),
     ("listeners.tcp.default = 99999", 1, "listeners.tcp.default", "over 65535"),
-    ("default_vhost = /prod", 1, "default_vhost", "one virtual host"),
     ("default_user = a:b", 1, "default_user", "cannot hold ':'"),
     ("loopback_users = all", 1, "loopback_users", "expected none"),
     ("loopback_users.guest = yes", 1, "loopback_users.guest", "expected true or false"),
@@ -261,3 +263,24 @@ def test_a_password_in_a_file_others_may_read_gets_a_warning(
     assert code == 0
     assert "holds default_pass and is readable by other users" in output
     assert "s3cret" not in output
+
+
+def test_default_vhost_sets_serves_default_vhost(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """default_vhost = app becomes `shoal serve --default-vhost app`; an empty name is refused."""
+    code, output, seen = _serve(tmp_path, monkeypatch, "default_vhost = app\n")
+    assert code == 0, output
+    assert seen["default_vhost"] == "app"
+    code, output, _ = _serve(tmp_path, monkeypatch, "", "--default-vhost", "")
+    assert code == 2 and "non-empty name" in output
+
+
+def test_default_permissions_set_serves_default_permissions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """default_permissions.* (each .* unless given) become --default-permissions; a key that is
+    no regular expression stops the start with FILE:LINE: key."""
+    code, output, seen = _serve(tmp_path, monkeypatch, "default_permissions.write = ^w\n")
+    assert code == 0, output
+    assert seen["default_permissions"] == (".*", "^w", ".*")
+    code, output, _ = _serve(tmp_path, monkeypatch, "heartbeat = 5\ndefault_permissions.read = (\n")
+    assert code == 1 and ":2: default_permissions: " in output and "not a regular expression" in output

@@ -14,6 +14,7 @@ import pytest
 from perf.brokers import free_port
 from tests.integration.harness import HOST, REPO_ROOT, Broker, finish, serve_command
 from tests.integration.test_client_behaviour import _non_loopback_address
+from tests.integration.test_vhosts import open_refused
 
 
 def _config(tmp_path: Path, text: str) -> Path:
@@ -80,5 +81,52 @@ def test_loopback_users_from_the_file_reach_the_workers(tmp_path: Path) -> None:
         assert "ACCESS_REFUSED - Login was refused using authentication mechanism PLAIN. For " \
             "details see the broker logfile." in str(refused.value), str(refused.value)
         broker.connect(credentials=pika.PlainCredentials("alice", "secret-1"))
+    finally:
+        finish(broker)
+
+
+def test_default_vhost_is_the_vhost_a_new_data_directory_starts_with(tmp_path: Path) -> None:
+    """default_vhost = app: a new node makes "app" (not "/") and gives the default user full
+    permissions there; a restart keeps the vhosts the data directory has (rabbit_vhost)."""
+    conf = _config(tmp_path, "default_vhost = app\n")
+    broker = Broker(tmp_path / "broker", 1, extra_args=["--config", str(conf)])
+    try:
+        channel = broker.connect(virtual_host="app").channel()
+        channel.queue_declare("kept", durable=True)
+        channel.basic_publish("", "kept", b"in app", pika.BasicProperties(delivery_mode=2))
+        assert open_refused(broker, "/") == (530, "NOT_ALLOWED - vhost / not found")
+        broker.stop()
+        broker = Broker(tmp_path / "broker", 1)  # no config now: the directory keeps "app"
+        method, _, body = broker.connect(virtual_host="app").channel().basic_get("kept")
+        assert method is not None and body == b"in app"
+        assert open_refused(broker, "/") == (530, "NOT_ALLOWED - vhost / not found")
+    finally:
+        finish(broker)
+
+
+def test_default_vhost_does_not_change_an_initialised_data_directory(tmp_path: Path) -> None:
+    """default_vhost matters at the first start only: a data directory made with "/" keeps it,
+    and no vhost of the file's name is added later."""
+    Broker(tmp_path / "broker", 1).stop()
+    conf = _config(tmp_path, "default_vhost = later\n")
+    broker = Broker(tmp_path / "broker", 1, extra_args=["--config", str(conf)])
+    try:
+        broker.connect(virtual_host="/").channel().queue_declare("", exclusive=True)
+        assert open_refused(broker, "later") == (530, "NOT_ALLOWED - vhost later not found")
+    finally:
+        finish(broker)
+
+
+def test_default_permissions_are_what_the_default_user_gets(tmp_path: Path) -> None:
+    """default_permissions.configure = ^mine\\. : guest may declare mine.q in the default vhost,
+    and is refused other names (403 ACCESS_REFUSED), as RabbitMQ's default user would be."""
+    conf = _config(tmp_path, "default_vhost = app\ndefault_permissions.configure = ^mine\\.\n")
+    broker = Broker(tmp_path / "broker", 1, extra_args=["--config", str(conf)])
+    try:
+        channel = broker.connect(virtual_host="app").channel()
+        channel.queue_declare("mine.q")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            channel.queue_declare("theirs")
+        assert refused.value.reply_code == 403
     finally:
         finish(broker)

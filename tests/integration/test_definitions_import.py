@@ -145,3 +145,31 @@ def test_a_malformed_file_stops_the_start_with_one_line(tmp_path: Path, text: st
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"cannot start: --load-definitions {path}: ")
     assert not (tmp_path / "data").exists()
+
+
+def test_load_definitions_at_start_without_slash(tmp_path: Path) -> None:
+    """--load-definitions on a broker without "/" (--default-vhost app): each object goes into
+    the vhost it names, a vhost not there is added first, and "/" is not made."""
+    body = {"vhosts": [{"name": "app"}, {"name": "extra"}],
+            "permissions": [{"user": "guest", "vhost": "extra", "configure": ".*",
+                             "write": ".*", "read": ".*"}],
+            "queues": [{"name": "in-app", "vhost": "app", "durable": True},
+                       {"name": "in-extra", "vhost": "extra", "durable": True}],
+            "exchanges": [{"name": "x-extra", "vhost": "extra", "type": "fanout"}],
+            "bindings": [{"source": "x-extra", "vhost": "extra", "destination": "in-extra",
+                          "destination_type": "queue", "routing_key": ""}]}
+    path = tmp_path / "defs.json"
+    path.write_text(json.dumps(body))
+    broker = Broker(tmp_path / "broker", 1, extra_args=[
+        "--default-vhost", "app", "--load-definitions", str(path)])
+    try:
+        broker.connect(virtual_host="app").channel().queue_declare("in-app", passive=True)
+        extra = broker.connect(virtual_host="extra").channel()
+        extra.basic_publish("x-extra", "", b"routed in extra")
+        method, _, message = extra.basic_get("in-extra", auto_ack=True)
+        assert method is not None and message == b"routed in extra"
+        vhosts = json.loads(ctl(broker, "--formatter", "json", "list_vhosts").stdout)
+        assert sorted(v["name"] for v in vhosts) == ["app", "extra"]
+        assert "0 skipped" in broker.log_tail()
+    finally:
+        finish(broker)

@@ -260,6 +260,28 @@ def test_the_management_api_reads_and_changes_limits(managed: tuple[Broker, int]
     assert http.get("/api/user-limits") == []
 
 
+def test_get_api_users_shows_each_users_limits(managed: tuple[Broker, int]) -> None:
+    """rabbit_mgmt_format:internal_user: GET /api/users and /api/users/NAME carry the user's
+    ``limits`` (``{}`` when none is set), as they change."""
+    broker, port = managed
+    http = HTTP(port)
+    control(broker, command="put_user", name="lim", password="pw")
+    control(broker, command="set_user_limits", user="lim",
+            limits={"max-channels": 5, "max-connections": 2})
+
+    def limits_of(name: str) -> Any:
+        return next(u for u in http.get("/api/users") if u["name"] == name)["limits"]
+
+    wanted = {"max-channels": 5, "max-connections": 2}
+    wait_until(lambda: limits_of("lim") == wanted, 10.0, "lim's limits in /api/users")
+    assert http.get("/api/users/lim")["limits"] == wanted
+    assert limits_of("guest") == {}
+    control(broker, command="clear_user_limits", user="lim", name="max-channels")
+    wait_until(lambda: limits_of("lim") == {"max-connections": 2}, 10.0, "one limit cleared")
+    control(broker, command="clear_user_limits", user="lim", name="all")
+    wait_until(lambda: http.get("/api/users/lim")["limits"] == {}, 10.0, "all cleared")
+
+
 def test_definitions_round_trip_with_limits(managed: tuple[Broker, int], tmp_path: Any) -> None:
     """Exported as RabbitMQ 3.10 exports them (the user's ``limits``, a ``vhost-limits``
     parameter), imported back through the management API and shoal ctl."""

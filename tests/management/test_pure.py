@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import base64
+import json
+import os
 
 import pytest
 
 from broker.passwords import hash_password
 from management import listing, shapes
 from management.auth import Users, parse_basic
+from management.process import read_users
 from management.stats import Sample, rate
 
 ITEMS = [{"name": f"q{i:02}", "messages": i % 3, "stats": {"rate": float(i)}} for i in range(25)]
@@ -132,3 +135,25 @@ def test_channels_are_the_workers_open_channels_merged_with_the_supervisors_book
     assert nine["number"] == 9 and nine["messages_unacknowledged"] == 1
     assert one["connection_details"] == {"name": c["name"], "peer_host": "127.0.0.1",
                                          "peer_port": 5000}
+
+
+def test_users_limits_come_whole_and_go_with_their_user() -> None:
+    """The supervisor sends the users' limits as one table (broker.runtime.management_child);
+    a deleted user's limits go with it."""
+    users = Users({"ann": "x", "bob": "y"}, limits={"ann": {"max-channels": 1}})
+    assert users.limits == {"ann": {"max-channels": 1}}
+    users.apply({"user_limits": {"bob": {"max-connections": 2}}})
+    assert users.limits == {"bob": {"max-connections": 2}}
+    users.apply({"users": {}, "removed": ["bob"], "tags": {}})
+    assert users.limits == {}
+
+
+def test_the_users_pipe_carries_limits() -> None:
+    """``[users, tags, user_limits]``; an older supervisor's ``[users, tags]`` has no limits."""
+    for payload, limits in (([{"a": "h"}, {"a": ["x"]}, {"a": {"max-channels": 3}}],
+                             {"a": {"max-channels": 3}}),
+                            ([{"a": "h"}, {"a": ["x"]}], {})):
+        r, w = os.pipe()
+        os.write(w, json.dumps(payload).encode())
+        os.close(w)
+        assert read_users(r) == ({"a": "h"}, {"a": ["x"]}, limits)
