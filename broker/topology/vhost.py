@@ -49,7 +49,8 @@ from broker.queues.sliced_work import SlicedWork
 from broker.topology.binding_index import BindingIndex
 from broker.topology.bindings import DEFAULT_EXCHANGE_REFUSED, BindingHost
 from broker.topology.definitions import TopologyJournal
-from broker.topology.exchange import Exchange, ExchangeDestination, check_exchange_type
+from broker.topology.exchange import Exchange, ExchangeDestination
+from broker.topology.exchange_types import check_exchange_type
 from broker.topology.exclusive_queues import ExclusiveQueues
 from broker.topology.policies import (
     Policy,

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from broker.errors import CommandInvalid, PreconditionFailed
-from broker.topology.exchange import Exchange, _HeadersMatcher, topic_words
+from broker.topology.exchange import Exchange
+from broker.topology.exchange_types import _HeadersMatcher, topic_words
 
 
 def _topic(*patterns: str) -> Exchange:
