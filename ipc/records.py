@@ -1,4 +1,5 @@
-"""Every record that crosses a process boundary, in one schema module.
+"""Every record that crosses a process boundary, in one schema module (the rows inside
+``ConnectionsListed`` are :mod:`ipc.connection_rows`').
 
 Records travel as msgpack (array-like, tagged) in the per-worker rings:
 
@@ -21,6 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+
+from ipc.connection_rows import ChannelInfo as ChannelInfo  # re-exported: r.ChannelInfo
+from ipc.connection_rows import ConnectionInfo
 
 
 class _Record(msgspec.Struct, frozen=True, array_like=True, tag_field="t", tag=True):
@@ -264,37 +268,6 @@ class PagedOut(_Record, frozen=True, tag="pagedout"):
     (arena offset, segment, offset of the frame in it); segment -1 where the write failed."""
 
     written: list[tuple[int, int, int]]
-
-
-class ChannelInfo(msgspec.Struct, frozen=True, array_like=True):
-    """One open channel of a listed connection, as its worker knows it (the management API's
-    /api/channels: every open channel, not only those the supervisor keeps books for)."""
-
-    number: int
-    prefetch: int  # basic.qos global=false (RabbitMQ's prefetch_count)
-    global_prefetch: int  # basic.qos global=true (global_prefetch_count)
-    confirm: bool
-    tx: bool
-    consumers: int
-    unacked: int
-
-
-class ConnectionInfo(msgspec.Struct, frozen=True, array_like=True):
-    """One client connection as ``shoal list-connections`` shows it (rabbitmqctl's columns)."""
-
-    conn: int
-    peer: str  # the client's host:port
-    user: str
-    vhost: str
-    state: str  # running, flow, blocking, blocked, closing (RabbitMQ's names)
-    channels: int
-    client: str  # client_properties["product"], when the client says
-    recv_oct: int
-    send_oct: int
-    connected_at: float  # wall clock, seconds since the epoch
-    # connection.start-ok's client-properties, JSON-able (bytes decoded, nested tables kept)
-    client_properties: dict[str, Any] = {}
-    open_channels: list[ChannelInfo] = []
 
 
 class ConnectionsListed(_Record, frozen=True, tag="conns"):
