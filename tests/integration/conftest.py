@@ -20,12 +20,12 @@ from tests.integration.harness import (
     CALL_FAILED,
     DEFAULT_DEADLINE,
     Broker,
-    Names,
     deadline,
     finish,
     show_log_if_failed,
     start_broker,
 )
+from tests.integration.pika_helpers import Names
 
 # Deadlines this long belong to the big-body, paging, persistence and bounded-step tests: minutes each.
 SLOW_DEADLINE = 180.0

@@ -8,7 +8,8 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from tests.integration.harness import Names, drain_with_get, ready_count, wait_until
+from tests.integration.harness import wait_until
+from tests.integration.pika_helpers import Names, drain_with_get, ready_count
 
 
 def _bodies(channel: Any, queue: str) -> list[bytes]:

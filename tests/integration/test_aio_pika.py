@@ -13,7 +13,8 @@ import aio_pika.exceptions
 import aiormq
 import pytest
 
-from tests.integration.harness import Broker, Names, worker_of
+from tests.integration.harness import Broker, worker_of
+from tests.integration.pika_helpers import Names
 
 T = TypeVar("T")
 SCENARIO_TIMEOUT = 60.0

@@ -15,12 +15,8 @@ import pytest
 from pamqp import body as pamqp_body
 from pamqp import commands
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    shm_segments,
-    wait_until,
-)
+from tests.integration.harness import Broker, shm_segments, wait_until
+from tests.integration.pika_helpers import Names
 from tests.integration.rawclient import RawClient, publish_frames
 
 MiB = 1 << 20

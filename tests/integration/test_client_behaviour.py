@@ -18,15 +18,8 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    finish,
-    pump_until,
-    ready_count,
-    start_broker,
-    wait_until,
-)
+from tests.integration.harness import Broker, finish, start_broker, wait_until
+from tests.integration.pika_helpers import Names, pump_until, ready_count
 from tests.integration.rawclient import RawClient, method_frame, publish_frames
 
 SCENARIO_TIMEOUT = 30.0

@@ -13,7 +13,8 @@ import pika.exceptions
 import pytest
 from pamqp import commands, frame, header
 
-from tests.integration.harness import Broker, Names, pump, pump_until
+from tests.integration.harness import Broker
+from tests.integration.pika_helpers import Names, pump, pump_until
 
 
 def test_exclusive_consumer_conflict_is_403(shared_broker: Broker, names: Names) -> None:

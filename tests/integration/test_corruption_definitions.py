@@ -25,12 +25,12 @@ from tests.integration.harness import (
     Broker,
     finish,
     kill_whole_broker,
-    queue_exists,
     serve_command,
     shm_segments,
     start_broker,
     wait_until,
 )
+from tests.integration.pika_helpers import queue_exists
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 MESSAGES = 200

@@ -13,7 +13,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.integration.harness import Broker, drain_with_get, finish, start_broker
+from tests.integration.harness import Broker, finish, start_broker
+from tests.integration.pika_helpers import drain_with_get
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 FIRST, SECOND = 300, 100  # messages published in the first run, and in the second

@@ -9,16 +9,8 @@ import pika
 import pika.spec
 import pytest
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    drain_with_get,
-    pump,
-    pump_until,
-    ready_count,
-    wait_until,
-    worker_of,
-)
+from tests.integration.harness import Broker, wait_until, worker_of
+from tests.integration.pika_helpers import Names, drain_with_get, pump, pump_until, ready_count
 
 OnMessage = Callable[[object, pika.spec.Basic.Deliver, pika.spec.BasicProperties, bytes], None]
 

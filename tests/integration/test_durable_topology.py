@@ -13,14 +13,13 @@ from tests.integration.harness import (
     HOST,
     REPO_ROOT,
     Broker,
-    drain_with_get,
     finish,
     kill_whole_broker,
-    queue_exists,
     serve_command,
     shm_segments,
     start_broker,
 )
+from tests.integration.pika_helpers import drain_with_get, queue_exists
 
 
 def exchange_exists(connection: pika.BlockingConnection, name: str) -> bool:

@@ -6,15 +6,14 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.harness import (
-    Broker,
+from tests.integration.harness import Broker, wait_until
+from tests.integration.pika_helpers import (
     Names,
     channel_close_code,
     passive_declare_code,
     pump,
     queue_exists,
     ready_count,
-    wait_until,
 )
 
 

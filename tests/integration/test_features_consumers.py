@@ -9,13 +9,8 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    pump,
-    pump_until,
-    ready_count,
-)
+from tests.integration.harness import Broker
+from tests.integration.pika_helpers import Names, pump, pump_until, ready_count
 
 # The seed's hold header (Qpid Broker-J): Unix time in milliseconds before which the message is
 # not delivered, honoured by queues declared with holdOnPublishEnabled=true.

@@ -10,14 +10,8 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    pump,
-    pump_until,
-    ready_count,
-    wait_until,
-)
+from tests.integration.harness import Broker, wait_until
+from tests.integration.pika_helpers import Names, pump, pump_until, ready_count
 from tests.integration.queue_helpers import (
     _assert_death,
     _bodies,

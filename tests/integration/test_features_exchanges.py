@@ -8,14 +8,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    channel_close_code,
-    pump,
-    ready_count,
-    wait_until,
-)
+from tests.integration.harness import Broker, wait_until
+from tests.integration.pika_helpers import Names, channel_close_code, pump, ready_count
 from tests.integration.queue_helpers import _bodies, _queues
 
 

@@ -16,17 +16,8 @@ from pamqp import commands
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    channel_close_code,
-    finish,
-    pump,
-    pump_until,
-    ready_count,
-    start_broker,
-    wait_until,
-)
+from tests.integration.harness import Broker, finish, start_broker, wait_until
+from tests.integration.pika_helpers import Names, channel_close_code, pump, pump_until, ready_count
 from tests.integration.rawclient import RawClient, publish_frames
 
 MAX_MESSAGE_SIZE = 1000

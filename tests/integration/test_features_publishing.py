@@ -9,15 +9,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    channel_close_code,
-    pump,
-    pump_until,
-    ready_count,
-    wait_until,
-)
+from tests.integration.harness import Broker, wait_until
+from tests.integration.pika_helpers import Names, channel_close_code, pump, pump_until, ready_count
 
 REPLY_TO = "amq.rabbitmq.reply-to"
 

@@ -13,15 +13,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    pump,
-    pump_until,
-    queue_exists,
-    ready_count,
-    wait_until,
-)
+from tests.integration.harness import Broker, wait_until
+from tests.integration.pika_helpers import Names, pump, pump_until, queue_exists, ready_count
 from tests.integration.queue_helpers import (
     _assert_death,
     _bodies,

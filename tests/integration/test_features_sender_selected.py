@@ -10,14 +10,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    channel_close_code,
-    pump_until,
-    ready_count,
-    wait_until,
-)
+from tests.integration.harness import Broker, wait_until
+from tests.integration.pika_helpers import Names, channel_close_code, pump_until, ready_count
 from tests.integration.queue_helpers import _bodies, _queues
 
 # --------------------------------------------------------------------------- sender-selected distribution

@@ -49,7 +49,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from tests.integration.harness import HOST, Broker, queue_exists, wait_until
+from tests.integration.harness import HOST, Broker, wait_until
+from tests.integration.pika_helpers import queue_exists
 from tests.integration.rawclient import (
     ERROR_CLOSE_CODES,
     HEARTBEAT_FRAME,

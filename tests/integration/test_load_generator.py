@@ -13,7 +13,8 @@ import pytest
 
 from perf import cgen
 from perf.wire import MAGIC, PAYLOAD
-from tests.integration.harness import Broker, Names
+from tests.integration.harness import Broker
+from tests.integration.pika_helpers import Names
 
 PER_QUEUE = 300
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.integration.harness import finish, ready_count, start_broker, wait_until
+from tests.integration.harness import finish, start_broker, wait_until
+from tests.integration.pika_helpers import ready_count
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pika
 import pytest
 
-from tests.integration.harness import Broker, drain_with_get, finish, kill_whole_broker, start_broker
+from tests.integration.harness import Broker, finish, kill_whole_broker, start_broker
+from tests.integration.pika_helpers import drain_with_get
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 TRANSIENT = pika.BasicProperties(delivery_mode=1)

@@ -10,7 +10,8 @@ import time
 import pika
 import pytest
 
-from tests.integration.harness import Broker, Names, pump, ready_count
+from tests.integration.harness import Broker
+from tests.integration.pika_helpers import Names, pump, ready_count
 
 TOTAL = 3000
 PREFETCH = 10

@@ -11,19 +11,8 @@ import pika.exceptions
 import psutil
 import pytest
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    drain_with_get,
-    finish,
-    passive_declare_code,
-    pump_until,
-    ready_count,
-    shm_segments,
-    start_broker,
-    wait_gone,
-    wait_until,
-)
+from tests.integration.harness import Broker, finish, shm_segments, start_broker, wait_gone, wait_until
+from tests.integration.pika_helpers import Names, drain_with_get, passive_declare_code, pump_until, ready_count
 
 
 @pytest.mark.deadline(180)

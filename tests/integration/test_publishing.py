@@ -12,13 +12,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.integration.harness import (
-    Broker,
-    Names,
-    drain_with_get,
-    pump_until,
-    ready_count,
-)
+from tests.integration.harness import Broker
+from tests.integration.pika_helpers import Names, drain_with_get, pump_until, ready_count
 
 
 def _declare_bound_queue(channel, queue: str, exchange: str, routing_key: str = "", arguments=None) -> str:
