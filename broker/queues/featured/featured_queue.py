@@ -63,12 +63,9 @@ from broker.queues.featured.held_messages import HeldMessages, due_time
 from broker.queues.featured.length_limit import length_limit, pop_head
 from broker.queues.featured.message_expiry import MessageExpiry
 from broker.queues.featured.message_groups import HeapItem, Owner, Ungrouped, message_groups
+from broker.queues.featured.priorities import heap_key
 from broker.queues.featured.zero_ttl import ZeroTtlRound, can_take_at_once
-from broker.queues.fifo_entries import FifoEntries
 from broker.queues.queue import Queue, QueueEntry
-
-_PRIORITY_SHIFT = 48  # positions stay below 2**48
-
 
 
 class FeaturedQueue(Queue):
@@ -97,25 +94,6 @@ class FeaturedQueue(Queue):
         self._zero = ZeroTtlRound()
         self._count = 0
         self._bytes = 0
-
-    def adopt_plain_entries(self) -> None:
-        """Take over a plain queue's entries after its class was switched to this one.
-
-        broker.queues.featured.queue_kinds.upgrade: the first message with a per-message
-        ``expiration`` turns a plain queue into this kind. Positions, redelivered flags and acquired
-        entries carry over.
-        """
-        available = Queue.available_entries(self)
-        for entry in available:  # a plain queue draws ids at delivery; this kind at enqueue
-            if not entry.id:
-                entry.id = new_entry_id()
-        self._fifo = FifoEntries(self, QueueEntry)
-        self._init_storage(self.settings)
-        self._order = ArrivalOrder(available + list(self._acquired.values()))
-        for entry in available:
-            self._count += 1
-            self._bytes += entry.message.body_size
-            self._insert(entry)
 
     def change_settings(self, settings: QueueSettings) -> None:
         """Queue.change_settings, and the storage's share: the new length limit applies at once
@@ -481,16 +459,10 @@ class FeaturedQueue(Queue):
             notify.append(consumer)
         return notify
 
-    def _key(self, entry: QueueEntry) -> int:
-        if self._max_priority is None:
-            return entry.position
-        priority = min(entry.message.priority or 0, self._max_priority)
-        return ((self._max_priority - priority) << _PRIORITY_SHIFT) | entry.position
-
     def _insert(self, entry: QueueEntry) -> None:
         """Make an entry available: into its owned group's parked heap, else into _ready."""
         entry.state = AVAILABLE
-        item = (self._key(entry), entry)
+        item = (heap_key(entry, self._max_priority), entry)
         if not self._groups.park(entry, item):
             heapq.heappush(self._ready, item)
 

@@ -24,8 +24,11 @@ from typing import Any
 
 from broker.messages.message import Message
 from broker.queues.arguments import PLAIN, QueueSettings, parse_queue_arguments
+from broker.queues.entry_state import new_entry_id
+from broker.queues.featured.arrival_order import ArrivalOrder
 from broker.queues.featured.featured_queue import FeaturedQueue
-from broker.queues.queue import Queue
+from broker.queues.fifo_entries import FifoEntries
+from broker.queues.queue import Queue, QueueEntry
 from broker.queues.queue_host import QueueHost
 
 
@@ -71,5 +74,21 @@ def upgrade(queue: Queue) -> Queue:
     # modes are held objects (broker.queues.consumer_modes), so the switch is always to FeaturedQueue.
     queue.__class__ = FeaturedQueue
     assert isinstance(queue, FeaturedQueue)
-    queue.adopt_plain_entries()
+    _adopt_plain_entries(queue)
     return queue
+
+
+def _adopt_plain_entries(queue: FeaturedQueue) -> None:
+    """The switched queue takes over its plain entries: positions, redelivered flags and
+    acquired entries carry over; the available ones go into featured storage."""
+    available = Queue.available_entries(queue)
+    for entry in available:  # a plain queue draws ids at delivery; featured storage at enqueue
+        if not entry.id:
+            entry.id = new_entry_id()
+    queue._fifo = FifoEntries(queue, QueueEntry)
+    queue._init_storage(queue.settings)
+    queue._order = ArrivalOrder(available + list(queue._acquired.values()))
+    for entry in available:
+        queue._count += 1
+        queue._bytes += entry.message.body_size
+        queue._insert(entry)
