@@ -26,7 +26,7 @@ from broker.queues.consumer_manager import QueueConsumer, QueueConsumerManager
 
 
 class Browsable(Protocol):
-    """What browsing reads of an entry (broker.queues.queue.QueueEntry), and the id it draws."""
+    """What browsing reads of an entry (broker.queues.queue_entry.QueueEntry), and the id it draws."""
 
     id: int
     position: int

@@ -20,7 +20,7 @@ What a log slot holds (S8, and Durability's ten million queued messages). An ent
 waits needs no object of its own, so a slot holds the least that says what it is:
 
 * the :class:`~broker.messages.message.Message` itself, from enqueue on. The
-  :class:`~broker.queues.queue.QueueEntry` -- id, position, state -- is made when the entry is
+  :class:`~broker.queues.queue_entry.QueueEntry` -- id, position, state -- is made when the entry is
   handed out (:meth:`FifoEntries.take`, browsing) or needs a state while it waits (browsed,
   restored redelivered); then the slot holds the entry;
 * only the message's body handle, for a message that nothing but this queue holds and whose
@@ -70,7 +70,7 @@ _SWEEP_EVERY = 4096
 
 
 class Entry(Protocol):
-    """What this module reads and sets of an entry (broker.queues.queue.QueueEntry)."""
+    """What this module reads and sets of an entry (broker.queues.queue_entry.QueueEntry)."""
 
     id: int
     position: int
@@ -84,7 +84,7 @@ _Entry = TypeVar("_Entry", bound=Entry)
 class FifoEntries(Generic[_Entry]):
     """The available entries of a plain queue, in the order acquiring consumers take them.
 
-    ``new_entry(queue, position, message)`` makes an entry (``broker.queues.queue.QueueEntry``, which
+    ``new_entry(queue, position, message)`` makes an entry (``broker.queues.queue_entry.QueueEntry``, which
     this module does not import: the queue module imports this one)."""
 
     __slots__ = ("base", "codec", "exchange", "head", "hi", "lo", "log", "new_entry", "queue",

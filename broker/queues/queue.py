@@ -48,35 +48,8 @@ from broker.queues.consumer_modes import ExpiresWhenUnused, SingleActiveConsumer
 from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED, new_entry_id
 from broker.queues.fifo_entries import FifoEntries
 from broker.queues.message_counts import QueueCounts
+from broker.queues.queue_entry import QueueEntry
 from broker.queues.queue_host import QueueHost, StandaloneHost
-
-
-class QueueEntry:
-    """One message on one queue (Qpid: QueueEntry).
-
-    ``id`` is the runtime's handle for the entry, unique in the process
-    (:func:`new_entry_id`). A plain queue makes the entry only when it is
-    first handed out (acquired or browsed) or needs a state (released, restored redelivered):
-    until then its log holds the message alone, or just its body handle
-    (:mod:`broker.queues.fifo_entries`), and draws the id at that moment. Queues with arguments,
-    whose bookkeeping is keyed by id, make the entry and draw its id at enqueue.
-    """
-
-    __slots__ = ("id", "message", "position", "queue", "redelivered", "state")
-
-    def __init__(self, queue: Queue, position: int, message: Message, entry_id: int = 0) -> None:
-        self.id = entry_id
-        self.position = position
-        self.message = message
-        self.redelivered = False
-        self.state = AVAILABLE
-        self.queue = queue
-
-    def __repr__(self) -> str:
-        return (
-            f"QueueEntry(id={self.id}, position={self.position}, state={self.state.name}, "
-            f"redelivered={self.redelivered})"
-        )
 
 
 class Queue:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 from ipc import records as r
 from tracing import TraceWriter, names
 

@@ -24,7 +24,8 @@ from typing import Any
 from broker.messages.body_ref import arena_block, body_log_at, unpack_body_ref, unpack_paged_ref
 from broker.messages.message import Message, delivered_headers
 from broker.queues.consumer_manager import QueueConsumer
-from broker.queues.queue import Queue, QueueEntry
+from broker.queues.queue import Queue
+from broker.queues.queue_entry import QueueEntry
 from ipc import records as r
 
 ChannelKey = tuple[int, int, int]  # (worker, conn, ch)

@@ -19,7 +19,7 @@ import itertools
 import sys
 
 from broker.queues.consumer_manager import QueueConsumer
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 from broker.queues.sliced_work import SlicedWork
 from broker.runtime.answers import Answers
 from broker.runtime.deliveries import Deliveries

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.messages.message import Message
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 from broker.topology.vhost import VirtualHost
 from tests.broker.support import EPOCH, ME, message
 

@@ -14,7 +14,8 @@ from broker.messages.body_ref import (
 from broker.messages.message import FullMessage, Message, PageableMessage, PlainMessage
 from broker.queues.entry_state import ACQUIRED, PACKED
 from broker.queues.fifo_entries import _SWEEP_EVERY, _SWEEP_LAG
-from broker.queues.queue import Queue, QueueEntry
+from broker.queues.queue import Queue
+from broker.queues.queue_entry import QueueEntry
 from broker.queues.queue_host import StandaloneHost
 from tests.broker.support import attach, consumer
 

@@ -18,7 +18,8 @@ from broker.queues.consumer_manager import (
     QueueConsumer,
     QueueConsumerManager,
 )
-from broker.queues.queue import Queue, QueueEntry
+from broker.queues.queue import Queue
+from broker.queues.queue_entry import QueueEntry
 from tests.broker.support import attach, consumer, message
 
 

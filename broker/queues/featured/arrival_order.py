@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from broker.messages.message import Message
 from broker.queues.entry_state import ACQUIRED, AVAILABLE, DELETED
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 
 # What a browser sees: the queue's contents, acquired-but-unsettled entries included.
 _BROWSABLE = frozenset((AVAILABLE, ACQUIRED))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 
 
 class DeliveryCounts:

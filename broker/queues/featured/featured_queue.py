@@ -65,7 +65,8 @@ from broker.queues.featured.message_expiry import MessageExpiry
 from broker.queues.featured.message_groups import HeapItem, Owner, Ungrouped, message_groups
 from broker.queues.featured.priorities import heap_key
 from broker.queues.featured.zero_ttl import ZeroTtlRound, can_take_at_once
-from broker.queues.queue import Queue, QueueEntry
+from broker.queues.queue import Queue
+from broker.queues.queue_entry import QueueEntry
 
 
 class FeaturedQueue(Queue):

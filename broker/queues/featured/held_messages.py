@@ -14,7 +14,7 @@ from typing import Any
 
 from broker.messages.message import Message
 from broker.queues.arguments import NOT_VALID_BEFORE
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 from broker.queues.queue_host import QueueHost
 
 HeldItem = tuple[float, int, QueueEntry]  # (due, position, entry): due first, FIFO among equals

@@ -16,7 +16,7 @@ from broker.messages.message import Message
 from broker.queues.arguments import DROP_HEAD, QueueSettings
 from broker.queues.featured.held_messages import HeldMessages
 from broker.queues.featured.message_groups import HeapItem, Ungrouped
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 
 
 class LengthLimit:

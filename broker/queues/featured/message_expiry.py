@@ -22,7 +22,7 @@ from typing import Any
 
 from broker.queues.arguments import QueueSettings, parse_expiration
 from broker.queues.featured.message_groups import HeapItem
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 from broker.queues.queue_host import DEAD_LETTER_COST, QueueHost
 
 

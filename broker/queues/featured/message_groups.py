@@ -23,7 +23,7 @@ from broker.messages.field_tables import freeze
 from broker.messages.message import Message
 from broker.queues.arguments import QueueSettings
 from broker.queues.consumer_manager import QueueConsumer
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 
 HeapItem = tuple[int, QueueEntry]
 

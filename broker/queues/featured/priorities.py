@@ -9,7 +9,7 @@ Called from: the supervisor process, by :class:`broker.queues.featured.featured_
 
 from __future__ import annotations
 
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 
 PRIORITY_SHIFT = 48  # positions stay below 2**48
 

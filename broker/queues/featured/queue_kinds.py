@@ -28,7 +28,8 @@ from broker.queues.entry_state import new_entry_id
 from broker.queues.featured.arrival_order import ArrivalOrder
 from broker.queues.featured.featured_queue import FeaturedQueue
 from broker.queues.fifo_entries import FifoEntries
-from broker.queues.queue import Queue, QueueEntry
+from broker.queues.queue import Queue
+from broker.queues.queue_entry import QueueEntry
 from broker.queues.queue_host import QueueHost
 
 

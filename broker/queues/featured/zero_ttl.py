@@ -47,7 +47,7 @@ from collections.abc import Mapping
 
 from broker.queues.consumer_manager import INTERESTED, NOTIFIED, QueueConsumer, QueueConsumerManager
 from broker.queues.featured.message_groups import Ungrouped
-from broker.queues.queue import QueueEntry
+from broker.queues.queue_entry import QueueEntry
 
 # A pending zero-TTL entry whose round of pulls never ends expires this long after its enqueue.
 ZERO_TTL_GRACE = 1.0
