@@ -13,7 +13,7 @@ worker, so it changes nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from pamqp import commands as spec
 
@@ -52,6 +52,14 @@ class PermissionTables:
 
 _QUEUE = "queue"
 _EXCHANGE = "exchange"
+
+# The methods a channel has checked before it asks the supervisor (queue.declare is checked
+# by workers.topology.declare_request, once a server-named queue has its name).
+CHECKED_METHODS: Final = frozenset((
+    spec.Exchange.Declare, spec.Exchange.Delete, spec.Exchange.Bind, spec.Exchange.Unbind,
+    spec.Queue.Bind, spec.Queue.Unbind, spec.Queue.Purge, spec.Queue.Delete, spec.Basic.Get,
+    spec.Basic.Consume,
+))
 
 
 class Access:

@@ -25,7 +25,6 @@ handler to carry out. Consumer credit lives in ``ChannelCredit``
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -39,6 +38,7 @@ from broker.constants import REPLY_TO
 from ipc import records as r
 from tracing import names
 from workers import codec, topology
+from workers.access import CHECKED_METHODS
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.channel_consumers import ChannelConsumers
 from workers.channel_deliveries import next_pull, take_got, take_pulled
@@ -56,6 +56,7 @@ _ACK_IDS: Final = (codec.BASIC_CLASS, codec.BASIC_ACK)
 # What the ack path reads of ipc.records (not compiled): bound once, read as C statics.
 _ACK: Final = r.ACK
 _Settle: Final = r.Settle
+_CHECKED: Final = CHECKED_METHODS  # workers.access (not compiled): bound once as well
 
 
 class Channel:
@@ -204,19 +205,9 @@ class Channel:
         self._request(rec, None if m.nowait else self._topology_ok)
 
     def _queue_declare(self, m: spec.Queue.Declare) -> None:
-        name = m.queue
-        server_named = False
-        access = self.config.access
-        if access is not None:
-            if not name and not m.passive:
-                # RabbitMQ names it before checking configure on that name (rabbit_guid's form)
-                name = "amq.gen-" + secrets.token_urlsafe(16)
-                server_named = True
-            access.check_method(m, name)
-        rec = r.QueueDeclare(
-            self.conn_id, self.number, name, m.passive, m.durable, m.exclusive,
-            m.auto_delete, dict(m.arguments or {}), m.nowait, server_named,
-        )
+        """queue.declare (``workers.topology``); "" waits for the name declare-ok brings."""
+        rec = topology.declare_request(self.conn_id, self.number, m, self.config.access)
+        name = rec.name
         if name:
             self.last_queue = name
         self._request(rec, None if m.nowait else self._declare_ok)
@@ -257,11 +248,7 @@ class Channel:
 
     def _consume(self, m: spec.Basic.Consume) -> None:
         queue = self._queue_name(m.queue, m)
-        target, priority = self.consuming.new(m, queue)
-        rec = r.Consume(
-            self.conn_id, self.number, target.id, target.slot, queue, target.tag, m.no_ack,
-            m.exclusive, priority, target.browse, target.interested, m.nowait,
-        )
+        target, rec = self.consuming.new(m, queue)
         if m.nowait:
             self._request(rec, None)
             self._activate(target)
@@ -567,14 +554,6 @@ class Channel:
         self._expect.clear()
         self._inbox.drop(self._bodies.free)
         self._out = ChannelOutput()
-
-
-# Checked in _dispatch (queue.declare checks in _queue_declare, after naming a server-named one).
-_CHECKED: Final = frozenset((
-    spec.Exchange.Declare, spec.Exchange.Delete, spec.Exchange.Bind, spec.Exchange.Unbind,
-    spec.Queue.Bind, spec.Queue.Unbind, spec.Queue.Purge, spec.Queue.Delete, spec.Basic.Get,
-    spec.Basic.Consume,
-))
 
 
 def _nothing(_: object) -> None:

@@ -49,10 +49,10 @@ class ChannelConsumers:
         """Is ``target`` one of ours (not of an earlier channel with our number)?"""
         return target.pool is self.credit
 
-    def new(self, m: spec.Basic.Consume, queue: str) -> tuple[ConsumerTarget, int]:
+    def new(self, m: spec.Basic.Consume, queue: str) -> tuple[ConsumerTarget, r.Consume]:
         """The consumer basic.consume ``m`` asks for on ``queue``, with the prefetch of the last
-        basic.qos global=false, and its priority (``x-priority``); refused with RabbitMQ's
-        errors and texts."""
+        basic.qos global=false, and its request record (priority: ``x-priority``); refused
+        with RabbitMQ's errors and texts."""
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_urlsafe(16)}"
         if tag in self.by_tag:
             raise errors.NotAllowed(f"attempt to reuse consumer tag '{tag}'", *method_ids(m))
@@ -74,7 +74,10 @@ class ChannelConsumers:
             raise errors.ResourceError("too many consumers on this worker", *method_ids(m))
         self.by_tag[tag] = target
         target.interested = target.credit() > 0
-        return target, priority
+        return target, r.Consume(
+            self._conn_id, self._number, target.id, target.slot, queue, target.tag, m.no_ack,
+            m.exclusive, priority, target.browse, target.interested, m.nowait,
+        )
 
     def activate(self, target: ConsumerTarget, out: ChannelOutput) -> None:
         """Consume-ok is on its way: deliveries may flow."""

@@ -5,17 +5,21 @@ a channel's state but a queue name, which the channel resolves first ("" is the 
 declared, AMQP 0-9-1 §1.7.2.1). ``request`` turns the method into the supervisor's request
 record, and ``ok`` the supervisor's ``Reply`` to it into the client's -ok. A reply comes unless
 the record says nowait (queue.unbind has no nowait), as the supervisor's dispatcher decides.
-queue.declare is the channel's own: its declare-ok names the queue and releases what waited.
+queue.declare's record is ``declare_request``'s (a server-named queue is named here when
+permissions are checked); its declare-ok is the channel's own: it names the queue and releases
+what waited.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 
 from pamqp import base
 from pamqp import commands as spec
 
 from ipc import records as r
+from workers.access import Access
 
 ExchangeMethod = spec.Exchange.Declare | spec.Exchange.Delete | spec.Exchange.Bind | spec.Exchange.Unbind
 QueueMethod = spec.Queue.Bind | spec.Queue.Unbind | spec.Queue.Purge | spec.Queue.Delete
@@ -63,6 +67,21 @@ def request(conn: int, ch: int, m: ExchangeMethod | QueueMethod, queue: str) -> 
         case spec.Queue.Delete():
             return r.QueueDelete(conn, ch, queue, m.if_unused, m.if_empty, m.nowait)
     raise TypeError(f"not an exchange or queue request: {m!r}")
+
+
+def declare_request(conn: int, ch: int, m: spec.Queue.Declare, access: Access | None) -> r.QueueDeclare:
+    """queue.declare's record on channel ``ch``, checked against ``access``; its queue is ""
+    for a server-named queue the supervisor names (when nothing is checked)."""
+    name = m.queue
+    server_named = False
+    if access is not None:
+        if not name and not m.passive:
+            # RabbitMQ names it before checking configure on that name (rabbit_guid's form)
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+            server_named = True
+        access.check_method(m, name)
+    return r.QueueDeclare(conn, ch, name, m.passive, m.durable, m.exclusive, m.auto_delete,
+                          dict(m.arguments or {}), m.nowait, server_named)
 
 
 def ok(rep: r.Reply) -> base.Frame:
