@@ -103,7 +103,8 @@ lint: $(LINT_STAMP)
 # reach a module of COMPILED (marked reaches_compiled by tests/conftest.py, see
 # tests/compiled_reach.py): for the others both passes would run the same code; of the integration
 # tests, those whose subject is not the hot path (marked compiled_only by tests/integration/conftest.py:
-# the data directory, management, links, configuration, the CLI) run in the first pass only.
+# the data directory, management, links, configuration, the CLI; and the report's end-to-end run,
+# whose Spark job is the same in both passes) run in the first pass only.
 # TEST_MARKS selects in both passes: `make test TEST_MARKS='not soak and not slow'` for a quick run.
 TEST_MARKS ?= not soak
 test: $(TEST_STAMP) compiled

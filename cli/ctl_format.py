@@ -117,8 +117,7 @@ CHANNEL_COLUMNS = ("pid", "connection", "name", "number", "user", "vhost", "cons
 CONSUMER_COLUMNS = ("queue_name", "channel_pid", "consumer_tag", "ack_required", "prefetch_count",
                     "active", "arguments", "exclusive")
 USER_COLUMNS = ("user", "tags")
-VHOST_COLUMNS = ("name", "description", "tags", "tracing", "default_queue_type", "messages",
-                 "messages_ready", "messages_unacknowledged")
+VHOST_COLUMNS = ("cluster_state", "default_queue_type", "description", "name", "tags", "tracing")
 DEFAULTS = {
     "queues": ("name", "messages"),
     "exchanges": ("name", "type"),

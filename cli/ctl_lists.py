@@ -39,6 +39,7 @@ from cli.ctl_group import (
     request,
     verb,
 )
+from cli.ctl_objects import node_name
 
 
 @verb("list_queues")
@@ -114,12 +115,12 @@ def list_users(opts: Options) -> None:
 @verb("list_vhosts")
 @click.argument("columns", nargs=-1)
 def list_vhosts(opts: Options, columns: tuple[str, ...]) -> None:
-    """Virtual hosts: name description tags tracing default_queue_type messages messages_ready
-    messages_unacknowledged."""
+    """Virtual hosts: cluster_state default_queue_type description name tags tracing."""
     cols = [c for arg in columns for c in arg.split(",") if c] or ["name"]
     check_columns(cols, VHOST_COLUMNS, cols)
     info(opts, "Listing vhosts ...")
     answer = request(opts, {"command": "list_vhosts"})
     if "error" in answer:
         error(str(answer["error"]), EX_SOFTWARE)
-    emit(opts, cols, [{**row, "tracing": False} for row in answer["vhosts"]])
+    state = f"[{{{node_name()}, running}}]"
+    emit(opts, cols, [{**row, "tracing": False, "cluster_state": state} for row in answer["vhosts"]])

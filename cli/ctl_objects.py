@@ -95,15 +95,16 @@ def close_all_connections(opts: Options, explanation: str, limit: int, global_: 
 
 
 def _vhost_answer(answer: dict[str, Any]) -> None:
-    if "error" in answer:
-        error(str(answer["error"]), EX_UNAVAILABLE if answer.get("code") == "missing" else EX_SOFTWARE)
+    if "error" in answer:  # rabbitmqctl: a vhost that does not exist is exit 65
+        error(str(answer["error"]), EX_DATAERR if answer.get("code") == "missing" else EX_SOFTWARE)
 
 
 @verb("add_vhost")
 @click.argument("name")
 @click.option("--description", default="", help="What the vhost is for.")
 @click.option("--tags", default=None, help="Comma-separated tags.")
-@click.option("--default-queue-type", default="", help="classic (the only type here).")
+@click.option("--default-queue-type", default="",
+              help="Recorded and listed; every queue here is classic.")
 def add_vhost(opts: Options, name: str, description: str, tags: str | None,
               default_queue_type: str) -> None:
     """Create a virtual host (nobody has permissions on it yet: see set_permissions -p)."""

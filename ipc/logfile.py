@@ -106,23 +106,30 @@ def _frame_at(view: memoryview, pos: int, end: int) -> bytes | None:
     return payload if zlib.crc32(payload) == crc else None
 
 
-def scan_index(data: bytes, synced: bool = True) -> Iterator[tuple[int, bytes | None, int]]:
+def scan_index(data: bytes, synced: bool = True) -> Iterator[tuple[int, memoryview | None, int]]:
     """Every intact frame of an index file's bytes after its magic, as ``(offset, payload,
     end)``, and every run of bytes skipped between them (and after the last) as ``(offset,
-    None, end)``. ``synced``: frames begin with SYNC (INDEX_MAGIC); otherwise INDEX_MAGIC_V1's."""
+    None, end)``. ``synced``: frames begin with SYNC (INDEX_MAGIC); otherwise INDEX_MAGIC_V1's.
+    A payload is a view of ``data`` (not copied).
+
+    A restart reads every record through here (a million queued messages: a million frames),
+    so an intact frame is checked inline, as :func:`_frame_at` would."""
     view = memoryview(data)
     end = len(data)
-    head = len(SYNC) if synced else 0
+    head = (len(SYNC) if synced else 0) + FRAME.size
+    unpack, crc32, startswith = FRAME.unpack_from, zlib.crc32, data.startswith
     pos = len(INDEX_MAGIC)
     while pos < end:
-        payload = None
-        if not synced or data.startswith(SYNC, pos):
-            payload = _frame_at(view, pos + head, end)
-        if payload is not None:
-            after = pos + head + FRAME.size + len(payload)
-            yield pos, payload, after
-            pos = after
-            continue
+        at = pos + head
+        if at <= end and (not synced or startswith(SYNC, pos)):
+            length, crc = unpack(data, at - FRAME.size)
+            after = at + length
+            if length and after <= end:
+                payload = view[at:after]
+                if crc32(payload) == crc:
+                    yield pos, payload, after
+                    pos = after
+                    continue
         resume = _resync(data, view, pos + 1, synced)
         yield pos, None, resume
         pos = resume
@@ -430,14 +437,19 @@ class FrameSizes:
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
         self.data_dir = Path(data_dir)
         self._maps: dict[tuple[int, int], mmap.mmap | None] = {}
+        # The segment asked about last: a restart asks about each segment's frames in a row.
+        self._last: tuple[int, int, mmap.mmap | None] = (-1, -1, None)
 
     def sizes(self, worker: int, segment: int, offset: int, length: int) -> tuple[int, int] | None:
         """``(header_len, body_len)`` of the frame there, or None if it is missing or cut short."""
-        key = (worker, segment)
-        maps = self._maps
-        data = maps.get(key)
-        if data is None and key not in maps:
-            data = maps[key] = _map(segment_path(self.data_dir, worker, segment))
+        last_worker, last_segment, data = self._last
+        if worker != last_worker or segment != last_segment:
+            key = (worker, segment)
+            maps = self._maps
+            data = maps.get(key)
+            if data is None and key not in maps:
+                data = maps[key] = _map(segment_path(self.data_dir, worker, segment))
+            self._last = (worker, segment, data)
         if data is None or offset + length > len(data) or length < BODY_OVERHEAD:
             return None
         size, _, header_len, body_len = _BODY_FRAME.unpack_from(data, offset)
@@ -450,6 +462,7 @@ class FrameSizes:
             if data is not None:
                 data.close()
         self._maps.clear()
+        self._last = (-1, -1, None)
 
 
 def _map(path: Path) -> mmap.mmap | None:

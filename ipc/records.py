@@ -196,12 +196,18 @@ class Pull(_Record, frozen=True, tag="pull"):
     before the last is answered (``workers.channel_consumers``); one that finds the rest of a
     standing pull open adds to it. ``seq`` numbers the consumer's pulls, and each ``Pulled``
     says up to which the supervisor had applied: the worker counts the later ones as still
-    asked for."""
+    asked for.
+
+    ``limited``: the client limits this consumer, not the supervisor: its prefetch was full and
+    less than half of it came back within ``workers.consumer_target.PULL_DEFER`` (a slow
+    application acking one message at a time). Credit flow's "behind" rule passes over such a
+    consumer (``broker.runtime.credit_flow``)."""
 
     consumer: int
     max: int
     standing: bool = False
     seq: int = 0  # the consumer's pulls numbered from 1 (see above)
+    limited: bool = False
 
 
 class Get(_Record, frozen=True, tag="get"):

@@ -43,6 +43,7 @@ the control socket every POLL seconds instead. Messages go into Q by the default
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import logging
@@ -71,7 +72,17 @@ from broker.federation import (
     upstream_queue_name,
 )
 from broker.parameters import parse_uri
-from links.shovel import CONNECT_TIMEOUT, FRAME_BUFFER, _close, _quiet, amqp_url, describe
+from links.shovel import (
+    CONNECT_TIMEOUT,
+    FRAME_BUFFER,
+    _close,
+    _quiet,
+    _spawn,
+    amqp_url,
+    deliver_inline,
+    describe,
+    publish_batch,
+)
 
 log = logging.getLogger("shoal.federation")
 
@@ -196,8 +207,8 @@ class Link:
         uri = parse_uri(random.choice(self.upstream.uris))
         self.uri = safe_uri(uri.original)
         self.upstream_vhost = uri.vhost
-        props: dict[str, Any] = {"connection_name": f"Federation link (upstream: {self.upstream.name}, "
-                                    f"{self.kind}: {self.name})"}
+        props: dict[str, Any] = {"connection_name": f"Federation link (upstream: "
+                                                    f"{self.upstream.name}, {self.kind}: {self.name})"}
         self.up = await asyncio.wait_for(aiormq.connect(
             f"{amqp_url(uri, self.local)}?heartbeat={HEARTBEAT}", client_properties=props),
             CONNECT_TIMEOUT)
@@ -209,9 +220,11 @@ class Link:
 
     async def _session(self) -> None:
         self.up = self.down = None
+        self.inbox: asyncio.Queue[DeliveredMessage | BaseException] = asyncio.Queue()
         try:
             await self._connect()
             self.up_ch = await self.up.channel(frame_buffer_size=FRAME_BUFFER)
+            deliver_inline(self.up_ch, self.inbox.put_nowait)
             confirm = self.upstream.ack_mode == "on-confirm"
             self.down_ch = await self.down.channel(publisher_confirms=confirm,
                                                    frame_buffer_size=FRAME_BUFFER)
@@ -224,14 +237,16 @@ class Link:
                 thing.closing.add_done_callback(_watch(what, lost))
             await self._start()
             self._set("running")
-            follow = asyncio.ensure_future(self._follow())
+            tasks = [asyncio.ensure_future(self._follow()), asyncio.ensure_future(self._pump())]
             try:
-                await asyncio.wait([lost, follow], return_when=asyncio.FIRST_COMPLETED)
-                if follow.done():
-                    follow.result()
+                await asyncio.wait([lost, *tasks], return_when=asyncio.FIRST_COMPLETED)
+                for task in tasks:
+                    if task.done():
+                        task.result()
                 lost.result()
             finally:
-                follow.cancel()
+                for task in tasks:
+                    task.cancel()
                 lost.cancel()
         finally:
             for conn in (self.down, self.up):
@@ -261,33 +276,87 @@ class Link:
         return str(ok.consumer_tag)
 
     async def _deliver(self, message: DeliveredMessage) -> None:
-        """Republish downstream, in the order delivered (aiormq runs each callback as a task,
-        created in order; the downstream channel's lock keeps that order)."""
-        delivery = message.delivery
-        tag = int(getattr(delivery, "delivery_tag", 0) or 0)
-        props = message.header.properties
-        if not self._forward(props.headers):
-            if self.upstream.ack_mode != "no-ack":
-                await self.up_ch.basic_ack(tag)
-            return
-        exchange, key = self._destination(delivery)
-        props.headers = self._headers(props.headers, bool(getattr(delivery, "redelivered", False)),
-                                      delivery)
-        if not self.upstream.trust_user_id:
-            props.user_id = None
-        publish = self.down_ch.basic_publish(message.body, exchange=exchange, routing_key=key,
-                                             properties=props)
-        mode = self.upstream.ack_mode
-        if mode == "no-ack":
-            await publish
-            return
+        self.inbox.put_nowait(message)
+
+    async def _pump(self) -> None:
+        """Republish downstream what came, in the order delivered, a batch per turn of the
+        loop (links.shovel.publish_batch), and settle upstream in that order: one ack multiple
+        for every delivery up to the first whose publish is not done yet (on-confirm: confirmed
+        downstream), a nack (no requeue) for one nacked downstream, as RabbitMQ's link_util
+        does; what is not forwarded (its hops are spent) is acked as it comes."""
+        loop = asyncio.get_running_loop()
+        pending: collections.deque[tuple[int, asyncio.Future[Any] | None]] = collections.deque()
+        scheduled = False
+
+        def settle() -> None:
+            nonlocal scheduled
+            scheduled = False
+            last = 0
+            while pending and (pending[0][1] is None or pending[0][1].done()):
+                tag, fut = pending.popleft()
+                exc = None if fut is None or fut.cancelled() else fut.exception()
+                if fut is not None and fut.cancelled():
+                    self.inbox.put_nowait(LinkLost("a publish downstream was cancelled"))
+                    return
+                if isinstance(exc, aiormq.exceptions.DeliveryError):
+                    if last:
+                        _spawn(self.up_ch.basic_ack(last, multiple=True))
+                        last = 0
+                    _spawn(self.up_ch.basic_nack(tag, requeue=False))
+                    continue
+                if exc is not None:
+                    self.inbox.put_nowait(exc)
+                    return
+                last = tag
+            if last:
+                _spawn(self.up_ch.basic_ack(last, multiple=True))
+
+        def soon(_: Any = None) -> None:
+            nonlocal scheduled
+            if not scheduled:
+                scheduled = True
+                loop.call_soon(settle)
+
         try:
-            confirmed = await publish
-        except aiormq.exceptions.DeliveryError:  # nacked downstream: RabbitMQ drops it upstream
-            await self.up_ch.basic_nack(tag, requeue=False)
+            while True:
+                await self._pump_batch(pending, soon)
+        finally:
+            for _, fut in pending:
+                if fut is not None:
+                    fut.cancel()
+
+    async def _pump_batch(self, pending: collections.deque[tuple[int, asyncio.Future[Any] | None]],
+                          soon: Callable[..., None]) -> None:
+        """One turn of :meth:`_pump`: what is in the inbox, published, queued for settling."""
+        mode = self.upstream.ack_mode
+        batch = [await self.inbox.get()]
+        while not self.inbox.empty():
+            batch.append(self.inbox.get_nowait())
+        order: list[tuple[int, int | None]] = []  # (tag, its index in out, or None)
+        out: list[tuple[str, str, Any, bytes]] = []
+        for item in batch:
+            if isinstance(item, BaseException):
+                raise item
+            delivery = item.delivery
+            tag = int(getattr(delivery, "delivery_tag", 0) or 0)
+            props = item.header.properties
+            if not self._forward(props.headers):
+                order.append((tag, None))
+                continue
+            props.headers = self._headers(
+                props.headers, bool(getattr(delivery, "redelivered", False)), delivery)
+            if not self.upstream.trust_user_id:
+                props.user_id = None
+            order.append((tag, len(out)))
+            out.append((*self._destination(delivery), props, item.body))
+        futures = await publish_batch(self.down_ch, out, mode == "on-confirm") if out else []
+        if mode == "no-ack":
             return
-        del confirmed
-        await self.up_ch.basic_ack(tag)
+        for tag, index in order:
+            pending.append((tag, None if index is None else futures[index]))
+        for fut in {id(f): f for f in futures}.values():
+            fut.add_done_callback(soon)
+        soon()
 
     def _forward(self, headers: Any) -> bool:
         return True

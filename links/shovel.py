@@ -268,6 +268,7 @@ class Shovel:
             fut = thing.closing
             fut.add_done_callback(lost(what))
             watchers.append(fut)
+        deliver_inline(src_ch, inbox.put_nowait)
         consume = await src_ch.basic_consume(queue, on_message, no_ack=no_ack)
         self._set("running")
         try:
@@ -312,43 +313,8 @@ class Shovel:
 
     async def _publish(self, channel: Any, messages: list[DeliveredMessage],
                        confirm: bool) -> list[asyncio.Future[Any]]:
-        """Publish ``messages`` to ``channel`` in one write (one frame buffer for them all).
-
-        Returns a future per message: its publisher confirm (a ``DeliveryError`` when nacked)
-        with ``confirm``, else one future for the batch, done once it is written to the socket.
-        This is aiormq's ``basic_publish`` for many messages at once: one lock, one write and
-        one wake-up of the connection's writer instead of one each (the links process's cost).
-        """
-        frames: list[Any] = []
-        for message in messages:
-            exchange, key, props = self._outgoing(message)
-            body = message.body
-            frames.append(spec.Basic.Publish(exchange=exchange, routing_key=key))
-            frames.append(ContentHeader(properties=props, body_size=len(body)))
-            frames.extend(channel._split_body(body))
-        futures: list[asyncio.Future[Any]] = []
-        async with channel.lock:
-            first = channel.delivery_tag + 1
-            if confirm:
-                for tag in range(first, first + len(messages)):
-                    fut = channel.create_future()
-                    channel.confirmations[tag] = fut
-                    futures.append(fut)
-                channel.delivery_tag += len(messages)
-            written = None if confirm else channel.create_future()
-            try:
-                await channel.write_queue.put(ChannelFrame.marshall(
-                    channel_number=channel.number, frames=frames, drain_future=written))
-            except BaseException:  # not queued: the broker never sees these
-                if confirm:
-                    channel.delivery_tag = first - 1
-                    for tag, fut in enumerate(futures, first):
-                        channel.confirmations.pop(tag, None)
-                        fut.cancel()
-                if written is not None:
-                    written.cancel()
-                raise
-        return futures if written is None else [written] * len(messages)
+        return await publish_batch(channel, [(*self._outgoing(m), m.body) for m in messages],
+                                   confirm)
 
     def _outgoing(self, message: DeliveredMessage) -> tuple[str, str, Any]:
         """The exchange, routing key and properties ``message`` is published with."""
@@ -388,6 +354,62 @@ class Shovel:
             exchange = str(getattr(delivery, "exchange", "") or "")
             key = str(getattr(delivery, "routing_key", "") or "")
         return exchange, key, props
+
+
+async def publish_batch(channel: Any, messages: list[tuple[str, str, Any, bytes]],
+                        confirm: bool) -> list[asyncio.Future[Any]]:
+    """Publish ``(exchange, routing key, properties, body)`` each to ``channel`` in one write
+    (one frame buffer for them all).
+
+    Returns a future per message: its publisher confirm (a ``DeliveryError`` when nacked)
+    with ``confirm``, else one future for the batch, done once it is written to the socket.
+    This is aiormq's ``basic_publish`` for many messages at once: one lock, one write and
+    one wake-up of the connection's writer instead of one each (the links process's cost).
+    """
+    frames: list[Any] = []
+    for exchange, key, props, body in messages:
+        frames.append(spec.Basic.Publish(exchange=exchange, routing_key=key))
+        frames.append(ContentHeader(properties=props, body_size=len(body)))
+        frames.extend(channel._split_body(body))
+    futures: list[asyncio.Future[Any]] = []
+    async with channel.lock:
+        first = channel.delivery_tag + 1
+        if confirm:
+            for tag in range(first, first + len(messages)):
+                fut = channel.create_future()
+                channel.confirmations[tag] = fut
+                futures.append(fut)
+            channel.delivery_tag += len(messages)
+        written = None if confirm else channel.create_future()
+        try:
+            await channel.write_queue.put(ChannelFrame.marshall(
+                channel_number=channel.number, frames=frames, drain_future=written))
+        except BaseException:  # not queued: the broker never sees these
+            if confirm:
+                channel.delivery_tag = first - 1
+                for tag, fut in enumerate(futures, first):
+                    channel.confirmations.pop(tag, None)
+                    fut.cancel()
+            if written is not None:
+                written.cancel()
+            raise
+    return futures if written is None else [written] * len(messages)
+
+
+def deliver_inline(channel: Any, receive: Callable[[DeliveredMessage], None]) -> None:
+    """Hand each delivery on ``channel`` to ``receive`` as the channel's reader reads it.
+
+    aiormq starts a task per delivery to run the consumer's callback; every consumer here only
+    queues the message for its own loop, so the task is pure cost (the links process's largest
+    after frame parsing). The channel must carry one consumer: every delivery goes to
+    ``receive`` whatever its consumer tag.
+    """
+    read_header = channel._Channel__get_content_header
+
+    async def on_deliver(frame: Any) -> None:
+        receive(await channel._read_content(frame, await read_header()))
+
+    channel._on_deliver_frame = on_deliver
 
 
 _tasks: set[asyncio.Task[Any]] = set()

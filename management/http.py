@@ -101,6 +101,21 @@ def params(request: Request) -> dict[str, str]:
     return dict(request.query_params)
 
 
+def in_vhost(items: list[dict[str, Any]], vhost: str | None,
+             where: Callable[[dict[str, Any]], str] = lambda item: str(item["vhost"]),
+             ) -> list[dict[str, Any]]:
+    """The items of ``vhost`` (``where`` reads an item's), all of them for None."""
+    return items if vhost is None else [item for item in items if where(item) == vhost]
+
+
+def named(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The item called ``name``: 404 when there is none."""
+    for item in items:
+        if item["name"] == name:
+            return item
+    raise not_found()
+
+
 def paged(request: Request, items: list[dict[str, Any]], default_sort: str | None = "name") -> Response:
     try:
         return ok(listing.apply(items, params(request), default_sort))
@@ -171,6 +186,11 @@ class Resource:
         if name in vhost_names(await self.ctx.sampler.refresh(force=True)):
             return name
         raise not_found()
+
+    async def vhost_scope(self, request: Request) -> str | None:
+        """A listing's vhost: the path's ``{vhost}`` (404 when it does not exist), or None
+        under the path without one (every vhost)."""
+        return await self.vhost_param(request) if "vhost" in request.path_params else None
 
     async def control(self, request: dict[str, Any]) -> dict[str, Any]:
         """A control command to the supervisor: 503 when it does not answer, 404 for what is

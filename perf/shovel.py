@@ -3,6 +3,7 @@
     .venv/bin/python -m perf.shovel                   # Shoal -> Shoal, 50,000 messages
     .venv/bin/python -m perf.shovel --rabbitmq        # and RabbitMQ -> RabbitMQ (rabbitmq_shovel)
     .venv/bin/python -m perf.shovel --messages 100000 --workers 2
+    .venv/bin/python -m perf.shovel --federation      # and exchange federation, Shoal -> Shoal
 
 Each run starts two brokers of one kind (own ports, own data directories), fills a durable
 source queue on the first with persistent 128-byte messages, then declares a dynamic shovel
@@ -10,11 +11,19 @@ source queue on the first with persistent 128-byte messages, then declares a dyn
 destination's depth from the first message to the last. Shoal's shovel is declared with
 ``shoal ctl set_parameter``, RabbitMQ's with ``rabbitmqctl set_parameter`` (the node starts with
 rabbitmq_shovel in its own enabled_plugins file; RabbitMQ is slow to start here).
+
+The last column is the links process's CPU time per message (user + system, from psutil): the
+shovel's or link's own cost, which the load of a shared host does not skew as it skews wall
+time. ``--federation`` adds an exchange federation row: the downstream broker federates the topic
+exchange ``perf-x`` from the upstream (on-confirm, prefetch 1000) into a durable queue bound with
+``#``; once the link runs and the binding is upstream, the messages are published to the
+upstream's ``perf-x`` (persistent, no confirms) and the downstream queue's depth is timed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -23,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pika
+import psutil
 
 from perf.brokers import HOST, REPO_ROOT, RabbitBroker, ShoalBroker, rabbitmq_script
 
@@ -72,6 +82,17 @@ def watch(port: int, queue: str, count: int, limit: float) -> tuple[float, float
     raise RuntimeError(f"only {depth(port, queue)} of {count} arrived in {limit:.0f} s")
 
 
+def links_cpu(broker: ShoalBroker) -> float:
+    """CPU seconds (user + system) the broker's links process has used so far: per message, the
+    figure that machine load does not skew."""
+    for child in psutil.Process(broker.popen.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "links.process" in " ".join(child.cmdline()):
+                times = child.cpu_times()
+                return float(times.user + times.system)
+    return 0.0
+
+
 def shovel_value(src_port: int, dest_port: int) -> dict[str, Any]:
     return {"src-uri": f"amqp://guest:guest@{HOST}:{src_port}/%2f", "src-queue": "perf-src",
             "dest-uri": f"amqp://guest:guest@{HOST}:{dest_port}/%2f", "dest-queue": "perf-dst",
@@ -92,10 +113,55 @@ def run_shoal(count: int, workers: int) -> dict[str, Any]:
             raise RuntimeError(done.stderr)
         moving, total = watch(dst.port, "perf-dst", count, 600)
         return {"pair": f"Shoal -> Shoal (--workers {workers})", "messages": count,
-                "fill_s": fill_s, "moving_s": moving, "total_s": total}
+                "fill_s": fill_s, "moving_s": moving, "total_s": total,
+                "links_cpu_s": links_cpu(src)}
     finally:
         src.stop()
         dst.stop()
+
+
+def _ctl(broker: ShoalBroker, *args: str) -> str:
+    control = json.loads(broker.ready_file.read_text())["control"]
+    done = subprocess.run([sys.executable, "-m", "cli.main", "ctl", "--control-socket", control,
+                           *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    if done.returncode:
+        raise RuntimeError(done.stderr)
+    return done.stdout
+
+
+def run_federation(count: int, workers: int) -> dict[str, Any]:
+    up, down = ShoalBroker(workers), ShoalBroker(workers)
+    try:
+        for port in (up.port, down.port):
+            conn, ch = _channel(port)
+            ch.exchange_declare("perf-x", "topic", durable=True)
+            conn.close()
+        conn, ch = _channel(down.port)
+        ch.queue_declare("perf-fed", durable=True)
+        ch.queue_bind("perf-fed", "perf-x", "#")
+        conn.close()
+        _ctl(down, "set_parameter", "federation-upstream", "perf", json.dumps(
+            {"uri": f"amqp://guest:guest@{HOST}:{up.port}/%2f", "prefetch-count": 1000}))
+        _ctl(down, "set_policy", "perf", "^perf-x$", json.dumps({"federation-upstream": "perf"}),
+             "--apply-to", "exchanges")
+        end = time.monotonic() + 60
+        while "perf-x" not in _ctl(up, "list_bindings", "source_name"):
+            if time.monotonic() > end:
+                raise RuntimeError("the federation link did not bind upstream in 60 s")
+            time.sleep(0.2)
+        started = time.monotonic()
+        conn, ch = _channel(up.port)
+        for _ in range(count):
+            ch.basic_publish("perf-x", "k", BODY, PERSISTENT)
+        conn.close()
+        publish_s = time.monotonic() - started
+        moving, _ = watch(down.port, "perf-fed", count, 600)
+        return {"pair": f"Shoal -> Shoal federated exchange (--workers {workers})",
+                "messages": count, "fill_s": publish_s, "moving_s": moving,
+                "total_s": time.monotonic() - started, "links_cpu_s": links_cpu(down)}
+    finally:
+        up.stop()
+        down.stop()
 
 
 class ShovelRabbit(RabbitBroker):
@@ -140,15 +206,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rabbitmq", action="store_true", help="RabbitMQ -> RabbitMQ too")
+    parser.add_argument("--federation", action="store_true", help="exchange federation too")
     args = parser.parse_args(argv)
     rows = [run_shoal(args.messages, args.workers)]
+    if args.federation:
+        rows.append(run_federation(args.messages, args.workers))
     if args.rabbitmq:
         rows.append(run_rabbitmq(args.messages))
-    print("| pair | messages | msg/s (first to last) | msg/s (from declaration) |")
-    print("|---|---:|---:|---:|")
+    print("| pair | messages | msg/s (first to last) | msg/s (from declaration) "
+          "| links process CPU µs/msg |")
+    print("|---|---:|---:|---:|---:|")
     for r in rows:
+        cpu = f"{r['links_cpu_s'] * 1e6 / r['messages']:,.0f}" if r.get("links_cpu_s") else "-"
         print(f"| {r['pair']} | {r['messages']:,} | {r['messages'] / r['moving_s']:,.0f} | "
-              f"{r['messages'] / r['total_s']:,.0f} |")
+              f"{r['messages'] / r['total_s']:,.0f} | {cpu} |")
     return 0
 
 

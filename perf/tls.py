@@ -3,22 +3,28 @@
     .venv/bin/python -m perf.tls                     # Shoal: plain and TLS, 128 B and 256 KiB
     .venv/bin/python -m perf.tls --rabbitmq          # and RabbitMQ's TLS listener side by side
     .venv/bin/python -m perf.tls --seconds 5 --workers 2
+    .venv/bin/python -m perf.tls --rabbitmq --rounds 3   # medians of three runs of each row
 
 The C generator (perf/cgen) speaks plain TCP only, so both sides here are pika processes (the
 same client on every row: the figures compare the listeners, not the clients). Certificates
-are made with the openssl command line in a temporary directory. Timings are printed, never
-asserted.
+are made with the openssl command line in a temporary directory. Each row prints msg/s and msg
+per broker CPU-second (psutil, every process of the broker: on a loaded host the steadier
+figure). RabbitMQ is perf.brokers' private node (its own node name, ports, HOME, mnesia and log
+directories under /tmp, run as this user, so it reads the key file) with ``listeners.ssl.default``
+and ``ssl_options.*`` in its rabbitmq.conf. Timings are printed, never asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import multiprocessing as mp
 import os
 import shutil
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -188,9 +194,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rabbitmq", action="store_true")
     parser.add_argument("--no-shoal", action="store_true", help="RabbitMQ only (with --rabbitmq)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="each row this many times on one broker; the table has the medians")
     args = parser.parse_args()
     d = Path(tempfile.mkdtemp(prefix="perf-tls-"))
-    rows: list[tuple[str, str, str, dict[str, float]]] = []
+    rows: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     brokers: list[tuple[str, Callable[[Path, int], tuple[Broker, int]]]] = []
     if not args.no_shoal:
         brokers.append(("Shoal", start_shoal))
@@ -205,16 +213,16 @@ def main() -> None:
         for name, start in brokers:
             broker, tls_port = start(d, args.workers)
             try:
-                for label, size in BODIES.items():
-                    for transport, port, ca in (("plain", broker.port, None),
-                                                ("TLS", tls_port, str(d / "ca.pem"))):
-                        cpu = broker_cpu(broker)
-                        result = one_run(port, ca, size, args.seconds)
-                        result["msg_cpu_s"] = result["msgs"] / max(broker_cpu(broker) - cpu, 1e-9)
-                        rows.append((name, label, transport, result))
-                        print(f"{name:8} {label:8} {transport:5} {result['msg_s']:10.0f} msg/s "
-                              f"{result['mib_s']:8.1f} MiB/s {result['msg_cpu_s']:10.0f} msg/CPU-s",
-                              file=sys.stderr)
+                for _round, (label, size), (transport, port, ca) in itertools.product(
+                        range(args.rounds), BODIES.items(),
+                        (("plain", broker.port, None), ("TLS", tls_port, str(d / "ca.pem")))):
+                    cpu = broker_cpu(broker)
+                    result = one_run(port, ca, size, args.seconds)
+                    result["msg_cpu_s"] = result["msgs"] / max(broker_cpu(broker) - cpu, 1e-9)
+                    rows.setdefault((name, label, transport), []).append(result)
+                    print(f"{name:8} {label:8} {transport:5} {result['msg_s']:10.0f} msg/s "
+                          f"{result['mib_s']:8.1f} MiB/s {result['msg_cpu_s']:10.0f} msg/CPU-s",
+                          file=sys.stderr)
             finally:
                 for problem in broker.stop():
                     print(problem, file=sys.stderr)
@@ -222,9 +230,10 @@ def main() -> None:
         shutil.rmtree(d, ignore_errors=True)
     print("| broker | body | transport | msg/s | MiB/s | msg per broker CPU-s |")
     print("|---|---|---|---:|---:|---:|")
-    for name, label, transport, result in rows:
-        print(f"| {name} | {label} | {transport} | {result['msg_s']:.0f} | {result['mib_s']:.1f} "
-              f"| {result['msg_cpu_s']:.0f} |")
+    for (name, label, transport), results in rows.items():
+        msg_s, mib_s, msg_cpu_s = (statistics.median(r[key] for r in results)
+                                   for key in ("msg_s", "mib_s", "msg_cpu_s"))
+        print(f"| {name} | {label} | {transport} | {msg_s:.0f} | {mib_s:.1f} | {msg_cpu_s:.0f} |")
 
 
 if __name__ == "__main__":

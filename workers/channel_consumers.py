@@ -150,7 +150,10 @@ class ChannelConsumers:
         if not pulling:
             if credit > 0:
                 seq = self.credit.pull_sent(target, credit)
-                requests.append(r.Pull(target.id, credit, True, seq))
+                # PULL_DEFER passed with less than half the prefetch back on a backlog: the
+                # client limits this consumer (r.Pull.limited), not the supervisor.
+                limited = target.due and target.more and credit < target.top_up
+                requests.append(r.Pull(target.id, credit, True, seq, limited))
         elif target.more and credit - pulling >= target.top_up:
             # Working off a backlog: the next pull goes as soon as half the prefetch is back,
             # not after the one in flight is answered (with a prefetch of 10 and each message

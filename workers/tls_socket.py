@@ -13,8 +13,9 @@ until the ask is met or the socket has no more. Whole records can then be waitin
 while the socket itself is not readable: the reader's ``wait_readable`` waits for the socket
 only after a read found it empty (``_starved``), else it just lets the other tasks run.
 
-Writing: plaintext is encrypted a batch of parts at a time (one ``SSLObject.write`` of up to
-WRITE_BATCH octets: 16 KiB records, not one record per frame) and the ciphertext sent at once.
+Writing: plaintext is encrypted a batch of parts (up to WRITE_BATCH octets) at a time, small
+parts joined into one ``SSLObject.write`` (16 KiB records, not one record per frame), a body's
+view encrypted from where it is, and the batch's ciphertext sent with one send().
 Ciphertext the socket did not take is held (``_backlog``) and goes first on the next call, and
 the plaintext it came from is not reported sent until it has gone (``_ahead``): the writer
 offers those octets again (it resends what was not sent) and they count as sent then, without a
@@ -35,7 +36,23 @@ import trio
 from workers.codec import Buffer
 
 RAW_RECEIVE = 256 << 10  # ciphertext read from the socket at a time: records are 16 KiB at most
-WRITE_BATCH = 256 << 10  # plaintext encrypted per SSLObject.write, then sent with one send()
+WRITE_BATCH = 256 << 10  # plaintext encrypted per batch, then sent with one send()
+RECORD = 16 << 10  # a TLS record's most plaintext: a part this big is a record (or more) itself
+
+
+# Per worker process, reused by every connection's reads (each is done before the next
+# starts): what a read decrypts before it is copied into the bytes it returns, and what a read
+# receives before the incoming BIO copies it. Bytes of this size made per read would each be a
+# fresh allocation, over glibc's mmap threshold when big.
+_PLAINTEXT: list[memoryview] = [memoryview(bytearray(0))]
+_CIPHERTEXT: list[memoryview] = [memoryview(bytearray(0))]
+
+
+def _scratch(size: int, held: list[memoryview] = _PLAINTEXT) -> memoryview:
+    """A reusable buffer of at least ``size`` octets."""
+    if len(held[0]) < size:
+        held[0] = memoryview(bytearray(size))
+    return held[0]
 
 
 class TLSSocket:
@@ -97,16 +114,8 @@ class TLSSocket:
 
     def recv(self, size: int) -> bytes:
         """Up to ``size`` octets of plaintext; b"" at the end of the client's input."""
-        chunks: list[bytes] = []
-        read = self._ssl.read
-
-        def read_some(want: int, _got: int) -> int:
-            chunk = read(want)
-            chunks.append(chunk)
-            return len(chunk)
-
-        self._decrypt(size, read_some)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        scratch = _scratch(size)
+        return bytes(scratch[: self.recv_into(scratch[:size])])
 
     def recv_into(self, buffer: memoryview) -> int:
         """Plaintext into ``buffer``; 0 at the end of the client's input."""
@@ -138,14 +147,15 @@ class TLSSocket:
 
     def _fill(self) -> bool:
         """Ciphertext from the socket into the incoming BIO; False when it had none."""
+        raw = _scratch(RAW_RECEIVE, _CIPHERTEXT)
         try:
-            data = self._sock.recv(RAW_RECEIVE)
+            size = self._sock.recv_into(raw)
         except BlockingIOError:
             self._starved = True
             return False
         self._starved = False
-        if data:
-            self._incoming.write(data)
+        if size:
+            self._incoming.write(raw[:size])
         else:
             self._incoming.write_eof()
         return True
@@ -187,7 +197,18 @@ class TLSSocket:
     def _encrypt(self, batch: list[Buffer], size: int) -> bool:
         """Encrypt ``batch`` (``size`` octets) and send it; False when the socket did not take
         it all (the rest is held, and the batch counts as ahead)."""
-        self._ssl.write(batch[0] if len(batch) == 1 else b"".join(batch))
+        write = self._ssl.write
+        small: list[Buffer] = []  # parts joined into one write: one record, not one per frame
+        for part in batch:
+            if len(part) < RECORD:
+                small.append(part)
+                continue
+            if small:
+                write(b"".join(small))
+                small = []
+            write(part)  # a body's view: encrypted from where it is, not copied first
+        if small:
+            write(small[0] if len(small) == 1 else b"".join(small))
         if self._flush():
             return True
         self._ahead = size

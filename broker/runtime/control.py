@@ -55,6 +55,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -338,6 +339,8 @@ class ControlServer:
                     "code": "invalid"}
         importer = Importer(self._dispatcher, self._flush, self._users, self._permissions,
                             self.policies, self.parameters)
+        if self.vhosts is not None:  # the file's vhosts that are not here (definitions_io)
+            importer.add_vhost = partial(self.vhosts.command, "add_vhost")
         try:
             report = await importer.run(body, source)
         except DefinitionsError as exc:

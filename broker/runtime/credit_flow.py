@@ -14,8 +14,10 @@ work for it). A consumer working through a backlog with its whole prefetch out s
 interested for moments at a time: one that came back within FLOW_HOLD the last time still
 counts while it is away (up to FLOW_HOLD), as without it an unbounded publisher takes the
 supervisor's and the host's time from its consumers; one away longer (a slow client) does not.
-A slow consumer so holds back its own queue's publishers at most, never a publisher to another
-queue: RabbitMQ lets its queue grow, and every other publisher keeps its rate.
+Nor does one its worker says its client limits (``r.Pull.limited``: its prefetch was full, and
+less than half came back within the worker's PULL_DEFER), however often it acks: it waits on
+its application, not on the supervisor. A slow consumer so holds back no publisher: RabbitMQ
+lets its queue grow, and every publisher keeps its rate.
 
 What a connection's publishes reached is kept as the (exchange, routing key) pairs they were
 published with, and routed to queues only while the supervisor is behind on some queue.
@@ -63,14 +65,16 @@ class Subscribed(Protocol):
 
 
 class _Woken:
-    """A woken consumer as credit flow follows it: since when it is away (not notified), and
-    whether it came back within FLOW_HOLD the last time."""
+    """A woken consumer as credit flow follows it: since when it is away (not notified),
+    whether it came back within FLOW_HOLD the last time, and whether its last pull said its
+    client limits it (r.Pull.limited)."""
 
-    __slots__ = ("away", "quick")
+    __slots__ = ("away", "limited", "quick")
 
     def __init__(self) -> None:
         self.away: float | None = None
         self.quick = False
+        self.limited = False
 
 
 class CreditFlow:
@@ -111,6 +115,12 @@ class CreditFlow:
             seen.quick = now - seen.away <= FLOW_HOLD
             seen.away = None
 
+    def pulled(self, key: tuple[int, int], limited: bool) -> None:
+        """The consumer ``key`` pulled; ``limited``: its worker says its client limits it."""
+        seen = self.consumers.get(key)
+        if seen is not None:
+            seen.limited = limited
+
     def grants(self, subs: Mapping[tuple[int, int], Subscribed],
                reaches: Callable[[Destination], Collection[str] | None], *,
                all_credit: bool, now: float = 0.0) -> dict[int, r.Credit]:
@@ -140,7 +150,8 @@ class CreditFlow:
     def _behind_on(self, subs: Mapping[tuple[int, int], Subscribed], now: float) -> set[str]:
         """The queues holding FLOW_BACKLOG ready messages or more on which a woken acquiring
         consumer waits for work: it is notified, or it is away for a moment as it was the last
-        time (``_Woken.quick``). O(consumers notified, or away within FLOW_HOLD)."""
+        time (``_Woken.quick``), and its client does not limit it (``_Woken.limited``).
+        O(consumers notified, or away within FLOW_HOLD)."""
         consumers = self.consumers
         queues: set[str] = set()
         for key, seen in list(consumers.items()):  # each looked at: when it went away counts
@@ -160,6 +171,8 @@ class CreditFlow:
                     continue
                 if not seen.quick:
                     continue
+            if seen.limited:
+                continue
             queue = sub.queue
             if queue.message_count >= FLOW_BACKLOG:
                 queues.add(queue.name)

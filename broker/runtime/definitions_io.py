@@ -15,8 +15,9 @@ export_definitions``), in the order RabbitMQ imports it:
   sha256 (RabbitMQ's ``hashing_algorithm/2``); ``tags`` (a list, or one string ``"a,b"``); a hash
   that is not of its algorithm, or an unknown algorithm, is skipped by name; a user's ``limits``,
   when it has some, become its limits (broker.runtime.limits);
-* ``vhosts``: those not here are added (``add_vhost``, once the broker has it; until then named
-  and skipped with everything in them); a vhost's ``limits`` (older exports) become its limits;
+* ``vhosts``: those not here are added (the control server's ``add_vhost``; a broker without
+  it names them, skipped with everything in them); each object below goes into the vhost it
+  names (none named: ``/``); a vhost's ``limits`` (older exports) become its limits;
 * ``permissions``, ``topic_permissions``, ``policies``, ``parameters`` (component
   ``vhost-limits``: the vhost's limits, as RabbitMQ 3.10 exports them; the others with a runtime
   that keeps them: shovels), then ``exchanges``, ``queues``, ``bindings``;
@@ -145,7 +146,7 @@ def read(path: str) -> list[tuple[str, dict[str, Any]]]:
 class VhostPlan:
     """What a file's ``vhosts`` ask of a broker that has some already (:func:`vhost_plan`)."""
 
-    add: list[dict[str, Any]]  # add_vhost requests: {name, description, tags}, in file order
+    add: list[dict[str, Any]]  # add_vhost requests: {name, description, tags, default_queue_type?}
     present: list[str]  # named in the file, here already
     limits: dict[str, dict[str, Any]]  # a vhost's ``limits`` key (older exports), when set
 
@@ -165,10 +166,13 @@ def vhost_plan(vhosts: list[dict[str, Any]], existing: Collection[str]) -> Vhost
             continue
         meta: dict[str, Any] = v["metadata"] if isinstance(v.get("metadata"), dict) else {}
         tags = v.get("tags", meta.get("tags")) or []
-        plan.add.append({"name": name,
-                         "description": str(v.get("description", meta.get("description")) or ""),
-                         "tags": [str(t) for t in tags] if isinstance(tags, list) else
-                                 [t for t in str(tags).split(",") if t]})
+        request = {"name": name,
+                   "description": str(v.get("description", meta.get("description")) or ""),
+                   "tags": [str(t) for t in tags] if isinstance(tags, list) else
+                           [t for t in str(tags).split(",") if t]}
+        if queue_type := v.get("default_queue_type", meta.get("default_queue_type")):
+            request["default_queue_type"] = str(queue_type)
+        plan.add.append(request)
     return plan
 
 

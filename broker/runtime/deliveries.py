@@ -105,6 +105,7 @@ class Deliveries:
             self.outbox[worker].append(r.Pulled(rec.consumer, [], False, 0, rec.seq))
             return
         sub.pull_seq = rec.seq
+        self._credit.pulled(key, rec.limited)  # credit flow: does its client limit it?
         rest = self._standing.pop(key, 0)
         self._run_pull(worker, sub, rec.consumer, rec.max + rest, standing=rec.standing or rest > 0)
 

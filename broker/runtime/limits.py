@@ -52,6 +52,7 @@ LIMIT_COMMANDS = frozenset({"set_vhost_limits", "clear_vhost_limits", "set_vhost
                             "clear_vhost_limit", "list_vhost_limits", "set_user_limits",
                             "clear_user_limits", "list_user_limits", "limit_usage"})
 
+
 class RuntimeLimits:
     """The supervisor's limits, their changes, and the workers' use of them (module text)."""
 
@@ -77,46 +78,48 @@ class RuntimeLimits:
     # -- the control commands -------------------------------------------------------------
 
     def command(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
+        vhost, user = request.get("vhost"), request.get("user")
         try:
-            return self._command(command, request)
+            if command == "limit_usage":
+                total = self.for_worker(-1)
+                return {"vhost_connections": total.vhost_connections,
+                        "user_connections": total.user_connections,
+                        "user_channels": total.user_channels}
+            if command == "list_vhost_limits":
+                return {"limits": self._listing(self.vhosts, "vhost", vhost, self._vhost_exists)}
+            if command == "list_user_limits":
+                return {"limits": self._listing(self.users, "user", user, self._user_exists)}
+            if "vhost_limit" in command:
+                return self._vhost_change(command, self._vhost_exists(str(vhost or "/")), request)
+            return self._user_change(command, self._user_exists(str(user or "")), request)
         except LimitError as exc:
             return {"error": str(exc), "code": exc.code}
 
-    def _command(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
-        vhost, user = request.get("vhost"), request.get("user")
-        if command == "limit_usage":
-            total = self.for_worker(-1)
-            return {"vhost_connections": total.vhost_connections,
-                    "user_connections": total.user_connections,
-                    "user_channels": total.user_channels}
-        if command == "list_vhost_limits":
-            if vhost is not None:
-                self._vhost_exists(str(vhost))
-            return {"limits": [{"vhost": v, "value": dict(limits)}
-                               for v, limits in sorted(self.vhosts.items())
-                               if limits and (vhost is None or v == vhost)]}
-        if command == "list_user_limits":
-            if user is not None:
-                self._user_exists(str(user))
-            return {"limits": [{"user": u, "value": dict(limits)}
-                               for u, limits in sorted(self.users.items())
-                               if limits and (user is None or u == user)]}
-        if command.endswith("vhost_limits") or command.endswith("vhost_limit"):
-            vhost = self._vhost_exists(str(vhost or "/"))
-            limits = dict(self.vhosts.get(vhost, {}))
-            if command == "set_vhost_limits":
-                limits = validate(request.get("limits"), VHOST_LIMITS, "limits")
-            elif command == "set_vhost_limit":
-                name = str(request.get("name"))
-                limits.update(validate({name: request.get("value")}, VHOST_LIMITS, "limits"))
-            elif command == "clear_vhost_limit":
-                limits.pop(str(request.get("name")), None)
-            else:
-                limits = {}
-            return {"vhost": vhost, "value": self.set_vhost(vhost, limits)}
-        user = self._user_exists(str(user or ""))
+    @staticmethod
+    def _listing(table: dict[str, dict[str, int]], kind: str, only: Any,
+                 exists: Callable[[str], str]) -> list[dict[str, Any]]:
+        """The rows of those with a limit set ({kind: name, "value": limits}), or of ``only``."""
+        if only is not None:
+            exists(str(only))
+        return [{kind: key, "value": dict(limits)} for key, limits in sorted(table.items())
+                if limits and (only is None or key == only)]
+
+    def _vhost_change(self, command: str, vhost: str, request: dict[str, Any]) -> dict[str, Any]:
+        limits = dict(self.vhosts.get(vhost, {}))
+        name = str(request.get("name"))
+        if command == "set_vhost_limits":  # the whole set (rabbit_vhost_limit:set)
+            limits = validate(request.get("limits"), VHOST_LIMITS, "limits")
+        elif command == "set_vhost_limit":  # one of them (update_limit)
+            limits.update(validate({name: request.get("value")}, VHOST_LIMITS, "limits"))
+        elif command == "clear_vhost_limit":
+            limits.pop(name, None)
+        else:
+            limits = {}
+        return {"vhost": vhost, "value": self.set_vhost(vhost, limits)}
+
+    def _user_change(self, command: str, user: str, request: dict[str, Any]) -> dict[str, Any]:
         limits = dict(self.users.get(user, {}))
-        if command == "set_user_limits":
+        if command == "set_user_limits":  # merged (rabbit_auth_backend_internal: add)
             limits.update(validate(request.get("limits"), USER_LIMITS, "user-limits"))
         elif (name := str(request.get("name") or "all")) == "all":
             limits = {}

@@ -158,6 +158,7 @@ class RuntimePermissions:
             raise UserError("missing", f'Virtual host "{vhost}" does not exist')
 
     def _tell(self) -> None:
+        self._dispatcher.topic_permissions = self.topics  # changed: verdicts kept so far go
         for outbox in self._dispatcher.outbox:
             outbox.append(r.PermissionsChanged(_copy(self.table), _copy_topics(self.topics)))
         self._flush()

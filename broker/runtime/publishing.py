@@ -32,12 +32,13 @@ from broker.messages.message import (
     PlainMessage,
     delivered_headers,
 )
-from broker.permissions import WRITE, TopicTable, refused_topic, topic_allowed
+from broker.permissions import TopicTable, refused_topic
 from broker.queues.consumer_manager import QueueConsumer
 from broker.runtime.answers import Answers
 from broker.runtime.arena_accounts import ArenaAccounts
 from broker.runtime.credit_flow import ANYWHERE, CreditFlow
 from broker.runtime.dispatch_trace import DispatchTrace
+from broker.runtime.topic_verdicts import TopicVerdicts
 from broker.storage.paging import Pager
 from broker.topology.vhost import NO_ROUTE, PublishOutcome, Routing, VirtualHost
 from broker.topology.vhosts import VirtualHosts
@@ -106,11 +107,22 @@ class Publishing:
         self.worker_pids = [0] * workers
         self._pub_seq = [0] * workers  # Publish records seen per worker incarnation
         self._ids = itertools.count(1)
-        # Topic permissions (broker.permissions), the supervisor's table itself, and who logged
-        # in on each connection (OpenChannels.users): set by the dispatcher. Empty, the publish
-        # path pays one truthiness test.
-        self.topics: TopicTable = {}
+        # Topic permissions (broker.permissions), the supervisor's table itself, with the
+        # verdicts given so far (``topics``), and who logged in on each connection
+        # (OpenChannels.users): set by the dispatcher. Empty, the publish path pays one
+        # truthiness test.
+        self._verdicts = TopicVerdicts({})
         self.users: dict[tuple[int, int], str] = {}
+
+    @property
+    def topics(self) -> TopicTable:
+        return self._verdicts.table
+
+    @topics.setter
+    def topics(self, table: TopicTable) -> None:
+        """Set, or set again once changed in place (``broker.runtime.permissions``): the
+        verdicts kept so far are dropped."""
+        self._verdicts = TopicVerdicts(table)
 
     def hello(self, worker: int, pid: int) -> None:
         """A worker (re)started: its Publish records are counted afresh (trace join key)."""
@@ -226,7 +238,7 @@ class Publishing:
             vhost = self.vhosts.of(worker, rec.conn)
             router = vhost.router  # exchange-to-exchange walks count as a step's work
             visited = router.visited if exchange else 0
-            if self.topics and exchange:
+            if self._verdicts.table and exchange:
                 self._check_topic(worker, rec)
             outcome = vhost.publish(exchange, message,
                                     limit=self._route_limit() if exchange else None)
@@ -251,14 +263,16 @@ class Publishing:
     def _check_topic(self, worker: int, rec: r.Publish | r.PublishRun) -> None:
         """A topic exchange's routing key against the user's topic write permission
         (rabbit_channel:check_write_permitted_on_topic, after the 404 and internal checks,
-        which vhost.publish makes: an exchange missing or internal is left to it)."""
+        which vhost.publish makes: an exchange missing or internal is left to it). The verdict
+        per user, exchange and routing key is kept until a permission changes
+        (``broker.runtime.topic_verdicts``)."""
         x = self.vhosts.of(worker, rec.conn).exchanges.get(rec.exchange)
         if x is None or x.internal or x.type != "topic":
             return
         user = self.users.get((worker, rec.conn))
         vhost = x.vhost
-        if user is not None and not topic_allowed(self.topics, user, vhost, rec.exchange,
-                                                  rec.routing_key, WRITE):
+        if user is not None and not self._verdicts.allowed(user, vhost, rec.exchange,
+                                                           rec.routing_key):
             raise AccessRefused(refused_topic(rec.routing_key, rec.exchange, vhost, user))
 
     def _published(self, worker: int, rec: r.Publish | r.PublishRun, message: Message,

@@ -158,6 +158,7 @@ def _read_file(state: IndexState, path: Path, data: bytes, synced: bool, tail_ma
     queues = state.queues
     number = int(path.name[:-4])
     damaged = bool(state.damage)
+    records, max_id = 0, state.max_id
     for offset, payload, end in scan_index(data, synced):
         rec = None
         if payload is not None:
@@ -176,11 +177,12 @@ def _read_file(state: IndexState, path: Path, data: bytes, synced: bool, tail_ma
             _damaged(state, path, data, offset, end, synced)
             damaged = True
             continue
-        state.records += 1
+        records += 1
         kind = rec[0]
         if kind == "E":
             queues.setdefault(rec[1], {})[rec[2]] = [rec, False, number]
-            state.max_id = max(state.max_id, rec[2])
+            if rec[2] > max_id:
+                max_id = rec[2]
         elif kind == "D":
             entry = queues.get(rec[1], {}).get(rec[2])
             if entry is not None:
@@ -199,6 +201,8 @@ def _read_file(state: IndexState, path: Path, data: bytes, synced: bool, tail_ma
             queues.pop(rec[1], None)
         elif kind == "U":
             state.redeliver_below = max(state.redeliver_below, number)
+    state.records += records
+    state.max_id = max_id
 
 
 def _damaged(state: IndexState, path: Path, data: bytes, offset: int, end: int, synced: bool) -> None:

@@ -37,7 +37,7 @@ class VhostRows:
 
     def _default_vhost(self) -> None:
         """"/" in a table just made (inside the caller's transaction)."""
-        VHOSTS.replace(self._db, _row(DEFAULT_VHOST, DEFAULT_DESCRIPTION, [], "classic"))
+        VHOSTS.replace(self._db, _row(DEFAULT_VHOST, DEFAULT_DESCRIPTION, [], "undefined"))
 
     def vhosts(self) -> list[dict[str, Any]]:
         """Every stored vhost, by name: name, description, tags, default_queue_type, metadata."""
@@ -46,7 +46,7 @@ class VhostRows:
                 for name, description, tags, queue_type, metadata in VHOSTS.rows(self._db)]
 
     def put_vhost(self, name: str, description: str = "", tags: list[str] | None = None,
-                  default_queue_type: str = "classic") -> None:
+                  default_queue_type: str = "undefined") -> None:
         """Add or update a vhost; on disk when this returns."""
         with self._transaction():
             VHOSTS.replace(self._db, _row(name, description, list(tags or []), default_queue_type))

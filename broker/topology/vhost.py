@@ -99,7 +99,7 @@ class VirtualHost(BindingHost, PublishingHost):
         # What rabbitmqctl add_vhost and PUT /api/vhosts/{name} say of it (list_vhosts).
         self.description = ""
         self.tags: list[str] = []
-        self.default_queue_type = "classic"
+        self.default_queue_type = "undefined"  # rabbitmqctl's word for none given
         self.deleted = False  # delete_all: gone with everything in it
         self._on_drop = on_drop
         self._exchanges: dict[str, Exchange] = {}

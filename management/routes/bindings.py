@@ -17,6 +17,7 @@ from management.http import (
     Resource,
     body_json,
     exchange_name,
+    in_vhost,
     no_content,
     not_found,
     ok,
@@ -30,10 +31,8 @@ class Bindings(Resource):
 
     async def bindings(self, request: Request) -> Response:
         self.auth(request)
-        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
-        s = await self.sample()
-        return paged(request, [b for b in shapes.binding_items(s) if vhost in (None, b["vhost"])],
-                     None)
+        vhost = await self.vhost_scope(request)
+        return paged(request, in_vhost(shapes.binding_items(await self.sample()), vhost), None)
 
     async def _ends(self, request: Request) -> tuple[str, str, str, str]:
         vhost = await self.vhost_param(request)

@@ -15,6 +15,8 @@ from management.http import (
     APIError,
     Context,
     Resource,
+    in_vhost,
+    named,
     no_content,
     not_found,
     ok,
@@ -35,18 +37,11 @@ class Connections(Resource):
 
     async def connections(self, request: Request) -> Response:
         self.auth(request)
-        items = await self._connections()
-        if "vhost" in request.path_params:
-            vhost = await self.vhost_param(request)
-            items = [c for c in items if c["vhost"] == vhost]
-        return paged(request, items)
+        vhost = await self.vhost_scope(request)
+        return paged(request, in_vhost(await self._connections(), vhost))
 
     async def _connection(self, request: Request) -> dict[str, Any]:
-        name = seg(request, "name")
-        for c in await self._connections():
-            if c["name"] == name:
-                return c
-        raise not_found()
+        return named(await self._connections(), seg(request, "name"))
 
     async def connection(self, request: Request) -> Response:
         self.auth(request)
@@ -77,26 +72,19 @@ class Connections(Resource):
 
     async def channels(self, request: Request) -> Response:
         self.auth(request)
-        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
-        s = await self.sample()
-        return paged(request, [ch for ch in shapes.channel_items(s, self.ctx.node)
-                               if vhost in (None, ch["vhost"])])
+        vhost = await self.vhost_scope(request)
+        return paged(request, in_vhost(shapes.channel_items(await self.sample(), self.ctx.node), vhost))
 
     async def channel(self, request: Request) -> Response:
         self.auth(request)
         s = await self.sample()
-        name = seg(request, "name")
-        for ch in shapes.channel_items(s, self.ctx.node):
-            if ch["name"] == name:
-                return ok(ch)
-        raise not_found()
+        return ok(named(shapes.channel_items(s, self.ctx.node), seg(request, "name")))
 
     async def consumers(self, request: Request) -> Response:
         self.auth(request)
-        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
-        s = await self.sample()
-        return paged(request, [c for c in shapes.consumer_items(s)
-                               if vhost in (None, c["queue"]["vhost"])], None)
+        vhost = await self.vhost_scope(request)
+        return paged(request, in_vhost(shapes.consumer_items(await self.sample()), vhost,
+                                       lambda c: str(c["queue"]["vhost"])), None)
 
     def routes(self) -> list[Route]:
         V, N = "{vhost}", "{name}"

@@ -18,8 +18,9 @@ from management.http import (
     body_json,
     exchange_name,
     flag,
+    in_vhost,
+    named,
     no_content,
-    not_found,
     ok,
     paged,
     seg,
@@ -32,21 +33,15 @@ class Exchanges(Resource):
 
     async def _exchanges(self, vhost: str | None = None) -> list[dict[str, Any]]:
         s = await self.sample()
-        return [x for x in shapes.exchange_items(s, self.ctx.node, self.ctx.sampler.base())
-                if vhost in (None, x["vhost"])]
+        return in_vhost(shapes.exchange_items(s, self.ctx.node, self.ctx.sampler.base()), vhost)
 
     async def exchanges(self, request: Request) -> Response:
         self.auth(request)
-        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
-        return paged(request, await self._exchanges(vhost))
+        return paged(request, await self._exchanges(await self.vhost_scope(request)))
 
     async def _exchange(self, request: Request) -> dict[str, Any]:
         vhost = await self.vhost_param(request)
-        name = exchange_name(seg(request, "name"))
-        for x in await self._exchanges(vhost):
-            if x["name"] == name:
-                return x
-        raise not_found()
+        return named(await self._exchanges(vhost), exchange_name(seg(request, "name")))
 
     async def exchange(self, request: Request) -> Response:
         self.auth(request)

@@ -18,8 +18,9 @@ from management.http import (
     bad_request,
     body_json,
     flag,
+    in_vhost,
+    named,
     no_content,
-    not_found,
     ok,
     paged,
     seg,
@@ -31,21 +32,15 @@ class Queues(Resource):
 
     async def _queues(self, vhost: str | None = None) -> list[dict[str, Any]]:
         s = await self.sample()
-        return [q for q in shapes.queue_items(s, self.ctx.sampler.base(), self.ctx.node)
-                if vhost in (None, q["vhost"])]
+        return in_vhost(shapes.queue_items(s, self.ctx.sampler.base(), self.ctx.node), vhost)
 
     async def queues(self, request: Request) -> Response:
         self.auth(request)
-        vhost = await self.vhost_param(request) if "vhost" in request.path_params else None
-        return paged(request, await self._queues(vhost))
+        return paged(request, await self._queues(await self.vhost_scope(request)))
 
     async def _queue(self, request: Request) -> dict[str, Any]:
         vhost = await self.vhost_param(request)
-        name = seg(request, "name")
-        for q in await self._queues(vhost):
-            if q["name"] == name:
-                return q
-        raise not_found()
+        return named(await self._queues(vhost), seg(request, "name"))
 
     async def queue(self, request: Request) -> Response:
         self.auth(request)

@@ -190,6 +190,34 @@ def test_a_slow_consumer_acking_often_holds_back_its_own_queues_publisher_only(
     assert h.d.credit_withheld() == {(W0, 1): 3}
 
 
+def test_a_consumer_its_client_limits_holds_back_nobody_however_often_it_acks(
+        h: Harness) -> None:
+    """The same consumer, its pulls marked client-limited by its worker (r.Pull.limited: its
+    prefetch was full and one ack came back within PULL_DEFER): it waits on its application,
+    not on the supervisor, so its own queue's publisher keeps its credit too (RabbitMQ lets
+    the queue grow), while it is notified and while it is away."""
+    h.d.begin_batch(10.0)
+    _backlog_with_a_woken_consumer(h)
+    h.send(W1, r.Pull(1, 1, True, 1, limited=True))
+    h.events(W1)
+    for ack in range(1, 5):
+        h.d.begin_batch(10.0 + ack * FLOW_HOLD / 4)
+        h.send(W1, r.Interest(1, True))
+        assert not _behind(h)  # notified, not served yet: its last pull said its client limits it
+        h.send(W1, r.Pull(1, 1, True, ack + 1, limited=True))
+        h.events(W1)
+        h.send(W1, r.Interest(1, False))
+        for _ in range(CREDIT_CHUNK):
+            h.publish("q")
+        h.d.end_batch()
+        assert not h.d.behind
+    assert h.d.credit_withheld() == {}
+    h.send(W1, r.Interest(1, True))
+    h.send(W1, r.Pull(1, 5, True, 6))  # half its prefetch back at once: the supervisor's turn
+    h.send(W1, r.Interest(1, False))
+    assert _behind(h)
+
+
 def test_a_backlog_whose_consumers_have_no_credit_does_not_hold_publishers(h: Harness) -> None:
     """Slow consumers (all prefetch used) are not the supervisor being behind: RabbitMQ lets
     such a queue grow, and so do we."""

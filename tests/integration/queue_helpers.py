@@ -1,6 +1,7 @@
-"""Helpers of the queue-argument and dead-lettering tests through pika
-(test_features_queues.py, test_features_deadletter.py): basic.get, waiting for messages, a
-queue dead-lettering into another, and checking one x-death entry."""
+"""Helpers of the queue-argument, dead-lettering and exchange tests through pika
+(test_features_queues.py, test_features_deadletter.py, test_features_exchanges.py,
+test_features_sender_selected.py): basic.get, declaring queues, waiting for messages, a queue
+dead-lettering into another, and checking one x-death entry."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ from tests.integration.harness import Names, drain_with_get, ready_count, wait_u
 def _bodies(channel: Any, queue: str) -> list[bytes]:
     """Every ready message's body in `queue`, taken with basic.get (auto-ack)."""
     return [body for body, _ in drain_with_get(channel, queue, 100)]
+
+
+def _queues(channel: Any, names: Names, *labels: str) -> list[str]:
+    """Declare a queue per label (its unique name from ``names``); their names."""
+    queues = [names(label) for label in labels]
+    for queue in queues:
+        channel.queue_declare(queue)
+    return queues
 
 
 def _get(channel: Any, queue: str) -> tuple[Any, Any, bytes]:

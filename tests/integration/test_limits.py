@@ -168,6 +168,32 @@ def test_max_queues_refuses_only_new_queues(broker: Broker) -> None:
         ch.queue_delete("lim-q2")
 
 
+def test_a_vhosts_limits_hold_in_that_vhost_only_and_go_with_it(broker: Broker) -> None:
+    """Limits are per vhost: another vhost's max-connections and max-queues leave "/" alone;
+    deleting the vhost deletes its limits (rabbit_vhost:delete)."""
+    assert "error" not in control(broker, command="add_vhost", name="lim-v", grant_to="guest")
+    try:
+        control(broker, command="set_vhost_limits", vhost="lim-v",
+                limits={"max-connections": 1, "max-queues": 0})
+        with pika.BlockingConnection(broker.connection_parameters(virtual_host="lim-v")) as conn:
+            with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+                conn.channel().queue_declare("lim-vq")
+            assert caught.value.reply_text == ("PRECONDITION_FAILED - cannot declare queue "
+                                               "'lim-vq': queue limit in vhost 'lim-v' (0) is reached")
+            counted(broker, "vhost_connections", "lim-v", 1)
+            with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as refused:
+                pika.BlockingConnection(broker.connection_parameters(virtual_host="lim-v"))
+            assert "access to vhost 'lim-v' refused for user 'guest'" in str(refused.value)
+            with pika.BlockingConnection(broker.connection_parameters()) as root:
+                root.channel().queue_declare("lim-vq", auto_delete=True)  # "/" has no limit
+        exported = json.loads(ctl(broker, "export_definitions", "-").stdout)
+        assert {"value": {"max-connections": 1, "max-queues": 0}, "vhost": "lim-v",
+                "component": "vhost-limits", "name": "limits"} in exported["parameters"]
+    finally:
+        control(broker, command="delete_vhost", name="lim-v")
+    assert control(broker, command="list_vhost_limits")["limits"] == []
+
+
 def test_ctl_sets_lists_and_clears_limits_as_rabbitmqctl(broker: Broker) -> None:
     """shoal ctl's limit verbs: rabbitmqctl's lines, JSON and exit codes."""
     done = ctl(broker, "set_vhost_limits", "-p", "/", '{"max-connections": 10, "max-queues": 5}')
@@ -273,22 +299,25 @@ def test_definitions_round_trip_with_limits(managed: tuple[Broker, int], tmp_pat
 
 def test_an_import_takes_the_vhost_and_user_limits_of_each_shape(broker: Broker) -> None:
     """A vhost's ``limits`` (older exports), a ``vhost-limits`` parameter and a user's
-    ``limits`` are imported; a vhost that is not here is named, not dropped silently."""
+    ``limits`` are imported; a vhost that is not here is added, with the limits the file gives
+    it."""
     try:
         report = control(broker, command="import_definitions", definitions={
-            "vhosts": [{"name": "/", "limits": {"max-connections": 50}}, {"name": "elsewhere"}],
+            "vhosts": [{"name": "/", "limits": {"max-connections": 50}},
+                       {"name": "elsewhere", "limits": {"max-queues": 4}}],
             "users": [{"name": "lim2", "password_hash": hashed({"lim2": "pw"})["lim2"], "tags": [],
                        "limits": {"max-channels": 9}}],
             "parameters": [{"value": {"max-queues": 70}, "vhost": "/",
                             "component": "vhost-limits", "name": "limits"}]})
-        assert report["imported"]["limits"] == 3, report
-        assert any("vhost 'elsewhere'" in line for line in report["unsupported"])
+        assert report["imported"]["limits"] == 4, report
         assert control(broker, command="list_vhost_limits")["limits"] == [
-            {"vhost": "/", "value": {"max-queues": 70}}]  # the parameter is the vhost's whole set
+            {"vhost": "/", "value": {"max-queues": 70}},  # the parameter is the vhost's whole set
+            {"vhost": "elsewhere", "value": {"max-queues": 4}}]
         assert control(broker, command="list_user_limits", user="lim2")["limits"] == [
             {"user": "lim2", "value": {"max-channels": 9}}]
     finally:
         control(broker, command="clear_vhost_limits", vhost="/")
+        control(broker, command="delete_vhost", name="elsewhere")
         control(broker, command="delete_user", name="lim2")
 
 

@@ -239,6 +239,46 @@ def test_topic_publish_key(broker: Broker) -> None:
     assert g.queue_declare("tp-q", passive=True).method.message_count == 2
 
 
+def test_a_change_applies_to_open_connections_after_caching(broker: Broker) -> None:
+    """The supervisor keeps its topic verdicts per (user, vhost, exchange, routing key) until a
+    permission changes: a connection open across a topic permission change, a permission change
+    and a topic permission cleared publishes under the rules of the moment each time."""
+    topic_user(broker, "tc", write="^tc\\.a$", read=".*")
+    connection = broker.connect(credentials=pika.PlainCredentials("tc", "pw"))
+
+    def channel() -> pika.adapters.blocking_connection.BlockingChannel:
+        ch = connection.channel()
+        ch.confirm_delivery()
+        return ch
+
+    def no(key: str) -> str:
+        return f"access to topic '{key}' in exchange 'amq.topic' in vhost '/' refused for user 'tc'"
+
+    ch = channel()
+    ch.queue_declare("tc-q")
+    ch.queue_bind("tc-q", "amq.topic", "tc.*")
+    for _ in range(3):  # the first verdict is kept, the others come from it
+        ch.basic_publish("amq.topic", "tc.a", b"m")
+    refused(lambda: ch.basic_publish("amq.topic", "tc.b", b"m"), no("tc.b"))
+    ch = channel()
+    refused(lambda: ch.basic_publish("amq.topic", "tc.b", b"m"), no("tc.b"))
+    assert "error" not in control(broker, command="set_topic_permissions", user="tc", vhost="/",
+                                  exchange="amq.topic", write="^tc\\.b$", read=".*")
+    ch = channel()
+    ch.basic_publish("amq.topic", "tc.b", b"m")
+    refused(lambda: ch.basic_publish("amq.topic", "tc.a", b"m"), no("tc.a"))
+    control(broker, command="set_permissions", user="tc", vhost="/", configure=".*",
+            write="^amq\\.topic$|^amq\\.default$", read=".*")
+    ch = channel()
+    ch.basic_publish("amq.topic", "tc.b", b"m")
+    control(broker, command="clear_topic_permissions", user="tc", vhost="/")
+    ch = channel()
+    ch.basic_publish("amq.topic", "tc.a", b"m")
+    ch.basic_publish("amq.topic", "tc.c", b"m")
+    assert ch.queue_declare("tc-q", passive=True).method.message_count == 7
+    connection.close()
+
+
 def test_topic_publish_refusal_frame(broker: Broker) -> None:
     topic_user(broker, "tpraw", write="^ok$", read=".*")
     client = raw_login(broker, "tpraw")

@@ -2,8 +2,9 @@
 
 Credit flow holds back only the publishers feeding a queue whose consumer waits on the
 supervisor; a consumer that acks one message every few milliseconds on a deep queue waits on
-its client, not on us. The test asserts what the supervisor did (its count of grants held back
-per connection, read on the control socket), never a time.
+its client, not on us (its worker marks its pulls client-limited), so it holds back no
+publisher, not even its own queue's. The tests assert what the supervisor did (its count of
+grants held back per connection, read on the control socket), never a time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pika
 import pytest
 
 from broker.runtime.credit_flow import FLOW_BACKLOG
-from tests.integration.harness import Broker, close_quietly
+from tests.integration.harness import Broker, close_quietly, deadline
 from tests.integration.rawclient import unique_name
 
 CONFIRMED = 1000  # more than twice workers' PUBLISH_CREDIT: the publisher needs its credit back
@@ -89,25 +90,37 @@ class SlowConsumer:
         assert self.error is None, f"the slow consumer failed: {self.error!r}"
 
 
+def deep_queue_with_a_slow_consumer(broker: Broker, setup: Any, queue: str) -> SlowConsumer:
+    """``queue`` declared with a backlog (its consumer always has more to take), and a
+    SlowConsumer on it."""
+    setup.queue_declare(queue)
+    for _ in range(FLOW_BACKLOG * 3):
+        setup.basic_publish("", queue, b"x" * 100)
+    return SlowConsumer(broker, queue)
+
+
+def confirming_once_under_way(publisher: pika.BlockingConnection, slow: SlowConsumer) -> Any:
+    """A channel of ``publisher`` in confirm mode, once ``slow`` is under way (served at each
+    ack, its prefetch full between acks)."""
+    channel = publisher.channel()
+    channel.confirm_delivery()
+    while slow.acked < 5:
+        publisher.process_data_events(time_limit=0.05)
+    return channel
+
+
 @pytest.mark.deadline(120)
 def test_a_slow_consumer_does_not_hold_back_a_publisher_to_another_queue(broker: Broker) -> None:
     """A consumer acking 50 messages a second on a deep queue A, its prefetch full between
     acks: a publisher with confirms to queue B gets every confirm, and the supervisor never
     held back its credit (RabbitMQ lets A grow and every publisher keeps its rate)."""
     a, b = unique_name("slow-a"), unique_name("other-b")
-    admin = broker.connect()
-    setup = admin.channel()
-    setup.queue_declare(a)
+    setup = broker.connect().channel()
     setup.queue_declare(b)
-    for _ in range(FLOW_BACKLOG * 3):  # A's backlog: its consumer always has more to take
-        setup.basic_publish("", a, b"x" * 100)
-    slow = SlowConsumer(broker, a)
+    slow = deep_queue_with_a_slow_consumer(broker, setup, a)
     publisher = broker.connect(client_properties={"product": "publisher to B"})
     try:
-        channel = publisher.channel()
-        channel.confirm_delivery()
-        while slow.acked < 5:  # A's consumer is under way: served at each ack, full between
-            publisher.process_data_events(time_limit=0.05)
+        channel = confirming_once_under_way(publisher, slow)
         for i in range(CONFIRMED):
             channel.basic_publish("", b, str(i).encode(), mandatory=True)  # raises unless confirmed
         assert setup.queue_declare(b, passive=True).method.message_count == CONFIRMED
@@ -117,3 +130,26 @@ def test_a_slow_consumer_does_not_hold_back_a_publisher_to_another_queue(broker:
         slow.stop()
     setup.queue_delete(a)
     setup.queue_delete(b)
+
+
+@pytest.mark.deadline(120)
+def test_a_slow_consumer_does_not_hold_back_its_own_queues_publisher(broker: Broker) -> None:
+    """The same consumer, acking every ACK_EVERY_S (more often than credit flow's FLOW_HOLD) on
+    a deep queue, and a publisher with confirms to that very queue: its client limits the
+    consumer, not the supervisor, so the publisher gets every confirm and its credit was never
+    held back (RabbitMQ lets the queue grow and the publisher keeps its rate)."""
+    a = unique_name("slow-a")
+    setup = broker.connect().channel()
+    slow = deep_queue_with_a_slow_consumer(broker, setup, a)
+    publisher = broker.connect(client_properties={"product": "publisher to A"})
+    try:
+        channel = confirming_once_under_way(publisher, slow)
+        # Held back, the publisher would wait for its credit as long as A's backlog lasts.
+        with deadline(60, "publishing to the slow consumer's queue"):
+            for i in range(CONFIRMED):
+                channel.basic_publish("", a, str(i).encode(), mandatory=True)
+        assert slow.acked > 5
+        assert withheld_from(broker, "publisher to A") == 0
+    finally:
+        slow.stop()
+    setup.queue_delete(a)

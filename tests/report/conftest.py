@@ -39,7 +39,7 @@ def spark():
         session.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def report(spark, tmp_path_factory):
     """Write the hand-made trace, run `shoal report DIR --master local[1]` once, load summary.json."""
     trace = tmp_path_factory.mktemp("trace")

@@ -5,42 +5,22 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from cli.report import report as report_command
-from tests.integration.harness import finish, start_broker
+from tests.integration.traced_run import MESSAGES, REJECTED, run_traced_broker
 
-MESSAGES = 300
-REJECTED = 20
+# Its subject is the report (a Spark job, the same in both passes): make test's pure-Python pass
+# leaves it out; tests/integration/test_traced_broker.py runs the same traffic's trace hooks there.
+pytestmark = pytest.mark.compiled_only
 
 
 def test_report_counts_match_what_the_client_sent_and_received(spark, tmp_path):
     """published, delivered, acked and rejected in summary.json equal what a pika
     client published, received and settled through a traced two-worker broker."""
     trace = tmp_path / "trace"
-    broker = start_broker(tmp_path / "broker", extra_args=["--trace", str(trace)])
-    try:
-        connection = broker.connect()
-        channel = connection.channel()
-        channel.queue_declare("traced")
-        channel.confirm_delivery()
-        for i in range(MESSAGES):
-            channel.basic_publish("", "traced", str(i).encode())
-        channel.basic_qos(prefetch_count=50)
-        received = 0
-        for method, _, _ in channel.consume("traced", inactivity_timeout=5):
-            assert method is not None, f"only {received} of {MESSAGES} messages arrived"
-            received += 1
-            if received <= REJECTED:
-                channel.basic_reject(method.delivery_tag, requeue=False)
-            else:
-                channel.basic_ack(method.delivery_tag)
-            if received == MESSAGES:
-                break
-        channel.cancel()
-        connection.close()
-    finally:
-        finish(broker)  # SIGTERM: every process flushes and closes its trace files
+    run_traced_broker(tmp_path / "broker", trace)
 
     result = CliRunner().invoke(report_command, [str(trace), "--master", "local[1]"])
     assert result.exit_code == 0, result.output + repr(result.exception)
