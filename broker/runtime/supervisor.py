@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from broker.federation import node_name
 from broker.passwords import DEFAULT_USER, hashed
 from broker.permissions import FULL, Table, TopicTable
 from broker.runtime import definitions_io, listeners
@@ -328,7 +329,7 @@ class Supervisor:
             event_fd=w.event_efd.fileno(), alive_fd=self._alive_r,
             heartbeat=c.heartbeat, frame_max=c.frame_max, channel_max=c.channel_max,
             max_message_size=c.max_message_size, log_level=c.log_level,
-            loopback_users=c.loopback_users,
+            loopback_users=c.loopback_users, cluster_name=node_name(self.port),
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
             impersonators=self.user_admin.impersonators(), vhosts=list(self.dispatcher.vhosts.by_name),
