@@ -10,7 +10,8 @@ from collections.abc import Callable
 import click
 from click.core import ParameterSource
 
-from broker.runtime.supervisor import ServeConfig, run
+from broker.runtime.serve import run
+from broker.runtime.serve_config import ServeConfig
 from broker.storage.data_dir import default_data_dir
 from cli.config_file import ConfigFileError, Setting, parse_size
 from cli.config_file import read as read_config_file

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-``run(config)`` sweeps shared memory left by dead instances, creates one
-region and two eventfds per worker, binds the listening socket, and starts N
+:meth:`Supervisor.setup` (``shoal serve``: :func:`broker.runtime.serve.run`) sweeps shared
+memory left by dead instances, creates one region and two eventfds per worker, binds the listening socket, and starts N
 worker processes that inherit the socket and the fds (gunicorn's arbiter
 shape: signal handlers only record, the main loop reaps and restarts).
 
@@ -54,16 +54,12 @@ from broker.runtime.shovel_child import ShovelChild
 from broker.runtime.users import RuntimeUsers
 from broker.runtime.vhost_admin import RuntimeVhosts
 from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
-from broker.storage.data_dir import DataDirDamaged, DataDirInUse
-from broker.storage.definition_store import DefinitionStoreError
-from broker.storage.message_store import ArenasFull
 from broker.topology.vhosts import DEFAULT_DESCRIPTION, DEFAULT_VHOST
 from ipc import collector
 from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
 from ipc.region import NOT_ACCEPTING, Region, region_name, sweep_stale
 from ipc.ring import RingCorrupt
-from ipc.tls import TLSSettingsError
 from ipc.wakeup import wake_if_sleeping
 from ipc.worker_config import WorkerConfig
 
@@ -581,34 +577,3 @@ class Supervisor:
             json.dump(info, f)
         os.replace(tmp, path)
 
-
-def run(config: ServeConfig) -> int:
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
-    )
-    sup = Supervisor(config)
-    try:
-        sup.setup()
-    except (TLSSettingsError, DataDirInUse, DataDirDamaged, DefinitionStoreError, ArenasFull,
-            definitions_io.DefinitionsError) as exc:
-        log.error("cannot start: %s%s", "TLS: " if isinstance(exc, TLSSettingsError) else "", exc)
-        sup.cleanup()
-        return 1
-    except OSError as exc:
-        # One line, as RabbitMQ's "could not start listener" (no traceback), and nothing left
-        # behind: what setup created so far is removed.
-        where = f"{config.host}:{config.port}" if sup._listener is None else (
-            exc.filename or "setup")
-        log.error("cannot start: %s: %s", where, (exc.strerror or str(exc)).lower())
-        sup.cleanup()
-        return 1
-    log.info("Shoal %s listening on %s:%d with %d worker(s)",
-             sup.instance, config.host, sup.port, config.workers)
-    if sup._tls_listener is not None:
-        log.info("AMQPS (TLS) listening on %s:%d", config.host, sup._tls_listener.getsockname()[1])
-    try:
-        sup.serve()
-    finally:
-        sup.cleanup()
-    return 0
