@@ -231,9 +231,13 @@ class ChannelConsumers:
         # Working off backlogs with little credit back (an ack or two): wait for half the
         # prefetch, PULL_DEFER at most, as a consumer with its own prefetch does
         # (ConsumerTarget.top_up) -- a pull a message otherwise, when each is acked alone.
-        if (available < max(1, min(pool.global_prefetch, PULL_BATCH) // 2) and not self._due
-                and all(target.more for target in ready) and self._targets.defer(ready[0])):
+        short = (available < max(1, min(pool.global_prefetch, PULL_BATCH) // 2)
+                 and all(target.more for target in ready))
+        if short and not self._due and self._targets.defer(ready[0]):
             return
+        # PULL_DEFER passed with less than half the channel's prefetch back on backlogs: the
+        # client limits these consumers (r.Pull.limited), not the supervisor.
+        limited = short and self._due
         self._turn = first + 1
         left = len(ready)
         for target in ready:
@@ -245,7 +249,7 @@ class ChannelConsumers:
                 continue
             available -= n
             seq = pool.pull_sent(target, n)
-            out.requests.append(r.Pull(target.id, n, False, seq))
+            out.requests.append(r.Pull(target.id, n, False, seq, limited))
 
     # ------------------------------------------------------------- timers
 

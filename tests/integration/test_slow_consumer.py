@@ -55,10 +55,12 @@ def withheld_from(broker: Broker, product: str) -> int:
 class SlowConsumer:
     """A pika consumer with its own connection on its own thread (pika is not thread-safe:
     the connection is made, used and closed there): prefetch 10, each message acked on its own
-    ACK_EVERY_S after it arrived, so that its prefetch is full between acks."""
+    ACK_EVERY_S after it arrived, so that its prefetch is full between acks (``global_qos``: the
+    channel's prefetch, shared by its consumers, as celery sets it)."""
 
-    def __init__(self, broker: Broker, queue: str) -> None:
+    def __init__(self, broker: Broker, queue: str, *, global_qos: bool = False) -> None:
         self.acked = 0
+        self._global_qos = global_qos
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(broker.connection_parameters(), queue),
@@ -75,7 +77,7 @@ class SlowConsumer:
             connection = pika.BlockingConnection(parameters)
             try:
                 channel = connection.channel()
-                channel.basic_qos(prefetch_count=10)
+                channel.basic_qos(prefetch_count=10, global_qos=self._global_qos)
                 channel.basic_consume(queue, self._on_message)
                 while not self._stop.is_set():
                     connection.process_data_events(time_limit=0.1)
@@ -90,13 +92,14 @@ class SlowConsumer:
         assert self.error is None, f"the slow consumer failed: {self.error!r}"
 
 
-def deep_queue_with_a_slow_consumer(broker: Broker, setup: Any, queue: str) -> SlowConsumer:
+def deep_queue_with_a_slow_consumer(broker: Broker, setup: Any, queue: str, *,
+                                    global_qos: bool = False) -> SlowConsumer:
     """``queue`` declared with a backlog (its consumer always has more to take), and a
-    SlowConsumer on it."""
+    SlowConsumer on it (``global_qos``: its prefetch is its channel's)."""
     setup.queue_declare(queue)
     for _ in range(FLOW_BACKLOG * 3):
         setup.basic_publish("", queue, b"x" * 100)
-    return SlowConsumer(broker, queue)
+    return SlowConsumer(broker, queue, global_qos=global_qos)
 
 
 def confirming_once_under_way(publisher: pika.BlockingConnection, slow: SlowConsumer) -> Any:
@@ -132,15 +135,14 @@ def test_a_slow_consumer_does_not_hold_back_a_publisher_to_another_queue(broker:
     setup.queue_delete(b)
 
 
-@pytest.mark.deadline(120)
-def test_a_slow_consumer_does_not_hold_back_its_own_queues_publisher(broker: Broker) -> None:
-    """The same consumer, acking every ACK_EVERY_S (more often than credit flow's FLOW_HOLD) on
-    a deep queue, and a publisher with confirms to that very queue: its client limits the
-    consumer, not the supervisor, so the publisher gets every confirm and its credit was never
-    held back (RabbitMQ lets the queue grow and the publisher keeps its rate)."""
+def publish_to_the_slow_consumers_own_queue(broker: Broker, *, global_qos: bool = False) -> int:
+    """A SlowConsumer on a deep queue A (``global_qos``: its prefetch its channel's), and a
+    publisher with confirms to A once it is under way, publishing CONFIRMED messages (each
+    confirmed, or basic_publish raises): the grants of publish credit held back from that
+    publisher."""
     a = unique_name("slow-a")
     setup = broker.connect().channel()
-    slow = deep_queue_with_a_slow_consumer(broker, setup, a)
+    slow = deep_queue_with_a_slow_consumer(broker, setup, a, global_qos=global_qos)
     publisher = broker.connect(client_properties={"product": "publisher to A"})
     try:
         channel = confirming_once_under_way(publisher, slow)
@@ -149,7 +151,26 @@ def test_a_slow_consumer_does_not_hold_back_its_own_queues_publisher(broker: Bro
             for i in range(CONFIRMED):
                 channel.basic_publish("", a, str(i).encode(), mandatory=True)
         assert slow.acked > 5
-        assert withheld_from(broker, "publisher to A") == 0
+        withheld = withheld_from(broker, "publisher to A")
     finally:
         slow.stop()
     setup.queue_delete(a)
+    return withheld
+
+
+@pytest.mark.deadline(120)
+def test_a_slow_consumer_does_not_hold_back_its_own_queues_publisher(broker: Broker) -> None:
+    """The same consumer, acking every ACK_EVERY_S (more often than credit flow's FLOW_HOLD) on
+    a deep queue, and a publisher with confirms to that very queue: its client limits the
+    consumer, not the supervisor, so the publisher gets every confirm and its credit was never
+    held back (RabbitMQ lets the queue grow and the publisher keeps its rate)."""
+    assert publish_to_the_slow_consumers_own_queue(broker) == 0
+
+
+@pytest.mark.deadline(120)
+def test_a_slow_consumer_with_a_global_prefetch_does_not_hold_back_its_own_queues_publisher(
+        broker: Broker) -> None:
+    """As above, with the slow consumer's prefetch its channel's (basic.qos global=true, as
+    celery sets it): its worker's shared pulls say its client limits it, so the publisher to
+    its queue gets every confirm and its credit was never held back."""
+    assert publish_to_the_slow_consumers_own_queue(broker, global_qos=True) == 0

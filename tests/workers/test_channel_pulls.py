@@ -432,6 +432,38 @@ def test_global_qos_waits_for_half_the_prefetch_before_pulling_from_backlogs() -
     assert pull.max == 1
 
 
+def test_global_qos_pulls_say_the_client_limits_them_when_little_came_back() -> None:
+    """The channel's global prefetch full on backlogs: less than half of it back within
+    PULL_DEFER and its shared pull carries r.Pull.limited (its client limits its consumers,
+    not the supervisor); half of it back, or credit pulled at once, does not."""
+    h = Harness()
+    first, second = _two_on_backlogs(h, 10)
+    h.handler.worker.targets.take_deferred()
+    for tag in range(1, 6):
+        h.client(1, commands.Basic.Ack(delivery_tag=tag))
+    shared = pulls(h.take())
+    assert sorted(p.max for p in shared) == [2, 3] and not any(p.limited for p in shared)
+    deliver(h, first, [301, 302, 303], more=True)
+    deliver(h, second, [304, 305], more=True)
+    h.take()
+    h.client(1, commands.Basic.Ack(delivery_tag=6))
+    assert pulls(h.take()) == []
+    for waiting in h.handler.worker.targets.take_deferred():
+        h.handler.pull_due(waiting)  # PULL_DEFER later, one ack back
+    [pull] = pulls(h.take())
+    assert pull.max == 1 and pull.limited
+
+
+def test_global_qos_pulls_without_a_backlog_are_not_limited() -> None:
+    """Credit pulled at once (the first pull, no backlog) carries no r.Pull.limited."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=10, global_=True))
+    target = consumer(h, 1, "c1", "q1")
+    h.notify(target)
+    [pull] = pulls(h.take())
+    assert pull.max == 10 and not pull.limited
+
+
 def test_a_no_ack_consumer_is_not_held_to_a_global_prefetch() -> None:
     """AMQP 0-9-1: prefetch limits acknowledged deliveries only, the channel's too."""
     h = Harness()
