@@ -3,9 +3,9 @@
 Theory of operation
 -------------------
 :meth:`Supervisor.setup` (``shoal serve``: :func:`broker.runtime.serve.run`) sweeps shared
-memory left by dead instances, creates one region and two eventfds per worker, binds the listening socket, and starts N
-worker processes that inherit the socket and the fds (gunicorn's arbiter
-shape: signal handlers only record, the main loop reaps and restarts).
+memory left by dead instances, creates one region and two eventfds per worker, binds the
+listening socket, and starts N worker processes that inherit the socket and the fds
+(gunicorn's arbiter shape: signal handlers only record, the main loop reaps and restarts).
 
 Each turn of :class:`~broker.runtime.ring_loop.RingLoop` applies a bounded step of every worker's
 request ring through the :class:`~broker.runtime.dispatch.Dispatcher`, then *flushes* once: each
