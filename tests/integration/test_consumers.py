@@ -139,6 +139,11 @@ def test_a_global_prefetch_is_shared_evenly_by_a_channels_queues(shared_broker: 
         ch.queue_declare(queue)
         for _ in range(300):
             ch.basic_publish("", queue, b"work")
+    # Every queue has its whole backlog before the first consume (publishes still on their way
+    # would give the queue consumed first a head start).
+    for queue in queues:
+        pump_until([conn], lambda queue=queue: ch.queue_declare(queue, passive=True).method.message_count == 300,
+                   what=f"{queue}'s 300 messages")
     ch.basic_qos(prefetch_count=12, global_qos=True)
     order: list[str] = []
 
