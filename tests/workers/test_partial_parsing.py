@@ -17,6 +17,7 @@ from pamqp import commands
 from tests.workers.connection_helpers import method, opened
 from tests.workers.helpers import Harness, decode
 from workers import events as ev
+from workers import socket_reader
 from workers.socket_reader import PARSE_EVENTS, PublishGates, SocketReader
 from workers.socket_writer import SocketWriter
 
@@ -140,3 +141,17 @@ async def test_a_read_past_the_output_bound_is_parsed_after_the_writer_drains(
     assert all(isinstance(f, commands.Basic.QosOk) for _, f in frames)
     assert [channel for channel, _ in frames] == [CHANNELS[n % 8] for n in range(count)]
     assert not h.proto.unparsed and h.handler.reading_stop is None
+
+
+def test_the_heap_is_trimmed_at_most_once_an_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections stopped for unsent output one after the other trim the worker's heap
+    once per TRIM_INTERVAL, not once each."""
+    calls: list[int] = []
+    monkeypatch.setattr(socket_reader, "_trim", calls.append)
+    monkeypatch.setattr(socket_reader, "_trimmed_at", -socket_reader.TRIM_INTERVAL)
+    for _ in range(5):
+        socket_reader._trim_heap()
+    assert calls == [0]
+    monkeypatch.setattr(socket_reader, "_trimmed_at", -socket_reader.TRIM_INTERVAL)
+    socket_reader._trim_heap()
+    assert calls == [0, 0]
