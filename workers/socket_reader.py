@@ -3,9 +3,11 @@
 The server makes one ``SocketReader`` per connection. Its task waits for the socket, reads
 what came (into a new bytes, or straight into the arena block a big body goes to), hands it
 to the sans-IO protocol (``AMQPConnection.receive_data``) and the events that come out to the
-connection's handler, in order. It stops reading, and so lets the client's TCP window fill,
-while the handler says so (credit flow, unsent output), while a memory alarm is on (for
-publishers) and while a publish waits for room in the worker's arena (``PublishGates``).
+connection's handler, in order, PARSE_EVENTS at a time (the rest of the read waits in the
+protocol, unparsed, for ``parse_more``). It stops reading, and parsing, and so lets the
+client's TCP window fill, while the handler says so (credit flow, unsent output), while a
+memory alarm is on (for publishers) and while a publish waits for room in the worker's arena
+(``PublishGates``).
 """
 
 from __future__ import annotations
@@ -104,14 +106,17 @@ class SocketReader:
         eager = 0  # reads that may still go without waiting first
         ask = RECEIVE_SMALL  # the next read's size: more after one that filled its ask
         while not proto.closed:
-            if handler.reading_stop is not None:
-                await self._stop_reading()
             if proto.unparsed:
                 # The last read's frames past PARSE_EVENTS wait in the protocol's buffer:
                 # parsed (in order) before the socket is read again, and only while the
-                # connection is within its bounds (checked just above).
+                # connection's unsent output is within its bound. Credit flow stops reading
+                # between reads, as it did before reads were parsed in parts.
+                if handler.reading_stop == "output":
+                    await self._stop_reading()
                 await self._handle(proto.parse_more())
                 continue
+            if handler.reading_stop is not None:
+                await self._stop_reading()
             # Wait, then read: what trio's receive_some does, less its two checkpoints and
             # the failed recv it tries first (a client is mostly quiet between messages).
             # A read that filled what it asked for is likely followed by more: the next read
