@@ -49,6 +49,7 @@ from collections.abc import Callable
 __all__ = [
     "EventFd",
     "SleepFlag",
+    "SleepFlags",
     "full_fence",
     "wait_for_work",
     "wake_if_sleeping",
@@ -171,6 +172,29 @@ class SleepFlag:
 
     def is_sleeping(self) -> bool:
         return self._buf[self._offset] != 0
+
+
+class SleepFlags:
+    """One sleeper's flags in several producers' regions (the supervisor's, one per worker):
+    sleep is announced on all of them with one fence."""
+
+    __slots__ = ("_flags",)
+
+    def __init__(self) -> None:
+        self._flags: list[SleepFlag] = []
+
+    def add(self, flag: SleepFlag) -> None:
+        self._flags.append(flag)
+
+    def set_sleeping(self) -> None:
+        """Sleeper, step 1, for every producer at once; then re-check for work."""
+        for flag in self._flags:
+            flag._buf[flag._offset] = 1
+        full_fence()
+
+    def clear(self) -> None:
+        for flag in self._flags:
+            flag._buf[flag._offset] = 0
 
 
 def wake_if_sleeping(flag: SleepFlag, efd: EventFd) -> bool:

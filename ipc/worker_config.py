@@ -27,6 +27,9 @@ class WorkerConfig(msgspec.Struct, frozen=True):
     # broker.permissions' tables; None: everyone may do everything (tests without a supervisor)
     permissions: dict[str, dict[str, tuple[str, str, str]]] | None = None
     topic_permissions: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
+    # server_properties' cluster_name: the node's name (broker.federation.node_name), which
+    # federation links put in x-received-from and match to stop a message going round a ring
+    cluster_name: str = "shoal"
     impersonators: list[str] = []  # users tagged impersonator (user_id, workers.connection_handler)
     vhosts: list[str] = msgspec.field(default_factory=lambda: ["/"])  # may be opened (VhostsChanged)
     # broker.runtime.limits: vhost -> {max-connections, ...}, user -> {max-connections,

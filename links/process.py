@@ -20,6 +20,7 @@ from typing import Any
 
 from broker.parameters import ParameterError
 from ipc.profiling import run_profiled
+from links import frames
 from links.federating import Federation, ask
 from links.shovel import Shovel
 
@@ -146,6 +147,7 @@ def main(argv: list[str]) -> int:
         level=str(settings.get("log_level") or "info").upper(),
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s")
     logging.getLogger("aiormq").setLevel(logging.ERROR)
+    frames.install()
     run_profiled("links", asyncio.run, Links(settings).main())
     return 0
 

@@ -38,6 +38,7 @@ import asyncio
 import collections
 import logging
 import random
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,7 +46,7 @@ from urllib.parse import quote
 
 import aiormq
 from aiormq.abc import ChannelFrame, DeliveredMessage
-from pamqp import commands as spec
+from pamqp.frame import marshal as frame_marshal
 from pamqp.header import ContentHeader
 
 from broker.parameters import ParsedURI, ShovelSettings, parse_uri, shovel_settings
@@ -366,11 +367,9 @@ async def publish_batch(channel: Any, messages: list[tuple[str, str, Any, bytes]
     This is aiormq's ``basic_publish`` for many messages at once: one lock, one write and
     one wake-up of the connection's writer instead of one each (the links process's cost).
     """
-    frames: list[Any] = []
-    for exchange, key, props, body in messages:
-        frames.append(spec.Basic.Publish(exchange=exchange, routing_key=key))
-        frames.append(ContentHeader(properties=props, body_size=len(body)))
-        frames.extend(channel._split_body(body))
+    number, size = channel.number, channel.max_content_size
+    payload = b"".join([encode_publish(number, exchange, key, props, body, size)
+                        for exchange, key, props, body in messages])
     futures: list[asyncio.Future[Any]] = []
     async with channel.lock:
         first = channel.delivery_tag + 1
@@ -382,8 +381,8 @@ async def publish_batch(channel: Any, messages: list[tuple[str, str, Any, bytes]
             channel.delivery_tag += len(messages)
         written = None if confirm else channel.create_future()
         try:
-            await channel.write_queue.put(ChannelFrame.marshall(
-                channel_number=channel.number, frames=frames, drain_future=written))
+            await channel.write_queue.put(ChannelFrame(
+                payload=payload, should_close=False, drain_future=written))
         except BaseException:  # not queued: the broker never sees these
             if confirm:
                 channel.delivery_tag = first - 1
@@ -394,6 +393,25 @@ async def publish_batch(channel: Any, messages: list[tuple[str, str, Any, bytes]
                 written.cancel()
             raise
     return futures if written is None else [written] * len(messages)
+
+
+_FRAME = struct.Struct(">BHI")  # AMQP 0-9-1 §4.2.3: type, channel, size
+_PUBLISH = struct.pack(">HHH", 60, 40, 0)  # basic.publish, ticket 0
+
+
+def encode_publish(channel: int, exchange: str, key: str, props: Any, body: bytes,
+                    max_size: int) -> bytes:
+    """basic.publish, its content header and body frames, as bytes: pamqp's marshalling of the
+    method and body frames was a fifth of the links process's time (the header, with its
+    properties table, is still pamqp's)."""
+    ex, rk = exchange.encode(), key.encode()
+    method = b"".join((_PUBLISH, bytes((len(ex),)), ex, bytes((len(rk),)), rk, b"\x00"))
+    parts = [_FRAME.pack(1, channel, len(method)), method, b"\xce",
+             frame_marshal(ContentHeader(properties=props, body_size=len(body)), channel)]
+    for start in range(0, len(body), max_size):
+        chunk = body[start:start + max_size]
+        parts += (_FRAME.pack(3, channel, len(chunk)), chunk, b"\xce")
+    return b"".join(parts)
 
 
 def deliver_inline(channel: Any, receive: Callable[[DeliveredMessage], None]) -> None:

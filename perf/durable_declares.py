@@ -38,9 +38,13 @@ def declares(port: int, count: int) -> list[float]:
 
 
 def report(name: str, broker: Broker, count: int) -> None:
-    took = sorted(declares(broker.port, count))
+    took = declares(broker.port, count)
+    tenth = max(1, count // 10)
+    first, last = statistics.fmean(took[:tenth]), statistics.fmean(took[-tenth:])
+    took.sort()
     print(f"{name:9} {count} durable declares: mean {statistics.fmean(took) * 1e3:.2f} ms, "
-          f"p50 {took[len(took) // 2] * 1e3:.2f} ms, p99 {took[int(len(took) * 0.99)] * 1e3:.2f} ms")
+          f"p50 {took[len(took) // 2] * 1e3:.2f} ms, p99 {took[int(len(took) * 0.99)] * 1e3:.2f} ms "
+          f"(first tenth {first * 1e3:.2f} ms, last {last * 1e3:.2f} ms)")
 
 
 def main() -> None:
@@ -56,7 +60,7 @@ def main() -> None:
             report("shoal", shoal, args.count)
         finally:
             shoal.stop()
-        if not args.no_rabbitmq and rabbitmq_available():
+        if not args.no_rabbitmq and rabbitmq_available() is None:
             rabbit = RabbitBroker()
             try:
                 report("rabbitmq", rabbit, args.count)

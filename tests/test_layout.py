@@ -321,3 +321,16 @@ def test_the_group_order_check_finds_an_edge_that_runs_back() -> None:
     offenders = group_order_offenders({"broker.queues.queue": [back], "broker.runtime.dispatch": [down]})
     assert offenders == ["broker/queues/queue.py:1: broker.queues.queue (broker.queues) imports "
                          "broker.runtime.dispatch (broker.runtime)"]
+
+
+# STYLE.md: a module owns one thing, and is split by noun well before this (the aim is ~600).
+MODULE_LINES_MAX = 700
+
+
+def test_no_module_of_shoal_grows_past_the_split_point() -> None:
+    """STYLE.md: modules stay under ~500-700 lines; one that grows past MODULE_LINES_MAX is
+    split by noun (a helper per concept) instead of growing on."""
+    long = [f"{path.relative_to(REPO_ROOT)}: {n} lines"
+            for path in source_modules((*SHOAL, "perf")).values()
+            if (n := len(path.read_text().splitlines())) > MODULE_LINES_MAX]
+    assert not long, "modules past the split point:\n" + "\n".join(long)

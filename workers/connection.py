@@ -230,6 +230,12 @@ class AMQPConnection:
         """Open and not closing: frames may be sent on it."""
         return self._channels.is_open(channel)
 
+    @property
+    def channel_count(self) -> int:
+        """Channels open and not closing, as the frames left them (workers.limits counts them:
+        a channel.open later in the same read sees the ones before it)."""
+        return len(self._sendable)
+
     # -- public: input ----------------------------------------------------------
 
     def receive_data(self, data: bytes) -> list[Event]:

@@ -34,7 +34,7 @@ class WorkerLimits:
 
     def __init__(self, handlers: Mapping[int, Any], vhosts: dict[str, dict[str, int]],
                  users: dict[str, dict[str, int]]) -> None:
-        self._handlers = handlers  # conn -> ConnectionHandler: opened, finished, proto, channels
+        self._handlers = handlers  # conn -> ConnectionHandler: opened, finished, proto
         self._others = r.LimitsChanged(vhosts, users, {}, {}, {})
         self._sent = r.LimitUsage({}, {}, {})
 
@@ -94,7 +94,7 @@ class WorkerLimits:
                     vhost_conns[proto.vhost] += 1
                 if proto.user in users:
                     user_conns[proto.user] += 1
-                    user_chans[proto.user] += sum(1 for ch in h.channels.values() if not ch.closing)
+                    user_chans[proto.user] += proto.channel_count
         return r.LimitUsage(dict(vhost_conns), dict(user_conns), dict(user_chans))
 
     def changed(self) -> r.LimitUsage | None:

@@ -81,7 +81,7 @@ CAPABILITIES = {
 }
 
 
-def server_properties(worker_index: int) -> dict[str, Any]:
+def server_properties(worker_index: int, cluster_name: str = "shoal") -> dict[str, Any]:
     return {
         "product": "Shoal",
         "version": "0.1.0",
@@ -89,7 +89,7 @@ def server_properties(worker_index: int) -> dict[str, Any]:
         "copyright": "Copyright 2026 the Shoal authors",
         "information": "Licensed under the Apache License 2.0",
         "capabilities": dict(CAPABILITIES),
-        "cluster_name": "shoal",
+        "cluster_name": cluster_name,
         "shoal_worker": worker_index,
     }
 
@@ -137,7 +137,7 @@ class Server:
             on_blocked=self._gates.blocked, on_arena_freed=self._gates.on_arena_freed,
             want_flush=self._flush_bell.ring,  # until _flusher installs its round hook
         )
-        self._properties = server_properties(config.index)
+        self._properties = server_properties(config.index, config.cluster_name)
         self._stopping = False
         self._accepting = False
         self._open = 0  # client connections held now

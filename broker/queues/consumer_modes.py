@@ -88,6 +88,17 @@ class ExpiresWhenUnused:
         self._lease = expires_ms / 1000.0
         self.last_used = now
 
+    @staticmethod
+    def renewed(lease: ExpiresWhenUnused | None, expires_ms: int | None,
+                now: float) -> ExpiresWhenUnused | None:
+        """The lease after a policy changed ``x-expires``: none without one, ``lease`` while
+        its length is the same, else a new one from ``now`` (RabbitMQ init_exp)."""
+        if expires_ms is None:
+            return None
+        if lease is not None and lease._lease == expires_ms / 1000.0:
+            return lease
+        return ExpiresWhenUnused(expires_ms, now)
+
     def end(self) -> float:
         """When the lease runs out unless the queue is used again."""
         return self.last_used + self._lease

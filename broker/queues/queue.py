@@ -426,10 +426,7 @@ class Queue:
         ``x-expires`` lease that changed starts again (RabbitMQ init_exp). The caller switches a
         plain queue to featured storage first when the new settings need it."""
         self.settings = settings
-        if settings.expires is None:
-            self.lease = None
-        elif self.lease is None or self.lease.end() - self.lease.last_used != settings.expires / 1000.0:
-            self.lease = ExpiresWhenUnused(settings.expires, self._host.now)
+        self.lease = ExpiresWhenUnused.renewed(self.lease, settings.expires, self._host.now)
         self._reschedule()
 
     def unused_expired(self, now: float) -> bool:
@@ -580,7 +577,14 @@ class Queue:
     def _unref(self, message: Message) -> None:
         if self.store is not None and message.stored is not None:
             self.store.removed(self.name, message)
-        drop_reference(message, self._on_drop)  # a dead-letter copy's last releases its origin
+        # drop_reference's first step inline: one call fewer per settled message (the hot path).
+        message.refs -= 1
+        if message.refs == 0:
+            # A dead-letter copy releases its origin, whose last reference calls on_drop.
+            if message.origin is not None:
+                drop_reference(message.origin, self._on_drop)
+            elif self._on_drop is not None:
+                self._on_drop(message)
 
     def _dead_letter(self, message: Message, reason: DeadLetterReason) -> None:
         # rabbit_amqqueue_process with_dlx: only a queue with a dead-letter exchange republishes.

@@ -83,6 +83,7 @@ class Durability:
         started = time.monotonic()
         opened = open_definitions(self.data)
         self.definitions, self._opened = opened.store, opened
+        opened.store.checkpoint_off_loop(trio.lowlevel.start_thread_soon)
         if opened.behind:
             log.error("data directory %s: %s is %d change batch(es) behind what was committed to "
                       "it (%s says generation %d, it holds %d): the latest declares, deletes or "
@@ -350,6 +351,12 @@ def _place(vhosts: VirtualHosts, key: str, message: Message, redelivered: bool,
     return vhost is not None and vhost.restore_message(name, message, redelivered, enqueued_at)
 
 
+def _named(key: str) -> str:
+    """An index key (message_journal.queue_key) as a log names the queue: 'q', or 'q' in vhost 'v'."""
+    vhost, name = split_key(key)
+    return repr(name) if vhost == DEFAULT_VHOST else f"{name!r} in vhost {vhost!r}"
+
+
 def _sync_dir(path: Any) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -368,7 +375,7 @@ def _report_index(state: IndexState, clean: bool) -> None:
     for line in state.torn:
         log.warning("index: %s (a torn tail: records after it were never confirmed)", line)
     for damage in state.damage:
-        queues = ", ".join(repr(q) for q in sorted(damage.queues)) or "none"
+        queues = ", ".join(_named(q) for q in sorted(damage.queues)) or "none"
         log.error("index: damaged: %s; the records after it are kept; messages enqueued before "
                   "it come back redelivered (their delivery or removal may have been recorded "
                   "there), on queue(s) %s", damage.describe(), queues)
@@ -378,7 +385,7 @@ def _report_index(state: IndexState, clean: bool) -> None:
             per_queue[name] = per_queue.get(name, 0) + 1
         log.error("index: %d message(s) named by records after the damage were never found: "
                   "their enqueue records were in it and they are lost (%s)", len(state.orphans),
-                  ", ".join(f"{n} on queue {q!r}" for q, n in sorted(per_queue.items())))
+                  ", ".join(f"{n} on queue {_named(q)}" for q, n in sorted(per_queue.items())))
     if not clean and state.files:
         log.info("index: the last run did not stop cleanly: every message restored comes back "
                  "redelivered (its delivery may not have been recorded)")
@@ -391,18 +398,19 @@ def _report_lost(restored: Restored, clean: bool) -> None:
     for name, lost in sorted(restored.lost.items()):
         maybe = 0 if clean else restored.cut_short.get(name, 0)
         if lost > maybe:
-            log.error("index: %d confirmed message(s) on queue %r lost: their bodies are "
-                      "missing or damaged in the body segments", lost - maybe, name)
+            log.error("index: %d confirmed message(s) on queue %s lost: their bodies are "
+                      "missing or damaged in the body segments", lost - maybe, _named(name))
         if maybe:
-            log.warning("index: %d message(s) on queue %r lost: their bodies lie past the end "
+            log.warning("index: %d message(s) on queue %s lost: their bodies lie past the end "
                         "of their body segments (not yet synced at the unclean stop, so never "
-                        "confirmed; or damage)", maybe, name)
+                        "confirmed; or damage)", maybe, _named(name))
 
 
 def _report_aside(aside: SetAside, gone: dict[str, int], path: Any) -> None:
     for name, count in sorted(gone.items()):
-        log.error("index: queue %r is not in the definitions: its %d message(s) are not restored; "
-                  "their index records and bodies are set aside in %s", name, count, aside.path)
+        log.error("index: queue %s is not in the definitions: its %d message(s) are not restored; "
+                  "their index records and bodies are set aside in %s", _named(name), count,
+                  aside.path)
     if aside.path is not None:
         log.error("data directory %s: set aside in %s: %d index file(s) copied, %d body "
                   "segment(s) copied, %d body segment(s) no known message needs moved (index "

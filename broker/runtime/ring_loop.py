@@ -17,11 +17,10 @@ So the supervisor's main thread runs this loop instead. Each turn:
 2. calls ``step()``: one bounded pass over every ring, one flush, the timer when due; True
    while work is left, and the loop turns again at once (the next turn's guest tick gives the
    control plane its turn between two steps, as trio's scheduler gave its other tasks);
-3. otherwise calls ``sleep()``, which announces sleep to every worker (ipc.wakeup's sleep
-   flags) and re-checks the rings: ``None`` if work arrived meanwhile, else how long to sleep
-   (the timer's next deadline);
-4. sleeps in ``epoll_wait`` on the workers' eventfds and its own wake-up eventfd, then calls
-   ``woke()`` (the flags are cleared).
+3. otherwise announces sleep to every worker (ipc.wakeup's sleep flags, one fence) and asks
+   ``has_work()`` again: work that arrived meanwhile is taken at once; else
+4. sleeps in ``epoll_wait`` on the workers' eventfds and its own wake-up eventfd for at most
+   ``timeout()`` seconds (the timer's next deadline), and clears the flags.
 
 The eventfds are registered edge-triggered and never read: each write of an eventfd puts it
 on the epoll's ready list once, and ``epoll_wait`` takes it off, so a wake-up costs the one
@@ -45,7 +44,7 @@ from typing import Any
 import trio
 from outcome import Outcome
 
-from ipc.wakeup import EventFd
+from ipc.wakeup import EventFd, SleepFlag, SleepFlags
 
 _EDGE = select.EPOLLIN | select.EPOLLET
 
@@ -59,11 +58,13 @@ class RingLoop:
         self._epoll.register(self._wake.fileno(), _EDGE)
         self._soon: deque[Callable[[], object]] = deque()
         self._outcome: Outcome[Any] | None = None
-        self.wakeups = 0  # epoll_waits that slept (a developer's figure: perf, tests)
+        self._flags = SleepFlags()
 
-    def watch(self, fd: int) -> None:
-        """Wake the loop when ``fd`` (an eventfd) is written."""
+    def watch(self, fd: int, flag: SleepFlag) -> None:
+        """Wake the loop when ``fd`` (an eventfd) is written; its writer writes it only while
+        ``flag`` says the loop sleeps (ipc.wakeup)."""
         self._epoll.register(fd, _EDGE)
+        self._flags.add(flag)
 
     def close(self) -> None:
         self._epoll.close()
@@ -77,7 +78,7 @@ class RingLoop:
         self._outcome = outcome
 
     def run(self, main: Callable[[], Awaitable[object]], step: Callable[[], bool],
-            sleep: Callable[[], float | None], woke: Callable[[], object],
+            has_work: Callable[[], bool], timeout: Callable[[], float],
             instruments: Sequence[trio.abc.Instrument] = ()) -> object:
         """Run ``main`` under trio as this loop's guest and the ring steps beside it until
         ``main`` returns (its value) or raises (raised here)."""
@@ -87,17 +88,14 @@ class RingLoop:
             run_sync_soon_not_threadsafe=soon.append, done_callback=self._done,
             instruments=instruments,
         )
-        poll = self._epoll.poll
+        poll, flags = self._epoll.poll, self._flags
         while self._outcome is None:
             for _ in range(len(soon)):  # what was asked before this turn; more waits a turn
                 soon.popleft()()
             if step() or soon or self._outcome is not None:
                 continue
-            timeout = sleep()
-            if timeout is None:
-                continue
-            if not soon:
-                self.wakeups += 1
-                poll(timeout)
-            woke()
+            flags.set_sleeping()
+            if not (has_work() or soon):
+                poll(timeout())
+            flags.clear()
         return self._outcome.unwrap()

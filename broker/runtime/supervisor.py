@@ -7,14 +7,11 @@ region and two eventfds per worker, binds the listening socket, and starts N
 worker processes that inherit the socket and the fds (gunicorn's arbiter
 shape: signal handlers only record, the main loop reaps and restarts).
 
-The main thread runs :class:`~broker.runtime.ring_loop.RingLoop`: each turn applies every
-worker's request ring (a bounded step each) through the
-:class:`~broker.runtime.dispatch.Dispatcher` and then *flushes* once: every worker's outbox
-goes into its event ring, notify slots are set, and a worker's eventfd is written only if that
-worker said it was going to sleep. A busy broker therefore makes no syscall per message; an
-idle one sleeps in one ``epoll_wait`` on the workers' eventfds. The control plane (control
-socket, worker and child processes, signals, the data directory's sync) runs under trio as that
-loop's guest, between its steps.
+Each turn of :class:`~broker.runtime.ring_loop.RingLoop` applies a bounded step of every worker's
+request ring through the :class:`~broker.runtime.dispatch.Dispatcher`, then *flushes* once: each
+outbox goes into its event ring, notify slots are set, and a worker's eventfd is written only if
+it said it was going to sleep: a busy broker makes no syscall per message. The control plane
+(control socket, processes, signals, the data directory's sync) is trio, the loop's guest.
 
 A worker that dies is forgotten by the dispatcher (its consumers leave, its
 unacked messages are requeued, its exclusive queues go), its rings are
@@ -39,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from broker.federation import node_name
 from broker.passwords import DEFAULT_USER, hashed
 from broker.permissions import FULL, Table, TopicTable
 from broker.runtime import definitions_io, listeners
@@ -83,11 +81,9 @@ BATCH = 1024
 STEP_WORK = 2048
 IDLE_TICK = 1.0  # the timer's longest sleep
 BACKLOG_RETRY = 0.0005  # s: an event ring was full; how soon its worker is offered the rest
-# Every FORGET_PAGES_INTERVAL s (at a timer tick) the arena pages the supervisor touched by
-# freeing blocks in them are unmapped (ipc.region.Region.forget_arena_pages): it never reads a
-# body, and without this its RSS grows to every arena's size and counts each arena a second
-# time. A pipeline's frees stay in a few pages near each arena's start, so mapping them again
-# costs little; a drain of a paged queue frees blocks all through its arena.
+# Every FORGET_PAGES_INTERVAL s (at a tick) the arena pages the supervisor touched by freeing
+# blocks are unmapped (ipc.region.Region.forget_arena_pages): it never reads a body, and else its
+# RSS grows to every arena's size. A pipeline's frees stay in a few pages; a drain's do not.
 FORGET_PAGES_INTERVAL = 1.0
 
 
@@ -258,9 +254,9 @@ class Supervisor:
         loop = RingLoop()
         try:
             for w in self.workers:
-                loop.watch(w.request_efd.fileno())
-            run_profiled("supervisor", loop.run, main or self.run, self._step, self._sleep,
-                         self._woke, instruments=trio_instruments("supervisor"))
+                loop.watch(w.request_efd.fileno(), w.region.supervisor_sleeping)
+            run_profiled("supervisor", loop.run, main or self.run, self._step, self._has_work,
+                         self._timeout, instruments=trio_instruments("supervisor"))
         finally:
             loop.close()
 
@@ -333,7 +329,7 @@ class Supervisor:
             event_fd=w.event_efd.fileno(), alive_fd=self._alive_r,
             heartbeat=c.heartbeat, frame_max=c.frame_max, channel_max=c.channel_max,
             max_message_size=c.max_message_size, log_level=c.log_level,
-            loopback_users=c.loopback_users,
+            loopback_users=c.loopback_users, cluster_name=node_name(self.port),
             trace_dir=c.trace or "",
             permissions=self.permissions, topic_permissions=self.topic_permissions,
             impersonators=self.user_admin.impersonators(), vhosts=list(self.dispatcher.vhosts.by_name),
@@ -405,21 +401,18 @@ class Supervisor:
             self.flush()
         return busy or now >= self._deadline
 
-    def _sleep(self) -> float | None:
-        """The ring loop is about to sleep: announce it to every worker (ipc.wakeup's
-        handshake), then None if a ring has records after all, else the seconds to sleep."""
-        for w in self.workers:
-            w.region.supervisor_sleeping.set_sleeping()
+    def _has_work(self) -> bool:
+        """A ring has records (asked once sleep is announced: ipc.wakeup's handshake)."""
         for w in self.workers:
             if not (w.corrupt or w.region.request_ring.is_empty()):
-                self._woke()
-                return None
+                return True
+        return False
+
+    def _timeout(self) -> float:
+        """How long the ring loop may sleep: until the timer's tick, or a full event ring's
+        next try."""
         delay = self._deadline - time.monotonic()
         return max(0.0, min(delay, BACKLOG_RETRY) if self._backlogged else delay)
-
-    def _woke(self) -> None:
-        for w in self.workers:
-            w.region.supervisor_sleeping.clear()
 
     def _apply_all(self, w: WorkerSlot) -> None:
         """Everything worker k's ring holds, what a step left over first."""

@@ -108,6 +108,10 @@ class RuntimeVhosts:
         d = self._dispatcher
         if name not in d.vhosts:
             raise UserError("missing", f"Virtual host '{name}' does not exist")
+        if self._parameters is not None:  # while the vhost exists: a shovel there stops
+            for vhost, component, param in [k for k in self._parameters.table if k[0] == name]:
+                await self._parameters.command("clear_parameter", {
+                    "vhost": vhost, "component": component, "name": param})
         d.begin_batch(time.monotonic())
         try:
             d.delete_vhost(name)
@@ -118,10 +122,6 @@ class RuntimeVhosts:
         if self._permissions is not None:
             self._permissions.forget_vhost(name)
         d.limits.forget_vhost(name)  # its limits go with it (rabbit_vhost:delete)
-        if self._parameters is not None:
-            for vhost, component, param in [k for k in self._parameters.table if k[0] == name]:
-                await self._parameters.command("clear_parameter", {
-                    "vhost": vhost, "component": component, "name": param})
         log.info("vhost '%s' deleted, with everything in it; closing its connections", name)
         self._tell([name])
         return {"deleted": name}

@@ -11,7 +11,9 @@ Damage. SQLite ignores the WAL's frames from the first one whose checksum fails,
 checksum of its own on the main file's pages. So:
 
 * each commit is checkpointed into the main file at once (``wal_checkpoint(TRUNCATE)``): a
-  damaged WAL can cost at most the batch a crash caught between its commit and checkpoint;
+  damaged WAL can cost at most the batch a crash caught between its commit and checkpoint. In
+  the broker the checkpoint runs on a thread (``broker.storage.wal_checkpoint``), and the next
+  commit waits for it;
 * the ``meta`` table holds the node id (the data directory's marker holds it too,
   ``broker.storage.data_dir``), the generation (one more per committed batch; ``DIR/definitions.gen``
   gets it after each commit, so a database that comes back behind is seen) and a digest: the
@@ -64,6 +66,7 @@ from broker.storage.definition_tables import (
     mix,
 )
 from broker.storage.vhost_rows import VhostRows
+from broker.storage.wal_checkpoint import Checkpoints, StartThread, checkpoint
 from broker.topology.definitions import (
     BindingDef,
     Change,
@@ -97,6 +100,7 @@ class DefinitionStore(VhostRows):
         self._decode = msgspec.msgpack.Decoder(dict[str, Any]).decode
         self._generation_file = GenerationFile(generation_file) if generation_file else None
         self.checkpoints = True  # each commit goes into the main file at once
+        self._off_loop: Checkpoints | None = None  # where they run: on a thread, or here
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         except sqlite3.DatabaseError as exc:
@@ -160,7 +164,14 @@ class DefinitionStore(VhostRows):
             self._db.execute(trigger)
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
+    def checkpoint_off_loop(self, start: StartThread) -> None:
+        """From here each commit's checkpoint runs on a thread (``start``: how one is run),
+        and the next commit waits for it (``broker.storage.wal_checkpoint``)."""
+        self._off_loop = Checkpoints(self.path, start)
+
     def close(self) -> None:
+        if self._off_loop is not None:
+            self._off_loop.close()
         self._db.close()
 
     def load(self, vhost: str | None = None) -> Definitions:
@@ -375,8 +386,11 @@ class DefinitionStore(VhostRows):
     @contextmanager
     def _transaction(self, count: bool = True) -> Iterator[None]:
         """One batch: committed with the next generation (unless not ``count``; on disk when
-        this returns), the generation file updated, then checkpointed into the main file."""
+        this returns), the generation file updated, then checkpointed into the main file (the
+        previous batch's checkpoint is over first: the WAL never holds two)."""
         db = self._db
+        if self._off_loop is not None:
+            self._off_loop.settle()
         db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -390,20 +404,10 @@ class DefinitionStore(VhostRows):
         if self._generation_file is not None:
             self._generation_file.write(self.generation)
         if self.checkpoints:
-            self.checkpoint()
-
-    def checkpoint(self) -> None:
-        """Copy the WAL into the main file and empty it: from here a damaged WAL costs nothing
-        committed. A failure is logged (the batch stays committed, in the WAL)."""
-        try:
-            busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
-        except sqlite3.DatabaseError as exc:
-            log.warning("%s: checkpoint failed (%s): the latest definitions are in its WAL only",
-                        self.path, exc)
-            return
-        if busy:
-            log.warning("%s: checkpoint incomplete: the latest definitions are in its WAL only",
-                        self.path)
+            if self._off_loop is not None:
+                self._off_loop.begin()
+            else:
+                checkpoint(self._db, self.path)
 
     def _binding_row(self, b: BindingDef, vhost: str) -> tuple[Any, ...]:
         return (vhost, b.source, b.destination, b.to_exchange, b.routing_key,

@@ -205,6 +205,32 @@ def test_a_ring_with_max_hops_1_delivers_once_per_node(tmp_path: Path) -> None:
             finish(node)
 
 
+@pytest.mark.deadline(180)
+def test_a_ring_with_max_hops_3_delivers_once_per_node_by_the_nodes_names(tmp_path: Path) -> None:
+    """A -> B -> C -> A with max-hops 3: hops alone would bring each message back to where it
+    was published; each node's cluster_name in x-received-from stops it there (the upstream
+    exchange drops what would return to its downstream), so every node gets it once."""
+    nodes = [start_broker(tmp_path / name) for name in "abc"]
+    try:
+        for node in nodes:
+            declare(node, "fed.ring3", "ring3-q", "#")
+        for i, node in enumerate(nodes):
+            federate(node, nodes[i - 1].port, max_hops=3)
+        for node in nodes:
+            wait_until(lambda node=node: running(node), 30, "each link runs")
+        for i in range(3):
+            wait_until(lambda i=i: set(bound_upstream(nodes[i - 1], "fed.ring3")) == {"#"}, 30,
+                       "each binding propagates (onwards too: each carries its hops)")
+        for i, node in enumerate(nodes):
+            publish(node, "fed.ring3", [f"from-{i}-{n}".encode() for n in range(5)])
+        expected = Counter({f"from-{i}-{n}".encode(): 1 for n in range(5) for i in range(3)})
+        for node in nodes:
+            assert Counter(drain(node, "ring3-q", idle=2.0)) == expected
+    finally:
+        for node in nodes:
+            finish(node)
+
+
 @pytest.mark.deadline(120)
 def test_queue_federation_moves_messages_to_the_consumers(
         pair: tuple[Broker, Broker, int]) -> None:

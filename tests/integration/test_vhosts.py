@@ -4,6 +4,8 @@ kept in the data directory; deleting one takes everything in it and closes its c
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,7 +18,14 @@ import pytest
 from pamqp import commands
 
 from cli.control import ask
-from tests.integration.harness import REPO_ROOT, Broker, finish, start_broker, wait_until
+from tests.integration.harness import (
+    REPO_ROOT,
+    Broker,
+    finish,
+    start_broker,
+    wait_until,
+    worker_of,
+)
 from tests.integration.management_helpers import HTTP, start_with_management
 from tests.integration.rawclient import PROTOCOL_HEADER, RawClient, method_frame, start_ok
 
@@ -306,7 +315,7 @@ def test_a_shovel_uri_with_a_vhost_path_reaches_that_vhost(broker: Broker) -> No
     for ch in (src, dst):
         ch.queue_declare("moved", durable=True)  # as the shovel declares its queues
     src.basic_publish("", "moved", b"across vhosts")
-    answer = control(broker, command="set_parameter", vhost="/", component="shovel",
+    answer = control(broker, command="set_parameter", vhost="sh-src", component="shovel",
                      name="between", value={"src-uri": "amqp:///sh-src", "src-queue": "moved",
                                             "dest-uri": "amqp:///sh-dst", "dest-queue": "moved"})
     assert "error" not in answer, answer
@@ -315,4 +324,63 @@ def test_a_shovel_uri_with_a_vhost_path_reaches_that_vhost(broker: Broker) -> No
         assert count(src, "moved") == 0
         assert dst.basic_get("moved", auto_ack=True)[2] == b"across vhosts"
     finally:
-        control(broker, command="clear_parameter", vhost="/", component="shovel", name="between")
+        # The shovel's vhost deleted: its parameter goes with it (and the shovel stops).
+        assert control(broker, command="delete_vhost", name="sh-src") == {"deleted": "sh-src"}
+    assert control(broker, command="list_parameters")["parameters"] == []
+
+
+def test_a_replaced_worker_knows_the_vhosts(broker: Broker) -> None:
+    """A worker started in place of a dead one is given the vhosts in its configuration, and
+    learns those made later: connection.open to either succeeds on every worker."""
+    add_vhost(broker, "before-kill")
+    broker.close_clients()  # the workers balance by open connections: start even
+    old = broker.worker_pids[0]
+    os.kill(old, signal.SIGKILL)
+    broker.wait_for_worker_replaced(0, old)
+    add_vhost(broker, "after-kill")
+    for vhost in ("before-kill", "after-kill"):
+        opened = [connect(broker, vhost) for _ in range(6)]  # kept open: spread over the workers
+        assert {worker_of(c) for c in opened} == {0, 1}
+        for c in opened:
+            c.channel().queue_declare("", exclusive=True)
+            c.close()
+
+
+def test_topic_permissions_are_per_vhost(broker: Broker) -> None:
+    """A topic permission on amq.topic of one vhost does not reach amq.topic of another."""
+    control(broker, command="put_user", name="topical", password="pw")
+    for name in ("tp-a", "tp-b"):
+        add_vhost(broker, name, user="topical")
+    assert "error" not in control(broker, command="set_topic_permissions", user="topical",
+                                  vhost="tp-a", exchange="amq.topic", write="^allowed$", read=".*")
+    creds = pika.PlainCredentials("topical", "pw")
+    a = connect(broker, "tp-a", credentials=creds).channel()
+    b = connect(broker, "tp-b", credentials=creds).channel()
+    b.basic_publish("amq.topic", "anything", b"no topic permission in tp-b: allowed")
+    b.queue_declare("", exclusive=True)  # the channel is still open
+    a.basic_publish("amq.topic", "allowed", b"ok")
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+        a.basic_publish("amq.topic", "refused", b"no")
+        a.queue_declare("", exclusive=True)
+    assert caught.value.reply_text == ("ACCESS_REFUSED - access to topic 'refused' in exchange "
+                                       "'amq.topic' in vhost 'tp-a' refused for user 'topical'")
+
+
+def test_slash_may_be_deleted_and_stays_deleted_across_a_restart(tmp_path: Path) -> None:
+    """RabbitMQ lets "/" be deleted: connection.open to it is 530 until it is made again."""
+    b = start_broker(tmp_path / "broker", workers=1)
+    try:
+        b.connect().channel().queue_declare("in-slash", durable=True)
+        b.close_clients()
+        assert control(b, command="delete_vhost", name="/") == {"deleted": "/"}
+        assert open_refused(b, "/") == (530, "NOT_ALLOWED - vhost / not found")
+        b.stop()
+        b = start_broker(tmp_path / "broker", workers=1)
+        assert control(b, command="list_vhosts")["vhosts"] == []
+        assert open_refused(b, "/") == (530, "NOT_ALLOWED - vhost / not found")
+        add_vhost(b, "/")
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as caught:
+            b.connect().channel().queue_declare("in-slash", passive=True)
+        assert caught.value.reply_code == 404  # made again, empty
+    finally:
+        finish(b)

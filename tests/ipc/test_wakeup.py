@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from ipc.ring import HEADER_BYTES, Ring
-from ipc.wakeup import EventFd, SleepFlag, wait_for_work, wake_if_sleeping
+from ipc.wakeup import EventFd, SleepFlag, SleepFlags, wait_for_work, wake_if_sleeping
 
 
 @pytest.fixture
@@ -61,6 +61,20 @@ def test_sleep_flag_is_one_byte_at_its_offset() -> None:
     assert a.is_sleeping() and not b.is_sleeping()
     a.clear()
     assert not any(buf)
+
+
+def test_sleep_flags_announce_and_clear_sleep_in_every_region() -> None:
+    """One sleeper's flags in several regions: set_sleeping sets each flag's byte, clear clears
+    them, and nothing else is written."""
+    regions = [bytearray(256), bytearray(256)]
+    flags = SleepFlags()
+    for buf in regions:
+        flags.add(SleepFlag(buf, 64))
+    flags.set_sleeping()
+    assert all(SleepFlag(buf, 64).is_sleeping() for buf in regions)
+    assert all([i for i, v in enumerate(buf) if v] == [64] for buf in regions)
+    flags.clear()
+    assert not any(any(buf) for buf in regions)
 
 
 def test_no_wake_syscall_when_the_consumer_is_not_sleeping(efd: EventFd) -> None:

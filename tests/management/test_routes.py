@@ -39,6 +39,10 @@ DOCUMENTED = [
         "/api/parameters/shovel", "/api/parameters/shovel/%2F", "/api/parameters/shovel/%2F/s",
         "/api/shovels", "/api/shovels/%2F", "/api/shovels/vhost/%2F/s")],
     ("PUT", "/api/parameters/shovel/%2F/s"), ("DELETE", "/api/parameters/shovel/%2F/s"),
+    *[("GET", p) for p in (  # limits (issue 37)
+        "/api/vhost-limits/%2F", "/api/user-limits", "/api/user-limits/u")],
+    ("PUT", "/api/vhost-limits/%2F/max-queues"), ("DELETE", "/api/vhost-limits/%2F/max-queues"),
+    ("PUT", "/api/user-limits/u/max-channels"), ("DELETE", "/api/user-limits/u/max-channels"),
 ]
 
 

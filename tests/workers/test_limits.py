@@ -4,7 +4,7 @@ and what it reports of its use."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pamqp import commands
@@ -16,8 +16,11 @@ from workers.limits import WorkerLimits
 
 @dataclass
 class Proto:
+    """What WorkerLimits reads of an AMQPConnection."""
+
     vhost: str
     user: str
+    channel_count: int = 0
 
 
 @dataclass
@@ -25,18 +28,12 @@ class Handler:
     """What WorkerLimits reads of a ConnectionHandler."""
 
     proto: Proto
-    channels: dict[int, Any] = field(default_factory=dict)
     opened: bool = True
     finished: bool = False
 
 
-@dataclass
-class Chan:
-    closing: bool = False
-
-
 def handler(vhost: str = "/", user: str = "guest", channels: int = 0) -> Handler:
-    return Handler(Proto(vhost, user), {n: Chan() for n in range(1, channels + 1)})
+    return Handler(Proto(vhost, user, channels))
 
 
 def test_no_limit_admits_everything_and_reports_nothing() -> None:
@@ -75,11 +72,9 @@ def test_the_user_limits_count_connections_and_channels() -> None:
         "connection refused for user 'u': user connection limit (1) is reached")
     assert limits.admit_connection("/", "v") is None
     assert limits.admit_channel("u") is None
-    handlers[1].channels[3] = Chan()
+    handlers[1].proto.channel_count = 3
     assert limits.admit_channel("u") == (
         "number of channels opened for user 'u' has reached the maximum allowed user limit of (3)")
-    handlers[1].channels[3].closing = True
-    assert limits.admit_channel("u") is None
 
 
 def test_the_report_is_sent_once_per_change_of_the_limited_use() -> None:
@@ -115,6 +110,20 @@ def test_connection_open_over_a_limit_is_530_with_the_verdict() -> None:
     assert isinstance(close, commands.Connection.Close)
     assert (close.reply_code, close.class_id, close.method_id) == (530, 0, 0)
     assert "maximum allowed user limit of (0)" in close.reply_text
+
+
+def test_channel_opens_in_one_read_count_the_ones_before_them() -> None:
+    """A client that sends three channel.opens at once with max-channels 2 gets two channels
+    and a 530: the count is the protocol's, not the runtime's events."""
+    conn = new_connection()
+    conn.limits = WorkerLimits({1: Handler(conn)}, {}, {"guest": {"max-channels": 2}})  # type: ignore[arg-type]
+    tuned(conn)
+    conn.receive_data(method(0, commands.Connection.Open("/")))
+    conn.data_to_send()
+    conn.receive_data(b"".join(method(n, commands.Channel.Open()) for n in (1, 2, 3)))
+    frames = [f for _, f in sent(conn)]
+    assert [type(f) for f in frames] == [commands.Channel.OpenOk, commands.Channel.OpenOk,
+                                         commands.Connection.Close]
 
 
 def test_the_limits_are_checked_before_the_vhost_permission() -> None:
