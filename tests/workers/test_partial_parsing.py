@@ -15,7 +15,7 @@ import trio.testing
 from pamqp import commands
 
 from tests.workers.connection_helpers import method, opened
-from tests.workers.helpers import Harness, decode
+from tests.workers.helpers import Harness, decode, socket_pair
 from workers import events as ev
 from workers import socket_reader
 from workers.socket_reader import PARSE_EVENTS, PublishGates, SocketReader
@@ -71,16 +71,8 @@ def test_unlimited_by_default() -> None:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    a, b = socket.socketpair()
-    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    a.setblocking(False)
-    b.setblocking(False)
-    try:
-        yield a, b
-    finally:
-        a.close()
-        b.close()
+    with socket_pair(4096) as ends:
+        yield ends
 
 
 def _runtime(sock: socket.socket, bound: int) -> tuple[Harness, SocketReader, SocketWriter]:
