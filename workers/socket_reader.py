@@ -154,6 +154,9 @@ class SocketReader:
                 events = []
             if room is None:
                 ask = _next_ask(want, size, len(events), proto.unparsed)
+                # The protocol holds what it still needs of the read; this task, waiting for
+                # the next one, must not keep all of it (up to 1 MiB an idle connection).
+                data = b""
             await self._handle(events)
 
     async def _handle(self, events: list[ev.Event]) -> None:
