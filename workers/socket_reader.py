@@ -176,6 +176,7 @@ class SocketReader:
         except Exception:  # one connection's bug must not end the worker
             log.exception("connection %d: internal error", handler.conn_id)
             handler.fail(errors.InternalError("internal error"))
+        events.clear()  # the protocol's list too: an idle connection keeps none of its events
         if handler.proto_has_output():  # publishes alone give the writer nothing to do
             worker.dirty.add(handler)
         worker.after_batch()
