@@ -124,6 +124,18 @@ def flood(socks: list[socket.socket], frames: int, stall: float, limit: float) -
     return total, False
 
 
+def rss_parts(process: psutil.Process) -> dict[str, int]:
+    """The process's resident memory by kind (/proc/PID/status, octets): RssAnon (its heap:
+    what a connection's output and parsing cost), RssFile, RssShmem (the shared rings and
+    arena pages it touched)."""
+    parts = {}
+    for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            parts[key] = int(value.split()[0]) * 1024
+    return parts
+
+
 def run_row(count: int, frames: int, stall: float, limit: float) -> dict[str, Any]:
     broker = ShoalBroker(1)
     socks: list[socket.socket] = []
@@ -133,16 +145,19 @@ def run_row(count: int, frames: int, stall: float, limit: float) -> dict[str, An
             socks.append(connect(broker.port))
         settle(worker)
         before = worker.memory_info().rss
+        parts_before = rss_parts(worker)
         started = time.monotonic()
         sent, stalled = flood(socks, frames, stall, limit)
         settle(worker)
         after = worker.memory_info().rss
+        parts_after = rss_parts(worker)
         return {
             "connections": count, "frames": frames, "sent_octets": sent,
             "replies": sent // len(QOS), "stalled": stalled,
             "seconds": round(time.monotonic() - started, 1),
             "rss_before": before, "rss_after": after,
             "growth_per_connection": (after - before) / count,
+            "growth_by_kind": {k: parts_after[k] - parts_before[k] for k in parts_after},
         }
     finally:
         for sock in socks:
@@ -162,13 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args(argv)
     rows = []
-    print("connections  frames/conn  replies  stalled  RSS growth  per connection")
+    print("connections  frames/conn  replies  stalled  RSS growth  per connection  anon / shmem / file")
     for count in (int(c) for c in args.counts.split(",")):
         row = run_row(count, args.frames, args.stall, args.limit)
         rows.append(row)
         growth = row["rss_after"] - row["rss_before"]
         print(f"{count:>11}  {args.frames:>11}  {row['replies']:>7}  {row['stalled']!s:>7}  "
-              f"{growth / MiB:>7.1f} MiB  {row['growth_per_connection'] / 1024:>10.1f} KiB",
+              f"{growth / MiB:>7.1f} MiB  {row['growth_per_connection'] / 1024:>10.1f} KiB  "
+              + " / ".join(f"{row['growth_by_kind'][k] / MiB:.1f}" for k in ("RssAnon", "RssShmem", "RssFile"))
+              + " MiB",
               flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

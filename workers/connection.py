@@ -131,6 +131,12 @@ class AMQPConnection:
         self._buffer = FrameBuffer(FRAME_MIN_SIZE)
         self._output = OutputQueue()
         self._events: list[Event] = []
+        # The most events one call of receive_data / received_into / parse_more returns; the
+        # rest of the input waits, parsed, in order, by parse_more (``unparsed``). The runtime
+        # sets it (workers.socket_reader.PARSE_EVENTS) so that what a read's parsing builds and
+        # the replies it produces stay bounded; unlimited here.
+        self.parse_limit = 1 << 62
+        self.unparsed = False  # parsing stopped at parse_limit: parse_more has more
         self._channels = ChannelFrames(max_body_size, channel_max)
         self._sendable = self._channels.sendable  # send's check, one set lookup per event
 
@@ -270,7 +276,17 @@ class AMQPConnection:
         self._buffer.big_frame_filled(size)
         return self._parse()
 
+    def parse_more(self) -> list[Event]:
+        """The events of input already received that parsing left at ``parse_limit``
+        (``unparsed``), the next ``parse_limit`` at most; to be called before more is read."""
+        self._events = []
+        if self._state is State.CLOSED:
+            self.unparsed = False
+            return self._events
+        return self._parse()
+
     def _parse(self) -> list[Event]:
+        self.unparsed = False
         try:
             if self._state is State.HANDSHAKE:
                 self._read_protocol_header()
@@ -466,7 +482,12 @@ class AMQPConnection:
 
     def _read_frames(self) -> None:
         buffer = self._buffer
+        events = self._events
+        limit = self.parse_limit
         while True:
+            if len(events) >= limit:
+                self.unparsed = True
+                return
             if self._state is State.RUNNING:
                 whole = buffer.next_publish()
                 if whole is not None:

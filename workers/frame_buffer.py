@@ -147,6 +147,8 @@ class FrameBuffer:
                 self._rest = view[missing:]
             return
         if self._pending:
+            if self._head_from(data):
+                return
             self._pending += data
             if len(self._pending) < self._needed:
                 self._set_data(b"")
@@ -154,6 +156,30 @@ class FrameBuffer:
             data = bytes(self._pending)
             self._pending.clear()
         self._set_data(data if type(data) is bytes else bytes(data))
+
+    def _head_from(self, data: bytes) -> bool:
+        """The incomplete small frame waiting (``_pending``) completed from the start of
+        ``data`` into a bytes of its own, parsed first, then the rest of ``data`` in place
+        (``_rest``); False where that does not apply (too little came, a big frame, the
+        protocol header), for add_data to join them. A client pipelining small frames ends
+        most reads partway through one: the read is then not copied (it was twice)."""
+        pending = self._pending
+        needed = self._needed
+        here = len(pending)
+        if needed == FRAME_HEADER_SIZE and here + len(data) >= needed:  # the size is in sight
+            size = _unpack_header(bytes(pending) + bytes(data[: needed - here]))[2]
+            needed = FRAME_OVERHEAD + size if size < _BIG_FRAME else 0
+        take = needed - here
+        if needed < FRAME_OVERHEAD or needed >= _BIG_FRAME or take > len(data):
+            return False
+        view = memoryview(data if type(data) is bytes else bytes(data))
+        pending += view[:take]
+        head = bytes(pending)
+        pending.clear()
+        self._set_data(head)  # never written again: payload views of it stay valid
+        if take < len(view):
+            self._rest = view[take:]
+        return True
 
     def big_frame_room(self) -> memoryview | None:
         """Where the rest of a big frame being assembled goes, to receive it there directly

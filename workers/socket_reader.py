@@ -3,17 +3,21 @@
 The server makes one ``SocketReader`` per connection. Its task waits for the socket, reads
 what came (into a new bytes, or straight into the arena block a big body goes to), hands it
 to the sans-IO protocol (``AMQPConnection.receive_data``) and the events that come out to the
-connection's handler, in order. It stops reading, and so lets the client's TCP window fill,
-while the handler says so (credit flow, unsent output), while a memory alarm is on (for
-publishers) and while a publish waits for room in the worker's arena (``PublishGates``).
+connection's handler, in order, PARSE_EVENTS at a time (the rest of the read waits in the
+protocol, unparsed, for ``parse_more``). It stops reading, and parsing, and so lets the
+client's TCP window fill, while the handler says so (credit flow, unsent output), while a
+memory alarm is on (for publishers) and while a publish waits for room in the worker's arena
+(``PublishGates``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import trio
 
@@ -38,11 +42,21 @@ RECEIVE_SMALL = 64 << 10
 # them in past credit flow.
 RECEIVE_BIG = 1 << 20
 BIG_EVENT = 32 << 10
-EVENTS_PER_TURN = 64  # client events handled between two checkpoints of a connection's reader
+# The most client events one parse of a connection's input makes (AMQPConnection.parse_limit);
+# what a read holds past them waits, unparsed, for the next turn of its reader, which first
+# checks the connection's bounds. Handled between two checkpoints of the reader, and what
+# parsing builds is bounded: a 256 KiB read of pipelined basic.qos is 13,797 events, 2 MiB of
+# objects built at once (and RSS kept) where the replies they make cost 165 KiB.
+PARSE_EVENTS = 64
 EAGER_READS = 4  # reads a connection's reader may make in a row without waiting (see run)
 # A publish waiting for arena room is woken by ArenaFreed; it also looks again this often,
 # for room freed while its ArenaWait was on the way (the supervisor did not count that).
 ARENA_RECHECK = 0.25
+# A connection stopped for unsent output leaves its worker's heap with the free room its reads'
+# parsing used (glibc keeps it resident): the worker hands it back to the system (malloc_trim),
+# at most this often. One client pipelining basic.qos unread grew a worker by 15.7 MiB, 7.3 with
+# it: its 8 MiB of replies (perf/flood_memory.py, docs/flow-control.md).
+TRIM_INTERVAL = 1.0
 
 
 class PublishGates:
@@ -78,13 +92,12 @@ class SocketReader:
         self._handler = handler
         self._worker = worker
         self._gates = gates
+        handler.proto.parse_limit = PARSE_EVENTS
 
     async def run(self) -> None:
         """Read until the protocol closes or the client does (EOF, a socket error)."""
         handler = self._handler
         proto = handler.proto
-        worker = self._worker
-        arena = worker.region.arena
         sock = self._sock
         recv = sock.recv
         recv_into = sock.recv_into
@@ -93,6 +106,15 @@ class SocketReader:
         eager = 0  # reads that may still go without waiting first
         ask = RECEIVE_SMALL  # the next read's size: more after one that filled its ask
         while not proto.closed:
+            if proto.unparsed:
+                # The last read's frames past PARSE_EVENTS wait in the protocol's buffer:
+                # parsed (in order) before the socket is read again, and only while the
+                # connection's unsent output is within its bound. Credit flow stops reading
+                # between reads, as it did before reads were parsed in parts.
+                if handler.reading_stop == "output":
+                    await self._stop_reading()
+                await self._handle(proto.parse_more())
+                continue
             if handler.reading_stop is not None:
                 await self._stop_reading()
             # Wait, then read: what trio's receive_some does, less its two checkpoints and
@@ -126,26 +148,43 @@ class SocketReader:
             eager = 0 if size != want else EAGER_READS if waited else eager - 1
             try:
                 events = proto.receive_data(data) if room is None else proto.received_into(size)
-                if room is None:
-                    ask = _next_ask(want, size, len(events))
-                for n, event in enumerate(events, 1):
-                    if isinstance(event, ev.PublishReceived):
-                        if worker.blocked or handler.publish_at_once(event, arena):
-                            await self._publish(event)
-                    else:
-                        handler.handle(event)
-                    if not n % EVENTS_PER_TURN:
-                        # One read can hold a few thousand publishes (tens of ms of work):
-                        # hand what we have to the supervisor and let the worker's other
-                        # connections and the event ring have a turn.
-                        worker.after_batch()
-                        await trio.lowlevel.checkpoint()
             except Exception:  # one connection's bug must not end the worker
                 log.exception("connection %d: internal error", handler.conn_id)
                 handler.fail(errors.InternalError("internal error"))
-            if handler.proto_has_output():  # publishes alone give the writer nothing to do
-                worker.dirty.add(handler)
-            worker.after_batch()
+                events = []
+            if room is None:
+                ask = _next_ask(want, size, len(events), proto.unparsed)
+                # The protocol holds what it still needs of the read; this task, waiting for
+                # the next one, must not keep all of it (up to 1 MiB an idle connection).
+                data = b""
+            await self._handle(events)
+
+    async def _handle(self, events: list[ev.Event]) -> None:
+        """Hand one parse's events (PARSE_EVENTS at most) to the handler, in order; then
+        the writers and the supervisor get what they produced, and after a full batch (the
+        read may hold more) the worker's other connections a turn."""
+        handler = self._handler
+        worker = self._worker
+        arena = worker.region.arena
+        try:
+            for event in events:
+                if isinstance(event, ev.PublishReceived):
+                    if worker.blocked or handler.publish_at_once(event, arena):
+                        await self._publish(event)
+                else:
+                    handler.handle(event)
+        except Exception:  # one connection's bug must not end the worker
+            log.exception("connection %d: internal error", handler.conn_id)
+            handler.fail(errors.InternalError("internal error"))
+        events.clear()  # the protocol's list too: an idle connection keeps none of its events
+        if handler.proto_has_output():  # publishes alone give the writer nothing to do
+            worker.dirty.add(handler)
+        worker.after_batch()
+        if handler.proto.unparsed:
+            # One read can hold a few thousand publishes (tens of ms of work): what we
+            # have went to the supervisor; the worker's other connections and the event
+            # ring have a turn.
+            await trio.lowlevel.checkpoint()
 
     async def _stop_reading(self) -> None:
         """Credit flow and bounded output: leave the socket unread (the client's TCP
@@ -158,6 +197,8 @@ class SocketReader:
                     # Unsent output is the client's doing, not ours: its heartbeats are then
                     # looked for in the socket's queues (ConnectionHandler.heartbeat_tick).
                     handler.proto.reading_paused = why == "flow"
+                    if why == "output":
+                        _trim_heap()
                     resume = trio.Event()
                     handler.wake_reader = resume.set
                     self._worker.after_batch()
@@ -205,14 +246,40 @@ def _nothing() -> None:
     pass
 
 
-def _next_ask(asked: int, got: int, events: int) -> int:
+def _malloc_trim() -> Callable[[int], object] | None:
+    """glibc's malloc_trim, or None (another C library)."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_trim = _malloc_trim()
+_trimmed_at = -TRIM_INTERVAL
+
+
+def _trim_heap() -> None:
+    """Give the worker's free heap pages back to the system, unless that was done less than
+    TRIM_INTERVAL ago (it walks the heap: about a millisecond for a few tens of MiB)."""
+    global _trimmed_at
+    now = time.monotonic()
+    if _trim is not None and now - _trimmed_at >= TRIM_INTERVAL:
+        _trimmed_at = now
+        _trim(0)
+
+
+def _next_ask(asked: int, got: int, events: int, unparsed: bool = False) -> int:
     """What a connection's next plain read asks for, after one that asked ``asked`` octets
-    and got ``got``, which made ``events``: RECEIVE_SMALL after a short read (the client paused),
-    else RECEIVE_SIZE, or RECEIVE_BIG once a full read of at least that much came to BIG_EVENT
-    octets an event or more (big messages)."""
+    and got ``got``, which made ``events`` (and maybe more, ``unparsed``: parsing stopped at
+    PARSE_EVENTS): RECEIVE_SMALL after a short read (the client paused), else RECEIVE_SIZE,
+    or RECEIVE_BIG once a full read of at least that much came to BIG_EVENT octets an event
+    or more (big messages)."""
     if got < asked:
         return RECEIVE_SMALL
-    if got >= RECEIVE_SIZE and got >= BIG_EVENT * events:
+    if got >= RECEIVE_SIZE and not unparsed and got >= BIG_EVENT * events:
         return RECEIVE_BIG
     return RECEIVE_SIZE
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import socket
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -294,3 +295,19 @@ def worker_region() -> Iterator[tuple[WorkerConfig, Region]]:
         region.unlink()
         request.close()
         event.close()
+
+
+@contextlib.contextmanager
+def socket_pair(buffer: int) -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A non-blocking socket pair: the worker's end sends through ``buffer`` octets of send
+    buffer, the client's receives into as many; both closed after."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer)
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+    a.setblocking(False)
+    b.setblocking(False)
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()

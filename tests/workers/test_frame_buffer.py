@@ -268,3 +268,43 @@ def test_small_body_frames_and_other_frames_are_never_offered_to_the_sink() -> N
     buffer3.add_data(whole)  # a big body frame all here: read in place as any other
     assert [len(f.payload) for f in buffer3] == [20_000]
     assert asked == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=400), min_size=1, max_size=12),
+       sizes=st.lists(st.integers(min_value=0, max_value=9000), min_size=1, max_size=30))
+def test_small_frames_split_anywhere_come_out_whole_and_in_order(
+        cuts: list[int], sizes: list[int]) -> None:
+    """A frame a read ends partway through is completed from the next read (into a buffer
+    of its own; the rest of that read is parsed where it is): every frame comes out, in
+    order, whatever the reads' sizes, small and big frames mixed."""
+    stream = b"".join(_body_frame(n % 5 + 1, bytes([n % 251]) * size) for n, size in enumerate(sizes))
+    buffer = FrameBuffer(frame_max=16384)
+    got: list[tuple[int, int, bytes]] = []
+    pos = 0
+    for cut in cuts * (len(stream) // max(1, sum(cuts)) + 1):
+        if pos >= len(stream):
+            break
+        buffer.add_data(stream[pos : pos + cut])
+        pos += cut
+        got += _frames(buffer)
+    if pos < len(stream):
+        buffer.add_data(stream[pos:])
+        got += _frames(buffer)
+    assert got == [(FRAME_BODY, n % 5 + 1, bytes([n % 251]) * size) for n, size in enumerate(sizes)]
+
+
+def test_a_read_that_completes_a_small_frame_is_not_copied() -> None:
+    """Pipelined small frames end most reads partway through one: the next read completes
+    it, and the frames after it are views of that read's bytes (no copy of the read)."""
+    frames = b"".join(_body_frame(1, b"x%03d" % n) for n in range(100))
+    buffer = FrameBuffer(frame_max=4096)
+    buffer.add_data(frames[:1000])
+    first = _frames(buffer)
+    second_read = frames[1000:]
+    buffer.add_data(second_read)
+    rest = list(buffer)
+    assert bytes(rest[0].payload) == b"x%03d" % len(first)  # the frame split across both
+    assert rest[0].payload.obj is not second_read
+    assert all(f.payload.obj is second_read for f in rest[1:])
+    assert [bytes(f.payload) for f in rest] == [b"x%03d" % n for n in range(len(first), 100)]

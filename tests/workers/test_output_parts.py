@@ -15,7 +15,7 @@ import trio
 from pamqp import commands, header
 
 from tests.workers.connection_helpers import opened
-from tests.workers.helpers import Harness
+from tests.workers.helpers import Harness, socket_pair
 from workers import codec
 from workers.codec import Buffer
 from workers.connection import AMQPConnection
@@ -149,16 +149,8 @@ def test_sealed_output_holds_no_view() -> None:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    a, b = socket.socketpair()
-    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
-    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
-    a.setblocking(False)
-    b.setblocking(False)
-    try:
-        yield a, b
-    finally:
-        a.close()
-        b.close()
+    with socket_pair(16384) as ends:
+        yield ends
 
 
 def _drain(sock: socket.socket) -> bytes:
