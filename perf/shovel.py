@@ -184,12 +184,7 @@ def run_federation(count: int, workers: int) -> dict[str, Any]:
 
 
 def run_rabbitmq_federation(count: int) -> dict[str, Any]:
-    up = ShovelRabbit()
-    try:
-        down = ShovelRabbit()
-    except BaseException:
-        up.stop()
-        raise
+    up, down = two_rabbits()
     try:
         def ctl(*args: str) -> str:
             done = down.ctl(*args)
@@ -226,13 +221,17 @@ class ShovelRabbit(RabbitBroker):
                               capture_output=True, text=True, timeout=120)
 
 
-def run_rabbitmq(count: int) -> dict[str, Any]:
-    src = ShovelRabbit()
+def two_rabbits() -> tuple[ShovelRabbit, ShovelRabbit]:
+    first = ShovelRabbit()
     try:
-        dst = ShovelRabbit()
+        return first, ShovelRabbit()
     except BaseException:
-        src.stop()
+        first.stop()
         raise
+
+
+def run_rabbitmq(count: int) -> dict[str, Any]:
+    src, dst = two_rabbits()
     try:
         fill_s = fill(src.port, "perf-src", count)
         depth(dst.port, "perf-dst")

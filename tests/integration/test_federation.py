@@ -125,6 +125,15 @@ def bound_upstream(broker: Broker, exchange: str) -> list[str]:
                   and row["destination_name"].startswith("federation: "))
 
 
+def link(up: Broker, down: Broker, up_port: int, exchange: str, queue: str) -> None:
+    """``exchange`` on both, federated from ``up`` to ``down`` and bound there to ``queue`` with
+    ``#``; returns once the binding is upstream."""
+    declare(up, exchange)
+    declare(down, exchange, queue, "#")
+    federate(down, up_port)
+    wait_until(lambda: bound_upstream(up, exchange) == ["#"], 30, "the binding propagates")
+
+
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[Broker, Broker, int]]:
     up = start_broker(tmp_path / "up")
@@ -262,10 +271,7 @@ def test_a_link_outlives_a_sigkill_of_its_upstream(tmp_path: Path) -> None:
     up = Broker(tmp_path / "up", port=up_port)
     down = start_broker(tmp_path / "down")
     try:
-        declare(up, "fed.k")
-        declare(down, "fed.k", "kill-q", "#")
-        federate(down, up_port)
-        wait_until(lambda: bound_upstream(up, "fed.k") == ["#"], 30, "the binding propagates")
+        link(up, down, up_port, "fed.k", "kill-q")
         bodies = [f"k{i}".encode() for i in range(2000)]
         publish(up, "fed.k", bodies[:1000])
         wait_until(lambda: depth(down, "kill-q") > 0, 30, "messages arrive")
@@ -302,10 +308,7 @@ def test_a_link_outlives_a_sigkill_of_its_downstream(tmp_path: Path) -> None:
     down_port = free_port()
     down = Broker(tmp_path / "down", port=down_port)
     try:
-        declare(up, "fed.d")
-        declare(down, "fed.d", "down-q", "#")
-        federate(down, up.port)
-        wait_until(lambda: bound_upstream(up, "fed.d") == ["#"], 30, "the binding propagates")
+        link(up, down, up.port, "fed.d", "down-q")
         bodies = [f"d{i}".encode() for i in range(3000)]
         publish(up, "fed.d", bodies[:1500])
         wait_until(lambda: depth(down, "down-q") > 0, 30, "messages arrive")
