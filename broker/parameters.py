@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from broker.federation import FederationError, validate_upstream, validate_upstream_set
+from broker.federation import (
+    FederationError,
+    erlang_term,
+    validate_upstream,
+    validate_upstream_set,
+)
 
 COMPONENTS = ("shovel", "federation-upstream", "federation-upstream-set")
 ACK_MODES = ("on-confirm", "on-publish", "no-ack")
@@ -137,13 +142,6 @@ def _text(value: dict[str, Any], key: str) -> str | None:
     return str(value[key])
 
 
-def _erlang(term: Any) -> str:
-    """``term`` as RabbitMQ's ``~p`` prints a JSON value in its texts (a string is a binary)."""
-    if isinstance(term, str):
-        return f"<<{json.dumps(term)}>>"
-    return json.dumps(term)
-
-
 def _args(value: dict[str, Any], key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
     """An arguments table (``src-queue-args``, ...): its names checked as RabbitMQ checks them."""
     table = value.get(key, {})
@@ -151,9 +149,9 @@ def _args(value: dict[str, Any], key: str, allowed: tuple[str, ...]) -> dict[str
         table = {}
     if not isinstance(table, dict):
         raise ParameterError(f"{key} should be a JSON object, actually was {json.dumps(table)}")
-    unknown = [f"{{{_erlang(k)},{_erlang(v)}}}" for k, v in table.items() if k not in allowed]
+    unknown = {k: v for k, v in table.items() if k not in allowed}
     if unknown:
-        raise ParameterError(f"Unrecognised terms [{','.join(unknown)}] in {key}")
+        raise ParameterError(f"Unrecognised terms {erlang_term(unknown)} in {key}")
     return dict(table)
 
 
@@ -188,14 +186,15 @@ class ShovelSettings:
     src_consumer_args: dict[str, Any] = field(default_factory=dict)
 
 
-def shovel_settings(raw: Any) -> ShovelSettings:
-    """A shovel parameter's value, checked (module text); ParameterError with RabbitMQ's reason."""
+def shovel_settings(raw: Any, name: str = "shovel") -> ShovelSettings:
+    """A shovel parameter's value, checked (module text); ParameterError with RabbitMQ's reason
+    (which names the parameter ``name``)."""
     if not isinstance(raw, dict):
         raise ParameterError(f"shovel value should be a JSON object, actually was {json.dumps(raw)}")
     value: dict[str, Any] = {_OLD_KEYS.get(str(k), str(k)): v for k, v in raw.items()}
-    unknown = sorted(set(raw) - _KNOWN)
+    unknown = {k: v for k, v in raw.items() if k not in _KNOWN}
     if unknown:
-        raise ParameterError(f"Unrecognised terms {unknown} in shovel")
+        raise ParameterError(f"Unrecognised terms {erlang_term(unknown)} in {name}")
     for side in ("src", "dest"):
         protocol = value.get(f"{side}-protocol", "amqp091")
         if protocol != "amqp091":
@@ -270,6 +269,6 @@ def validate(component: str, name: str, value: Any) -> None:
         elif component == "federation-upstream-set":
             validate_upstream_set(name, value)
         else:
-            shovel_settings(value)
+            shovel_settings(value, name)
     except FederationError as exc:
         raise ParameterError(str(exc)) from None

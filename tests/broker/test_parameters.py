@@ -88,6 +88,7 @@ def test_queue_and_consumer_args_are_taken() -> None:
     ({"src-consumer-args": {"x-credit": 1}},
      'Unrecognised terms [{<<"x-credit">>,1}] in src-consumer-args'),
     ({"dest-queue-args": "x"}, 'dest-queue-args should be a JSON object, actually was "x"'),
+    ({"bogus": 1}, 'Unrecognised terms [{<<"bogus">>,1}] in s'),
 ])
 def test_unknown_arguments_are_refused_with_rabbitmqs_text(change: dict[str, Any],
                                                            problem: str) -> None:
