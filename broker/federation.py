@@ -49,7 +49,7 @@ class FederationError(ValueError):
     """The reason of a ``Validation failed`` (broker.parameters wraps it)."""
 
 
-def _erl(value: Any) -> str:
+def erlang_term(value: Any) -> str:
     """A JSON value as Erlang's ``~p`` shows the term RabbitMQ decoded it to."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -58,9 +58,9 @@ def _erl(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, list):
-        return "[" + ",".join(_erl(v) for v in value) + "]"
+        return "[" + ",".join(erlang_term(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "[" + ",".join(f"{{{_erl(k)},{_erl(v)}}}" for k, v in value.items()) + "]"
+        return "[" + ",".join(f"{{{erlang_term(k)},{erlang_term(v)}}}" for k, v in value.items()) + "]"
     return json.dumps(value)
 
 
@@ -69,19 +69,19 @@ def _check_key(key: str, value: Any) -> None:
     if value is None:
         return
     if kind == "binary" and not isinstance(value, str):
-        raise FederationError(f"{key} should be binary, actually was {_erl(value)}")
+        raise FederationError(f"{key} should be binary, actually was {erlang_term(value)}")
     if kind == "number" and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise FederationError(f"{key} should be a number, actually was {_erl(value)}")
+        raise FederationError(f"{key} should be a number, actually was {erlang_term(value)}")
     if kind == "boolean" and not isinstance(value, bool):
-        raise FederationError(f"{key} should be boolean, actually was {_erl(value)}")
+        raise FederationError(f"{key} should be boolean, actually was {erlang_term(value)}")
     if kind == "enum" and value not in ACK_MODES:
         raise FederationError(f"{key} should be one of [{','.join(ACK_MODES)}], actually was "
-                              f"{_erl(value)}")
+                              f"{erlang_term(value)}")
 
 
 def _check_uri(uri: Any) -> None:
     if not isinstance(uri, str):
-        raise FederationError(f"uri should be binary, actually was {_erl(uri)}")
+        raise FederationError(f"uri should be binary, actually was {erlang_term(uri)}")
     try:
         parts = urlsplit(uri)
         parts.port  # noqa: B018 -- raises for a bad port
@@ -94,10 +94,10 @@ def _check_uri(uri: Any) -> None:
 def _proplist(name: str, value: Any, mandatory: str) -> None:
     """rabbit_parameter_validation:proplist: an object, its mandatory key, known keys only."""
     if not isinstance(value, dict):
-        raise FederationError(f"{name} not a list {_erl(value)}")
+        raise FederationError(f"{name} not a list {erlang_term(value)}")
     unknown = [k for k in value if k not in _KINDS and k != mandatory]
     if unknown:
-        raise FederationError(f"Unrecognised terms {_erl({k: value[k] for k in unknown})} in "
+        raise FederationError(f"Unrecognised terms {erlang_term({k: value[k] for k in unknown})} in "
                               f"{name}")
     if mandatory not in value:
         raise FederationError(f'Key "{mandatory}" not found in {name}')
@@ -122,12 +122,12 @@ def validate_upstream(name: str, value: Any) -> None:
 def validate_upstream_set(name: str, value: Any) -> None:
     """A ``federation-upstream-set`` value: a list of ``{"upstream": NAME, ...overrides}``."""
     if not isinstance(value, list):
-        raise FederationError(f"{name} should be a list, actually was {_erl(value)}")
+        raise FederationError(f"{name} should be a list, actually was {erlang_term(value)}")
     for member in value:
         _proplist(name, member, "upstream")
         if not isinstance(member["upstream"], str):
             raise FederationError(f"upstream should be binary, actually was "
-                                  f"{_erl(member['upstream'])}")
+                                  f"{erlang_term(member['upstream'])}")
 
 
 def policy_errors(definition: Mapping[str, Any]) -> list[str]:
@@ -138,7 +138,7 @@ def policy_errors(definition: Mapping[str, Any]) -> list[str]:
     for key in keys:
         if not isinstance(definition[key], str):
             noun = "upstream set" if key.endswith("-set") else "upstream"
-            return [f"{_erl(definition[key])} is not a valid federation {noun} name"]
+            return [f"{erlang_term(definition[key])} is not a valid federation {noun} name"]
     return []
 
 

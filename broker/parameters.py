@@ -21,7 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from broker.federation import FederationError, validate_upstream, validate_upstream_set
+from broker.federation import (
+    FederationError,
+    erlang_term,
+    validate_upstream,
+    validate_upstream_set,
+)
 
 COMPONENTS = ("shovel", "federation-upstream", "federation-upstream-set")
 ACK_MODES = ("on-confirm", "on-publish", "no-ack")
@@ -40,7 +45,17 @@ _KNOWN = {"src-uri", "src-queue", "src-exchange", "src-exchange-key", "src-prefe
           "src-delete-after", "src-protocol", "dest-uri", "dest-queue", "dest-exchange",
           "dest-exchange-key", "dest-add-forward-headers", "dest-add-timestamp-header",
           "dest-publish-properties", "dest-protocol", "ack-mode", "reconnect-delay",
-          *_OLD_KEYS}
+          "src-queue-args", "dest-queue-args", "src-consumer-args", *_OLD_KEYS}
+# The argument names RabbitMQ 3.10.8 takes in src-queue-args / dest-queue-args (its
+# rabbit_amqqueue:declare_args/0) and in src-consumer-args (consume_args/0). As RabbitMQ, only the
+# names are checked here; the broker that declares the queue or consumer judges the values.
+QUEUE_ARGS = ("x-expires", "x-message-ttl", "x-dead-letter-exchange", "x-dead-letter-routing-key",
+              "x-dead-letter-strategy", "x-max-length", "x-max-length-bytes",
+              "x-max-in-memory-length", "x-max-in-memory-bytes", "x-max-priority", "x-overflow",
+              "x-queue-mode", "x-single-active-consumer", "x-queue-type",
+              "x-quorum-initial-group-size", "x-max-age", "x-stream-max-segment-size-bytes",
+              "x-initial-cluster-size", "x-queue-leader-locator")
+CONSUMER_ARGS = ("x-priority", "x-cancel-on-ha-failover", "x-stream-offset")
 
 
 class ParameterError(ValueError):
@@ -127,6 +142,19 @@ def _text(value: dict[str, Any], key: str) -> str | None:
     return str(value[key])
 
 
+def _args(value: dict[str, Any], key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    """An arguments table (``src-queue-args``, ...): its names checked as RabbitMQ checks them."""
+    table = value.get(key, {})
+    if table == []:  # what an empty table is in RabbitMQ's own exports
+        table = {}
+    if not isinstance(table, dict):
+        raise ParameterError(f"{key} should be a JSON object, actually was {json.dumps(table)}")
+    unknown = {k: v for k, v in table.items() if k not in allowed}
+    if unknown:
+        raise ParameterError(f"Unrecognised terms {erlang_term(unknown)} in {key}")
+    return dict(table)
+
+
 def _bool(value: dict[str, Any], key: str) -> bool:
     v = value.get(key, False)
     if not isinstance(v, bool):
@@ -153,16 +181,20 @@ class ShovelSettings:
     publish_properties: dict[str, Any]
     ack_mode: str
     reconnect_delay: float
+    src_queue_args: dict[str, Any] = field(default_factory=dict)
+    dest_queue_args: dict[str, Any] = field(default_factory=dict)
+    src_consumer_args: dict[str, Any] = field(default_factory=dict)
 
 
-def shovel_settings(raw: Any) -> ShovelSettings:
-    """A shovel parameter's value, checked (module text); ParameterError with RabbitMQ's reason."""
+def shovel_settings(raw: Any, name: str = "shovel") -> ShovelSettings:
+    """A shovel parameter's value, checked (module text); ParameterError with RabbitMQ's reason
+    (which names the parameter ``name``)."""
     if not isinstance(raw, dict):
         raise ParameterError(f"shovel value should be a JSON object, actually was {json.dumps(raw)}")
     value: dict[str, Any] = {_OLD_KEYS.get(str(k), str(k)): v for k, v in raw.items()}
-    unknown = sorted(set(raw) - _KNOWN)
+    unknown = {k: v for k, v in raw.items() if k not in _KNOWN}
     if unknown:
-        raise ParameterError(f"Unrecognised terms {unknown} in shovel")
+        raise ParameterError(f"Unrecognised terms {erlang_term(unknown)} in {name}")
     for side in ("src", "dest"):
         protocol = value.get(f"{side}-protocol", "amqp091")
         if protocol != "amqp091":
@@ -219,7 +251,10 @@ def shovel_settings(raw: Any) -> ShovelSettings:
         dest_exchange_key=_text(value, "dest-exchange-key"),
         add_forward_headers=_bool(value, "dest-add-forward-headers"),
         add_timestamp_header=_bool(value, "dest-add-timestamp-header"),
-        publish_properties=dict(props), ack_mode=str(ack_mode), reconnect_delay=float(delay))
+        publish_properties=dict(props), ack_mode=str(ack_mode), reconnect_delay=float(delay),
+        src_queue_args=_args(value, "src-queue-args", QUEUE_ARGS),
+        dest_queue_args=_args(value, "dest-queue-args", QUEUE_ARGS),
+        src_consumer_args=_args(value, "src-consumer-args", CONSUMER_ARGS))
 
 
 def validate(component: str, name: str, value: Any) -> None:
@@ -234,6 +269,6 @@ def validate(component: str, name: str, value: Any) -> None:
         elif component == "federation-upstream-set":
             validate_upstream_set(name, value)
         else:
-            shovel_settings(value)
+            shovel_settings(value, name)
     except FederationError as exc:
         raise ParameterError(str(exc)) from None

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 A shovel is a loop of sessions. Each session connects to one of the source URIs and one of the
 destination URIs (chosen at random, as RabbitMQ does), declares what the value names (a
-``src-queue`` and a ``dest-queue`` durable, as RabbitMQ's shovel does; a ``src-exchange`` gets
+``src-queue`` and a ``dest-queue`` durable, as RabbitMQ's shovel does, with ``src-queue-args``
+and ``dest-queue-args``; a ``src-exchange`` gets
 an exclusive server-named queue bound with ``src-exchange-key``), sets ``basic.qos`` to
 ``src-prefetch-count`` and consumes. Each delivery is published to the destination in the order
 it came, and its source ack depends on ``ack-mode``:
@@ -193,9 +194,11 @@ class Shovel:
         src_ch = await src.channel(publisher_confirms=False, frame_buffer_size=FRAME_BUFFER)
         dest_ch = await dest.channel(publisher_confirms=confirm, frame_buffer_size=FRAME_BUFFER)
         if s.dest_queue is not None:
-            await dest_ch.queue_declare(s.dest_queue, durable=True)
+            await dest_ch.queue_declare(s.dest_queue, durable=True,
+                                        arguments=s.dest_queue_args or None)
         if s.src_queue is not None:
-            declared = await src_ch.queue_declare(s.src_queue, durable=True)
+            declared = await src_ch.queue_declare(s.src_queue, durable=True,
+                                                  arguments=s.src_queue_args or None)
             queue = s.src_queue
         else:
             declared = await src_ch.queue_declare("", exclusive=True, auto_delete=True)
@@ -270,7 +273,8 @@ class Shovel:
             fut.add_done_callback(lost(what))
             watchers.append(fut)
         deliver_inline(src_ch, inbox.put_nowait)
-        consume = await src_ch.basic_consume(queue, on_message, no_ack=no_ack)
+        consume = await src_ch.basic_consume(queue, on_message, no_ack=no_ack,
+                                             arguments=s.src_consumer_args or None)
         self._set("running")
         try:
             while True:

@@ -4,6 +4,7 @@
     .venv/bin/python -m perf.shovel --rabbitmq        # and RabbitMQ -> RabbitMQ (rabbitmq_shovel)
     .venv/bin/python -m perf.shovel --messages 100000 --workers 2
     .venv/bin/python -m perf.shovel --federation      # and exchange federation, Shoal -> Shoal
+    .venv/bin/python -m perf.shovel --rabbitmq --federation  # all four rows in one run
 
 Each run starts two brokers of one kind (own ports, own data directories), fills a durable
 source queue on the first with persistent 128-byte messages, then declares a dynamic shovel
@@ -17,7 +18,9 @@ shovel's or link's own cost, which the load of a shared host does not skew as it
 time. ``--federation`` adds an exchange federation row: the downstream broker federates the topic
 exchange ``perf-x`` from the upstream (on-confirm, prefetch 1000) into a durable queue bound with
 ``#``; once the link runs and the binding is upstream, the messages are published to the
-upstream's ``perf-x`` (persistent, no confirms) and the downstream queue's depth is timed.
+upstream's ``perf-x`` (persistent, no confirms) and the downstream queue's depth is timed; with
+``--rabbitmq`` too, the same between two RabbitMQ nodes (rabbitmq_federation). RabbitMQ's rows
+have no CPU figure: its shovel and links run inside the node, beside its queues.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,33 +133,48 @@ def _ctl(broker: ShoalBroker, *args: str) -> str:
     return done.stdout
 
 
+UPSTREAM = {"prefetch-count": 1000, "ack-mode": "on-confirm"}
+
+
+def federate_and_time(up_port: int, down_port: int, ctl: Callable[..., str],
+                      up_bindings: Callable[[], str], count: int) -> tuple[float, float]:
+    """Federate ``perf-x`` of ``down_port``'s broker from ``up_port``'s (``ctl`` runs the
+    downstream's set_parameter / set_policy), publish ``count`` messages upstream once the
+    binding is there; the seconds publishing took and from the first arrival to the last."""
+    for port in (up_port, down_port):
+        conn, ch = _channel(port)
+        ch.exchange_declare("perf-x", "topic", durable=True)
+        conn.close()
+    conn, ch = _channel(down_port)
+    ch.queue_declare("perf-fed", durable=True)
+    ch.queue_bind("perf-fed", "perf-x", "#")
+    conn.close()
+    ctl("set_parameter", "federation-upstream", "perf", json.dumps(
+        {"uri": f"amqp://guest:guest@{HOST}:{up_port}/%2f", **UPSTREAM}))
+    ctl("set_policy", "perf", "^perf-x$", json.dumps({"federation-upstream": "perf"}),
+        "--apply-to", "exchanges")
+    end = time.monotonic() + 60
+    while "perf-x" not in up_bindings():
+        if time.monotonic() > end:
+            raise RuntimeError("the federation link did not bind upstream in 60 s")
+        time.sleep(0.2)
+    started = time.monotonic()
+    conn, ch = _channel(up_port)
+    for _ in range(count):
+        ch.basic_publish("perf-x", "k", BODY, PERSISTENT)
+    conn.close()
+    publish_s = time.monotonic() - started
+    moving, _ = watch(down_port, "perf-fed", count, 600)
+    return publish_s, moving
+
+
 def run_federation(count: int, workers: int) -> dict[str, Any]:
     up, down = ShoalBroker(workers), ShoalBroker(workers)
     try:
-        for port in (up.port, down.port):
-            conn, ch = _channel(port)
-            ch.exchange_declare("perf-x", "topic", durable=True)
-            conn.close()
-        conn, ch = _channel(down.port)
-        ch.queue_declare("perf-fed", durable=True)
-        ch.queue_bind("perf-fed", "perf-x", "#")
-        conn.close()
-        _ctl(down, "set_parameter", "federation-upstream", "perf", json.dumps(
-            {"uri": f"amqp://guest:guest@{HOST}:{up.port}/%2f", "prefetch-count": 1000}))
-        _ctl(down, "set_policy", "perf", "^perf-x$", json.dumps({"federation-upstream": "perf"}),
-             "--apply-to", "exchanges")
-        end = time.monotonic() + 60
-        while "perf-x" not in _ctl(up, "list_bindings", "source_name"):
-            if time.monotonic() > end:
-                raise RuntimeError("the federation link did not bind upstream in 60 s")
-            time.sleep(0.2)
         started = time.monotonic()
-        conn, ch = _channel(up.port)
-        for _ in range(count):
-            ch.basic_publish("perf-x", "k", BODY, PERSISTENT)
-        conn.close()
-        publish_s = time.monotonic() - started
-        moving, _ = watch(down.port, "perf-fed", count, 600)
+        publish_s, moving = federate_and_time(
+            up.port, down.port, lambda *a: _ctl(down, *a),
+            lambda: _ctl(up, "list_bindings", "source_name"), count)
         return {"pair": f"Shoal -> Shoal federated exchange (--workers {workers})",
                 "messages": count, "fill_s": publish_s, "moving_s": moving,
                 "total_s": time.monotonic() - started, "links_cpu_s": links_cpu(down)}
@@ -164,11 +183,34 @@ def run_federation(count: int, workers: int) -> dict[str, Any]:
         down.stop()
 
 
+def run_rabbitmq_federation(count: int) -> dict[str, Any]:
+    up, down = two_rabbits()
+    try:
+        def ctl(*args: str) -> str:
+            done = down.ctl(*args)
+            if done.returncode:
+                raise RuntimeError(done.stdout + done.stderr)
+            return done.stdout
+
+        started = time.monotonic()
+        publish_s, moving = federate_and_time(
+            up.port, down.port, ctl, lambda: up.ctl("list_bindings", "source_name").stdout,
+            count)
+        return {"pair": f"RabbitMQ {up.version} -> RabbitMQ federated exchange",
+                "messages": count, "fill_s": publish_s, "moving_s": moving,
+                "total_s": time.monotonic() - started}
+    finally:
+        up.stop()
+        down.stop()
+
+
 class ShovelRabbit(RabbitBroker):
-    """A private RabbitMQ node with rabbitmq_shovel enabled (its own enabled_plugins file)."""
+    """A private RabbitMQ node with rabbitmq_shovel and rabbitmq_federation enabled (its own
+    enabled_plugins file)."""
 
     def _start(self) -> None:
-        (self.directory / "enabled_plugins").write_text("[rabbitmq_shovel].\n")
+        (self.directory / "enabled_plugins").write_text(
+            "[rabbitmq_shovel,rabbitmq_federation].\n")
         super()._start()
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -179,13 +221,17 @@ class ShovelRabbit(RabbitBroker):
                               capture_output=True, text=True, timeout=120)
 
 
-def run_rabbitmq(count: int) -> dict[str, Any]:
-    src = ShovelRabbit()
+def two_rabbits() -> tuple[ShovelRabbit, ShovelRabbit]:
+    first = ShovelRabbit()
     try:
-        dst = ShovelRabbit()
+        return first, ShovelRabbit()
     except BaseException:
-        src.stop()
+        first.stop()
         raise
+
+
+def run_rabbitmq(count: int) -> dict[str, Any]:
+    src, dst = two_rabbits()
     try:
         fill_s = fill(src.port, "perf-src", count)
         depth(dst.port, "perf-dst")
@@ -213,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_federation(args.messages, args.workers))
     if args.rabbitmq:
         rows.append(run_rabbitmq(args.messages))
+        if args.federation:
+            rows.append(run_rabbitmq_federation(args.messages))
     print("| pair | messages | msg/s (first to last) | msg/s (from declaration) "
           "| links process CPU µs/msg |")
     print("|---|---:|---:|---:|---:|")

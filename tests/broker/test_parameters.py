@@ -69,6 +69,35 @@ def test_invalid_values_get_rabbitmqs_reason(change: dict[str, Any], reason: str
     assert reason in str(caught.value)
 
 
+def test_queue_and_consumer_args_are_taken() -> None:
+    """src-queue-args, dest-queue-args and src-consumer-args take RabbitMQ's argument names."""
+    s = shovel_settings({**BASE, "src-queue-args": {"x-max-priority": 5},
+                         "dest-queue-args": {"x-queue-mode": "lazy", "x-max-length": 10},
+                         "src-consumer-args": {"x-priority": 3}})
+    assert s.src_queue_args == {"x-max-priority": 5}
+    assert s.dest_queue_args == {"x-queue-mode": "lazy", "x-max-length": 10}
+    assert s.src_consumer_args == {"x-priority": 3}
+    empty = shovel_settings({**BASE, "src-queue-args": [], "src-consumer-args": {}})
+    assert (empty.src_queue_args, empty.dest_queue_args, empty.src_consumer_args) == ({}, {}, {})
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    ({"src-queue-args": {"x-foo": 1}}, 'Unrecognised terms [{<<"x-foo">>,1}] in src-queue-args'),
+    ({"dest-queue-args": {"x-delivery-limit": "v"}},
+     'Unrecognised terms [{<<"x-delivery-limit">>,<<"v">>}] in dest-queue-args'),
+    ({"src-consumer-args": {"x-credit": 1}},
+     'Unrecognised terms [{<<"x-credit">>,1}] in src-consumer-args'),
+    ({"dest-queue-args": "x"}, 'dest-queue-args should be a JSON object, actually was "x"'),
+    ({"bogus": 1}, 'Unrecognised terms [{<<"bogus">>,1}] in s'),
+])
+def test_unknown_arguments_are_refused_with_rabbitmqs_text(change: dict[str, Any],
+                                                           problem: str) -> None:
+    """An argument name RabbitMQ 3.10.8 does not take is refused with its text."""
+    with pytest.raises(ParameterError) as caught:
+        validate("shovel", "s", {**BASE, **change})
+    assert caught.value.problem == problem
+
+
 def test_missing_keys_and_components() -> None:
     with pytest.raises(ParameterError, match='Key "dest-uri" not found'):
         validate("shovel", "s", {"src-uri": "amqp://", "src-queue": "a"})

@@ -1,7 +1,7 @@
 """Federation (issue 39) between Shoal brokers on this host: exchange federation follows the
 downstream's bindings, a three-node ring with max-hops 1 delivers each message once per node,
 queue federation moves messages to where the consumers are, a link outlives a SIGKILL of its
-upstream, and links are listed at /api/federation-links. Needs no RabbitMQ."""
+upstream and of its downstream, and links are listed at /api/federation-links. Needs no RabbitMQ."""
 
 from __future__ import annotations
 
@@ -123,6 +123,15 @@ def bound_upstream(broker: Broker, exchange: str) -> list[str]:
     return sorted(row["routing_key"] for row in json.loads(done.stdout)
                   if row["source_name"] == exchange
                   and row["destination_name"].startswith("federation: "))
+
+
+def link(up: Broker, down: Broker, up_port: int, exchange: str, queue: str) -> None:
+    """``exchange`` on both, federated from ``up`` to ``down`` and bound there to ``queue`` with
+    ``#``; returns once the binding is upstream."""
+    declare(up, exchange)
+    declare(down, exchange, queue, "#")
+    federate(down, up_port)
+    wait_until(lambda: bound_upstream(up, exchange) == ["#"], 30, "the binding propagates")
 
 
 @pytest.fixture
@@ -262,10 +271,7 @@ def test_a_link_outlives_a_sigkill_of_its_upstream(tmp_path: Path) -> None:
     up = Broker(tmp_path / "up", port=up_port)
     down = start_broker(tmp_path / "down")
     try:
-        declare(up, "fed.k")
-        declare(down, "fed.k", "kill-q", "#")
-        federate(down, up_port)
-        wait_until(lambda: bound_upstream(up, "fed.k") == ["#"], 30, "the binding propagates")
+        link(up, down, up_port, "fed.k", "kill-q")
         bodies = [f"k{i}".encode() for i in range(2000)]
         publish(up, "fed.k", bodies[:1000])
         wait_until(lambda: depth(down, "kill-q") > 0, 30, "messages arrive")
@@ -280,6 +286,44 @@ def test_a_link_outlives_a_sigkill_of_its_upstream(tmp_path: Path) -> None:
         got = Counter(drain(down, "kill-q", idle=3.0, limit=120))
         assert set(bodies) <= set(got)  # none lost (a redelivered one may come twice)
         assert set(got) <= set(bodies)
+    finally:
+        finish(down)
+        finish(up)
+
+
+def upstream_queue_depth(broker: Broker, exchange: str) -> int:
+    """Messages in ``broker``'s ``federation: EXCHANGE -> NODE`` queue (of a link to it)."""
+    done = ctl(broker, "list_queues", "name", "messages", "--formatter", "json")
+    assert done.returncode == 0, done.stderr
+    return sum(int(row["messages"]) for row in json.loads(done.stdout)
+               if row["name"].startswith(f"federation: {exchange} -> "))
+
+
+@pytest.mark.deadline(240)
+def test_a_link_outlives_a_sigkill_of_its_downstream(tmp_path: Path) -> None:
+    """on-confirm: every message the upstream confirmed, before and while the downstream is
+    killed, reaches the downstream once it is started again on its port and data directory (the
+    upstream's durable federation queue holds them meanwhile)."""
+    up = start_broker(tmp_path / "up")
+    down_port = free_port()
+    down = Broker(tmp_path / "down", port=down_port)
+    try:
+        link(up, down, up.port, "fed.d", "down-q")
+        bodies = [f"d{i}".encode() for i in range(3000)]
+        publish(up, "fed.d", bodies[:1500])
+        wait_until(lambda: depth(down, "down-q") > 0, 30, "messages arrive")
+        kill_whole_broker(down)
+        down.stop()
+        publish(up, "fed.d", bodies[1500:])
+        assert upstream_queue_depth(up, "fed.d") >= 1500  # kept upstream while the link is down
+        (tmp_path / "down" / "ready.json").unlink(missing_ok=True)
+        down = Broker(tmp_path / "down", port=down_port)
+        wait_until(lambda: running(down), 60, "the link runs again")
+        wait_until(lambda: upstream_queue_depth(up, "fed.d") == 0, 60, "the upstream drains")
+        got = Counter(drain(down, "down-q", idle=3.0, limit=120))
+        assert set(got) == set(bodies)  # none lost, nothing else
+        duplicates = sum(got.values()) - len(got)
+        assert duplicates <= 1000  # only redeliveries of what was unconfirmed (one prefetch)
     finally:
         finish(down)
         finish(up)

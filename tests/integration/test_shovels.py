@@ -258,3 +258,28 @@ def test_exchange_to_exchange_with_forward_headers_and_properties(
     [forwarded] = headers["x-shovelled"]
     assert forwarded["shovel-name"] == "xx" and forwarded["src-exchange"] == "x-src"
     assert forwarded["dest-exchange"] == "x-in" and forwarded["shovel-type"] == "dynamic"
+
+
+@pytest.mark.deadline(120)
+def test_the_declared_destination_queue_gets_dest_queue_args(
+        pair: tuple[Broker, int, Broker]) -> None:
+    """dest-queue-args are the arguments of the destination queue the shovel declares."""
+    src, http_port, dst = pair
+    http = HTTP(http_port)
+    status, _, answer = http.request("PUT", "/api/parameters/shovel/%2f/capped", {"value": {
+        "src-uri": "amqp://", "src-queue": "args-in", "src-consumer-args": {"x-priority": 2},
+        "dest-uri": url(dst.port), "dest-queue": "args-out",
+        "dest-queue-args": {"x-max-length": 2}}})
+    assert status == 201, answer
+    wait_until(lambda: running(http, "capped"), 30, "the shovel runs")
+    publish(src, "args-in", [f"m{i}".encode() for i in range(5)])
+    wait_until(lambda: depth(src, "args-in") == 0, 30, "the source queue is drained")
+    conn = dst.connect()
+    try:
+        ch = conn.channel()
+        declared = ch.queue_declare("args-out", durable=True, arguments={"x-max-length": 2})
+        assert declared.method.message_count == 2  # x-max-length 2 dropped the oldest three
+        kept = [ch.basic_get("args-out", auto_ack=True)[2] for _ in range(2)]
+    finally:
+        conn.close()
+    assert kept == [b"m3", b"m4"]
