@@ -43,7 +43,9 @@ owns its FrameBuffer and WindowManager:
   content header and its body frames into one ``PublishReceived``, capping
   the body a peer can make us buffer;
 * ``Handshake`` (``workers.handshake``): start, start-ok (the login,
-  ``workers.sasl``), tune, tune-ok and open, checked and answered;
+  ``workers.sasl``), tune, tune-ok and open, checked and answered; what the
+  connection keeps of each channel-0 method, and the worker's checks at open
+  (limits, vhost access), are ``workers.connection_methods``'s;
 * ``Liveness`` (``workers.liveness``): heartbeats sent and expected, the
   handshake and close timeouts, and the pause rule;
 * ``OutputQueue`` (``workers.output_queue``): the frames queued for the
@@ -68,24 +70,18 @@ bodies not copied, until ``seal_output``; see ``workers.output_queue``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
 from pamqp import base, commands
 
 from broker import errors
 from broker.errors import AMQPError
-from broker.permissions import vhost_refused
 from workers import codec, sasl
-from workers.channel_frames import ChannelFrames, decode_method, method_ids
-from workers.connection_state import METHOD_INPUTS, TRANSITIONS, Input, State, UnexpectedMethod
+from workers.channel_frames import ChannelFrames, decode_method
+from workers.connection_methods import on_connection_method
+from workers.connection_state import TRANSITIONS, Input, State, UnexpectedMethod
 from workers.content_assembler import Place, Release
-from workers.events import (
-    ConnectionClosed,
-    ConnectionOpened,
-    Event,
-    MethodReceived,
-)
+from workers.events import ConnectionClosed, Event
 from workers.frame_buffer import (
     FRAME_HEARTBEAT,
     FRAME_METHOD,
@@ -534,87 +530,15 @@ class AMQPConnection:
 
     def _on_channel0_frame(self, frame: Frame) -> None:
         if frame.type == FRAME_METHOD:
-            self._on_connection_method(decode_method(frame.payload))
+            on_connection_method(self, decode_method(frame.payload))
         elif frame.type != FRAME_HEARTBEAT:
             raise errors.UnexpectedFrame(f"type {frame.type} frame on channel 0")
-
-    def _on_connection_method(self, method: base.Frame) -> None:
-        class_id, method_id = method_ids(method)
-        input_ = METHOD_INPUTS.get(method.index)
-        if input_ is None:
-            # A known method we never take (connection.start, secure-ok, blocked, a channel's
-            # method): 504, as RabbitMQ 3.10 answers it. Ids AMQP 0-9-1 does not define were
-            # 540 in _decode (RabbitMQ drops the socket without a word).
-            raise UnexpectedMethod(self._state, method.name, class_id, method_id)
-        target = self._transition(input_, class_id, method_id)
-        _CONNECTION_HANDLERS[input_](self, method)
-        self._enter(target)
-
-    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
-        handshake = self._handshake
-        try:
-            self._queue_out(handshake.start_ok(method))
-        finally:  # the properties also when the login is refused
-            self.user = handshake.user
-            self.client_properties = handshake.client_properties
-
-    def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
-        tuned = self._handshake.tune_ok(method)
-        self.frame_max = tuned.frame_max
-        self.channel_max = tuned.channel_max
-        self._channels.channel_max = tuned.channel_max
-        self._liveness.heartbeat = tuned.heartbeat
-        self._buffer.frame_max = tuned.frame_max
-
-    def _on_open(self, method: commands.Connection.Open) -> None:
-        self.vhost = vhost = self._handshake.open(method, self.vhost_exists)
-        if self.limits is not None:  # rabbit_reader: the vhost's limit, the user's, then access
-            if (refused := self.limits.admit_connection(vhost, self.user)) is not None:
-                raise errors.NotAllowed(refused, 10, 40)
-            self._channels.admit = partial(self.limits.admit_channel, self.user)
-        if self.vhost_access is not None and not self.vhost_access(self.user, vhost):
-            raise errors.NotAllowed(vhost_refused(vhost, self.user), 10, 40)
-        self._queue_out(codec.encode_method(0, commands.Connection.OpenOk()))
-        self._events.append(
-            ConnectionOpened(
-                vhost,
-                self.user,
-                self.client_properties,
-                self.frame_max,
-                self.channel_max,
-                self.heartbeat,
-            )
-        )
-
-    def _on_update_secret(self, method: commands.Connection.UpdateSecret) -> None:
-        """RabbitMQ's extension for clients whose credentials expire (OAuth 2 tokens): the
-        internal user store keeps no per-connection credential state, so the new secret is
-        accepted as RabbitMQ's internal backend accepts it, and the connection carries on.
-        The runtime hears of it (for the log) as a method on channel 0."""
-        self._queue_out(codec.encode_method(0, commands.Connection.UpdateSecretOk()))
-        self._events.append(MethodReceived(0, method))
-
-    def _on_close(self, method: commands.Connection.Close) -> None:
-        self._queue_out(codec.encode_method(0, commands.Connection.CloseOk()))
-        self.close_reason = f"closed by client: {method.reply_code} {method.reply_text}"
-
-    def _on_close_ok(self, method: commands.Connection.CloseOk) -> None:
-        pass  # close_reason was set when we sent connection.close
 
     def _can_send(self, channel: int) -> bool:
         if self._state is not State.RUNNING:
             return False
         return channel == 0 or self.is_channel_open(channel)
 
-
-_CONNECTION_HANDLERS: dict[Input, Callable[[AMQPConnection, Any], None]] = {
-    Input.START_OK: AMQPConnection._on_start_ok,
-    Input.TUNE_OK: AMQPConnection._on_tune_ok,
-    Input.OPEN: AMQPConnection._on_open,
-    Input.CLOSE: AMQPConnection._on_close,
-    Input.CLOSE_OK: AMQPConnection._on_close_ok,
-    Input.UPDATE_SECRET: AMQPConnection._on_update_secret,
-}
 
 def _shortstr(text: str) -> str:
     """Reply texts are short strings: at most 255 octets on the wire."""

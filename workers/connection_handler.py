@@ -26,8 +26,9 @@ from ipc.arena import Arena
 from ipc.logfile import BodyLog
 from ipc.records import VIEWED_BODY_MIN
 from workers import codec
+from workers import connection_lifecycle as lifecycle
 from workers import events as ev
-from workers.access import Access, PermissionTables
+from workers.access import PermissionTables
 from workers.channel import Channel
 from workers.channel_config import ChannelConfig, ChannelOutput, ChannelResources
 from workers.connection import AMQPConnection
@@ -102,13 +103,7 @@ class ConnectionHandler:
         self.publishes = False  # RabbitMQ blocks (and tells) only publishing connections
         self.confirms_pending: set[Channel] = set()
         # The worker's permissions (workers.access); None (a test's worker): no checks.
-        self.permissions: PermissionTables | None = getattr(worker, "permissions", None)
-        if self.permissions is not None:
-            proto.vhost_access = self.permissions.may_enter
-        vhosts = getattr(worker, "vhosts", None)  # the worker's live set (VhostsChanged)
-        if vhosts is not None:
-            proto.vhost_exists = vhosts.__contains__
-        proto.limits = getattr(worker, "limits", None)  # workers.limits; None: no checks
+        self.permissions: PermissionTables | None = lifecycle.admission(worker, proto)
         self._closed_numbers: dict[int, int] = {}  # channel → ChanClose barriers owed
         self.in_flight = 0  # handed to the socket, not yet written
         self.credit = PUBLISH_CREDIT  # Publish records we may still send (credit flow)
@@ -167,16 +162,7 @@ class ConnectionHandler:
         return "running" if self.reading_stop is None else "flow"
 
     def info(self) -> r.ConnectionInfo:
-        proto = self.proto
-        client = proto.client_properties.get("product")
-        chans = [r.ChannelInfo(n, ch.consuming.prefetch, ch.credit.global_prefetch,
-                               ch.confirms.active, ch.tx, len(ch.consumers), len(ch.unacked))
-                 for n, ch in self.channels.items() if not ch.closing]
-        return r.ConnectionInfo(
-            self.conn_id, self.peer, proto.user, proto.vhost, self.state, len(self.channels),
-            client if isinstance(client, str) else "", proto.bytes_received, proto.bytes_sent,
-            self.connected_at, jsonable_table(proto.client_properties), chans,
-        )
+        return lifecycle.connection_info(self)
 
     def heartbeat_tick(self, now: float) -> bool:
         """The protocol's heartbeat tick. While the client leaves our output unread (reading
@@ -351,7 +337,7 @@ class ConnectionHandler:
                 if ch is not None and not ch.closing:
                     self._guarded(ch, ch.on_method, m)
             case ev.ConnectionOpened():
-                self._opened(event)
+                lifecycle.opened(self, event)
             case ev.ChannelOpened(channel=n):
                 self.channels[n] = Channel(n, self._channel_config, self.worker.channel_resources)
                 log.debug("connection %s: channel %d opened", self.label, n)
@@ -359,35 +345,12 @@ class ConnectionHandler:
             case ev.ChannelClosed(channel=n):
                 ch = self.channels.pop(n, None)
                 if ch is not None and not ch.closing:
-                    self._close_channel(ch)
+                    lifecycle.close_channel(self, ch)
                 log.debug("connection %s: channel %d closed", self.label, n)
                 self._limits_changed()
             case ev.ConnectionClosed():
                 self.finish()
         self.worker.dirty.add(self)
-
-    def _opened(self, event: ev.ConnectionOpened) -> None:
-        caps = (event.client_properties or {}).get("capabilities") or {}
-        self.cancel_notify = bool(caps.get("consumer_cancel_notify", False))
-        access = (Access(self.permissions, event.user, event.vhost)
-                  if self.permissions is not None else None)
-        self._channel_config = ChannelConfig(self.conn_id, self.cancel_notify, self.output, access)
-        self.blocked_capable = bool(caps.get("connection.blocked", False))
-        self.opened = True
-        name = (event.client_properties or {}).get("connection_name")
-        if name:
-            log.info("connection %s has a client-provided name: %s", self.label, name)
-        log.info("connection %s: user '%s' authenticated and granted access to vhost '%s'",
-                 self.label, event.user, event.vhost)
-        if log.isEnabledFor(logging.DEBUG):
-            props = event.client_properties or {}
-            log.debug("connection %s: client %s %s (%s), capabilities %s; negotiated frame_max "
-                      "%d, channel_max %d, heartbeat %d s", self.label, props.get("product", "?"),
-                      props.get("version", "?"), props.get("platform", "?"),
-                      sorted(name for name, on in caps.items() if on) if isinstance(caps, dict)
-                      else [], event.frame_max, event.channel_max, event.heartbeat)
-        self.worker.send(r.ConnOpen(self.conn_id, event.user, event.vhost))
-        self._limits_changed()
 
     def publish_header(self, event: ev.PublishReceived, reply_to: str | None) -> bytes | None:
         """The content header to store: the publisher's, or with reply_to set to
@@ -496,44 +459,12 @@ class ConnectionHandler:
     # ----------------------------------------------------- errors, closing
 
     def fail(self, exc: AMQPError, ch: Channel | None = None) -> None:
-        """Turn an error into channel.close or connection.close (in one place:
-        the protocol object), and release what the closed part held."""
-        self.proto.handle_error(exc, ch.number if ch is not None else 0)
-        if not exc.hard and ch is not None and not ch.closing:
-            # RabbitMQ logs a channel exception at error (a hard one shows in the close line).
-            log.error("channel error on connection %s, vhost: '%s', user: '%s', channel %d: %s",
-                      self.label, self.proto.vhost, self.proto.user, ch.number,
-                      exc.frame_text)
-        if exc.hard:
-            self._close_all_channels()
-        elif ch is not None:
-            self._close_channel(ch)
-        self.worker.dirty.add(self)
-
-    def _close_channel(self, ch: Channel) -> None:
-        ch.close()
-        self.confirms_pending.discard(ch)
-        self.worker.send(r.ChanClose(self.conn_id, ch.number))
-        self._closed_numbers[ch.number] = self._closed_numbers.get(ch.number, 0) + 1
-
-    def _close_all_channels(self) -> None:
-        for ch in list(self.channels.values()):
-            if not ch.closing:
-                self._close_channel(ch)
+        """Turn an error into channel.close or connection.close (``workers.connection_lifecycle``)."""
+        lifecycle.fail(self, exc, ch)
 
     def finish(self) -> None:
-        """The connection is over (closed or the socket went): the supervisor
-        requeues its unacked messages and deletes its exclusive queues."""
-        if self.finished:
-            return
-        self.finished = True
-        self.proto.release_bodies()
-        self._close_all_channels()
-        self.channels.clear()
-        if self.opened:
-            self.worker.send(r.ConnClose(self.conn_id))
-        self.worker.handlers.pop(self.conn_id, None)
-        self._limits_changed()
+        """The connection is over (closed or the socket went): ``workers.connection_lifecycle``."""
+        lifecycle.finish(self)
 
     def _limits_changed(self) -> None:
         limits = self.proto.limits  # a test's worker has none
@@ -642,20 +573,3 @@ def _block_with_header(arena: Arena, header: bytes, body_size: int) -> tuple[int
     view[: len(header)] = header
     return offset, view
 
-
-def jsonable(value: Any) -> Any:
-    """A field-table value as JSON can carry it: bytes decoded as UTF-8 (with replacement),
-    tables and arrays kept nested, anything else unusual (decimal, timestamp) as its text."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).decode("utf-8", "replace")
-    if isinstance(value, dict):
-        return jsonable_table(value)
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return str(value)
-
-
-def jsonable_table(table: dict[Any, Any]) -> dict[str, Any]:
-    return {k if isinstance(k, str) else str(jsonable(k)): jsonable(v) for k, v in table.items()}

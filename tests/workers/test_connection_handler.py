@@ -407,7 +407,7 @@ def test_info_lists_the_client_properties_and_every_open_channel() -> None:
 def test_field_table_values_become_json_values() -> None:
     from decimal import Decimal
 
-    from workers.connection_handler import jsonable_table
+    from workers.connection_lifecycle import jsonable_table
     table = {"product": b"caf\xc3\xa9", "bad": b"\xff", "nested": {"a": [1, b"x", (2.5, None)]},
              "n": Decimal("1.5"), "ok": True}
     assert jsonable_table(table) == {"product": "café", "bad": "\ufffd",
