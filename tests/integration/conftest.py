@@ -30,17 +30,19 @@ from tests.integration.pika_helpers import Names
 # Deadlines this long belong to the big-body, paging, persistence and bounded-step tests: minutes each.
 SLOW_DEADLINE = 180.0
 # Integration modules whose subject is not the hot path the compiled modules implement (the
-# data directory, the management process, the links process, configuration, the CLI): they are
+# data directory, the management process, the links process, configuration, the CLI, logins,
+# virtual hosts and limits, which the supervisor and the uncompiled connection methods keep): they are
 # marked `compiled_only`, and make test's pure-Python pass leaves them out. The broker code they
 # drive is the same in both passes; the protocol suites (clients, features, negative, fuzz, flow
 # control, deliveries) run the pure fallback end to end.
 COMPILED_ONLY = frozenset({
     "test_bounded_steps", "test_config_file", "test_corruption_definitions", "test_corruption_index",
     "test_ctl", "test_definitions_import", "test_disk_alarm", "test_durable_topology",
-    "test_first_run", "test_load_generator", "test_management_api", "test_management_rabbitmqadmin",
-    "test_management_stats", "test_management_tls", "test_management_ui", "test_paging",
-    "test_persistence", "test_policies", "test_process_failures", "test_remote_logins",
-    "test_shovels", "test_slow_consumer", "test_users",
+    "test_federation", "test_first_run", "test_limits", "test_load_generator", "test_management_api",
+    "test_management_rabbitmqadmin", "test_management_stats", "test_management_tls",
+    "test_management_ui", "test_paging", "test_password_hashes", "test_persistence", "test_policies",
+    "test_process_failures", "test_remote_logins", "test_shovels", "test_slow_consumer", "test_users",
+    "test_vhosts",
 })
 
 
