@@ -12,24 +12,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pika
 import pika.exceptions
 import pytest
 
+from tests.integration.ctl_helpers import ctl
 from tests.integration.harness import REPO_ROOT, Broker, finish, serve_command
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rabbitmq-3.10.8-definitions.json"
 PASSWORDS = {"alice": "alice-pass-1", "bob": "bob-pass-2", "guest": "guest"}
-
-
-def ctl(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", "ctl", "--control-socket",
-         str(broker.control_dir / "control.sock"), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
 
 
 def login(broker: Broker, user: str) -> pika.BlockingConnection:

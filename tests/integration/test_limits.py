@@ -6,8 +6,6 @@ module; each test clears what it set."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,8 +15,8 @@ import pytest
 from pamqp import commands
 
 from broker.passwords import hashed
-from cli.control import ask
-from tests.integration.harness import REPO_ROOT, Broker, finish, start_broker, wait_until
+from tests.integration.ctl_helpers import control, ctl
+from tests.integration.harness import Broker, finish, start_broker, wait_until
 from tests.integration.management_helpers import HTTP, managed
 from tests.integration.rawclient import RawClient, method_frame
 from tests.integration.test_permissions import raw_login
@@ -36,17 +34,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         yield b
     finally:
         finish(b)
-
-
-def control(broker: Broker, **request: Any) -> dict[str, Any]:
-    return ask(str(broker.control_dir / "control.sock"), request)
-
-
-def ctl(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", "ctl", "--control-socket",
-         str(broker.control_dir / "control.sock"), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
 
 
 def raw_open(broker: Broker, user: str = "guest", password: str = "guest") -> RawClient:

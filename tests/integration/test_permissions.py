@@ -13,7 +13,7 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from cli.control import ask
+from tests.integration.ctl_helpers import control
 from tests.integration.harness import Broker, finish, start_broker
 from tests.integration.management_helpers import HTTP, managed
 from tests.integration.rawclient import (
@@ -34,10 +34,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         yield b
     finally:
         finish(b)
-
-
-def control(broker: Broker, **request: Any) -> dict[str, Any]:
-    return ask(str(broker.control_dir / "control.sock"), request)
 
 
 def user(broker: Broker, name: str, conf: str = ".*", write: str = ".*", read: str = ".*") -> None:

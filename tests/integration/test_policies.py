@@ -16,7 +16,8 @@ from typing import Any
 import pika
 import pytest
 
-from tests.integration.harness import REPO_ROOT, Broker, finish, start_broker, wait_until
+from tests.integration.ctl_helpers import ctl
+from tests.integration.harness import Broker, finish, start_broker, wait_until
 from tests.integration.management_helpers import HTTP, managed
 
 __all__ = ["managed"]
@@ -25,13 +26,6 @@ __all__ = ["managed"]
 @pytest.fixture(scope="module")
 def broker(managed: tuple[Broker, int]) -> Broker:
     return managed[0]
-
-
-def ctl(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", "ctl", "--control-socket",
-         str(broker.control_dir / "control.sock"), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
 
 
 def test_max_length_policy_drops_the_head_into_the_dlx_and_clearing_restores(broker: Broker) -> None:

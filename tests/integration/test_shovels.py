@@ -6,8 +6,6 @@ and deleted after ``src-delete-after`` ``queue-length``. Needs no RabbitMQ."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -16,9 +14,9 @@ from pathlib import Path
 import pika
 import pytest
 
+from tests.integration.ctl_helpers import ctl
 from tests.integration.harness import (
     HOST,
-    REPO_ROOT,
     Broker,
     finish,
     kill_whole_broker,
@@ -28,13 +26,6 @@ from tests.integration.harness import (
 from tests.integration.management_helpers import HTTP, free_port, start_with_management
 
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
-
-
-def ctl(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", "ctl", "--control-socket",
-         str(broker.control_dir / "control.sock"), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
 
 
 def url(port: int) -> str:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +15,8 @@ import pika.exceptions
 import pytest
 from pamqp import commands
 
-from cli.control import ask
+from tests.integration.ctl_helpers import control, ctl
 from tests.integration.harness import (
-    REPO_ROOT,
     Broker,
     finish,
     start_broker,
@@ -37,17 +34,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         yield b
     finally:
         finish(b)
-
-
-def control(broker: Broker, **request: Any) -> dict[str, Any]:
-    return ask(str(broker.control_dir / "control.sock"), request)
-
-
-def ctl(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", "ctl", "--control-socket",
-         str(broker.control_dir / "control.sock"), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
 
 
 def add_vhost(broker: Broker, name: str, user: str = "guest") -> None:
