@@ -75,13 +75,17 @@ class Dispatcher:
     """Applies worker requests to the virtual host; collects events and wake-ups."""
 
     def __init__(self, workers: int, free_body: Callable[[int, int], None], *,
-                 now: float = 0.0, epoch_offset: float = 0.0) -> None:
+                 now: float = 0.0, epoch_offset: float = 0.0,
+                 default_vhost: str | None = DEFAULT_VHOST) -> None:
         # Time comes in from the runtime (monotonic seconds); epoch_offset turns it
         # into wall-clock time for x-death and held-message headers.
         # Plain queues may keep waiting messages as their body handles (ARENA_BODY_CODEC).
         self.vhosts = VirtualHosts(self._drop, now=now, epoch_offset=epoch_offset,
                                    body_codec=ARENA_BODY_CODEC)
-        self.vhosts.add(DEFAULT_VHOST).description = DEFAULT_DESCRIPTION
+        # The vhost a broker without stored definitions starts with (RabbitMQ's default_vhost);
+        # None: none yet (a data directory's are restored from its definitions).
+        if default_vhost is not None:
+            self.vhosts.add(default_vhost).description = DEFAULT_DESCRIPTION
         self.answers = Answers(workers)
         self.outbox = self.answers.outbox
         self.confirms = self.answers.confirms

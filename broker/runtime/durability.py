@@ -100,8 +100,6 @@ class Durability:
                       opened.store.generation + opened.behind, opened.store.generation)
         d, store = self.dispatcher, self.definitions
         stored = {row["name"]: row for row in store.vhosts()}
-        if DEFAULT_VHOST not in stored:  # deleted, as RabbitMQ lets "/" be
-            d.delete_vhost(DEFAULT_VHOST)
         policies = store.policies()
         counts = [0, 0, 0]
         skipped: list[str] = []

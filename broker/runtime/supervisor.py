@@ -54,7 +54,6 @@ from broker.runtime.shovel_child import ShovelChild
 from broker.runtime.users import RuntimeUsers
 from broker.runtime.vhost_admin import RuntimeVhosts
 from broker.runtime.worker_lifecycle import RESTART_BACKOFF, Restarts, WorkerSlot, start_worker
-from broker.topology.vhosts import DEFAULT_DESCRIPTION, DEFAULT_VHOST
 from ipc import collector
 from ipc import records as r
 from ipc.profiling import run_profiled, trio_instruments
@@ -98,6 +97,7 @@ class Supervisor:
         self.dispatcher = Dispatcher(
             config.workers, self._free_body, now=time.monotonic(),
             epoch_offset=time.time() - time.monotonic(),
+            default_vhost=None if config.data_dir else config.default_vhost,
         )
         self._deadline = 0.0  # when the timer ticks next (the ring loop's longest sleep)
         self._forget_pages_at = 0.0
@@ -150,9 +150,6 @@ class Supervisor:
                                                        self.config.default_permissions)
         else:  # no data directory (tests): the users given, or guest, this run only
             self.users = hashed(self.config.users or dict([DEFAULT_USER]))
-            if self.config.default_vhost != DEFAULT_VHOST:  # default_vhost, in the place of "/"
-                self.dispatcher.delete_vhost(DEFAULT_VHOST)
-                self.dispatcher.add_vhost(self.config.default_vhost, DEFAULT_DESCRIPTION)
         removed = sweep_stale()
         if removed:
             log.info("swept %d segment(s) left by dead instances", len(removed))
