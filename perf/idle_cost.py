@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             mine = [r for r in results if r["label"] == label]
             if not mine:
                 continue
-            mean = {k: round(sum(r["cores"].get(k, 0) for r in mine) / len(mine), 3) for k in mine[0]["cores"]}
+            by_role = [{_role(k): v for k, v in r["cores"].items()} for r in mine]  # workers swap parts
+            mean = {k: round(sum(c.get(k, 0) for c in by_role) / len(mine), 3) for k in by_role[0]}
             p50 = sorted(r["latency"].get("p50_ms") or 0 for r in mine)
             p99 = sorted(r["latency"].get("p99_ms") or 0 for r in mine)
             print(f"{label:<14} cores {sum(r['cores_total'] for r in mine) / len(mine):.3f} {mean}  "
