@@ -171,6 +171,53 @@ def _line(result: dict[str, Any]) -> str:
     )
 
 
+def _role(process: str) -> str:
+    """A process's part in the run: ``worker1(con)`` is the consumer's worker, whichever it is."""
+    if process.endswith("(con)"):
+        return "consumer's worker"
+    if process.endswith("(pub)"):
+        return "publisher's worker"
+    if process.endswith("(con+pub)"):
+        return "both clients' worker"
+    return process
+
+
+def per_process_table(results: list[dict[str, Any]], labels: list[str]) -> str:
+    """The median over rounds of each process's µs of CPU and context switches per delivered
+    message, by its part (supervisor, publisher's worker, consumer's worker), the broker's
+    total, and the total against RabbitMQ's median; a markdown table."""
+    roles: list[str] = []
+    for r in results:
+        for process in r["per_message"]:
+            role = _role(process)
+            if role not in roles and not role.startswith(("python:", "erl_", "inet_", "sh:")):
+                roles.append(role)
+    rabbit = sorted(r["us_per_msg"] for r in results if r["label"] == "rabbitmq" and r["us_per_msg"])
+    rabbit_us = rabbit[len(rabbit) // 2] if rabbit else None
+    lines = ["per message, median of rounds: µs of CPU / context switches",
+             "| broker | " + " | ".join(roles) + " | broker | / RabbitMQ |",
+             "|---|" + "---:|" * (len(roles) + 2)]
+    for label in labels:
+        mine = [r for r in results if r["label"] == label and r["us_per_msg"]]
+        if not mine:
+            continue
+        cells = []
+        for role in roles:
+            pairs = sorted(v for r in mine for k, v in r["per_message"].items() if _role(k) == role)
+            if not pairs:
+                cells.append("")
+                continue
+            us = sorted(p[0] for p in pairs)[len(pairs) // 2]
+            cs = sorted(p[1] for p in pairs)[len(pairs) // 2]
+            cells.append(f"{us:.0f} / {cs:.2f}")
+        total = sorted(r["us_per_msg"] for r in mine)[len(mine) // 2]
+        switches = sorted(r["cs_per_msg"] for r in mine)[len(mine) // 2]
+        ratio = f"{total / rabbit_us:.2f}" if rabbit_us and label != "rabbitmq" else ""
+        cells.append(f"{total:.0f} / {switches:.2f}" if label != "rabbitmq" else f"{total:.0f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(lines)
+
+
 def _shoal_from(checkout: Path, workers: int) -> ShoalBroker:
     """A Shoal run from another checkout (same interpreter): `python -m` puts the cwd first on
     sys.path, so the supervisor and the workers it spawns import that checkout's code."""
@@ -228,12 +275,15 @@ def main(argv: list[str] | None = None) -> int:
             for problem in broker.stop():
                 print(f"{label}: {problem}", file=sys.stderr)
     if len(results) > 1:
+        print()
+        print(per_process_table(results, [label for label, _ in brokers]))
         print("\nmean over rounds:")
         for label, _ in brokers:
             mine = [r for r in results if r["label"] == label]
             if not mine:
                 continue
-            mean = {k: round(sum(r["cores"].get(k, 0) for r in mine) / len(mine), 3) for k in mine[0]["cores"]}
+            by_role = [{_role(k): v for k, v in r["cores"].items()} for r in mine]  # workers swap parts
+            mean = {k: round(sum(c.get(k, 0) for c in by_role) / len(mine), 3) for k in by_role[0]}
             p50 = sorted(r["latency"].get("p50_ms") or 0 for r in mine)
             p99 = sorted(r["latency"].get("p99_ms") or 0 for r in mine)
             print(f"{label:<14} cores {sum(r['cores_total'] for r in mine) / len(mine):.3f} {mean}  "

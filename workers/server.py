@@ -254,13 +254,28 @@ class Server:
         that handled it: a deadline set there counts for the loop's next sleep. Not in
         _RoundFlush.before_io_wait (where the flush that leaves the acks unannounced runs):
         trio has chosen how long to sleep by then, and arming there takes a trip through the
-        trio token, an extra round and task step each time."""
+        trio token, an extra round and task step each time.
+
+        A consumer acking each delivery at a steady rate has its acks read by the supervisor
+        when something else wakes it (the publisher's records): the timer would go off for
+        nothing, a wake-up of this worker every LAZY_SETTLE_DELAY. So an ack sent when the
+        deadline is less than half the delay away, and the acks it was set for have reached
+        the supervisor (announced, or the request ring is empty), moves it to a whole delay
+        from now: it then goes off only when acks wait unread that long."""
         worker = self.worker
+        ring = worker.region.request_ring
         scope = trio.CancelScope()
+        half = LAZY_SETTLE_DELAY / 2
 
         def arm() -> None:
-            if scope.deadline == math.inf:
+            deadline = scope.deadline
+            if deadline == math.inf:
                 scope.deadline = trio.current_time() + LAZY_SETTLE_DELAY
+                return
+            now = trio.current_time()
+            if deadline - now < half and (not worker.lazy_pending or ring.is_empty()):
+                worker.lazy_pending = False
+                scope.deadline = now + LAZY_SETTLE_DELAY
 
         worker.want_lazy_timer = arm
         worker.want_lazy_wake = arm  # armed already when the acks were sent (a backstop)

@@ -382,7 +382,8 @@ class Supervisor:
         the timer when due, one flush. True while work is left (the loop turns again at once,
         after trio's tasks have had their turn)."""
         busy = applied = False
-        run_pending = self.dispatcher.run_pending
+        d = self.dispatcher
+        run_pending = d.run_pending
         for w in self.workers:
             ring = w.region.request_ring
             try:
@@ -393,9 +394,14 @@ class Supervisor:
                 w.kill()
                 continue
             if batch or run_pending(w.index):
-                self._apply(w, batch, STEP_WORK)
+                if not applied:
+                    d.begin_batch(time.monotonic())
+                self._apply(w, batch, STEP_WORK, in_turn=True)
                 applied = True
                 busy = busy or bool(w.unapplied) or run_pending(w.index) or not ring.is_empty()
+        if applied:  # the turn's rings are one batch: its dead letters, credit and deadline
+            d.end_batch()
+            self._check_deadline()
         now = time.monotonic()
         ticked = now >= self._deadline
         if ticked:
@@ -425,13 +431,17 @@ class Supervisor:
                 return
             self._apply(w, batch)
 
-    def _apply(self, w: WorkerSlot, batch: list[bytes], work: int | None = None) -> None:
+    def _apply(self, w: WorkerSlot, batch: list[bytes], work: int | None = None, *,
+               in_turn: bool = False) -> None:
         """Apply ``batch`` (one step) in order, after what is left of a PublishRun the last
         step stopped; with ``work``, only until that much is done (STEP_WORK), keeping the rest
-        in ``w.unapplied`` (and the dispatcher) for the next step."""
+        in ``w.unapplied`` (and the dispatcher) for the next step. ``in_turn``: one of the
+        ring loop's turn, which begins and ends the dispatcher's batch once for all its rings
+        (``_step``), else this batch is one of its own."""
         decode = self.codec.decode_request
         d = self.dispatcher
-        d.begin_batch(time.monotonic())
+        if not in_turn:
+            d.begin_batch(time.monotonic())
         d.work = 0
         d.work_limit = work
         w.unapplied = batch
@@ -448,8 +458,9 @@ class Supervisor:
         else:
             w.unapplied = []
         d.work_limit = None  # what else runs meanwhile (a dead worker's requeue) is not a step
-        d.end_batch()
-        self._check_deadline()
+        if not in_turn:
+            d.end_batch()
+            self._check_deadline()
 
     def _check_deadline(self) -> None:
         """Bring the timer's next tick forward if the dispatcher's next deadline is earlier (a

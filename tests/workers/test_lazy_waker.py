@@ -103,3 +103,42 @@ def test_acks_waiting_in_a_full_ring_keep_the_timer_armed(srv: server.Server,
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_steady_acks_the_supervisor_reads_leave_the_timer_quiet(srv: server.Server) -> None:
+    """A consumer acking every LAZY_SETTLE_DELAY / 5 while something else wakes the supervisor
+    (it reads the ring after each ack): the timer never runs the waker; once the supervisor
+    stops reading, the last acks still wake it within the delay and a half."""
+    worker = srv.worker
+    sleeping = worker.region.supervisor_sleeping
+    steps: list[str] = []
+
+    class Steps(trio.abc.Instrument):
+        def before_task_step(self, task: trio.lowlevel.Task) -> None:
+            if task.name.endswith("_lazy_waker"):
+                steps.append(task.name)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(srv._lazy_waker)
+            await trio.testing.wait_all_tasks_blocked()
+            trio.lowlevel.add_instrument(Steps())
+            for entry in range(50):
+                sleeping.set_sleeping()
+                _ack(srv, entry)
+                assert worker.flush_requests()
+                assert worker.request_efd.drain() == 0
+                worker.region.request_ring.get_all_nowait()  # the supervisor, woken by another
+                await trio.sleep(LAZY_SETTLE_DELAY / 5)
+            assert steps == []
+            sleeping.set_sleeping()
+            _ack(srv, 50)
+            assert worker.flush_requests()
+            started = trio.current_time()
+            with trio.fail_after(1):
+                while not worker.request_efd.drain():
+                    await trio.sleep(LAZY_SETTLE_DELAY / 10)
+            assert trio.current_time() - started < LAZY_SETTLE_DELAY * 1.5
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
