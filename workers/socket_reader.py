@@ -154,13 +154,16 @@ class SocketReader:
                 elif recvmsg_into is not None:
                     want = len(room) + RECEIVE_HEAD
                     rooms[0] = room
-                    size = recvmsg_into(rooms)[0]
-                    rooms[0] = head_view  # the block may be freed: no view of it kept
+                    try:
+                        size = recvmsg_into(rooms)[0]
+                    finally:
+                        rooms[0] = head_view  # the block may be freed: no view of it kept
                 else:
                     want = len(room)
                     size = recv_into(room)
             except BlockingIOError:
                 eager = 0
+                room = None
                 continue
             except (OSError, trio.ClosedResourceError):
                 return

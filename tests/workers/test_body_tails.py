@@ -6,18 +6,26 @@ cut the stream, and a block is freed when its publish is abandoned mid-body."""
 
 from __future__ import annotations
 
+import functools
+import socket
 from typing import Any
 
+import pytest
+import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pamqp import commands
+from pamqp import body, commands, frame, header
 
+from ipc import records as r
+from ipc.arena import Arena, BlockState
 from tests.workers.connection_helpers import assert_closing, method, opened, publish
+from tests.workers.helpers import Harness
 from tests.workers.test_connection_hot_paths import _comparable, _Placer, _placing
 from workers.connection import AMQPConnection
 from workers.connection_state import State
 from workers.events import PublishReceived
 from workers.frame_buffer import FRAME_BODY, FrameBuffer
+from workers.socket_reader import PublishGates, SocketReader
 
 
 def _feed_with_tails(conn: AMQPConnection, stream: bytes, sizes: list[int], head: int
@@ -167,3 +175,71 @@ def test_frame_buffer_tail_after_a_frame_assembled_in_its_own_buffer() -> None:
     buffer.add_data(following[5:])
     second = buffer.next_frame()
     assert second is not None and bytes(second.payload) == b"abc" and second.channel == 2
+
+
+# -- the worker's reader on a socket -------------------------------------------------------
+
+
+def _big_publishes(bodies: list[bytes]) -> bytes:
+    out = b""
+    for data in bodies:
+        out += (frame.marshal(commands.Basic.Publish(routing_key="q"), 1)
+                + frame.marshal(header.ContentHeader(0, len(data), commands.Basic.Properties()), 1))
+        for at in range(0, len(data), 131064):
+            out += frame.marshal(body.ContentBody(data[at : at + 131064]), 1)
+    return out
+
+
+class _CountingSocket(socket.socket):
+    """A socket that keeps what each of its ``recvmsg_into`` calls received."""
+
+    __slots__ = ("calls",)
+
+    def recvmsg_into(self, buffers: Any, *args: Any) -> Any:
+        result = super().recvmsg_into(buffers, *args)
+        if not hasattr(self, "calls"):
+            self.calls: list[int] = []
+        self.calls.append(result[0])
+        return result
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 131072 + 8, 65536, 7919])
+async def test_the_reader_receives_big_bodies_into_their_blocks_with_their_tails(chunk: int) -> None:
+    """The worker's reader on a socket, a client sending 256 KiB publishes in pieces of
+    ``chunk`` octets: each body lands whole in its block of the arena (the reader's
+    ``recvmsg_into`` takes the frames' tails), its publish names that block, and no block is
+    left over."""
+    bodies = [bytes([n]) * 1000 + bytes(range(256)) * 1020 for n in range(1, 4)]  # 262,120 octets
+    stream = _big_publishes(bodies)
+    h = Harness(arena_size=4 << 20)
+    arena = Arena(bytearray(4 << 20), init=True)
+    h.proto.place_bodies(functools.partial(h.handler.place_body, arena), h.handler.release_body)
+    h.worker.region.arena = arena  # what the reader publishes into (the compiled handler's type)
+    pair = socket.socketpair()
+    a, b = _CountingSocket(fileno=pair[0].detach()), pair[1]
+    try:
+        a.setblocking(False)
+        reader = SocketReader(a, h.handler, h.worker, PublishGates())  # type: ignore[arg-type]
+
+        def send() -> None:  # the client, blocking, in a thread of its own
+            for at in range(0, len(stream), chunk):
+                b.sendall(stream[at : at + chunk])
+            b.shutdown(socket.SHUT_WR)
+
+        async def client() -> None:
+            await trio.to_thread.run_sync(send)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client)
+                nursery.start_soon(reader.run)
+    finally:
+        a.close()
+        b.close()
+    pubs = [rec for rec in h.take() if isinstance(rec, r.Publish)]
+    stored = [bytes(arena.view(p.offset, p.header_len + p.body_len)[p.header_len :]) for p in pubs]
+    assert stored == bodies
+    used = sorted(blk.payload for blk in arena.blocks() if blk.state is not BlockState.FREE)
+    assert used == sorted(p.offset for p in pubs)  # a block each, none left over
+    calls = getattr(a, "calls", [])
+    assert sum(calls) > len(stream) // 2  # most of it went straight into the blocks
