@@ -263,13 +263,14 @@ class AMQPConnection:
             return None
         return self._buffer.big_frame_room()
 
-    def received_into(self, size: int) -> list[Event]:
-        """``size`` bytes were received into :meth:`receive_room`; the events they complete."""
+    def received_into(self, size: int, tail: bytes = b"") -> list[Event]:
+        """``size`` bytes were received into :meth:`receive_room`, and ``tail`` after them in
+        the same read (only once the room is full); the events they complete."""
         self._events = []
         if self._state is State.CLOSED or not size:
             return self._events
-        self._liveness.bytes_received += size
-        self._buffer.big_frame_filled(size)
+        self._liveness.bytes_received += size + len(tail)
+        self._buffer.big_frame_filled(size, tail)
         return self._parse()
 
     def parse_more(self) -> list[Event]:

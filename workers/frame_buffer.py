@@ -201,10 +201,13 @@ class FrameBuffer:
         if self._placed is room:
             self._placed = memoryview(bytearray(len(room)))
 
-    def big_frame_filled(self, size: int) -> None:
-        """``size`` bytes were received into :meth:`big_frame_room`."""
+    def big_frame_filled(self, size: int, tail: bytes = b"") -> None:
+        """``size`` bytes were received into :meth:`big_frame_room`, and ``tail`` after them
+        in the same read (only once the room is full): what follows the frame."""
         if self._placed is not None:
             self._placed_filled += size
+            if tail:
+                self.add_data(tail)
             return
         frame = self._frame
         assert frame is not None
@@ -212,6 +215,8 @@ class FrameBuffer:
         if self._filled == len(frame):
             self._frame = None
             self._set_data(frame)  # never written again: payload views of it stay valid
+            if tail:
+                self._rest = memoryview(tail)
 
     def read_protocol_header(self) -> bytes | None:
         """The 8-byte protocol header, once all of it has arrived (§4.2.2)."""

@@ -1,7 +1,8 @@
 """A connection's input from its socket: the reader task (the pair of ``socket_writer.py``).
 
 The server makes one ``SocketReader`` per connection. Its task waits for the socket, reads
-what came (into a new bytes, or straight into the arena block a big body goes to), hands it
+what came (into a new bytes, or straight into the arena block a big body goes to, with the
+start of what follows it), hands it
 to the sans-IO protocol (``AMQPConnection.receive_data``) and the events that come out to the
 connection's handler, in order, PARSE_EVENTS at a time (the rest of the read waits in the
 protocol, unparsed, for ``parse_more``). It stops reading, and parsing, and so lets the
@@ -42,6 +43,12 @@ RECEIVE_SMALL = 64 << 10
 # them in past credit flow.
 RECEIVE_BIG = 1 << 20
 BIG_EVENT = 32 << 10
+# A read into a big body frame's arena block takes up to this much of what follows the frame
+# with it (recvmsg_into: a second buffer), and a plain read after one asks no more: the frame
+# end, the next frame's header (another body frame's, or the next publish's method and content
+# header and its first body frame's header) and the first few hundred octets of that body,
+# copied; the rest of that body frame is again received into its block, not copied.
+RECEIVE_HEAD = 1 << 10
 # The most client events one parse of a connection's input makes (AMQPConnection.parse_limit);
 # what a read holds past them waits, unparsed, for the next turn of its reader, which first
 # checks the connection's bounds. Handled between two checkpoints of the reader, and what
@@ -101,9 +108,15 @@ class SocketReader:
         sock = self._sock
         recv = sock.recv
         recv_into = sock.recv_into
+        # Plain TCP: a read into a frame's room takes what follows it into ``head`` too.
+        recvmsg_into = sock.recvmsg_into if isinstance(sock, socket.socket) else None
+        head = bytearray(RECEIVE_HEAD)
+        head_view = memoryview(head)
+        rooms = [head_view, head_view]
         # TLS: records already received may be waiting to be decrypted (TLSSocket.wait_readable)
         wait_readable = sock.wait_readable if isinstance(sock, TLSSocket) else trio.lowlevel.wait_readable
         eager = 0  # reads that may still go without waiting first
+        streak = 0  # octets read into rooms since the last wait, less those counted as reads
         ask = RECEIVE_SMALL  # the next read's size: more after one that filled its ask
         while not proto.closed:
             if proto.unparsed:
@@ -121,9 +134,12 @@ class SocketReader:
             # the failed recv it tries first (a client is mostly quiet between messages).
             # A read that filled what it asked for is likely followed by more: the next read
             # goes first, without the wait (at most EAGER_READS in a row, so a client that
-            # never pauses cannot hog the worker). A big body frame's payload is received
-            # straight into the arena block its publish goes to (AMQPConnection.place_bodies),
-            # the rest of another big frame where it is being assembled: no copy either way.
+            # never pauses cannot hog the worker; reads into rooms count one per RECEIVE_BIG
+            # octets, as the plain reads of big messages they stand for). A big body frame's
+            # payload is received straight into the arena block its publish goes to
+            # (AMQPConnection.place_bodies), the rest of another big frame where it is being
+            # assembled: no copy either way. On plain TCP the same read takes up to
+            # RECEIVE_HEAD octets of what follows the frame into ``head`` (recvmsg_into).
             try:
                 waited = not eager
                 if waited:
@@ -135,19 +151,41 @@ class SocketReader:
                     want = ask
                     data = recv(want)
                     size = len(data)
+                elif recvmsg_into is not None:
+                    want = len(room) + RECEIVE_HEAD
+                    rooms[0] = room
+                    try:
+                        size = recvmsg_into(rooms)[0]
+                    finally:
+                        rooms[0] = head_view  # the block may be freed: no view of it kept
                 else:
                     want = len(room)
                     size = recv_into(room)
             except BlockingIOError:
                 eager = 0
+                room = None
                 continue
             except (OSError, trio.ClosedResourceError):
                 return
             if not size:
                 return
-            eager = 0 if size != want else EAGER_READS if waited else eager - 1
+            if size != want:
+                eager = 0
+            elif waited:
+                eager, streak = EAGER_READS, 0
+            elif room is None:
+                eager -= 1
+            else:  # reads into rooms count as one per RECEIVE_BIG octets
+                streak += size
+                if streak >= RECEIVE_BIG:
+                    eager, streak = eager - 1, streak - RECEIVE_BIG
             try:
-                events = proto.receive_data(data) if room is None else proto.received_into(size)
+                if room is None:
+                    events = proto.receive_data(data)
+                elif size > len(room):
+                    events = proto.received_into(len(room), bytes(head_view[: size - len(room)]))
+                else:
+                    events = proto.received_into(size)
             except Exception:  # one connection's bug must not end the worker
                 log.exception("connection %d: internal error", handler.conn_id)
                 handler.fail(errors.InternalError("internal error"))
@@ -157,6 +195,10 @@ class SocketReader:
                 # The protocol holds what it still needs of the read; this task, waiting for
                 # the next one, must not keep all of it (up to 1 MiB an idle connection).
                 data = b""
+            else:
+                if recvmsg_into is not None:
+                    ask = RECEIVE_HEAD  # a big frame's end: the next one's header, not its body
+                room = None
             await self._handle(events)
 
     async def _handle(self, events: list[ev.Event]) -> None:
