@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId
 
 from tests.compiled_reach import reaches_compiled
 
@@ -59,8 +60,17 @@ def shared_setup(item: pytest.Item) -> str | None:
     return module_group
 
 
+def group_in_node_id(item: pytest.Item, group: str) -> None:
+    """What `--dist loadgroup` does on an xdist worker: the group after an "@" at the end of the
+    test's node id, by which the controller hands out the tests. pytest-xdist 3.8 writes it to
+    `item._nodeid`, which pytest 9 no longer reads (its node id is `item._id`): without this,
+    the groups are silently ignored."""
+    if "@" not in item.nodeid.rpartition("]")[2] and hasattr(item, "_id"):
+        item._id = NodeId.parse(f"{item.nodeid}@{group}")
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads xdist_group
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark `reaches_compiled` each test whose module runs a module of the Makefile's COMPILED list
     (or starts a broker, whose workers do); a file outside the tree counts as reaching. Put the
     tests sharing a module or session set-up in one `xdist_group`."""
@@ -74,3 +84,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = shared_setup(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+            if getattr(config.option, "loadgroup", False):
+                group_in_node_id(item, group)
