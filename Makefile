@@ -6,7 +6,7 @@
 #   make lint    install the lint extra (.venv/.stamp-lint), run ruff and mypy as pyproject.toml says
 #   make test    install the test and report extras (.venv/.stamp-test), run the whole suite
 #                with the hot path compiled, then the tests that reach it as pure Python
-#                (SHOAL_PURE_PYTHON=1)
+#                (SHOAL_PURE_PYTHON=1); each in TEST_WORKERS parallel processes
 #   make compiled  build the hot path's modules with mypyc (best effort; `make run` and
 #                `make test` do it); `make pure` removes what it built
 #   make perf    a first throughput figure (perf/quick.py)
@@ -105,12 +105,26 @@ lint: $(LINT_STAMP)
 # tests, those whose subject is not the hot path (marked compiled_only by tests/integration/conftest.py:
 # the data directory, management, links, configuration, the CLI; and the report's end-to-end run,
 # whose Spark job is the same in both passes) run in the first pass only.
-# TEST_MARKS selects in both passes: `make test TEST_MARKS='not soak and not slow'` for a quick run.
+# Each pass runs in TEST_WORKERS processes (pytest-xdist): the integration tests mostly wait on
+# brokers and sockets, so more processes than cores pay. --dist loadgroup keeps the tests sharing
+# a module's broker or the report's SparkSession on one process (their xdist_group, set by
+# tests/conftest.py). The tests marked serial (they look at all of /dev/shm, or assert a
+# delivery order that busy neighbours tilt) run after, alone;
+# exit status 5 is pytest's "no test selected" (PYTEST_ARGS may select none of one kind).
+# TEST_MARKS selects in both passes: `make test TEST_MARKS='not soak and not slow'` for a quick run;
+# `make test TEST_WORKERS=0` runs each pass in one process.
 TEST_MARKS ?= not soak
+TEST_WORKERS ?= 4
+PYTEST := $(BIN)/pytest -q -p no:cacheprovider
+# $(call test_pass,ENVIRONMENT,MARKS): the tests MARKS selects, the serial ones last
+define test_pass
+	$(1) $(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not serial and ($(2))" $(PYTEST_ARGS) || test $$? -eq 5
+	$(1) $(PYTEST) -m "serial and ($(2))" $(PYTEST_ARGS) || test $$? -eq 5
+endef
 test: $(TEST_STAMP) compiled
-	$(BIN)/pytest -q -p no:cacheprovider -m "$(TEST_MARKS)" $(PYTEST_ARGS)
+	$(call test_pass,,$(TEST_MARKS))
 	@echo "== the tests that reach the compiled modules, as pure Python (SHOAL_PURE_PYTHON=1: the sources are imported)"
-	SHOAL_PURE_PYTHON=1 $(BIN)/pytest -q -p no:cacheprovider -m "reaches_compiled and not compiled_only and ($(TEST_MARKS))" $(PYTEST_ARGS)
+	$(call test_pass,SHOAL_PURE_PYTHON=1,reaches_compiled and not compiled_only and ($(TEST_MARKS)))
 
 perf: $(TEST_STAMP) compiled
 	$(BIN)/python -m perf.quick $(PERF_ARGS)

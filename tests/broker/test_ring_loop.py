@@ -33,10 +33,14 @@ def test_a_producer_that_sees_the_flag_wakes_the_sleeping_loop(loop: RingLoop) -
     seen: list[int] = []
     woke: list[bool] = []
     done: list[trio.Event] = []
+    producers: list[threading.Thread] = []
 
     def produce() -> None:
         while not flag.is_sleeping():  # bounded by the loop: it sleeps once main waits
             threading.Event().wait(0.001)
+        # The loop looks for work once more after it set the flag (and then does not sleep):
+        # work published within that instant is the other case (test_wakeup.py), not this one.
+        threading.Event().wait(0.05)
         work.append(1)
         woke.append(wake_if_sleeping(flag, efd))
 
@@ -48,12 +52,14 @@ def test_a_producer_that_sees_the_flag_wakes_the_sleeping_loop(loop: RingLoop) -
 
     async def main() -> str:
         done.append(trio.Event())
-        threading.Thread(target=produce, daemon=True).start()
+        producers.append(threading.Thread(target=produce, daemon=True))
+        producers[0].start()
         await done[0].wait()
         return "finished"
 
     try:
         assert loop.run(main, step, lambda: bool(work), lambda: IDLE) == "finished"
+        producers[0].join(10)  # it notes what wake_if_sleeping answered after the loop woke
     finally:
         efd.close()
     assert seen == [1]

@@ -12,12 +12,12 @@ from cli.control import ask
 from tests.integration.harness import REPO_ROOT, Broker
 
 
-def ctl(broker: Broker, *args: str) -> subprocess.CompletedProcess[str]:
-    """`shoal ctl ARGS` against ``broker``'s control socket."""
+def ctl(broker: Broker, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`shoal ctl ARGS` against ``broker``'s control socket (``input``: its stdin)."""
     return subprocess.run(
         [sys.executable, "-m", "cli.main", "ctl", "--control-socket",
          str(broker.control_dir / "control.sock"), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+        cwd=REPO_ROOT, capture_output=True, text=True, input=input, timeout=30)
 
 
 def control(broker: Broker, **request: Any) -> dict[str, Any]:

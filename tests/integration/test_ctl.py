@@ -15,6 +15,7 @@ import pika
 import pika.exceptions
 import pytest
 
+from tests.integration.ctl_helpers import ctl
 from tests.integration.harness import REPO_ROOT, Broker, finish, start_broker
 
 
@@ -25,13 +26,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         yield b
     finally:
         finish(b)
-
-
-def ctl(broker: Broker, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", "ctl", "--control-socket",
-         str(broker.control_dir / "control.sock"), *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, input=input, timeout=30)
 
 
 def login(broker: Broker, user: str, password: str) -> pika.BlockingConnection:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.integration.harness import HOST, REPO_ROOT, SHM_DIR, Broker, serve_command
+
+# It compares all of /dev/shm before and after: a broker another test starts meanwhile would
+# show up as left behind.
+pytestmark = pytest.mark.serial
 
 
 def _segments() -> set[str]:

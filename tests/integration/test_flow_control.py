@@ -160,17 +160,17 @@ def test_small_method_flood_never_read_stops_at_the_bound_on_what_it_costs(broke
 def test_blocked_publisher_keeps_its_connection_and_every_confirmed_message_arrives(
         tmp_path: Path) -> None:
     """RabbitMQ does not time out a connection it stopped reading: blocked by the memory alarm
-    with a 5 s heartbeat, the publisher is still connected after 30 s (six intervals); a
+    with a 3 s heartbeat, the publisher is still connected after 18 s (six intervals); a
     consumer drains the queue, the publisher is unblocked, and every message it published
     (the one it was blocked on included) is confirmed and delivered."""
     watermark = 64 * 1024
     broker = start_broker(tmp_path / "broker", extra_args=[
-        "--memory-high-watermark", str(watermark), "--heartbeat", "5",
+        "--memory-high-watermark", str(watermark), "--heartbeat", "3",
         "--memory-paging-ratio", "0"])  # the alarm itself: no paging before it
     driver = AsyncDriver(broker, "select")
     queue = unique_name("blocked")
     try:
-        connection = driver.connect(heartbeat=5, client_properties={"product": "blocked publisher"})
+        connection = driver.connect(heartbeat=3, client_properties={"product": "blocked publisher"})
         events: list[str] = []
         connection.add_on_connection_blocked_callback(lambda *_: events.append("blocked"))
         connection.add_on_connection_unblocked_callback(lambda *_: events.append("unblocked"))
@@ -187,7 +187,7 @@ def test_blocked_publisher_keeps_its_connection_and_every_confirmed_message_arri
         assert events == ["blocked"]
         channel.basic_publish("", queue, b"while blocked")  # stays unread in the socket
         published.append(b"while blocked")
-        driver.pump(30)  # six heartbeat intervals: a close would be in driver.failures
+        driver.pump(18)  # six heartbeat intervals: a close would be in driver.failures
         assert connection.is_open and events == ["blocked"]
         assert connection_states(broker)["blocked publisher"] == "blocked"
         assert len(acks) < len(published)

@@ -9,46 +9,30 @@ grants held back per connection, read on the control socket), never a time.
 
 from __future__ import annotations
 
-import json
-import socket
+import contextlib
 import threading
 import time
 from typing import Any
 
 import pika
+import pika.exceptions
 import pytest
 
 from broker.runtime.credit_flow import FLOW_BACKLOG
-from tests.integration.harness import Broker, close_quietly, deadline
+from tests.integration.ctl_helpers import control
+from tests.integration.harness import Broker, deadline
 from tests.integration.rawclient import unique_name
 
 CONFIRMED = 1000  # more than twice workers' PUBLISH_CREDIT: the publisher needs its credit back
 ACK_EVERY_S = 0.02  # the slow consumer takes this long over each message (50 a second)
 
 
-def control(broker: Broker, command: str) -> dict[str, Any]:
-    """One request on the broker's control socket, as ``shoal list-connections`` sends it."""
-    path = json.loads(broker.ready_file.read_text())["control"]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(path)
-        sock.sendall(json.dumps({"command": command}).encode() + b"\n")
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    answer: dict[str, Any] = json.loads(data)
-    return answer
-
-
 def withheld_from(broker: Broker, product: str) -> int:
     """Grants of publish credit the supervisor held back from the connection whose client
     calls itself ``product``."""
-    rows = control(broker, "list_connections")["connections"]
+    rows = control(broker, command="list_connections")["connections"]
     (row,) = [row for row in rows if row["client"] == product]
-    counts = {(w["worker"], w["conn"]): w["grants"] for w in control(broker, "credit_flow")["withheld"]}
+    counts = {(w["worker"], w["conn"]): w["grants"] for w in control(broker, command="credit_flow")["withheld"]}
     return counts.get((row["worker"], row["conn"]), 0)
 
 
@@ -68,6 +52,11 @@ class SlowConsumer:
         self._thread.start()
 
     def _on_message(self, channel: Any, method: Any, properties: Any, body: bytes) -> None:
+        if self._stop.is_set():
+            # Unacked, it goes back to the queue at close. An ack here would make room for the
+            # next delivery, which pika dispatches within the same process_data_events call:
+            # on a deep queue the loop would never see the stop.
+            return
         time.sleep(ACK_EVERY_S)  # a slow application
         channel.basic_ack(method.delivery_tag)
         self.acked += 1
@@ -82,7 +71,11 @@ class SlowConsumer:
                 while not self._stop.is_set():
                     connection.process_data_events(time_limit=0.1)
             finally:
-                close_quietly(connection)
+                # not close_quietly: its deadline is a SIGALRM, for the main thread only; stop()
+                # bounds this thread's close with its join
+                with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+                    if connection.is_open:
+                        connection.close()
         except Exception as exc:  # noqa: BLE001 - reported by stop()
             self.error = exc
 

@@ -8,6 +8,10 @@ import pytest
 
 from perf import consumer_path
 
+# It compares all of /dev/shm before and after: a broker another test starts meanwhile would
+# show up as left behind.
+pytestmark = pytest.mark.serial
+
 
 def test_it_prints_each_step_and_removes_its_region(capsys: pytest.CaptureFixture[str]) -> None:
     before = set(os.listdir("/dev/shm"))
