@@ -72,6 +72,13 @@ def depth(broker: Broker, queue: str) -> int:
         conn.close()
 
 
+def held(broker: Broker, queue: str) -> int:
+    """The queue's messages, ready and delivered but not acked (rabbitmqctl's ``messages``)."""
+    listed = ctl(broker, "-q", "list_queues", "name", "messages", "--no-table-headers")
+    counts = dict(line.split("\t") for line in listed.stdout.splitlines() if "\t" in line)
+    return int(counts[queue])
+
+
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[Broker, int, Broker]]:
     src, http_port = start_with_management(tmp_path / "src")
@@ -264,7 +271,9 @@ def test_the_declared_destination_queue_gets_dest_queue_args(
     assert status == 201, answer
     wait_until(lambda: running(http, "capped"), 30, "the shovel runs")
     publish(src, "args-in", [f"m{i}".encode() for i in range(5)])
-    wait_until(lambda: depth(src, "args-in") == 0, 30, "the source queue is drained")
+    # Drained and acked: every message confirmed by the destination (the shovel's on-confirm ack
+    # mode), not only delivered to the shovel (a passive declare's count leaves those out).
+    wait_until(lambda: held(src, "args-in") == 0, 30, "every message is moved and acked")
     conn = dst.connect()
     try:
         ch = conn.channel()
