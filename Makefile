@@ -37,7 +37,14 @@ COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler
 	workers/channel.py workers/channel_inbox.py workers/channel_deliveries.py \
 	workers/connection_handler.py \
 	workers/publisher_confirms.py workers/confirm_gate.py workers/delivery_tags.py \
-	workers/arenas.py workers/channel_config.py workers/frame_buffer.py ipc/ring.py ipc/arena.py
+	workers/arenas.py workers/channel_config.py workers/frame_buffer.py ipc/ring.py ipc/arena.py \
+	broker/runtime/ring_loop.py broker/runtime/dispatch.py broker/runtime/publishing.py \
+	broker/runtime/deliveries.py broker/runtime/open_channels.py broker/runtime/credit_flow.py \
+	broker/queues/queue_entry.py broker/queues/consumer_manager.py broker/queues/fifo_entries.py \
+	broker/topology/routing.py broker/topology/binding_index.py
+# What mypyc writes beside the sources and at the root (its shared library): removed before a
+# build and by `make pure`.
+COMPILED_SO := workers/*.so ipc/*.so broker/*/*.so *__mypyc.*.so
 COMPILE_STAMP := build/.stamp-compiled
 COMPILE_LOG := build/mypyc.log
 
@@ -74,13 +81,13 @@ compile-locked:
 	@if [ -f $(COMPILE_STAMP) ] && [ -z "$$(find $(COMPILED) $(STAMP) -newer $(COMPILE_STAMP))" ]; then \
 		exit 0; fi; \
 	$(BIN)/python -m pip install -q $(EDITABLE) -e '.[compile]' && \
-	rm -f workers/*.so ipc/*.so *__mypyc.*.so && \
+	rm -f $(COMPILED_SO) && \
 	if $(BIN)/mypyc $(COMPILED) > $(COMPILE_LOG) 2>&1; then \
-		touch workers/*.so ipc/*.so *__mypyc.*.so; \
+		touch $(COMPILED_SO); \
 		echo "hot path compiled with mypyc: $(words $(COMPILED)) modules"; \
 	else \
 		echo "note: mypyc could not build the hot path ($(COMPILE_LOG)); it runs as pure Python"; \
-		rm -f workers/*.so ipc/*.so *__mypyc.*.so; \
+		rm -f $(COMPILED_SO); \
 	fi; \
 	touch $(COMPILE_STAMP)
 
@@ -88,7 +95,7 @@ compiled: $(COMPILE_STAMP)
 
 pure:
 	mkdir -p build
-	flock build/.compile.lock rm -f workers/*.so ipc/*.so *__mypyc.*.so $(COMPILE_STAMP)
+	flock build/.compile.lock rm -f $(COMPILED_SO) $(COMPILE_STAMP)
 
 run: venv compiled
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS)) $(if $(DATA_DIR),--data-dir $(DATA_DIR))
