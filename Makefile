@@ -31,6 +31,12 @@ PERF_ARGS ?=
 # Python imports in their place. Best effort: when the build fails, everything runs as Python.
 # Not compiled: classes that interpreted code subclasses (ipc/logfile.py's AppendFiles) or that
 # tests patch per instance (workers/worker.py), and frame_buffer.py (a NamedTuple of memoryviews).
+# The supervisor's per-message path is here too (ring loop, dispatcher, a queue's entries and
+# consumers, routing), not broker/queues/queue.py (a Queue becomes a FeaturedQueue by a class
+# switch in place), broker/messages/message.py (a plain message reads its absent fields from
+# class-level defaults; a BCC message is a class switch) nor broker/topology/exchange_types.py
+# (a test patches a router's method). A package holding a compiled module calls
+# ipc.compiled.sources_only in its __init__.
 COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler.py \
 	workers/consumer_target.py workers/channel_consumers.py workers/outgoing.py \
 	workers/connection.py workers/connection_state.py workers/handshake.py workers/output_queue.py \
@@ -40,6 +46,8 @@ COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler
 	workers/arenas.py workers/channel_config.py workers/frame_buffer.py ipc/ring.py ipc/arena.py \
 	broker/runtime/ring_loop.py broker/runtime/dispatch.py broker/runtime/publishing.py \
 	broker/runtime/deliveries.py broker/runtime/open_channels.py broker/runtime/credit_flow.py \
+	broker/runtime/arena_accounts.py broker/runtime/teardown.py broker/topology/vhosts.py \
+	broker/queues/sliced_work.py \
 	broker/queues/queue_entry.py broker/queues/consumer_manager.py broker/queues/fifo_entries.py \
 	broker/topology/routing.py broker/topology/binding_index.py
 # What mypyc writes beside the sources and at the root (its shared library): removed before a
