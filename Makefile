@@ -32,10 +32,11 @@ PERF_ARGS ?=
 # Not compiled: classes that interpreted code subclasses (ipc/logfile.py's AppendFiles) or that
 # tests patch per instance (workers/worker.py), and frame_buffer.py (a NamedTuple of memoryviews).
 # The supervisor's per-message path is here too (ring loop, dispatcher, a queue's entries and
-# consumers, routing), not broker/queues/queue.py (a Queue becomes a FeaturedQueue by a class
-# switch in place), broker/messages/message.py (a plain message reads its absent fields from
-# class-level defaults; a BCC message is a class switch) nor broker/topology/exchange_types.py
-# (a test patches a router's method). A package holding a compiled module calls
+# consumers, the vhosts' batch, routing), not broker/queues/queue.py (a Queue becomes a
+# FeaturedQueue by a class switch in place), broker/messages/message.py (a plain message reads
+# its absent fields from class-level defaults; a BCC message is a class switch),
+# broker/topology/vhost.py and its step hosts (VirtualHost inherits two of them) nor
+# broker/topology/exchange_types.py (a test patches a router's method). A package holding a compiled module calls
 # ipc.compiled.sources_only in its __init__.
 COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler.py \
 	workers/consumer_target.py workers/channel_consumers.py workers/outgoing.py \
