@@ -31,13 +31,29 @@ PERF_ARGS ?=
 # Python imports in their place. Best effort: when the build fails, everything runs as Python.
 # Not compiled: classes that interpreted code subclasses (ipc/logfile.py's AppendFiles) or that
 # tests patch per instance (workers/worker.py), and frame_buffer.py (a NamedTuple of memoryviews).
+# The supervisor's per-message path is here too (ring loop, dispatcher, a queue's entries and
+# consumers, the vhosts' batch, routing), not broker/queues/queue.py (a Queue becomes a
+# FeaturedQueue by a class switch in place), broker/messages/message.py (a plain message reads
+# its absent fields from class-level defaults; a BCC message is a class switch),
+# broker/topology/vhost.py and its step hosts (VirtualHost inherits two of them) nor
+# broker/topology/exchange_types.py (a test patches a router's method). A package holding a compiled module calls
+# ipc.compiled.sources_only in its __init__.
 COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler.py \
 	workers/consumer_target.py workers/channel_consumers.py workers/outgoing.py \
 	workers/connection.py workers/connection_state.py workers/handshake.py workers/output_queue.py \
 	workers/channel.py workers/channel_inbox.py workers/channel_deliveries.py \
 	workers/connection_handler.py \
 	workers/publisher_confirms.py workers/confirm_gate.py workers/delivery_tags.py \
-	workers/arenas.py workers/channel_config.py workers/frame_buffer.py ipc/ring.py ipc/arena.py
+	workers/arenas.py workers/channel_config.py workers/frame_buffer.py ipc/ring.py ipc/arena.py \
+	broker/runtime/ring_loop.py broker/runtime/dispatch.py broker/runtime/publishing.py \
+	broker/runtime/deliveries.py broker/runtime/open_channels.py broker/runtime/credit_flow.py \
+	broker/runtime/arena_accounts.py broker/runtime/teardown.py broker/topology/vhosts.py \
+	broker/queues/sliced_work.py \
+	broker/queues/queue_entry.py broker/queues/consumer_manager.py broker/queues/fifo_entries.py \
+	broker/topology/routing.py broker/topology/binding_index.py
+# What mypyc writes beside the sources and at the root (its shared library): removed before a
+# build and by `make pure`.
+COMPILED_SO := workers/*.so ipc/*.so broker/*/*.so *__mypyc.*.so
 COMPILE_STAMP := build/.stamp-compiled
 COMPILE_LOG := build/mypyc.log
 
@@ -74,13 +90,13 @@ compile-locked:
 	@if [ -f $(COMPILE_STAMP) ] && [ -z "$$(find $(COMPILED) $(STAMP) -newer $(COMPILE_STAMP))" ]; then \
 		exit 0; fi; \
 	$(BIN)/python -m pip install -q $(EDITABLE) -e '.[compile]' && \
-	rm -f workers/*.so ipc/*.so *__mypyc.*.so && \
+	rm -f $(COMPILED_SO) && \
 	if $(BIN)/mypyc $(COMPILED) > $(COMPILE_LOG) 2>&1; then \
-		touch workers/*.so ipc/*.so *__mypyc.*.so; \
+		touch $(COMPILED_SO); \
 		echo "hot path compiled with mypyc: $(words $(COMPILED)) modules"; \
 	else \
 		echo "note: mypyc could not build the hot path ($(COMPILE_LOG)); it runs as pure Python"; \
-		rm -f workers/*.so ipc/*.so *__mypyc.*.so; \
+		rm -f $(COMPILED_SO); \
 	fi; \
 	touch $(COMPILE_STAMP)
 
@@ -88,7 +104,7 @@ compiled: $(COMPILE_STAMP)
 
 pure:
 	mkdir -p build
-	flock build/.compile.lock rm -f workers/*.so ipc/*.so *__mypyc.*.so $(COMPILE_STAMP)
+	flock build/.compile.lock rm -f $(COMPILED_SO) $(COMPILE_STAMP)
 
 run: venv compiled
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS)) $(if $(DATA_DIR),--data-dir $(DATA_DIR))

@@ -6,9 +6,11 @@ Python imports an extension in place of the ``.py`` of the same name. Where the 
 compiler, say) nothing is compiled and everything runs as Python: the sources are the program,
 the extensions only a faster way to run some of it.
 
-``SHOAL_PURE_PYTHON=1`` (in the environment of the broker or of the tests) makes ``ipc`` and
-``workers`` import their sources all the same: each package's ``__init__`` calls
-:func:`sources_only` on itself, which leaves its directory to a finder that knows sources only.
+``SHOAL_PURE_PYTHON=1`` (in the environment of the broker or of the tests) makes every package
+that holds a compiled module (``ipc``, ``workers``, ``broker.runtime``, ``broker.queues``,
+``broker.topology``) import its sources all the same: each such package's
+``__init__`` calls :func:`sources_only` on itself, which leaves its directory to a finder that
+knows sources only (a finder is per directory: a subpackage calls it for itself).
 ``make test`` runs the suite both ways. The same happens, with a warning, when a source is newer
 than its extension (an edit, a checkout since the last ``make``): a stale extension would run
 code that is no longer there. It is all or nothing, because compiled modules call each other
@@ -30,15 +32,15 @@ _PACKAGES = ("broker", "ipc", "workers")
 
 @functools.cache
 def _stale() -> list[str]:
-    """Extensions older than their sources, in any of shoal's packages."""
+    """Extensions older than their sources, in any of shoal's packages and their subpackages."""
     root = Path(__file__).resolve().parent.parent
     stale = []
     for package in _PACKAGES:
         for suffix in EXTENSION_SUFFIXES:
-            for extension in (root / package).glob(f"*{suffix}"):
+            for extension in (root / package).rglob(f"*{suffix}"):
                 source = extension.with_name(extension.name[: -len(suffix)] + ".py")
                 if source.exists() and source.stat().st_mtime > extension.stat().st_mtime:
-                    stale.append(f"{package}/{source.name}")
+                    stale.append(source.relative_to(root).as_posix())
     if stale:
         logging.getLogger("shoal").warning(
             "compiled modules are older than their sources (%s): running pure Python; "

@@ -28,10 +28,17 @@ def test_a_module_starting_a_broker_reaches_compiled_code_whatever_it_imports() 
     assert why is not None and why.startswith("a broker started by"), why
 
 
-def test_the_supervisors_domain_tests_reach_none() -> None:
-    """broker/ imports ipc/'s records but not its ring or arena, nor anything of workers/."""
+def test_the_supervisors_domain_tests_reach_its_compiled_modules() -> None:
+    """The supervisor's per-message modules (broker/runtime, broker/queues) are compiled too."""
     for name in ("test_vhost.py", "test_dispatch.py", "test_dead_letter.py", "test_standing_pulls.py"):
-        assert why_it_reaches_compiled(REPO_ROOT / "tests/broker" / name) is None, name
+        why = why_it_reaches_compiled(REPO_ROOT / "tests/broker" / name)
+        assert why is not None and why.startswith("broker."), name
+
+
+def test_tests_of_modules_outside_the_hot_path_reach_none() -> None:
+    """ipc/'s records and log files import neither a ring nor the supervisor's modules."""
+    for name in ("test_records.py", "test_logfile.py"):
+        assert why_it_reaches_compiled(REPO_ROOT / "tests/ipc" / name) is None, name
 
 
 def test_a_file_outside_the_tree_counts_as_reaching() -> None:

@@ -34,6 +34,8 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 
 class ConsumerState(enum.Enum):
     """Where a consumer sits in the QueueConsumerManager (Qpid: Qpid's NodeState)."""
@@ -116,6 +118,7 @@ class QueueConsumer:
         )
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class QueueConsumerManager:
     """Keeps every consumer of one queue in the list matching its state (Qpid's QCM).
 

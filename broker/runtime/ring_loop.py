@@ -89,13 +89,20 @@ class RingLoop:
             instruments=instruments,
         )
         poll, flags = self._epoll.poll, self._flags
-        while self._outcome is None:
+        # _ended, not `self._outcome is None`: the callbacks set it, and a narrowed read would
+        # be checked as None where compiled
+        while not self._ended():
             for _ in range(len(soon)):  # what was asked before this turn; more waits a turn
                 soon.popleft()()
-            if step() or soon or self._outcome is not None:
+            if step() or soon or self._ended():
                 continue
             flags.set_sleeping()
             if not (has_work() or soon):
                 poll(timeout())
             flags.clear()
-        return self._outcome.unwrap()
+        result = self._outcome
+        assert result is not None
+        return result.unwrap()
+
+    def _ended(self) -> bool:
+        return self._outcome is not None

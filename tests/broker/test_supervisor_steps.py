@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from broker.runtime.supervisor import STEP_WORK, ServeConfig, Supervisor
+from broker.runtime.worker_lifecycle import WorkerSlot
 from ipc import records as r
 
 ENTRIES = 1000  # per Settle: the work of a thousand acks
@@ -41,17 +42,18 @@ def _write(sup: Supervisor, records: list[r.Settle]) -> None:
 def _watch(sup: Supervisor) -> list[object]:
     """What the supervisor does, in order: each request applied (its channel), each flush."""
     seen: list[object] = []
-    handle, flush = sup.dispatcher.handle, sup.flush
+    apply_one, flush = sup._apply_one, sup.flush
 
-    def watched_handle(worker: int, rec: r.Request) -> None:
-        seen.append(rec.ch if isinstance(rec, r.Settle) else type(rec).__name__)
-        handle(worker, rec)
+    def watched_apply_one(w: WorkerSlot, rec: r.Request | None) -> None:
+        if rec is not None:  # None: a stopped publish run goes on, no request
+            seen.append(rec.ch if isinstance(rec, r.Settle) else type(rec).__name__)
+        apply_one(w, rec)
 
     def watched_flush() -> None:
         seen.append("flush")
         flush()
 
-    sup.dispatcher.handle = watched_handle  # type: ignore[method-assign]
+    sup._apply_one = watched_apply_one  # type: ignore[method-assign]
     sup.flush = watched_flush  # type: ignore[method-assign]
     return seen
 
@@ -123,13 +125,15 @@ def test_what_a_step_left_is_applied_before_a_dead_worker_is_forgotten(
     sup._apply(w, w.region.request_ring.get_all_nowait(), STEP_WORK)
     assert w.unapplied, "the step left records over"
     _write(sup, records[6:])
-    died = sup.dispatcher.worker_died
+    # the dispatcher forgets the dead worker (worker_died, then its limits' forget_worker;
+    # the latter is watched: the dispatcher's methods cannot be replaced where it is compiled)
+    died = sup.dispatcher.limits.forget_worker
 
     def watched_died(worker: int) -> None:
         seen.append("died")
         died(worker)
 
-    sup.dispatcher.worker_died = watched_died  # type: ignore[method-assign]
+    sup.dispatcher.limits.forget_worker = watched_died  # type: ignore[method-assign]
     sup._forget(w)
     assert [item for item in seen if item != "flush"] == [*range(1, RECORDS + 1), "died"]
     assert w.unapplied == []
@@ -173,13 +177,14 @@ def test_a_run_to_a_wide_fanout_goes_over_several_steps_before_the_next_request(
         d.handle(0, r.QueueDeclare(1, 1, f"q{i}", False, False, False, False, {}, False))
         d.handle(0, r.QueueBind(1, 1, f"q{i}", "fx", "", {}, False))
     seen = _watch(sup)
-    resume = d.resume_run
+    apply_one = sup._apply_one
 
-    def watched_resume(worker: int) -> None:
-        seen.append(("resumed", d.vhost.queues["q99"].message_count))
-        resume(worker)
+    def watched_resume(w: WorkerSlot, rec: r.Request | None) -> None:
+        if rec is None:  # the stopped run goes on (Dispatcher.resume_run)
+            seen.append(("resumed", d.vhost.queues["q99"].message_count))
+        apply_one(w, rec)
 
-    d.resume_run = watched_resume  # type: ignore[method-assign]
+    sup._apply_one = watched_resume  # type: ignore[method-assign]
     bodies = [x for i in range(64) for x in (256 * (i + 1), 16, 100)]
     _write(sup, [r.PublishRun(1, 1, "fx", "", False, False, bodies), r.Settle(1, 5, [1], r.ACK)])
     _drain_until(sup, seen, lambda: 5 in seen)
