@@ -124,8 +124,7 @@ lint: $(LINT_STAMP)
 # Each pass runs in TEST_WORKERS processes (pytest-xdist): the integration tests mostly wait on
 # brokers and sockets, so more processes than cores pay. --dist loadgroup keeps the tests sharing
 # a module's broker or the report's SparkSession on one process (their xdist_group, set by
-# tests/conftest.py). The tests marked serial (they look at all of /dev/shm, or assert a
-# delivery order that busy neighbours tilt) run after, alone;
+# tests/conftest.py). The tests marked serial (they look at all of /dev/shm) run after, alone;
 # exit status 5 is pytest's "no test selected" (PYTEST_ARGS may select none of one kind).
 # TEST_MARKS selects in both passes: `make test TEST_MARKS='not soak and not slow'` for a quick run;
 # `make test TEST_WORKERS=0` runs each pass in one process.

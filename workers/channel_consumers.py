@@ -73,7 +73,7 @@ class ChannelConsumers:
         if target is None:
             raise errors.ResourceError("too many consumers on this worker", *method_ids(m))
         self.by_tag[tag] = target
-        target.interested = target.credit() > 0
+        target.interested = target.awaiting = target.credit() > 0
         return target, r.Consume(
             self._conn_id, self._number, target.id, target.slot, queue, target.tag, m.no_ack,
             m.exclusive, priority, target.browse, target.interested, m.nowait,
@@ -142,7 +142,7 @@ class ChannelConsumers:
             return
         requests = out.requests
         if (credit > 0) != target.interested and not wait:
-            target.interested = credit > 0
+            target.interested = target.awaiting = credit > 0
             if not target.interested:
                 target.notified = target.renotified = False  # the supervisor hands the work on
             elif target.more or target.renew:
@@ -187,14 +187,19 @@ class ChannelConsumers:
         if credit == 0 and target.interested and not target.due and (
                 # Its pull's answer decides (after_pull), or its siblings' pulls and unacked
                 # deliveries hold the channel's credit while its queue has a backlog: it stays
-                # notified, for PULL_DEFER at most, so that the next ack's credit finds it
-                # waiting beside the consumer that pulled last instead of a notification's
-                # round trip behind it (RabbitMQ's queues share a channel's prefetch about
-                # evenly; without this the consumer notified first takes nearly all of it).
-                target.pulling or (target.more and self._targets.defer(target))):
+                # notified, for PULL_DEFER at most, so that the next ack's credit finds it waiting
+                # beside the consumer that pulled last instead of a notification's round trip
+                # behind it (RabbitMQ's queues share a channel's prefetch about evenly; without
+                # this the consumer notified first takes nearly all of it). So does one whose
+                # Interest true no pull has answered yet (``awaiting``): its notification may be
+                # on its way, and an Interest false behind the true would cancel it (under CPU
+                # load the supervisor reads both in one batch, ack after ack, and never
+                # notifies it, while the consumer that pulled last takes every ack's credit).
+                target.pulling or ((target.more or target.awaiting)
+                                   and self._targets.defer(target))):
             return
         if (credit > 0) != target.interested:
-            target.interested = credit > 0
+            target.interested = target.awaiting = credit > 0
             if not target.interested:
                 target.notified = target.renotified = False  # the supervisor hands the work on
             out.requests.append(r.Interest(target.id, target.interested))

@@ -55,6 +55,7 @@ def next_pull(target: ConsumerTarget, ev: r.Pulled, asked: int, global_prefetch:
     deliveries used up is asked for again as soon as there is credit (ConsumerTarget.renew),
     not after a notification and another pull."""
     target.more = ev.more
+    target.awaiting = False
     target.renew = 0 < asked == len(ev.deliveries) and not ev.open and not global_prefetch
     target.notified = ev.more or target.renew or (target.renotified and not ev.open)
     target.renotified = False

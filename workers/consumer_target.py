@@ -107,6 +107,7 @@ class ConsumerTarget:
     __slots__ = (
         "active",
         "asks",
+        "awaiting",
         "browse",
         "ch",
         "conn",
@@ -155,6 +156,10 @@ class ConsumerTarget:
         self.asks: list[int] = []  # the pulls in flight the supervisor may not have seen: seq, n
         self.reserved = 0  # of it, what the channel's credit holds for it (ChannelCredit)
         self.interested = False  # what the supervisor last heard from us
+        # Interested, and no pull of ours answered since we said so: the worker knows nothing
+        # of our queue, and a notification may be on its way (basic.qos global=true keeps such
+        # a consumer interested while its siblings hold the channel's credit).
+        self.awaiting = False
         # Our slot was set while a pull was in flight. The supervisor keeps a consumer
         # Notified until it answers the pull, so such a notification is newer than that
         # answer (the answer can be read after the slot: events are read before slots,

@@ -28,7 +28,7 @@ from workers.arenas import Arenas
 from workers.channel_config import ChannelResources
 from workers.confirm_gate import BodySyncGate
 from workers.connection_handler import ConnectionHandler
-from workers.consumer_target import ConsumerTargets
+from workers.consumer_target import ConsumerTarget, ConsumerTargets
 from workers.limits import WorkerLimits
 
 log = logging.getLogger("shoal.worker")
@@ -383,20 +383,38 @@ class Worker:
             except Exception:  # noqa: BLE001 -- one connection's bug must not end the worker
                 self._internal_error(event)
         slots = self.region.take_set_slots()
-        by_slot = self.targets.by_slot
-        handlers = self.handlers
-        for slot in slots:
-            target = by_slot(slot)
-            if target is not None:
-                handler = handlers.get(target.conn)
-                if handler is not None:
-                    handler.notify(target)
-                    self.dirty.add(handler)
+        if slots:
+            self.notify_slots(slots)
         for handler in list(self.dirty):
             if handler.confirms_pending:
                 handler.flush_confirms()
         self.arenas.close_files()
         return len(batch) + len(slots)
+
+    def notify_slots(self, slots: list[int]) -> None:
+        """notifyWork for the targets of these set slots. Those without a pull in flight are
+        marked notified before any is acted on: under basic.qos global=true the first one's
+        pull then shares its channel's credit with the others notified in the same batch
+        instead of taking it all (slots are read in index order: the same consumer would come
+        first each time). One that a sibling's shared pull already asked for is done."""
+        by_slot = self.targets.by_slot
+        handlers = self.handlers
+        notified: list[tuple[ConnectionHandler, ConsumerTarget, bool]] = []
+        for slot in slots:
+            target = by_slot(slot)
+            if target is not None:
+                handler = handlers.get(target.conn)
+                if handler is not None:
+                    idle = not target.pulling
+                    if idle:
+                        target.notified = True
+                    notified.append((handler, target, idle))
+        dirty = self.dirty
+        for handler, target, idle in notified:
+            if idle and target.pulling:
+                continue
+            handler.notify(target)
+            dirty.add(handler)
 
     def _dispatch(self, event: Any) -> None:
         match event:

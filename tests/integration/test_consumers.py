@@ -127,9 +127,6 @@ def _read_until(sock: socket.socket, kind: type, buffer: bytearray | None = None
         buffer += data
 
 
-# Its assertion is a delivery order: with other brokers busy beside it on 2 cores, one queue took
-# all its 300 within the first 450 deliveries ([77, 300, 73]) in 1 of 2 parallel runs.
-@pytest.mark.serial
 def test_a_global_prefetch_is_shared_evenly_by_a_channels_queues(shared_broker: Broker, names: Names) -> None:
     """A celery worker's shape: one channel consuming three queues with backlogs under
     basic.qos global=true, each message acked on its own. Each queue gets about a third of the

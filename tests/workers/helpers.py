@@ -212,10 +212,11 @@ class Harness:
                     handler.on_event(event)
         self.handler.flush_confirms()
 
-    def notify(self, target: ConsumerTarget) -> None:
-        """seed: notifyWork, i.e. the target's notify slot was found set."""
-        if target.id in self.worker.targets:
-            self.handler.notify(target)
+    def notify(self, *targets: ConsumerTarget) -> None:
+        """seed: notifyWork, i.e. the targets' notify slots were found set in one batch, routed
+        as Worker.handle_events routes them."""
+        known = [target.slot for target in targets if target.id in self.worker.targets]
+        Worker.notify_slots(self.worker, known)  # type: ignore[arg-type]
 
     def refresh(self) -> None:
         """Credit may have come back for every consumer (as after the output was written)."""

@@ -525,3 +525,44 @@ def test_channel_flow_switches_interest() -> None:
     h.client(1, commands.Channel.Flow(active=True))
     assert h.take()[0] == r.Interest(target.id, True)
     assert [f.active for _, f in methods(h.frames())] == [False, True]
+
+
+def test_global_qos_consumers_notified_in_one_batch_share_the_credit() -> None:
+    """Slots set in one batch of events (the worker reads them in slot order, the same
+    consumer first each time): every consumer of the batch is notified before the first
+    pulls, and the channel's credit is split between them, not all taken by the first."""
+    h = Harness()
+    h.client(1, commands.Basic.Qos(prefetch_count=6, global_=True))
+    targets = [consumer(h, 1, f"c{i}", f"q{i}") for i in range(3)]
+    h.notify(*targets)
+    assert sorted((p.consumer, p.max) for p in pulls(h.take())) == sorted(
+        (target.id, 2) for target in targets)
+
+
+def test_global_qos_a_consumer_interested_while_the_channel_is_out_of_credit_stays_so() -> None:
+    """A consumer that has not pulled yet said it is interested, and its sibling's pull took the
+    channel's credit before the supervisor notified it: it does not say it is not interested
+    (PULL_DEFER at most), and the next credit back is split with it, not all pulled by the
+    sibling. Saying so would cost it the notification on its way, and under CPU load each ack
+    would be an Interest true and false that the supervisor reads in one batch, never notifying
+    it (one queue took all its 300 of a channel's first 450 deliveries)."""
+    h = Harness()
+    armed: list[bool] = []
+    h.handler.worker.targets.arm_defer = lambda: armed.append(True)
+    h.client(1, commands.Basic.Qos(prefetch_count=4, global_=True))
+    first = consumer(h, 1, "c1", "q1")
+    h.notify(first)
+    assert pulls(h.take()) == [r.Pull(first.id, 4, False, first.pull_seq)]
+    deliver(h, first, [1, 2, 3, 4], more=True)
+    h.take()
+    second = consumer(h, 1, "c2", "q2")  # consumed with no credit: not interested
+    h.client(1, commands.Basic.Ack(delivery_tag=1))
+    assert _not_settles(h) == [r.Interest(second.id, True)]
+    h.client(1, commands.Basic.Ack(delivery_tag=2))
+    assert _not_settles(h) == [r.Pull(first.id, 2, False, first.pull_seq)]
+    assert second.interested and armed
+    deliver(h, first, [5, 6], more=True)
+    h.notify(second)  # the channel's credit is all out
+    assert _not_settles(h) == [] and second.interested and second.notified
+    h.client(1, commands.Basic.Ack(delivery_tag=3))  # its turn
+    assert pulls(h.take()) == [r.Pull(second.id, 1, False, second.pull_seq)]
