@@ -2,7 +2,8 @@
 (workers.balance): a client opening connections one after another gets them spread
 over every worker, as it would get RabbitMQ's schedulers; connections opened while a worker
 starts or is being replaced wait for it instead of piling onto the workers already up.
-Each test has its own broker."""
+Each test has its own broker. They run serial (alone, after the parallel run of make test): a
+worker starved of CPU for ACCEPT_GRACE lets its peer take the connection, by design."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ from tests.integration.harness import (
 GENEROUS_START_GRACE = ["--start-grace", "30"]
 # A connection may wait in the listen backlog for a whole worker start-up.
 PATIENT = {"socket_timeout": 30, "stack_timeout": 60}
+
+pytestmark = pytest.mark.serial
 
 
 def _counts(broker: Broker, instance: str = "") -> list[int]:

@@ -169,11 +169,16 @@ def test_celery_worker_runs_tasks_with_results_and_remote_control(
         replies = app.control.cancel_consumer(worker.queue, destination=[worker.hostname], reply=True, timeout=5)
         assert replies and "ok" in replies[0][worker.hostname], replies
         waiting = tasks.add.delay(20, 22)
-        time.sleep(1.0)
+
+        def depth() -> int:
+            with app.connection_for_write() as connection:
+                return int(connection.default_channel.queue_declare(worker.queue, passive=True).message_count)
+
+        # It waits in the queue (a consumer would have taken it: unacked, not counted).
+        wait_until(lambda: depth() == 1, 30, "the task to wait in the queue")
         assert waiting.state == "PENDING"
-        with app.connection_for_write() as connection:
-            depth = connection.default_channel.queue_declare(worker.queue, passive=True).message_count
-        assert depth == 1
+        time.sleep(0.5)
+        assert depth() == 1
         replies = app.control.add_consumer(worker.queue, destination=[worker.hostname], reply=True, timeout=5)
         assert replies and "ok" in replies[0][worker.hostname], replies
         assert waiting.get(timeout=RESULT_TIMEOUT) == 42
