@@ -114,8 +114,11 @@ class Definitions(Resource):
         body = await body_json(request)
         if not isinstance(body, dict):
             raise bad_request("expected the definitions as one JSON object")
-        answer = await ask(self.ctx.control_path, {"command": "import_definitions",
-                                                   "definitions": body}, timeout=60.0)
+        try:
+            answer = await ask(self.ctx.control_path, {"command": "import_definitions",
+                                                       "definitions": body}, timeout=60.0)
+        finally:  # what it declared is listed at once, as RabbitMQ lists it
+            self.ctx.sampler.stale()
         if "error" in answer:
             raise bad_request(str(answer["error"]))
         return no_content()
