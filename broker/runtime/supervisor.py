@@ -396,7 +396,7 @@ class Supervisor:
             if batch or run_pending(w.index):
                 if not applied:
                     d.begin_batch(time.monotonic())
-                self._apply(w, batch, STEP_WORK, in_turn=True)
+                self._apply_records(w, batch, STEP_WORK)
                 applied = True
                 busy = busy or bool(w.unapplied) or run_pending(w.index) or not ring.is_empty()
         if applied:  # the turn's rings are one batch: its dead letters, credit and deadline
@@ -431,17 +431,22 @@ class Supervisor:
                 return
             self._apply(w, batch)
 
-    def _apply(self, w: WorkerSlot, batch: list[bytes], work: int | None = None, *,
-               in_turn: bool = False) -> None:
+    def _apply(self, w: WorkerSlot, batch: list[bytes], work: int | None = None) -> None:
+        """``batch`` as one dispatcher batch of its own (``_apply_records``); the ring loop's
+        turn makes one batch of all its rings instead (``_step``)."""
+        d = self.dispatcher
+        d.begin_batch(time.monotonic())
+        self._apply_records(w, batch, work)
+        d.end_batch()
+        self._check_deadline()
+
+    def _apply_records(self, w: WorkerSlot, batch: list[bytes], work: int | None = None) -> None:
         """Apply ``batch`` (one step) in order, after what is left of a PublishRun the last
         step stopped; with ``work``, only until that much is done (STEP_WORK), keeping the rest
-        in ``w.unapplied`` (and the dispatcher) for the next step. ``in_turn``: one of the
-        ring loop's turn, which begins and ends the dispatcher's batch once for all its rings
-        (``_step``), else this batch is one of its own."""
+        in ``w.unapplied`` (and the dispatcher) for the next step. Inside the caller's
+        dispatcher batch."""
         decode = self.codec.decode_request
         d = self.dispatcher
-        if not in_turn:
-            d.begin_batch(time.monotonic())
         d.work = 0
         d.work_limit = work
         w.unapplied = batch
@@ -458,9 +463,6 @@ class Supervisor:
         else:
             w.unapplied = []
         d.work_limit = None  # what else runs meanwhile (a dead worker's requeue) is not a step
-        if not in_turn:
-            d.end_batch()
-            self._check_deadline()
 
     def _check_deadline(self) -> None:
         """Bring the timer's next tick forward if the dispatcher's next deadline is earlier (a
