@@ -376,6 +376,11 @@ def main(argv: list[str] | None = None) -> int:
                     "Shoal / RabbitMQ (msg/s: higher is better; p99: lower is better):\n\n"
                     + report_table.comparison_table([(k, by_key_s.get(k), by_key_r.get(k)) for k in flow])
                 )
+                markdown.append(
+                    "Where the broker's CPU goes (µs a delivered message, user + system; the system part is "
+                    "the kernel's: socket copies, wake-ups):\n\n"
+                    + report_table.cpu_split_table([(k, by_key_s.get(k), by_key_r.get(k)) for k in flow])
+                )
             if args.rounds > 1 and rabbit:
                 repeated = [(key, report_table.round_ratios(
                     [(got.get(shoal_session.name), got.get(sessions[1].name)) for got in runs]

@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -61,20 +62,22 @@ SPAWN_WAIT = 60.0
 DRAIN = 5.0  # after the publisher stops, how long the consumer may take to catch up
 
 
-def _cpu(processes: dict[str, psutil.Process]) -> dict[str, tuple[float, int, float]]:
-    """CPU-seconds (user + system), context switches and system CPU-seconds of each process now."""
+def _cpu(processes: dict[str, psutil.Process]) -> dict[str, tuple[float, int, float, int]]:
+    """CPU-seconds (user + system), context switches (voluntary + involuntary), system
+    CPU-seconds and involuntary context switches of each process now."""
     out = {}
     for label, process in processes.items():
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
             switches = process.num_ctx_switches()
-            out[label] = (times.user + times.system, switches.voluntary + switches.involuntary, times.system)
+            out[label] = (times.user + times.system, switches.voluntary + switches.involuntary, times.system,
+                          switches.involuntary)
     return out
 
 
-def _delta(a: dict[str, tuple[float, int, float]],
-           b: dict[str, tuple[float, int, float]]) -> dict[str, tuple[float, int, float]]:
-    return {k: (b[k][0] - a[k][0], b[k][1] - a[k][1], b[k][2] - a[k][2]) for k in b if k in a}
+def _delta(a: dict[str, tuple[float, int, float, int]],
+           b: dict[str, tuple[float, int, float, int]]) -> dict[str, tuple[float, int, float, int]]:
+    return {k: (b[k][0] - a[k][0], b[k][1] - a[k][1], b[k][2] - a[k][2], b[k][3] - a[k][3]) for k in b if k in a}
 
 
 def run_once(broker: Broker, seconds: float, rate: float, warmup: float, idle: float) -> dict[str, Any]:
@@ -139,18 +142,21 @@ def run_once(broker: Broker, seconds: float, rate: float, warmup: float, idle: f
     cpu, wall, delivered = _delta(c0, c1), t1 - t0, n1 - n0
     cpu = {f"{k}({'+'.join(sorted(roles[k]))})" if k in roles else k: v for k, v in cpu.items()}
     idle_cpu = _delta(i0, i1)
-    total_cpu = sum(c for c, _, _ in cpu.values())
+    total_cpu = sum(c[0] for c in cpu.values())
     result.update(
         wall_s=round(wall, 3),
         delivered=delivered,
-        cores={k: round(c / wall, 3) for k, (c, _, _) in cpu.items()},
+        cores={k: round(c[0] / wall, 3) for k, c in cpu.items()},
         per_message={k: (round(c / delivered * 1e6, 1), round(s / delivered, 2))
-                     for k, (c, s, _) in cpu.items() if delivered and c > 0},
-        system_share=round(sum(s for _, _, s in cpu.values()) / total_cpu, 3) if total_cpu else None,
+                     for k, (c, s, _, _) in cpu.items() if delivered and c > 0},
+        # the kernel's µs and the involuntary (preempted) context switches, per message
+        per_message_sys={k: (round(sy / delivered * 1e6, 1), round(inv / delivered, 2))
+                         for k, (c, _, sy, inv) in cpu.items() if delivered and c > 0},
+        system_share=round(sum(c[2] for c in cpu.values()) / total_cpu, 3) if total_cpu else None,
         cores_total=round(total_cpu / wall, 3),
         us_per_msg=round(total_cpu / delivered * 1e6, 1) if delivered else None,
-        cs_per_msg=round(sum(s for _, s, _ in cpu.values()) / delivered, 2) if delivered else None,
-        idle_cores=round(sum(c for c, _, _ in idle_cpu.values()) / (t_i1 - t_i0), 4),
+        cs_per_msg=round(sum(c[1] for c in cpu.values()) / delivered, 2) if delivered else None,
+        idle_cores=round(sum(c[0] for c in idle_cpu.values()) / (t_i1 - t_i0), 4),
         latency=latency_summary(r.get("latencies_us", b"") for r in results if r.get("role") == "consumer"),
         clients_cores={r.get("role"): round(r["cpu_s"] / r["wall_s"], 3) for r in results if r.get("wall_s")},
     )
@@ -161,7 +167,10 @@ def _line(result: dict[str, Any]) -> str:
     lat = result["latency"]
     per = "  ".join(f"{k} {v:.3f}" for k, v in result["cores"].items())
     flag = "  ! " + "; ".join(result["errors"]) if result["errors"] else ""
-    per_message = "  ".join(f"{k} {us} us {cs} cs" for k, (us, cs) in result["per_message"].items())
+    kernel = result.get("per_message_sys", {})
+    per_message = "  ".join(
+        f"{k} {us} us (sys {kernel.get(k, ('?', '?'))[0]}) {cs} cs ({kernel.get(k, ('?', '?'))[1]} involuntary)"
+        for k, (us, cs) in result["per_message"].items())
     if result["label"].startswith("shoal"):
         flag += f"\n{'':<14} per message: {per_message}"
     return (
@@ -183,18 +192,19 @@ def _role(process: str) -> str:
 
 
 def per_process_table(results: list[dict[str, Any]], labels: list[str]) -> str:
-    """The median over rounds of each process's µs of CPU and context switches per delivered
-    message, by its part (supervisor, publisher's worker, consumer's worker), the broker's
-    total, and the total against RabbitMQ's median; a markdown table."""
+    """The median over rounds of each process's µs of CPU (of it the kernel's) and context
+    switches (of them involuntary: preempted, not asleep) per delivered message, by its part
+    (supervisor, publisher's worker, consumer's worker), the broker's total, and the total
+    against RabbitMQ's median; a markdown table."""
     roles: list[str] = []
     for r in results:
         for process in r["per_message"]:
             role = _role(process)
             if role not in roles and not role.startswith(("python:", "erl_", "inet_", "sh:")):
                 roles.append(role)
-    rabbit = sorted(r["us_per_msg"] for r in results if r["label"] == "rabbitmq" and r["us_per_msg"])
-    rabbit_us = rabbit[len(rabbit) // 2] if rabbit else None
-    lines = ["per message, median of rounds: µs of CPU / context switches",
+    rabbit = [r["us_per_msg"] for r in results if r["label"] == "rabbitmq" and r["us_per_msg"]]
+    rabbit_us = statistics.median(rabbit) if rabbit else None
+    lines = ["per message, median of rounds: µs of CPU (the kernel's) / context switches (involuntary)",
              "| broker | " + " | ".join(roles) + " | broker | / RabbitMQ |",
              "|---|" + "---:|" * (len(roles) + 2)]
     for label in labels:
@@ -203,15 +213,22 @@ def per_process_table(results: list[dict[str, Any]], labels: list[str]) -> str:
             continue
         cells = []
         for role in roles:
-            pairs = sorted(v for r in mine for k, v in r["per_message"].items() if _role(k) == role)
-            if not pairs:
+            found = [(v, r.get("per_message_sys", {}).get(k)) for r in mine for k, v in r["per_message"].items()
+                     if _role(k) == role]
+            if not found:
                 cells.append("")
                 continue
-            us = sorted(p[0] for p in pairs)[len(pairs) // 2]
-            cs = sorted(p[1] for p in pairs)[len(pairs) // 2]
-            cells.append(f"{us:.0f} / {cs:.2f}")
-        total = sorted(r["us_per_msg"] for r in mine)[len(mine) // 2]
-        switches = sorted(r["cs_per_msg"] for r in mine)[len(mine) // 2]
+            us = statistics.median(v[0] for v, _ in found)
+            cs = statistics.median(v[1] for v, _ in found)
+            kernel = [k for _, k in found if k is not None]
+            if kernel:
+                sys_us = statistics.median(k[0] for k in kernel)
+                involuntary = statistics.median(k[1] for k in kernel)
+                cells.append(f"{us:.0f} ({sys_us:.0f}) / {cs:.2f} ({involuntary:.2f})")
+            else:
+                cells.append(f"{us:.0f} / {cs:.2f}")
+        total = statistics.median(r["us_per_msg"] for r in mine)
+        switches = statistics.median(r["cs_per_msg"] for r in mine)
         ratio = f"{total / rabbit_us:.2f}" if rabbit_us and label != "rabbitmq" else ""
         cells.append(f"{total:.0f} / {switches:.2f}" if label != "rabbitmq" else f"{total:.0f}")
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {ratio} |")

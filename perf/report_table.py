@@ -80,6 +80,47 @@ def comparison_table(rows: Sequence[tuple[str, dict[str, Any] | None, dict[str, 
     return "\n".join(lines)
 
 
+def _clients_on(result: dict[str, Any] | None, label: str) -> str:
+    """``worker0`` with the clients it holds: ``worker0 (pub)``, ``worker1 (con 8)``."""
+    index = label.removeprefix("worker")
+    if not index.isdigit():
+        return label
+    held = []
+    for key, count in sorted((_get(result, "connections_on_workers") or {}).items()):
+        role, _, worker = key.partition("@w")
+        if worker == index:
+            held.append(role[:3] + (f" {count}" if count > 1 else ""))
+    return f"{label} ({', '.join(held)})" if held else label
+
+
+def _split(cpu: float | None, sys: float | None, delivered: float | None) -> str:
+    """µs of CPU a delivered message, user + system: ``40 + 55``."""
+    if cpu is None or sys is None or not delivered:
+        return "–"
+    return f"{(cpu - sys) / delivered * 1e6:.0f} + {sys / delivered * 1e6:.0f}"
+
+
+def cpu_split_table(rows: Sequence[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]) -> str:
+    """Where each broker's CPU goes, in µs a delivered message, user + system (the kernel's part:
+    socket copies, wake-ups), in all and per Shoal process; rows as ``comparison_table``'s."""
+    lines = [
+        "| scenario | Shoal user + sys µs/msg | RabbitMQ user + sys µs/msg | Shoal per process, user + sys µs/msg |",
+        "|---|---:|---:|---|",
+    ]
+    for key, shoal, rabbit in rows:
+        cells = []
+        for result in (shoal, rabbit):
+            cpu = _get(result, "broker_cpu")
+            cells.append(_split(_get(cpu, "cpu_s"), _get(cpu, "sys_s"), _get(result, "delivered")))
+        per = []
+        for label, process in (_get(shoal, "broker_cpu", "processes") or {}).items():
+            split = _split(process.get("cpu_s"), process.get("sys_s"), _get(shoal, "delivered"))
+            if split != "–" and (process.get("cpu_s") or 0) > 0.005:
+                per.append(f"{_clients_on(shoal, label)} {split}")
+        lines.append(f"| {key} | {cells[0]} | {cells[1]} | {'; '.join(per) or '–'} |")
+    return "\n".join(lines)
+
+
 def memory_table(shoal: dict[str, Any] | None, rabbit: dict[str, Any] | None) -> str:
     """S8: broker memory with queued messages and with idle connections."""
     messages = _get(shoal, "queued", "queued") or _get(rabbit, "queued", "queued")

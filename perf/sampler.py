@@ -2,7 +2,7 @@
 
 `Sampler(source, interval)` runs a thread that, every `interval` seconds, asks `source()` for the
 broker's current processes ({label: psutil.Process}; Shoal's supervisor and workers, RabbitMQ's
-beam.smp and its children) and records each one's cumulative CPU time (user + system), RSS and
+beam.smp and its children) and records each one's cumulative CPU time (user + system, and the system part), RSS and
 voluntary/involuntary context switches. `mark()` takes an extra sample at once (the start and end
 of a measured window are marked, so the window does not depend on the interval), and
 `summary(t0, t1)` reduces the samples between two marks to per-process and total figures.
@@ -28,6 +28,7 @@ class Sample:
     rss: int
     ctx_voluntary: int
     ctx_involuntary: int
+    sys_s: float = 0.0  # the kernel's part of cpu_s
 
 
 @dataclass
@@ -45,7 +46,7 @@ def take(process: psutil.Process, now: float) -> Sample | None:
             ctx = process.num_ctx_switches()
     except psutil.Error:
         return None
-    return Sample(now, times.user + times.system, memory.rss, ctx.voluntary, ctx.involuntary)
+    return Sample(now, times.user + times.system, memory.rss, ctx.voluntary, ctx.involuntary, times.system)
 
 
 class Sampler:
@@ -110,7 +111,7 @@ class Sampler:
     def summary(self, t0: float, t1: float) -> dict[str, Any]:
         """Per process and in total over [t0, t1] (both should be `mark()` times)."""
         per: dict[str, Any] = {}
-        total_cpu = 0.0
+        total_cpu = total_sys = 0.0
         total_vol = total_inv = 0
         rss_peak_sum: dict[float, int] = {}
         with self._lock:
@@ -129,6 +130,7 @@ class Sampler:
                 per[f"{series.label}"] = {
                     "pid": series.pid,
                     "cpu_s": round(cpu, 3),
+                    "sys_s": round(last.sys_s - first.sys_s, 3),
                     "cpu_percent_mean": round(cpu / span * 100, 1) if span > 0 else None,
                     "cpu_percent_max": round(max(rates), 1) if rates else None,
                     "rss_max_mb": round(max(s.rss for s in window) / 2**20, 1),
@@ -138,6 +140,7 @@ class Sampler:
                     "samples": len(window),
                 }
                 total_cpu += cpu
+                total_sys += last.sys_s - first.sys_s
                 total_vol += last.ctx_voluntary - first.ctx_voluntary
                 total_inv += last.ctx_involuntary - first.ctx_involuntary
                 for s in window:
@@ -149,6 +152,7 @@ class Sampler:
             "processes": per,
             "host_busy_cores": round(host_busy / span, 2) if host_busy is not None and span > 0 else None,
             "cpu_s": round(total_cpu, 3),
+            "sys_s": round(total_sys, 3),
             "cores_used": round(total_cpu / span, 2) if span > 0 else None,
             "rss_max_mb": round(max(rss_peak_sum.values()) / 2**20, 1) if rss_peak_sum else None,
             "ctx_voluntary": total_vol,

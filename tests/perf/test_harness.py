@@ -19,8 +19,10 @@ from pamqp.heartbeat import Heartbeat
 
 from perf.__main__ import default_scaling_workers, parse_args
 from perf.accounting import latency_summary, merge_group, percentile
+from perf.idle_cost import per_process_table
 from perf.report_table import (
     comparison_table,
+    cpu_split_table,
     integrity,
     memory_table,
     ratio,
@@ -224,12 +226,14 @@ def test_sampler_summary_from_synthetic_samples() -> None:
     sampler = Sampler(dict, interval=0.5)
     series = Series("worker0", 42)
     for i in range(5):
-        series.samples.append(Sample(10.0 + i * 0.5, 1.0 + i * 0.25, (100 + i) * 2**20, 10 * i, i))
+        series.samples.append(Sample(10.0 + i * 0.5, 1.0 + i * 0.25, (100 + i) * 2**20, 10 * i, i, 0.5 + i * 0.1))
     sampler.series[42] = series
     sampler.host = [(10.0, 0.0), (12.0, 3.0)]
     summary = sampler.summary(10.0, 12.0)
     worker = summary["processes"]["worker0"]
     assert worker["cpu_s"] == 1.0
+    assert worker["sys_s"] == 0.4
+    assert summary["sys_s"] == 0.4
     assert worker["cpu_percent_mean"] == 50.0
     assert worker["rss_max_mb"] == 104.0
     assert worker["ctx_voluntary"] == 40
@@ -259,6 +263,40 @@ def test_comparison_table_ratios_and_flags() -> None:
     assert "| 2.00 |" in row  # p99 ratio
     assert "0/0/0; 3/0/0 !" in row
     assert "**yes** (90%)" in row
+
+
+def test_cpu_split_table_gives_user_and_kernel_microseconds_a_message() -> None:
+    shoal = {
+        "delivered": 10_000,
+        "broker_cpu": {"cpu_s": 2.5, "sys_s": 1.0, "processes": {
+            "supervisor": {"cpu_s": 0.5, "sys_s": 0.1},
+            "worker0": {"cpu_s": 1.2, "sys_s": 0.5},
+            "worker1": {"cpu_s": 0.8, "sys_s": 0.4},
+            "management": {"cpu_s": 0.001, "sys_s": 0.0},  # too little to list
+        }},
+        "connections_on_workers": {"publisher@w0": 1, "consumer@w1": 8},
+    }  # fmt: skip
+    rabbit = {"delivered": 10_000, "broker_cpu": {"cpu_s": 2.0, "sys_s": 1.5, "processes": {}}}
+    table = cpu_split_table([("S6", shoal, rabbit), ("S1", shoal, None)])
+    lines = table.splitlines()
+    assert lines[2] == ("| S6 | 150 + 100 | 50 + 150 | supervisor 40 + 10; worker0 (pub) 70 + 50; "
+                        "worker1 (con 8) 40 + 40 |")
+    assert lines[3].startswith("| S1 | 150 + 100 | – |")
+
+
+def test_idle_cost_table_takes_medians_of_cpu_kernel_and_switches() -> None:
+    def result(label: str, us: float, sys_us: float, cs: float, involuntary: float) -> dict[str, Any]:
+        per = {"supervisor": (us, cs)} if label == "shoal" else {"beam.smp": (us, 0.0)}
+        kernel = {"supervisor": (sys_us, involuntary)} if label == "shoal" else {"beam.smp": (sys_us, 0.0)}
+        return {"label": label, "per_message": per, "per_message_sys": kernel, "us_per_msg": us, "cs_per_msg": cs}
+
+    results = [result("shoal", 100, 10, 1.0, 0.2), result("shoal", 140, 30, 2.0, 0.6),
+               result("rabbitmq", 40, 5, 0, 0), result("rabbitmq", 60, 5, 0, 0)]
+    lines = per_process_table(results, ["shoal", "rabbitmq"]).splitlines()
+    assert lines[1] == "| broker | supervisor | beam.smp | broker | / RabbitMQ |"
+    # the median of two rounds is their mean (not the upper one): 120 µs against 50
+    assert lines[3] == "| shoal | 120 (20) / 1.50 (0.40) |  | 120 / 1.50 | 2.40 |"
+    assert lines[4] == "| rabbitmq |  | 50 (5) / 0.00 (0.00) | 50 |  |"
 
 
 def test_comparison_table_without_rabbitmq() -> None:
