@@ -168,9 +168,11 @@ def _line(result: dict[str, Any]) -> str:
     per = "  ".join(f"{k} {v:.3f}" for k, v in result["cores"].items())
     flag = "  ! " + "; ".join(result["errors"]) if result["errors"] else ""
     kernel = result.get("per_message_sys", {})
-    per_message = "  ".join(
-        f"{k} {us} us (sys {kernel.get(k, ('?', '?'))[0]}) {cs} cs ({kernel.get(k, ('?', '?'))[1]} involuntary)"
-        for k, (us, cs) in result["per_message"].items())
+    parts = []
+    for k, (us, cs) in result["per_message"].items():
+        sys_us, involuntary = kernel.get(k, ("?", "?"))
+        parts.append(f"{k} {us} us (sys {sys_us}) {cs} cs ({involuntary} involuntary)")
+    per_message = "  ".join(parts)
     if result["label"].startswith("shoal"):
         flag += f"\n{'':<14} per message: {per_message}"
     return (
