@@ -147,11 +147,11 @@ def run_once(broker: Broker, seconds: float, rate: float, warmup: float, idle: f
         wall_s=round(wall, 3),
         delivered=delivered,
         cores={k: round(c[0] / wall, 3) for k, c in cpu.items()},
-        per_message={k: (round(c / delivered * 1e6, 1), round(s / delivered, 2))
-                     for k, (c, s, _, _) in cpu.items() if delivered and c > 0},
-        # the kernel's µs and the involuntary (preempted) context switches, per message
-        per_message_sys={k: (round(sy / delivered * 1e6, 1), round(inv / delivered, 2))
-                         for k, (c, _, sy, inv) in cpu.items() if delivered and c > 0},
+        # per process and message: µs of CPU, context switches, the kernel's µs of that CPU and
+        # the involuntary (preempted) switches of those
+        per_message={k: (round(c / delivered * 1e6, 1), round(s / delivered, 2),
+                         round(sy / delivered * 1e6, 1), round(inv / delivered, 2))
+                     for k, (c, s, sy, inv) in cpu.items() if delivered and c > 0},
         system_share=round(sum(c[2] for c in cpu.values()) / total_cpu, 3) if total_cpu else None,
         cores_total=round(total_cpu / wall, 3),
         us_per_msg=round(total_cpu / delivered * 1e6, 1) if delivered else None,
@@ -167,12 +167,8 @@ def _line(result: dict[str, Any]) -> str:
     lat = result["latency"]
     per = "  ".join(f"{k} {v:.3f}" for k, v in result["cores"].items())
     flag = "  ! " + "; ".join(result["errors"]) if result["errors"] else ""
-    kernel = result.get("per_message_sys", {})
-    parts = []
-    for k, (us, cs) in result["per_message"].items():
-        sys_us, involuntary = kernel.get(k, ("?", "?"))
-        parts.append(f"{k} {us} us (sys {sys_us}) {cs} cs ({involuntary} involuntary)")
-    per_message = "  ".join(parts)
+    per_message = "  ".join(f"{k} {us} us (sys {sys_us}) {cs} cs ({involuntary} involuntary)"
+                            for k, (us, cs, sys_us, involuntary) in result["per_message"].items())
     if result["label"].startswith("shoal"):
         flag += f"\n{'':<14} per message: {per_message}"
     return (
@@ -215,20 +211,12 @@ def per_process_table(results: list[dict[str, Any]], labels: list[str]) -> str:
             continue
         cells = []
         for role in roles:
-            found = [(v, r.get("per_message_sys", {}).get(k)) for r in mine for k, v in r["per_message"].items()
-                     if _role(k) == role]
+            found = [v for r in mine for k, v in r["per_message"].items() if _role(k) == role]
             if not found:
                 cells.append("")
                 continue
-            us = statistics.median(v[0] for v, _ in found)
-            cs = statistics.median(v[1] for v, _ in found)
-            kernel = [k for _, k in found if k is not None]
-            if kernel:
-                sys_us = statistics.median(k[0] for k in kernel)
-                involuntary = statistics.median(k[1] for k in kernel)
-                cells.append(f"{us:.0f} ({sys_us:.0f}) / {cs:.2f} ({involuntary:.2f})")
-            else:
-                cells.append(f"{us:.0f} / {cs:.2f}")
+            us, cs, sys_us, involuntary = (statistics.median(v[i] for v in found) for i in range(4))
+            cells.append(f"{us:.0f} ({sys_us:.0f}) / {cs:.2f} ({involuntary:.2f})")
         total = statistics.median(r["us_per_msg"] for r in mine)
         switches = statistics.median(r["cs_per_msg"] for r in mine)
         ratio = f"{total / rabbit_us:.2f}" if rabbit_us and label != "rabbitmq" else ""

@@ -2,10 +2,10 @@
 
 `Sampler(source, interval)` runs a thread that, every `interval` seconds, asks `source()` for the
 broker's current processes ({label: psutil.Process}; Shoal's supervisor and workers, RabbitMQ's
-beam.smp and its children) and records each one's cumulative CPU time (user + system, and the system part), RSS and
-voluntary/involuntary context switches. `mark()` takes an extra sample at once (the start and end
-of a measured window are marked, so the window does not depend on the interval), and
-`summary(t0, t1)` reduces the samples between two marks to per-process and total figures.
+beam.smp and its children) and records each one's cumulative CPU time (user + system, and of it
+the system part), RSS and voluntary/involuntary context switches. `mark()` takes an extra sample
+at once (the start and end of a measured window are marked, so the window does not depend on the
+interval), and `summary(t0, t1)` reduces the samples between two marks to per-process and total figures.
 """
 
 from __future__ import annotations

@@ -286,9 +286,9 @@ def test_cpu_split_table_gives_user_and_kernel_microseconds_a_message() -> None:
 
 def test_idle_cost_table_takes_medians_of_cpu_kernel_and_switches() -> None:
     def result(label: str, us: float, sys_us: float, cs: float, involuntary: float) -> dict[str, Any]:
-        per = {"supervisor": (us, cs)} if label == "shoal" else {"beam.smp": (us, 0.0)}
-        kernel = {"supervisor": (sys_us, involuntary)} if label == "shoal" else {"beam.smp": (sys_us, 0.0)}
-        return {"label": label, "per_message": per, "per_message_sys": kernel, "us_per_msg": us, "cs_per_msg": cs}
+        process = "supervisor" if label == "shoal" else "beam.smp"
+        per = {process: (us, cs, sys_us, involuntary)}
+        return {"label": label, "per_message": per, "us_per_msg": us, "cs_per_msg": cs}
 
     results = [result("shoal", 100, 10, 1.0, 0.2), result("shoal", 140, 30, 2.0, 0.6),
                result("rabbitmq", 40, 5, 0, 0), result("rabbitmq", 60, 5, 0, 0)]
