@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.supervisor")
 
 SHUTDOWN_GRACE = 5.0
+LINKS_GRACE = 3.0  # the links process's own stop, before the workers': its connections closed
 BATCH = 1024
 # The most a worker's records may ask of one step (then the other tasks have a turn), in the
 # dispatcher's units (Dispatcher.work): an entry of a Settle (workers.worker.SETTLE_MAX bounds
@@ -272,14 +273,26 @@ class Supervisor:
                 return
 
     async def _shutdown(self) -> None:
-        """Workers close their clients with 320 and exit; stragglers are killed."""
+        """The links process stops first, then the workers close their clients with 320 and
+        exit; stragglers are killed.
+
+        The links first, as RabbitMQ stops its shovel and federation plugins before its
+        queues: a shovel still consuming while the workers close their clients would take the
+        messages they requeue and forward them with acks that never reach the queues, so
+        after the restart they would be forwarded again."""
         self.stopping = True
         self._sample()  # with the sample at each worker's hello: a CPU figure for a short run
+        links = self.shovels.process  # the links process (shovels, federation links)
+        if links is not None and links.returncode is None:
+            links.send_signal(signal.SIGTERM)
+            with trio.move_on_after(LINKS_GRACE):
+                await links.wait()
+                log.info("the links process stopped (its shovels and federation links closed)")
         procs = [w.process for w in self.workers if w.process is not None]
         if self.management is not None and self.management.process is not None:
             procs.append(self.management.process)
-        if self.shovels.process is not None:  # the links process (shovels)
-            procs.append(self.shovels.process)
+        if links is not None:
+            procs.append(links)
         for p in procs:
             if p.returncode is None:
                 p.send_signal(signal.SIGTERM)
