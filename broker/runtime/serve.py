@@ -28,6 +28,12 @@ def run(config: ServeConfig) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
     )
+    if config.huge_pages == "never":
+        log.warning("--huge-pages: the kernel's transparent huge pages are off (never), so the "
+                    "heap stays on 4 KiB pages; only PYTHONMALLOC=malloc applies")
+    elif config.huge_pages:
+        log.info("--huge-pages: Python's heap on transparent huge pages (PYTHONMALLOC=malloc, "
+                 "glibc.malloc.hugetlb=1; the kernel's mode: %s)", config.huge_pages)
     sup = Supervisor(config)
     try:
         sup.setup()
