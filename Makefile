@@ -9,6 +9,8 @@
 #                (SHOAL_PURE_PYTHON=1); each in TEST_WORKERS parallel processes
 #   make compiled  build the hot path's modules with mypyc (best effort; `make run` and
 #                `make test` do it); `make pure` removes what it built
+#   make arenas  build build/libhuge_arenas.so (ipc/huge_arenas.c: Python's arenas on huge pages,
+#                ipc/huge_pages.py; best effort; `make run`, `make test` and `make compiled` do it)
 #   make perf    a first throughput figure (perf/quick.py)
 #   make clean   remove caches and build output (keeps .venv; `make distclean` removes it too)
 
@@ -57,7 +59,21 @@ COMPILED_SO := workers/*.so ipc/*.so broker/*/*.so *__mypyc.*.so
 COMPILE_STAMP := build/.stamp-compiled
 COMPILE_LOG := build/mypyc.log
 
-.PHONY: venv run lint test perf clean distclean compiled compile-locked pure smoke
+.PHONY: venv run lint test perf clean distclean compiled compile-locked pure smoke arenas
+
+# Python's small-object arenas on transparent huge pages (ipc/huge_pages.py loads it with ctypes;
+# no Python headers needed). Best effort: without it every process runs on 4 KiB pages and the
+# supervisor's log says so.
+CC ?= cc
+ARENAS_LIB := build/libhuge_arenas.so
+
+arenas: $(ARENAS_LIB)
+
+$(ARENAS_LIB): ipc/huge_arenas.c
+	@mkdir -p build
+	@if $(CC) -O2 -Wall -shared -fPIC -o $@.tmp $< 2> build/arenas.log; then mv $@.tmp $@; \
+		echo "built $@ (Python's arenas on huge pages)"; \
+	else rm -f $@.tmp; echo "note: could not build $@ (build/arenas.log): 4 KiB pages"; fi
 
 venv: $(STAMP)
 
@@ -100,7 +116,7 @@ compile-locked:
 	fi; \
 	touch $(COMPILE_STAMP)
 
-compiled: $(COMPILE_STAMP)
+compiled: $(COMPILE_STAMP) $(ARENAS_LIB)
 
 pure:
 	mkdir -p build

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
+if sys.argv[1:2] == ["serve"]:  # before the imports: their objects go on huge pages too
+    from ipc import huge_pages
+
+    huge_pages.start_again_with_tunable()  # glibc's heap too (returns once it has it)
+    huge_pages.install()
+
 import os
 import re
 import stat
@@ -17,7 +25,6 @@ from cli.config_file import ConfigFileError, Setting, parse_size
 from cli.config_file import read as read_config_file
 from cli.control import list_connections
 from cli.ctl import ctl
-from cli.heap import start_again_with_huge_pages, thp_setting
 from cli.report import report
 from cli.users import delete_user, list_users
 
@@ -163,11 +170,6 @@ def main() -> None:
               help="AMQP port shared by all workers (0 picks a free one).")
 @click.option("--workers", default=os.cpu_count() or 1, show_default="CPU count",
               type=click.IntRange(1, 256), help="Number of IO worker processes.")
-@click.option("--huge-pages/--no-huge-pages", default=False, show_default=True,
-              envvar="SHOAL_HUGE_PAGES",
-              help="Run every broker process with its Python heap on transparent huge pages "
-              "(PYTHONMALLOC=malloc and glibc's glibc.malloc.hugetlb=1): less CPU at light loads "
-              "where page walks are dear (virtual machines), a little less unpaced throughput.")
 @click.option("--start-grace", default=2.0, show_default=True, type=click.FloatRange(0, 60),
               help="Longest time, in seconds, the other workers leave new connections to a "
               "worker that is starting or being replaced, instead of taking them all (0: never).")
@@ -301,14 +303,6 @@ def main() -> None:
 def serve(**options: object) -> None:
     """Start the supervisor and its IO workers, and serve AMQP 0-9-1 until SIGTERM/SIGINT."""
     ctx = click.get_current_context()
-    if options.pop("huge_pages"):
-        try:
-            start_again_with_huge_pages()  # returns only when this process already is
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
-        options["huge_pages"] = thp_setting() or "unknown"
-    else:
-        options["huge_pages"] = ""
     if options["users"] and ctx.get_parameter_source("users") is ParameterSource.COMMANDLINE:
         click.echo("warning: passwords given with --user can be read by every user of this host "
                    "(ps, /proc); use --users-file or $SHOAL_USERS instead", err=True)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from ipc import huge_pages
+
+huge_pages.install()  # before the imports: their objects go on huge pages too (ipc/huge_pages.py)
+
 import logging
 import os
 import signal

@@ -18,6 +18,7 @@ from broker.runtime.supervisor import Supervisor
 from broker.storage.data_dir import DataDirDamaged, DataDirInUse
 from broker.storage.definition_store import DefinitionStoreError
 from broker.storage.message_store import ArenasFull
+from ipc import huge_pages
 from ipc.tls import TLSSettingsError
 
 log = logging.getLogger("shoal.supervisor")
@@ -28,12 +29,7 @@ def run(config: ServeConfig) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
     )
-    if config.huge_pages == "never":
-        log.warning("--huge-pages: the kernel's transparent huge pages are off (never), so the "
-                    "heap stays on 4 KiB pages; only PYTHONMALLOC=malloc applies")
-    elif config.huge_pages:
-        log.info("--huge-pages: Python's heap on transparent huge pages (PYTHONMALLOC=malloc, "
-                 "glibc.malloc.hugetlb=1; the kernel's mode: %s)", config.huge_pages)
+    log.info("%s", huge_pages.describe())  # installed by cli.main, before its imports
     sup = Supervisor(config)
     try:
         sup.setup()

@@ -51,9 +51,6 @@ class ServeConfig:
     # (bytes; RabbitMQ's disk_free_limit, 50 MB by default). 0: no disk alarm.
     disk_free_limit: int = 50_000_000
     log_level: str = "info"
-    # --huge-pages: the kernel's transparent huge page mode the processes run under (cli.heap
-    # started them with PYTHONMALLOC=malloc and glibc.malloc.hugetlb=1); "": off.
-    huge_pages: str = ""
     ready_file: str | None = None
     control_socket: str | None = None  # shoal list-connections asks here; None: the default path
     # The management HTTP API (management/, a process of its own): its port (0: none) and
