@@ -29,7 +29,6 @@ def run(config: ServeConfig) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(name)s[%(process)d] %(levelname)s %(message)s",
     )
-    log.info("%s", huge_pages.describe())  # installed by cli.main, before its imports
     sup = Supervisor(config)
     try:
         sup.setup()
@@ -50,6 +49,8 @@ def run(config: ServeConfig) -> int:
              sup.instance, config.host, sup.port, config.workers)
     if sup._tls_listener is not None:
         log.info("AMQPS (TLS) listening on %s:%d", config.host, sup._tls_listener.getsockname()[1])
+    # After the start succeeded: a refused start stays one line. Installed by cli.main.
+    log.info("%s", huge_pages.describe())
     try:
         sup.serve()
     finally:
