@@ -101,8 +101,11 @@ def tunable_env(environ: Mapping[str, str]) -> dict[str, str] | None:
 def start_again_with_tunable() -> None:
     """Replace this process with itself under :func:`tunable_env`, unless it already is."""
     env = tunable_env(os.environ)
-    if env is not None:
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    if env is not None and sys.executable:
+        try:
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+        except OSError:  # this process goes on as it is: glibc's heap on small pages
+            return
 
 
 def thp_setting(path: str = THP_SETTING) -> str:

@@ -116,6 +116,18 @@ def test_start_again_execs_the_same_command_with_the_tunable(
     assert len(calls) == 1
 
 
+def test_a_failed_exec_leaves_the_process_running_as_it_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise PermissionError("exec refused")
+
+    monkeypatch.setattr(huge_pages.os, "execve", refuse)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("SHOAL_SMALL_PAGES", raising=False)
+    huge_pages.start_again_with_tunable()  # returns: the caller serves on
+    assert "GLIBC_TUNABLES" not in huge_pages.os.environ
+
+
 @pytest.mark.parametrize(("text", "mode"), [
     ("always [madvise] never\n", "madvise"), ("[always] madvise never\n", "always"),
     ("always madvise [never]\n", "never"), ("garbled\n", "")])
