@@ -3,13 +3,13 @@
  *
  * pymalloc takes its memory in arenas of 1 MiB, each its own mmap, which the kernel cannot
  * back with 2 MiB pages. Here they are carved, one after the other, from one region reserved
- * at start: 2 MiB-aligned, PROT_NONE until used, then opened 2 MiB at a time (so it is not
- * charged to the commit limit before it is used),
- * advised MADV_HUGEPAGE, so each 2 MiB of arenas is one page and one TLB entry. A freed arena
- * of the region goes on a free list for the next; past KEEP_FREE of them its memory goes back
- * to the system (MADV_DONTNEED). When the region is used up, or an arena of another size is
- * asked for, arenas are plain mmaps again, and an arena that is not the region's (those made
- * before the switch, and those) is unmapped as CPython's default allocator does.
+ * at start: 2 MiB-aligned, advised MADV_HUGEPAGE, PROT_NONE until used and then opened 2 MiB
+ * at a time (not charged to the commit limit before it is used), so each 2 MiB of arenas is
+ * one page and one TLB entry. A freed arena of the region goes on a free list for the next;
+ * past KEEP_FREE of them its memory goes back to the system (MADV_DONTNEED). When the region
+ * is used up, or an arena of another size is asked for, arenas are plain mmaps again; an arena
+ * that is not the region's (made before the switch, or one of those) is unmapped as CPython's
+ * default allocator does.
  *
  * Called only by pymalloc, under the GIL: no locking. */
 

@@ -54,7 +54,7 @@ def test_objects_live_in_the_region_survive_reuse_and_overflow_to_plain_mmaps() 
         keep = [{"k": i, "v": str(i)} for i in range(100_000)]
         used = huge_pages.arenas_used()
         first = id(keep[-1])
-        lib = huge_pages._state["library"]
+        lib = huge_pages._library
         huge = region_huge_kib(first)
         del keep
         import gc; gc.collect()
