@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -168,11 +169,18 @@ def test_celery_worker_runs_tasks_with_results_and_remote_control(
         # cancel_consumer: the worker cancels its AMQP consumer; a task now waits in the queue.
         replies = app.control.cancel_consumer(worker.queue, destination=[worker.hostname], reply=True, timeout=5)
         assert replies and "ok" in replies[0][worker.hostname], replies
-        waiting = tasks.add.delay(20, 22)
+
+        def declared() -> Any:
+            with app.connection_for_write() as connection:
+                return connection.default_channel.queue_declare(worker.queue, passive=True)
 
         def depth() -> int:
-            with app.connection_for_write() as connection:
-                return int(connection.default_channel.queue_declare(worker.queue, passive=True).message_count)
+            return int(declared().message_count)
+
+        # Celery replies "ok" and cancels on its next loop turn (call_soon): publish once the
+        # broker has seen the basic.cancel, or the worker may still take the task.
+        wait_until(lambda: declared().consumer_count == 0, 30, "the worker's consumer cancelled")
+        waiting = tasks.add.delay(20, 22)
 
         # It waits in the queue (a consumer would have taken it: unacked, not counted).
         wait_until(lambda: depth() == 1, 30, "the task to wait in the queue")
