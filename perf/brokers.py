@@ -135,6 +135,23 @@ class Broker:
 # --------------------------------------------------------------------------- Shoal
 
 
+def child_role(argv: list[str], name: str, pid: int) -> str:
+    """A supervisor's child that is not a worker, by the module it runs (``python -m
+    management.process``: ``management``; ``links.process``: ``links``), else ``name:pid``."""
+    if "-m" in argv[:-1]:
+        module = argv[argv.index("-m") + 1]
+        if module.endswith(".process"):
+            return module.partition(".")[0]
+    return f"{name}:{pid}"
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def shoal_command() -> list[str]:
     """How perf starts Shoal: ``$SHOAL_SERVE`` replaces ``python -m cli.main``; ``$SHOAL_SERVE_ARGS``
     adds options to every ``serve`` (e.g. ``--management-port 0`` for a run without the API)."""
@@ -212,7 +229,7 @@ class ShoalBroker(Broker):
             for child in _descendants(supervisor):
                 if child.pid not in listed and is_alive(child):
                     process = self._remember(child.pid) or child
-                    out[f"{process.name()}:{child.pid}"] = process
+                    out[child_role(_cmdline(process), process.name(), child.pid)] = process
         return out
 
     def alive(self) -> bool:

@@ -19,6 +19,7 @@ from pamqp.heartbeat import Heartbeat
 
 from perf.__main__ import default_scaling_workers, parse_args
 from perf.accounting import latency_summary, merge_group, percentile
+from perf.brokers import child_role
 from perf.idle_cost import per_process_table
 from perf.report_table import (
     comparison_table,
@@ -297,6 +298,16 @@ def test_idle_cost_table_takes_medians_of_cpu_kernel_and_switches() -> None:
     # the median of two rounds is their mean (not the upper one): 120 µs against 50
     assert lines[3] == "| shoal | 120 (20) / 1.50 (0.40) |  | 120 / 1.50 | 2.40 |"
     assert lines[4] == "| rabbitmq |  | 50 (5) / 0.00 (0.00) | 50 |  |"
+
+
+def test_a_supervisors_other_children_are_named_by_their_module() -> None:
+    python = "/x/.venv/bin/python"
+    assert child_role([python, "-m", "management.process", "{}"], "python", 7) == "management"
+    assert child_role([python, "-m", "links.process", "{}"], "python", 8) == "links"
+    # anything else keeps its process name and PID
+    assert child_role([python, "-m", "workers.main", "{}"], "python", 9) == "python:9"
+    assert child_role([python, "-m"], "python", 10) == "python:10"
+    assert child_role([], "sh", 11) == "sh:11"
 
 
 def test_comparison_table_without_rabbitmq() -> None:
