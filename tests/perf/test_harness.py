@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import struct
 from array import array
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from pamqp.heartbeat import Heartbeat
 
 from perf.__main__ import default_scaling_workers, parse_args
 from perf.accounting import latency_summary, merge_group, percentile
+from perf.at_rest import line, schedstat, window
 from perf.brokers import child_role
 from perf.idle_cost import per_process_table
 from perf.report_table import (
@@ -386,3 +388,25 @@ def test_small_formatters() -> None:
 def test_payload_layout_is_what_the_parser_expects() -> None:
     assert PAYLOAD.size == 20
     assert struct.unpack_from("<H", PAYLOAD.pack(MAGIC, 0, 0, 0))[0] == 0x5348
+
+
+def test_at_rest_sums_a_process_threads_schedstat(tmp_path: Path) -> None:
+    for tid, text in (("10", "2000000 5 7\n"), ("11", "500 1 3\n")):
+        (tmp_path / "10" / "task" / tid).mkdir(parents=True)
+        (tmp_path / "10" / "task" / tid / "schedstat").write_text(text)
+    assert schedstat(10, str(tmp_path)) == (2_000_500, 10)
+    assert schedstat(99, str(tmp_path)) == (0, 0)  # gone: nothing to count
+
+
+def test_at_rest_window_gives_cores_and_wakeups_a_second() -> None:
+    reads = iter([(0, 0), (1_000_000, 100)])  # before and after the window
+
+    class Proc:
+        pid = 1
+
+    per = window({"supervisor": Proc()}, 0.01, lambda pid: next(reads))
+    cores, wakes = per["supervisor"]
+    assert 0 < cores <= 1_000_000 / 0.01 / 1e9  # 1 ms of CPU over at least 10 ms
+    assert 0 < wakes <= 100 / 0.01
+    text = line("shoal", per)
+    assert text.startswith("shoal") and "cores at rest" in text and "supervisor" in text
