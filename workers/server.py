@@ -59,8 +59,9 @@ CLOSED_TICKS = 5  # heartbeat ticks a protocol-closed connection's reader has to
 SHUTDOWN_GRACE = 1.0
 ALLOC_RETRY = 0.002  # the request ring is full: let the supervisor drain it
 ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close first
-# Blocks of its arena a worker looks at per heartbeat tick (0.5 s) to give free pages back
-# (ipc.arena.Arena.trim): ~2 ms at most, a pass over a full arena of 128-byte messages in ~10 s.
+# Blocks of its arena a worker looks at per half second of heartbeat ticks to give free pages
+# back (ipc.arena.Arena.trim): ~2 ms at most, a pass over a full arena of 128-byte messages in
+# ~10 s.
 ARENA_TRIM_STEPS = 32768
 # accept() errors that concern only the connection being accepted (as trio's own listener)
 _ACCEPT_SKIP = {
@@ -341,22 +342,29 @@ class Server:
 
     async def _heartbeats(self) -> None:
         """Heartbeats, and the arena's upkeep: its free runs' pages go back to the system
-        (ipc.arena.Arena.trim, ARENA_TRIM_STEPS blocks a tick)."""
+        (ipc.arena.Arena.trim, ARENA_TRIM_STEPS blocks a half second)."""
         whole = False
+        halves = False  # a connection has a 1 s heartbeat: the tick comes twice a second
         while True:
-            # Twice a second: a 1 s heartbeat is due every half second (RabbitMQ sends one
-            # after heartbeat/2 of silence); every other connection is looked at once a second.
-            await trio.sleep(0.5)
-            whole = not whole
+            # RabbitMQ sends a heartbeat after heartbeat/2 of silence: while a connection has
+            # a 1 s heartbeat, it is due every half second, so the tick comes twice a second and
+            # every other connection is looked at once a second; else the tick comes once a
+            # second (an idle worker's wake-ups cost ~5 ms each on a VM: perf.at_rest).
+            await trio.sleep(0.5 if halves else 1.0)
+            whole = not whole or not halves
             region = self.worker.region
-            region.arena.trim(region.release_arena_pages, ARENA_TRIM_STEPS)
+            region.arena.trim(region.release_arena_pages,
+                              ARENA_TRIM_STEPS if halves else 2 * ARENA_TRIM_STEPS)
             if self.worker.trace is not None and whole:
                 self.worker.trace.maybe_flush()
             self.worker.limits_changed()  # a channel closed by an error (workers.limits)
             now = trio.current_time()
+            halves = False
             for handler in list(self.worker.handlers.values()):
                 closed = handler.proto.closed
-                if not whole and (closed or handler.proto.heartbeat != 1):
+                each_half = not closed and handler.proto.heartbeat == 1
+                halves = halves or each_half
+                if not whole and not each_half:
                     continue
                 alive = handler.heartbeat_tick(now)
                 handler.wake_writer()
