@@ -60,8 +60,24 @@ from ipc.logfile import segments as body_segments
 
 log = logging.getLogger("shoal.supervisor")
 
-DISK_CHECK_INTERVAL = 1.0  # seconds between free-space checks (one statvfs each)
+# Free-space checks (one statvfs each) come as RabbitMQ's rabbit_disk_monitor spaces them:
+# twice the time the room above the limit would take to fill at DISK_FILL_RATE, between
+# DISK_CHECK_MIN and DISK_CHECK_MAX seconds (10 s with gigabytes to spare, 0.1 s close to the
+# limit). Under the alarm, every DISK_CHECK_ALARMED s (RabbitMQ: every 10 s): publishers
+# resume within a second of the space coming back.
+DISK_CHECK_MIN = 0.1
+DISK_CHECK_MAX = 10.0
+DISK_CHECK_ALARMED = 1.0
+DISK_FILL_RATE = 250e6  # bytes a second (RabbitMQ's ?FAST_RATE)
 CLEAN_STOP = "clean-stop"  # in DIR/index/ from an orderly stop until the next start
+
+
+def disk_check_interval(free: int, limit: int, alarmed: bool) -> float:
+    """Seconds to the next free-space check (rabbit_disk_monitor's interval/1, but a second
+    under the alarm)."""
+    if alarmed:
+        return DISK_CHECK_ALARMED
+    return min(max(2 * (free - limit) / DISK_FILL_RATE, DISK_CHECK_MIN), DISK_CHECK_MAX)
 
 
 class Durability:
@@ -325,7 +341,8 @@ class Durability:
 
     async def watch_disk(self, limit: int, flush: Callable[[], object]) -> None:
         """The disk alarm: publishers block while the data directory's free space is below
-        ``limit`` bytes (RabbitMQ's disk_free_limit), checked every DISK_CHECK_INTERVAL."""
+        ``limit`` bytes (RabbitMQ's disk_free_limit), checked as often as
+        :func:`disk_check_interval` says."""
         while True:
             free = shutil.disk_usage(self.path).free
             active = free < limit
@@ -338,7 +355,7 @@ class Durability:
                                 free, limit)
                 self.dispatcher.set_disk_alarm(active)
                 flush()
-            await trio.sleep(DISK_CHECK_INTERVAL)
+            await trio.sleep(disk_check_interval(free, limit, active))
 
     def close(self) -> None:
         if self.index is not None:
