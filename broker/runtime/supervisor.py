@@ -171,6 +171,8 @@ class Supervisor:
         if self.durability is not None:  # paging reads bodies back from the data dir
             self.dispatcher.pager.set_marks(high, c.memory_paging_ratio)
             self.durability.recover_messages([w.region.arena for w in self.workers], c.arena_mb)
+            for w in self.workers:  # the restored bodies went into their arenas from here
+                w.arena_touched = True
         if c.trace:
             from tracing.procs import ProcSampleWriter  # pyarrow: only when tracing
             from tracing.writer import open_writer
@@ -380,13 +382,16 @@ class Supervisor:
         w.region.request_ring.reset()
         w.region.event_ring.reset()
         w.region.clear_slots()
+        w.arena_touched = True
         swept = w.region.arena.sweep(self.dispatcher.live_offsets(w.index))
         if swept:
             log.info("worker %d: reclaimed %d unfinished body block(s)", w.index, swept)
         self.flush()
 
     def _free_body(self, region: int, offset: int) -> None:
-        self.workers[region].region.arena.free(offset)
+        w = self.workers[region]
+        w.arena_touched = True
+        w.region.arena.free(offset)
 
     # ------------------------------------------------------------ the rings
 
@@ -541,7 +546,9 @@ class Supervisor:
         if now >= self._forget_pages_at:
             self._forget_pages_at = now + FORGET_PAGES_INTERVAL
             for w in self.workers:
-                w.region.forget_arena_pages()
+                if w.arena_touched:  # else there is nothing to drop (at rest, say)
+                    w.arena_touched = False
+                    w.region.forget_arena_pages()
             self._sample()  # tracing.procs.SAMPLE_INTERVAL_S is FORGET_PAGES_INTERVAL too
 
     def _sample(self) -> None:

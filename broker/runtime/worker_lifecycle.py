@@ -38,6 +38,9 @@ class WorkerSlot:
         # Requests taken from the ring that a step's STEP_WORK left for the next: they come
         # before whatever is still in the ring.
         self.unapplied: list[bytes] = []
+        # The supervisor wrote into the arena (a free's state byte, a sweep) since its pages
+        # were last dropped from its page tables (Supervisor._tick, Region.forget_arena_pages)
+        self.arena_touched = False
 
     def kill(self) -> None:
         """A worker whose ring no longer adds up is killed; its replacement
