@@ -63,12 +63,6 @@ ACCEPT_PAUSE = 0.1  # out of file descriptors or memory: let connections close f
 # back (ipc.arena.Arena.trim): ~2 ms at most, a pass over a full arena of 128-byte messages in
 # ~10 s.
 ARENA_TRIM_STEPS = 32768
-# Unsent bytes a client's socket holds before it stops taking more (TCP_NOTSENT_LOWAT). trio's
-# SocketStream sets 16 KiB; with big deliveries that is a wake-up and a sendmsg for every
-# ~200 KiB the client reads (the kernel takes what it can send at once and 16 KiB more).
-# 1 MiB takes several 256 KiB messages a wake-up: S6's consuming worker 40 % less CPU a message
-# (docs/performance.md, "256 KiB bodies"). RabbitMQ sets none (the kernel's 4 MiB buffer).
-NOTSENT_LOWAT = 1 << 20
 # accept() errors that concern only the connection being accepted (as trio's own listener)
 _ACCEPT_SKIP = {
     errno.ECONNABORTED, errno.EPERM, errno.EPROTO, errno.ENETDOWN, errno.ENOPROTOOPT,
@@ -129,14 +123,6 @@ class _RoundFlush(trio.abc.Instrument):
         self.retrying = True
         self.token.run_sync_soon(self.retry)
 
-
-
-def set_notsent_lowat(sock: socket.socket, size: int = NOTSENT_LOWAT) -> None:
-    """Let ``sock`` hold ``size`` unsent bytes (TCP_NOTSENT_LOWAT, where the platform has it)."""
-    option = getattr(socket, "TCP_NOTSENT_LOWAT", None)
-    if option is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, option, size)
 
 class Server:
     """The worker's trio runtime: accepts connections (balanced across workers), runs a reader
@@ -443,7 +429,6 @@ class Server:
         ``session`` over the TLS session on it (its reader and writer use ``session``)."""
         c = self.config
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        set_notsent_lowat(sock)
         peer, local = addresses(sock)
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,

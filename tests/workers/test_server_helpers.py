@@ -3,13 +3,9 @@ how much a connection's next read asks for."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
-import trio
 
 from workers.client_socket import is_loopback as _is_loopback
-from workers.server import NOTSENT_LOWAT, set_notsent_lowat
 from workers.socket_reader import (
     RECEIVE_BIG,
     RECEIVE_SIZE,
@@ -45,17 +41,3 @@ def test_only_a_stream_of_big_messages_is_read_a_megabyte_at_a_time() -> None:
     assert _next_ask(RECEIVE_SIZE, RECEIVE_SIZE, 64) == RECEIVE_SIZE
     assert _next_ask(RECEIVE_BIG, RECEIVE_BIG, 7000) == RECEIVE_SIZE
     assert _next_ask(RECEIVE_SMALL, RECEIVE_SMALL, 0) == RECEIVE_SIZE  # not yet: first 256 KiB
-
-
-@pytest.mark.skipif(not hasattr(socket, "TCP_NOTSENT_LOWAT"), reason="no TCP_NOTSENT_LOWAT here")
-def test_a_client_socket_holds_a_megabyte_unsent_not_tries_16_kib() -> None:
-    """trio's SocketStream sets TCP_NOTSENT_LOWAT to 16 KiB; the worker raises it on every
-    connection (big deliveries: several a wake-up, not ~200 KiB)."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        with socket.create_connection(listener.getsockname()) as client:
-            accepted, _ = listener.accept()
-            with accepted:
-                trio.SocketStream(trio.socket.from_stdlib_socket(accepted))  # as _accept wraps it
-                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == 16384
-                set_notsent_lowat(accepted)
-                assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT) == NOTSENT_LOWAT == 1 << 20
