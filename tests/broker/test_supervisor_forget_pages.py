@@ -6,19 +6,7 @@ with the time it is given, nothing is timed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
-from broker.runtime.supervisor import FORGET_PAGES_INTERVAL, ServeConfig, Supervisor
-
-
-@pytest.fixture
-def supervisor() -> Iterator[Supervisor]:
-    sup = Supervisor(ServeConfig(port=0, workers=2, arena_mb=4, ring_kb=64))
-    sup.setup()
-    yield sup
-    sup.cleanup()
+from broker.runtime.supervisor import FORGET_PAGES_INTERVAL, Supervisor
 
 
 def _watch_forgets(sup: Supervisor) -> list[int]:

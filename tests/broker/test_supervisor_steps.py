@@ -8,25 +8,16 @@ written to a request ring as a worker writes them. They are Settles of channels 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-import pytest
 import trio
 
-from broker.runtime.supervisor import STEP_WORK, ServeConfig, Supervisor
+from broker.runtime.supervisor import STEP_WORK, Supervisor
 from broker.runtime.worker_lifecycle import WorkerSlot
 from ipc import records as r
 
 ENTRIES = 1000  # per Settle: the work of a thousand acks
 RECORDS = 10  # several steps' worth
-
-
-@pytest.fixture
-def supervisor() -> Iterator[Supervisor]:
-    sup = Supervisor(ServeConfig(port=0, workers=2, arena_mb=4, ring_kb=64))
-    sup.setup()
-    yield sup
-    sup.cleanup()
 
 
 def _settles() -> list[r.Settle]:

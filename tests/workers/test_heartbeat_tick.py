@@ -5,7 +5,7 @@ MockClock), so the ticks' times are the loop's own, not the host's."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -56,8 +56,10 @@ def arena(srv: server.Server) -> FakeArena:
     return fake
 
 
-def _run(srv: server.Server, handlers: dict[int, FakeHandler], seconds: float) -> float:
-    """Run the tick for ``seconds`` of virtual time; the time it started at."""
+def _run(srv: server.Server, handlers: dict[int, FakeHandler], seconds: float,
+         then: tuple[float, Callable[[], object]] | None = None) -> float:
+    """Run the tick for ``seconds`` of virtual time (with ``then``, its call that many seconds
+    in, and ``seconds`` more after it); the time it started at."""
     srv.worker.handlers = handlers  # type: ignore[assignment]
     started: list[float] = []
 
@@ -65,6 +67,9 @@ def _run(srv: server.Server, handlers: dict[int, FakeHandler], seconds: float) -
         started.append(trio.current_time())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(srv._heartbeats)
+            if then is not None:
+                await trio.sleep(then[0])
+                then[1]()
             await trio.sleep(seconds)
             nursery.cancel_scope.cancel()
 
@@ -101,20 +106,11 @@ def test_a_one_second_heartbeat_brings_the_half_second_tick_and_others_stay_at_a
 def test_the_half_second_tick_ends_with_the_last_one_second_heartbeat(
         srv: server.Server, arena: FakeArena) -> None:
     fast, slow = FakeHandler(heartbeat=1), FakeHandler(heartbeat=60)
-    handlers = {1: fast, 2: slow}
-    srv.worker.handlers = handlers  # type: ignore[assignment]
-    started: list[float] = []
 
-    async def main() -> None:
-        started.append(trio.current_time())
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(srv._heartbeats)
-            await trio.sleep(3.2)
-            fast.proto.closed = True  # closed: no heartbeat owed to it any more
-            await trio.sleep(4.0)
-            nursery.cancel_scope.cancel()
+    def close_fast() -> None:
+        fast.proto.closed = True  # closed: no heartbeat owed to it any more
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    ticks = [round(t - started[0], 3) for t, _ in arena.trims]
+    start = _run(srv, {1: fast, 2: slow}, 4.0, then=(3.2, close_fast))
+    ticks = [round(t - start, 3) for t, _ in arena.trims]
     # half seconds while it was open (the 3.5 tick finds it closed), then whole ones
     assert ticks == [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.5, 5.5, 6.5]
