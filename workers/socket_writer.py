@@ -152,7 +152,7 @@ class SocketWriter:
             self.sending = _copied(self.sending)
 
     async def run(self) -> None:
-        """The writer task: sends what the direct send left, or all output while busy."""
+        """The writer task: sends what the direct send left, then all output queued since."""
         handler = self._handler
         bell = self.bell
         try:
@@ -164,13 +164,18 @@ class SocketWriter:
                 if pending is not None:
                     self.pending = None
                     await self._send_all(pending, sum(map(len, pending)))
-                else:
+                # Then what was queued meanwhile. A ring while busy is folded into the one that
+                # woke us when it came before we ran (a direct send's rest, then a delivery):
+                # that output has no ring of its own left, so it goes now, in the same turn.
+                while True:
                     parts = handler.take_parts()
                     if parts:
                         await self._send_all(parts, handler.in_flight)
-                handler.written()
-                self._after_batch()
-                if self.last_call and not handler.proto_has_output():
+                    handler.written()
+                    self._after_batch()
+                    if not handler.proto_has_output():
+                        break
+                if self.last_call:
                     return
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return

@@ -268,6 +268,47 @@ def test_the_writer_task_sends_all_in_order(pair: tuple[socket.socket, socket.so
     assert h.handler.in_flight == 0
 
 
+def test_output_queued_before_the_writer_runs_is_sent_with_the_rest(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    """A direct send leaves a rest and rings the writer; before the writer runs, more output
+    is queued and rings again (one ring: the first is still pending). The writer sends the
+    rest and then that output, with no further ring: nothing else is coming (the consumer's
+    prefetch is spent, or its output bound reached) and the client waits for those frames."""
+    a, b = pair
+    arena = Arena(32 << 20)
+    h, first = _handler_with_output(arena, 4)
+    writer = SocketWriter(a, h.handler, lambda: None)
+    got = bytearray()
+    expected = bytearray(first)
+
+    async def read(total: int) -> None:
+        sock = trio.socket.from_stdlib_socket(b)
+        while len(got) < total:
+            got.extend(await sock.recv(1 << 16))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not writer.busy  # idle, waiting for its doorbell
+            writer.send_now()  # the socket takes part: the rest is the writer's, rung
+            assert writer.pending is not None and writer.busy
+            messages = [(n, False, "", "q", *arena.content(256 << 10, n)) for n in range(5, 9)]
+            expected.extend(b"".join(codec.encode_deliver(1, "c", *m, h.proto.frame_max)
+                                     for m in messages))
+            h.handler.send(Deliveries(1, "c", messages))
+            writer.send_now()  # busy: queued, the bell rung again before the writer ran
+            assert h.proto.has_data_to_send
+            with trio.fail_after(10):  # a bound for a hang, not a timing
+                await read(len(expected))
+            assert not h.proto.has_data_to_send and h.handler.in_flight == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert bytes(got) == bytes(expected)
+
+
 # -- helpers -----------------------------------------------------------------------
 
 
