@@ -175,6 +175,13 @@ def _handler_with_output(arena: Arena, count: int = 8) -> tuple[Harness, bytes]:
     return h, expected
 
 
+async def _read(sock: socket.socket, got: bytearray, total: int) -> None:
+    """Read ``sock`` into ``got`` until it holds ``total`` octets."""
+    peer = trio.socket.from_stdlib_socket(sock)
+    while len(got) < total:
+        got.extend(await peer.recv(1 << 16))
+
+
 def _views_arena(parts: list[Any], arena: Arena) -> bool:
     return any(isinstance(p, memoryview) and p.obj is arena.memory for p in parts)
 
@@ -235,11 +242,6 @@ def test_the_writer_task_sends_all_in_order(pair: tuple[socket.socket, socket.so
     expected = bytearray()
     got = bytearray()
 
-    async def read(total: int) -> None:
-        sock = trio.socket.from_stdlib_socket(b)
-        while len(got) < total:
-            got.extend(await sock.recv(1 << 16))
-
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run)
@@ -258,7 +260,7 @@ def test_the_writer_task_sends_all_in_order(pair: tuple[socket.socket, socket.so
                     assert writer.pending is None or not _views_arena(writer.pending, arena)
                     arena.scribble()  # freed and reused once sealed
                 await trio.sleep(0)
-            nursery.start_soon(read, len(expected))
+            nursery.start_soon(_read, b, got, len(expected))
             with trio.fail_after(10):
                 await writer.drain(10)
             assert writer.drained.is_set()
@@ -282,11 +284,6 @@ def test_output_queued_before_the_writer_runs_is_sent_with_the_rest(
     got = bytearray()
     expected = bytearray(first)
 
-    async def read(total: int) -> None:
-        sock = trio.socket.from_stdlib_socket(b)
-        while len(got) < total:
-            got.extend(await sock.recv(1 << 16))
-
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run)
@@ -301,7 +298,7 @@ def test_output_queued_before_the_writer_runs_is_sent_with_the_rest(
             writer.send_now()  # busy: queued, the bell rung again before the writer ran
             assert h.proto.has_data_to_send
             with trio.fail_after(10):  # a bound for a hang, not a timing
-                await read(len(expected))
+                await _read(b, got, len(expected))
             assert not h.proto.has_data_to_send and h.handler.in_flight == 0
             nursery.cancel_scope.cancel()
 
