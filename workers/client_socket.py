@@ -20,6 +20,23 @@ import trio
 from workers.socket_reader import RECEIVE_SIZE
 
 CLOSE_LINGER = 2.0  # how long a closed connection's socket is read (and dropped) for its EOF
+# Unsent octets a client's socket may hold before it stops taking more (TCP_NOTSENT_LOWAT).
+# trio's SocketStream sets 16 KiB: a 256 KiB delivery then goes to the kernel ~200 KB a
+# sendmsg, each after a wake-up for the socket to be writable again. RabbitMQ leaves the
+# kernel's (no limit); 1 MiB keeps a bound per connection and sends as much a wake-up
+# (docs/performance.md, 256 KiB bodies). Small messages never come near either.
+SEND_LOWAT = 1 << 20
+
+
+def tune(sock: socket.socket) -> None:
+    """An accepted client socket's options, over trio's: no Nagle delay (trio's too), and
+    SEND_LOWAT unsent octets (where the platform has the option)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    lowat = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    if lowat is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, lowat, SEND_LOWAT)
 
 
 def addresses(sock: socket.socket) -> tuple[str, str]:

@@ -40,7 +40,7 @@ from ipc.wakeup import wait_for_work
 from ipc.worker_config import WorkerConfig
 from workers.balance import AcceptBalance
 from workers.body_sync import sync_bodies
-from workers.client_socket import addresses, is_loopback, linger, socket_queues
+from workers.client_socket import addresses, is_loopback, linger, socket_queues, tune
 from workers.connection import AMQPConnection
 from workers.connection_handler import ConnectionHandler
 from workers.consumer_target import PULL_DEFER
@@ -428,7 +428,7 @@ class Server:
         """One client connection: the AMQP protocol over ``sock``, the accepted socket, or with
         ``session`` over the TLS session on it (its reader and writer use ``session``)."""
         c = self.config
-        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune(sock)
         peer, local = addresses(sock)
         proto = AMQPConnection(
             server_properties=self._properties, frame_max=c.frame_max,

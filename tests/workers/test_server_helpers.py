@@ -1,10 +1,14 @@
-"""The worker runtime's pure helpers: which peers count as loopback (RabbitMQ's loopback_users),
-how much a connection's next read asks for."""
+"""The worker runtime's helpers: which peers count as loopback (RabbitMQ's loopback_users),
+how much a connection's next read asks for, an accepted socket's options."""
 
 from __future__ import annotations
 
-import pytest
+import socket
 
+import pytest
+import trio
+
+from workers.client_socket import SEND_LOWAT, tune
 from workers.client_socket import is_loopback as _is_loopback
 from workers.socket_reader import (
     RECEIVE_BIG,
@@ -41,3 +45,20 @@ def test_only_a_stream_of_big_messages_is_read_a_megabyte_at_a_time() -> None:
     assert _next_ask(RECEIVE_SIZE, RECEIVE_SIZE, 64) == RECEIVE_SIZE
     assert _next_ask(RECEIVE_BIG, RECEIVE_BIG, 7000) == RECEIVE_SIZE
     assert _next_ask(RECEIVE_SMALL, RECEIVE_SMALL, 0) == RECEIVE_SIZE  # not yet: first 256 KiB
+
+
+def test_a_client_socket_sends_up_to_a_mebibyte_unsent_over_trios_16_kib() -> None:
+    """trio's SocketStream sets TCP_NOTSENT_LOWAT to 16 KiB; the worker's tuning raises it to
+    SEND_LOWAT (so a big delivery goes to the kernel in one sendmsg) and keeps TCP_NODELAY."""
+    lowat = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+    if lowat is None:
+        pytest.skip("the platform has no TCP_NOTSENT_LOWAT")
+    with socket.create_server(("127.0.0.1", 0)) as server, \
+            socket.create_connection(server.getsockname()[:2]):
+        accepted, _ = server.accept()
+        with accepted:
+            trio.SocketStream(trio.socket.from_stdlib_socket(accepted))
+            assert accepted.getsockopt(socket.IPPROTO_TCP, lowat) == 16384  # trio's
+            tune(accepted)
+            assert accepted.getsockopt(socket.IPPROTO_TCP, lowat) == SEND_LOWAT == 1 << 20
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
