@@ -187,6 +187,7 @@ def _one_line(result: dict[str, Any]) -> str:
             f"{result.get('delivered_per_s', 0):,.0f} msg/s delivered, "
             f"{result.get('delivered_per_broker_cpu_s') or 0:,.0f} msg per broker CPU-s, "
             f"p50 {latency.get('p50_ms')} ms p99 {latency.get('p99_ms')} ms, "
+            f"longest pause {result.get('longest_gap_ms')} ms, "
             f"lost/dup/reord {report_table.integrity(result)}, generator {report_table.gen_flag(result)}"
         )
     errors = result.get("errors") or []

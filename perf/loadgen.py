@@ -320,6 +320,7 @@ def consumer_main(job: dict[str, Any], shared: dict[str, Any], pipe: Any) -> Non
             foreign=parser.foreign,
             first_ns=first_ns,
             last_ns=last_ns,
+            longest_gap_ns=parser.longest_gap_ns,
             seen=[bytes(marks) for marks in parser.seen],
             latencies_us=parser.latencies_us.tobytes(),
         )

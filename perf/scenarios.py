@@ -217,6 +217,9 @@ def run_flow(broker: Broker, scenario: Scenario, opts: Options) -> dict[str, Any
         broker_cpu=broker_summary,
         delivered_per_broker_cpu_s=round(delivered / broker_summary["cpu_s"], 1) if broker_summary["cpu_s"] else None,
         latency=latency_summary(r.get("latencies_us", b"") for r in consumers),
+        # The longest a consumer went without a delivery between its first and its last: a
+        # stall (lost wake-up, a timer) shows here before it moves a percentile.
+        longest_gap_ms=round(max((r.get("longest_gap_ns", 0) for r in consumers), default=0) / 1e6, 2),
         integrity=integrity,
         integrity_per_queue=groups,
         generators=generators,

@@ -130,7 +130,9 @@ class DeliveryParser:
     one already seen from that publisher (and not a duplicate) is a reordering. A message counts
     (`received`, `last_tag`: what the consumer may ack) once its last body frame is in, as a
     client library hands it over; its latency (microseconds, `now_ns` given per parse call, the
-    sender's stamp from its first body frame) goes to `latencies_us`.
+    sender's stamp from its first body frame) goes to `latencies_us`. `longest_gap_ns` is the
+    longest time between two parse calls that completed messages: a stall in the broker (a lost
+    wake-up, a timer) shows there before it moves a percentile.
     """
 
     def __init__(self, capacities: list[int]):
@@ -143,6 +145,8 @@ class DeliveryParser:
         self.foreign = 0  # bodies without our payload, or with an unknown publisher/sequence
         self.last_tag = 0
         self.latencies_us = array("q")
+        self.longest_gap_ns = 0
+        self._last_arrival_ns = 0  # the last parse call that completed a message
         self.other: list[Any] = []  # pamqp objects of any other method frame
         self._body_left = 0
         self._first_body = False
@@ -156,6 +160,7 @@ class DeliveryParser:
         unpack_q = struct.unpack_from
         seen, highest, lat_append = self.seen, self.highest, self.latencies_us.append
         npub = len(seen)
+        received = self.received
         while end - pos >= 7:
             ftype, _ch, size = unpack_head(buf, pos)
             fend = pos + 8 + size
@@ -207,6 +212,10 @@ class DeliveryParser:
             elif ftype != 8:
                 raise ProtocolError(f"unknown frame type {ftype}")
             pos = fend
+        if self.received != received:
+            if self._last_arrival_ns and now_ns - self._last_arrival_ns > self.longest_gap_ns:
+                self.longest_gap_ns = now_ns - self._last_arrival_ns
+            self._last_arrival_ns = now_ns
         return pos
 
 

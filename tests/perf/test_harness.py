@@ -165,6 +165,28 @@ def test_parser_counts_a_message_once_its_last_body_frame_is_in() -> None:
     assert list(parser.latencies_us) == [1000, 1000]
 
 
+def test_parser_keeps_the_longest_pause_between_completed_messages() -> None:
+    """`longest_gap_ns`: the longest time between two parse calls that completed a message.
+    A call that only brings part of a message, and the time before the first message, do
+    not count; nor does a pause after the last one."""
+    body = 300_000
+    messages = [delivery(tag, payload_body(0, tag - 1, 0, body)) for tag in range(1, 5)]
+    parser = DeliveryParser([10])
+    assert parser.parse(bytearray(), 0, 0, 5_000_000_000) == 0  # nothing yet: no arrival
+    parser.parse(bytearray(messages[0]), 0, len(messages[0]), 10_000_000)
+    assert parser.longest_gap_ns == 0  # one arrival: no pause yet
+    half = bytearray(messages[1][: len(messages[1]) // 2])
+    used = parser.parse(half, 0, len(half), 13_000_000)  # part of message 2: not an arrival
+    rest = half[used:] + messages[1][len(messages[1]) // 2 :]
+    parser.parse(rest, 0, len(rest), 14_000_000)
+    assert parser.longest_gap_ns == 4_000_000
+    both = bytearray(messages[2] + messages[3])
+    parser.parse(both, 0, len(both), 15_000_000)  # two in one call: one arrival, 1 ms after
+    assert (parser.received, parser.longest_gap_ns) == (4, 4_000_000)
+    parser.parse(bytearray(), 0, 0, 900_000_000)  # a quiet socket after the last: no pause
+    assert parser.longest_gap_ns == 4_000_000
+
+
 def test_parser_counts_duplicates_reordering_redelivery_and_foreign_bodies() -> None:
     order = [(0, 0), (0, 2), (0, 1), (0, 2), (1, 0), (1, 1)]  # 1 reordered, 1 duplicate
     stream = b"".join(delivery(i + 1, payload_body(pub, seq, 0)) for i, (pub, seq) in enumerate(order))
