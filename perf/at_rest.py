@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
+from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_wanted
 
 
 def schedstat(pid: int, root: str = "/proc") -> tuple[int, int]:
@@ -71,12 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-rabbitmq", action="store_true", help="do not run RabbitMQ even if installed")
     args = parser.parse_args(argv)
     makers: list[tuple[str, Callable[[], Broker]]] = []
-    if not args.no_rabbitmq:
-        missing = rabbitmq_available()
-        if missing:
-            print(f"RabbitMQ skipped: {missing}")
-        else:
-            makers.append(("rabbitmq", RabbitBroker))
+    if rabbitmq_wanted(args.no_rabbitmq):
+        makers.append(("rabbitmq", RabbitBroker))
     makers.append(("shoal", lambda: ShoalBroker(args.workers)))
     totals: dict[str, list[float]] = {label: [] for label, _ in makers}
     for _ in range(args.rounds):

@@ -300,6 +300,18 @@ def rabbitmq_available() -> str | None:
     return None
 
 
+def rabbitmq_wanted(skip: bool = False) -> bool:
+    """Whether a side-by-side run starts RabbitMQ: not when ``skip`` (a tool's --no-rabbitmq),
+    nor when it cannot start here, and then the tool says why on stderr and goes on alone."""
+    if skip:
+        return False
+    why = rabbitmq_available()
+    if why is not None:
+        print(f"RabbitMQ skipped: {why}", file=sys.stderr)
+        return False
+    return True
+
+
 def _wait_port(port: int, timeout: float) -> bool:
     limit = time.monotonic() + timeout
     while time.monotonic() < limit:

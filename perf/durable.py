@@ -33,7 +33,7 @@ from typing import Any
 from pamqp import commands, frame
 
 from perf import loadgen
-from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
+from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_wanted
 from perf.clients import SPAWN_WAIT
 from perf.clients import Clients as _Clients
 from perf.wire import Client, PublishBatch, publish_template, split_frames
@@ -212,12 +212,8 @@ def main() -> None:
     parser.add_argument("--recover-only", action="store_true", help="R1 only (skip P1 and P2)")
     args = parser.parse_args()
     brokers: list[tuple[str, Any]] = [("shoal", lambda: ShoalBroker(args.workers))]
-    if not args.no_rabbitmq:
-        why = rabbitmq_available()
-        if why:
-            print(f"RabbitMQ skipped: {why}")
-        else:
-            brokers.append(("rabbitmq", RabbitBroker))
+    if rabbitmq_wanted(args.no_rabbitmq):
+        brokers.append(("rabbitmq", RabbitBroker))
     rows = []
     for name, start in [] if args.recover_only else brokers:
         broker = start()

@@ -16,7 +16,7 @@ import time
 
 import pika
 
-from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
+from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_wanted
 
 
 def declares(port: int, count: int) -> list[float]:
@@ -60,7 +60,7 @@ def main() -> None:
             report("shoal", shoal, args.count)
         finally:
             shoal.stop()
-        if not args.no_rabbitmq and rabbitmq_available() is None:
+        if rabbitmq_wanted(args.no_rabbitmq):
             rabbit = RabbitBroker()
             try:
                 report("rabbitmq", rabbit, args.count)

@@ -52,7 +52,7 @@ import psutil
 
 from perf import loadgen
 from perf.accounting import latency_summary
-from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
+from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_wanted
 from perf.clients import Clients as _Clients
 from perf.wire import Client
 
@@ -261,12 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         brokers.append(("shoal", ShoalBroker(args.workers)))
         for checkout in args.base:
             brokers.append((f"shoal@{checkout.name}", _shoal_from(checkout.resolve(), args.workers)))
-        if not args.no_rabbitmq:
-            why = rabbitmq_available()
-            if why is None:
-                brokers.append(("rabbitmq", RabbitBroker()))
-            else:
-                print(f"rabbitmq skipped: {why}", file=sys.stderr)
+        if rabbitmq_wanted(args.no_rabbitmq):
+            brokers.append(("rabbitmq", RabbitBroker()))
         for round_no in range(args.rounds):
             order = brokers if round_no % 2 == 0 else brokers[::-1]
             for label, broker in order:

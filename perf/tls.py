@@ -37,7 +37,7 @@ import pika
 import pika.exceptions
 import psutil
 
-from perf.brokers import Broker, RabbitBroker, ShoalBroker, free_port, rabbitmq_available
+from perf.brokers import Broker, RabbitBroker, ShoalBroker, free_port, rabbitmq_wanted
 
 HOST = "127.0.0.1"
 BODIES = {"128 B": 128, "256 KiB": 256 * 1024}
@@ -202,12 +202,8 @@ def main() -> None:
     brokers: list[tuple[str, Callable[[Path, int], tuple[Broker, int]]]] = []
     if not args.no_shoal:
         brokers.append(("Shoal", start_shoal))
-    if args.rabbitmq:
-        why = rabbitmq_available()
-        if why is None:
-            brokers.append(("RabbitMQ", start_rabbitmq))
-        else:
-            print(f"RabbitMQ skipped: {why}", file=sys.stderr)
+    if args.rabbitmq and rabbitmq_wanted():
+        brokers.append(("RabbitMQ", start_rabbitmq))
     try:
         make_certs(d)
         for name, start in brokers:

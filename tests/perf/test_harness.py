@@ -18,10 +18,11 @@ from pamqp import commands, frame, header
 from pamqp.body import ContentBody
 from pamqp.heartbeat import Heartbeat
 
+from perf import brokers
 from perf.__main__ import default_scaling_workers, parse_args
 from perf.accounting import latency_summary, merge_group, percentile
 from perf.at_rest import line, schedstat, window
-from perf.brokers import child_role
+from perf.brokers import child_role, rabbitmq_wanted
 from perf.idle_cost import per_process_table
 from perf.report_table import (
     comparison_table,
@@ -322,6 +323,29 @@ def test_idle_cost_table_takes_medians_of_cpu_kernel_and_switches() -> None:
     # the median of two rounds is their mean (not the upper one): 120 µs against 50
     assert lines[3] == "| shoal | 120 (20) / 1.50 (0.40) |  | 120 / 1.50 | 2.40 |"
     assert lines[4] == "| rabbitmq |  | 50 (5) / 0.00 (0.00) | 50 |  |"
+
+
+def test_rabbitmq_is_wanted_only_when_asked_and_installed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The perf tools' one test for a side-by-side run: skipped on request silently; not
+    installed, skipped with the reason on stderr; installed (a script and epmd), wanted."""
+    missing = tmp_path / "no-rabbitmq-server"
+    monkeypatch.setenv("PERF_RABBITMQ_SERVER", str(missing))
+    assert rabbitmq_wanted(skip=True) is False
+    assert capsys.readouterr().err == ""
+    assert rabbitmq_wanted() is False
+    why = f"{brokers.RABBITMQ_SCRIPT} not found (apt-get install rabbitmq-server)"
+    assert capsys.readouterr().err == f"RabbitMQ skipped: {why}\n"
+    script = tmp_path / "rabbitmq-server"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PERF_RABBITMQ_SERVER", str(script))
+    monkeypatch.setattr(brokers, "_epmd_binary", lambda: "/usr/bin/epmd")
+    assert rabbitmq_wanted() is True
+    monkeypatch.setattr(brokers, "_epmd_binary", lambda: None)
+    assert rabbitmq_wanted() is False
+    assert "epmd not found" in capsys.readouterr().err
 
 
 def test_a_supervisors_other_children_are_named_by_their_module() -> None:
