@@ -57,6 +57,9 @@ COMPILED := workers/codec.py workers/channel_frames.py workers/content_assembler
 # build and by `make pure`.
 COMPILED_SO := workers/*.so ipc/*.so broker/*/*.so *__mypyc.*.so
 COMPILE_STAMP := build/.stamp-compiled
+# What the extensions were built from, by content (ipc/compiled.py: a source rewritten as it was,
+# by a checkout or a stash, keeps its extension).
+COMPILED_RECORD := build/compiled-sources.sha256
 COMPILE_LOG := build/mypyc.log
 
 .PHONY: venv run lint test perf clean distclean compiled compile-locked pure smoke arenas
@@ -105,10 +108,15 @@ $(COMPILE_STAMP): $(STAMP) $(COMPILED)
 compile-locked:
 	@if [ -f $(COMPILE_STAMP) ] && [ -z "$$(find $(COMPILED) $(STAMP) -newer $(COMPILE_STAMP))" ]; then \
 		exit 0; fi; \
+	if [ -f $(COMPILE_STAMP) ] && [ -z "$$(find $(STAMP) -newer $(COMPILE_STAMP))" ] && \
+		[ -f $(COMPILED_RECORD) ] && [ "$$(awk '{print $$2}' $(COMPILED_RECORD) | xargs)" = "$(strip $(COMPILED))" ] && \
+		sha256sum --check --status $(COMPILED_RECORD); then \
+		echo "hot path: sources rewritten as they were built, extensions kept"; touch $(COMPILE_STAMP); exit 0; fi; \
 	$(BIN)/python -m pip install -q $(EDITABLE) -e '.[compile]' && \
-	rm -f $(COMPILED_SO) && \
+	rm -f $(COMPILED_SO) $(COMPILED_RECORD) && \
 	if $(BIN)/mypyc $(COMPILED) > $(COMPILE_LOG) 2>&1; then \
 		touch $(COMPILED_SO); \
+		sha256sum $(COMPILED) > $(COMPILED_RECORD); \
 		echo "hot path compiled with mypyc: $(words $(COMPILED)) modules"; \
 	else \
 		echo "note: mypyc could not build the hot path ($(COMPILE_LOG)); it runs as pure Python"; \
@@ -120,7 +128,7 @@ compiled: $(COMPILE_STAMP) $(ARENAS_LIB)
 
 pure:
 	mkdir -p build
-	flock build/.compile.lock rm -f $(COMPILED_SO) $(COMPILE_STAMP)
+	flock build/.compile.lock rm -f $(COMPILED_SO) $(COMPILE_STAMP) $(COMPILED_RECORD)
 
 run: venv compiled
 	$(BIN)/shoal serve --host $(HOST) --port $(PORT) --log-level $(LOG_LEVEL) $(if $(WORKERS),--workers $(WORKERS)) $(if $(DATA_DIR),--data-dir $(DATA_DIR))

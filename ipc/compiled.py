@@ -12,39 +12,85 @@ that holds a compiled module (``ipc``, ``workers``, ``broker.runtime``, ``broker
 ``__init__`` calls :func:`sources_only` on itself, which leaves its directory to a finder that
 knows sources only (a finder is per directory: a subpackage calls it for itself).
 ``make test`` runs the suite both ways. The same happens, with a warning, when a source is newer
-than its extension (an edit, a checkout since the last ``make``): a stale extension would run
-code that is no longer there. It is all or nothing, because compiled modules call each other
-directly, past the import system.
+than its extension (an edit since the last ``make``): a stale extension would run code that is
+no longer there. It is all or nothing, because compiled modules call each other directly, past
+the import system. A source whose file is newer but whose content is what the extensions were
+built from (a ``git checkout`` or ``git stash`` rewrites files it puts back as they were) is not
+an edit: the build records each source's SHA-256 beside the extensions (RECORD, ``sha256sum``'s
+format), and a newer source whose digest is the recorded one keeps its extension.
+:func:`describe` says which way a checkout runs (``python -m perf`` prints it with its figures).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
+import subprocess
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES, SOURCE_SUFFIXES, FileFinder, SourceFileLoader
 from pathlib import Path
 
 ENV = "SHOAL_PURE_PYTHON"
 _PACKAGES = ("broker", "ipc", "workers")
+# What the extensions were built from: `sha256sum` of each compiled source, written by the
+# Makefile's build after the extensions (relative to the checkout's root).
+RECORD = "build/compiled-sources.sha256"
+ROOT = Path(__file__).resolve().parent.parent
 
 
-@functools.cache
-def _stale() -> list[str]:
-    """Extensions older than their sources, in any of shoal's packages and their subpackages."""
-    root = Path(__file__).resolve().parent.parent
+def _recorded(root: Path) -> tuple[dict[str, str], float]:
+    """The build's record: each source's digest by its path from ``root``, and the record's
+    mtime (({}, 0.0) without one)."""
+    path = root / RECORD
+    try:
+        text = path.read_text()
+        written = path.stat().st_mtime
+    except OSError:
+        return {}, 0.0
+    digests = {}
+    for line in text.splitlines():
+        digest, _, name = line.partition("  ")
+        if name:
+            digests[name.strip()] = digest.strip()
+    return digests, written
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def stale_sources(root: Path = ROOT) -> list[str]:
+    """The sources under ``root``'s packages (subpackages too) newer than their extensions,
+    less those whose content the build recorded (RECORD) for an extension no newer than the
+    record: those were rewritten as they were, not edited."""
+    digests, recorded_at = _recorded(root)
     stale = []
     for package in _PACKAGES:
         for suffix in EXTENSION_SUFFIXES:
             for extension in (root / package).rglob(f"*{suffix}"):
                 source = extension.with_name(extension.name[: -len(suffix)] + ".py")
-                if source.exists() and source.stat().st_mtime > extension.stat().st_mtime:
-                    stale.append(source.relative_to(root).as_posix())
+                if not source.exists():
+                    continue
+                built_at = extension.stat().st_mtime
+                if source.stat().st_mtime <= built_at:
+                    continue
+                name = source.relative_to(root).as_posix()
+                if built_at <= recorded_at and digests.get(name) == _digest(source):
+                    continue
+                stale.append(name)
+    return sorted(stale)
+
+
+@functools.cache
+def _stale() -> list[str]:
+    """This checkout's stale sources (:func:`stale_sources`), said once in the log."""
+    stale = stale_sources()
     if stale:
         logging.getLogger("shoal").warning(
             "compiled modules are older than their sources (%s): running pure Python; "
-            "`make compiled` builds them again", ", ".join(sorted(stale)))
+            "`make compiled` builds them again", ", ".join(stale))
     return stale
 
 
@@ -64,3 +110,30 @@ def compiled_modules() -> list[str]:
         if name.partition(".")[0] in _PACKAGES
         and not (getattr(module, "__file__", None) or ".py").endswith(".py")
     )
+
+
+def describe(root: Path = ROOT) -> str:
+    """How a broker started from the checkout at ``root`` runs its hot path, in a few words:
+    compiled, or pure Python and why."""
+    if os.environ.get(ENV):
+        return f"pure Python (${ENV})"
+    built = {path for package in _PACKAGES for suffix in EXTENSION_SUFFIXES
+             for path in (root / package).rglob(f"*{suffix}")}
+    if not built:
+        return "pure Python (not compiled: make compiled)"
+    stale = stale_sources(root)
+    if stale:
+        edited = f"{len(stale)} source{'s' if len(stale) > 1 else ''}"
+        return f"pure Python ({edited} edited since the build: make compiled)"
+    return f"compiled ({len(built)} module{'s' if len(built) > 1 else ''})"
+
+
+def describe_checkout(root: Path) -> str:
+    """:func:`describe` of another checkout, asked of that checkout's own code (its rules may
+    differ from ours); "unknown" if it cannot say."""
+    try:
+        out = subprocess.run([sys.executable, "-c", "from ipc.compiled import describe; print(describe())"],
+                             cwd=root, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ipc.compiled import describe
 from perf import cgen, overload, report_table
 from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_available
 from perf.overload import OVERLOAD_SCENARIOS, OverloadOptions, OverloadScenario
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "options": vars(opts),
         "shoal_source": _source_version(),
+        "shoal_hot_path": describe(),
     }  # fmt: skip
     selected = _select(args.scenarios)
     if any(isinstance(s, OverloadScenario) for s in selected) and not args.workers_scaling:
@@ -417,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, sort_keys=True, default=str) + "\n")
     print()
-    print(f"{report['command']}  ({report['started']}, {os.cpu_count()} CPUs, Shoal {report['shoal_source']})")
+    print(f"{report['command']}  ({report['started']}, {os.cpu_count()} CPUs, Shoal {report['shoal_source']}, "
+          f"{report['shoal_hot_path']})")
     print()
     print(report["markdown"])
     print()

@@ -50,6 +50,7 @@ from typing import Any
 
 import psutil
 
+from ipc.compiled import describe, describe_checkout
 from perf import loadgen
 from perf.accounting import latency_summary
 from perf.brokers import Broker, RabbitBroker, ShoalBroker, rabbitmq_wanted
@@ -258,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     brokers: list[tuple[str, Broker]] = []
     results: list[dict[str, Any]] = []
     try:
+        print(f"shoal: {describe()}", flush=True)
         brokers.append(("shoal", ShoalBroker(args.workers)))
         for checkout in args.base:
+            print(f"shoal@{checkout.name}: {describe_checkout(checkout.resolve())}", flush=True)
             brokers.append((f"shoal@{checkout.name}", _shoal_from(checkout.resolve(), args.workers)))
         if rabbitmq_wanted(args.no_rabbitmq):
             brokers.append(("rabbitmq", RabbitBroker()))
