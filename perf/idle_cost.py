@@ -29,6 +29,15 @@ What it prints, per broker and round:
     python -m perf.idle_cost --rounds 3 --seconds 10 --no-rabbitmq
     python -m perf.idle_cost --base /tmp/base         # also a Shoal run from another checkout,
                                                       # alternating with this one, round by round
+    python -m perf.idle_cost --no-rabbitmq --stages /tmp/stages   # where Shoal's latency goes
+
+With ``--stages DIR`` each Shoal runs traced (``shoal serve --trace DIR/<label>``) and, after the
+rounds, ``shoal report``'s PySpark job (the ``report`` extra and Java) reads each trace: the
+table it prints splits a message's time in the broker by stage (publish parsed in the
+publisher's worker -> enqueued in the supervisor -> delivered by the consumer's worker -> the
+client's ack) beside the clients' end-to-end p50 and p99, which also hold both ends' sockets and
+wake-ups. Tracing costs CPU (docs/tracing-and-report.md): read the CPU figures of a traced run
+as such.
 
 Brokers are started once and stay up across rounds; each round runs every broker once, in
 turn (A B, then B A, ...), so load elsewhere on the host hits them alike. Everything is stopped
@@ -226,19 +235,83 @@ def per_process_table(results: list[dict[str, Any]], labels: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _shoal_from(checkout: Path, workers: int) -> ShoalBroker:
+def _trace_args(stages: Path | None, label: str, traces: dict[str, Path]) -> list[str]:
+    """``shoal serve``'s arguments to trace the broker ``label`` under ``stages`` (none without
+    ``--stages``); the directory is remembered in ``traces``."""
+    if stages is None:
+        return []
+    directory = stages.resolve() / label.replace("@", "-").replace("/", "-")
+    directory.mkdir(parents=True, exist_ok=True)
+    if any(directory.iterdir()):  # another run's trace would be read with this one's
+        raise SystemExit(f"--stages: {directory} is not empty")
+    traces[label] = directory
+    return ["--trace", str(directory)]
+
+
+def _shoal_from(checkout: Path, workers: int, extra_args: list[str] | None = None) -> ShoalBroker:
     """A Shoal run from another checkout (same interpreter): `python -m` puts the cwd first on
     sys.path, so the supervisor and the workers it spawns import that checkout's code."""
     command = f"sh -c 'cd {shlex.quote(str(checkout))} && exec {shlex.quote(sys.executable)} -m cli.main \"$@\"' shoal"
     saved = os.environ.get("SHOAL_SERVE")
     os.environ["SHOAL_SERVE"] = command
     try:
-        return ShoalBroker(workers)
+        return ShoalBroker(workers, extra_args)
     finally:
         if saved is None:
             os.environ.pop("SHOAL_SERVE", None)
         else:
             os.environ["SHOAL_SERVE"] = saved
+
+
+# The report's latency stages (summary.json's latency_us), in a message's order, and their words.
+STAGES = (
+    ("publish_to_enqueue", "publish parsed -> enqueued"),
+    ("enqueue_to_deliver", "enqueued -> delivered"),
+    ("publish_to_deliver", "publish parsed -> delivered"),
+    ("deliver_to_ack", "delivered -> client's ack read"),
+)
+
+
+def stage_table(latency: dict[str, dict[str, Any]], clients: dict[str, tuple[float | None, float | None]]) -> str:
+    """Each traced broker's stages, p50 / p99 in µs (``latency``: its label -> the report's
+    ``latency_us``), and the clients' end-to-end p50 / p99 of its rounds (``clients``: label ->
+    ms, medians of the rounds); a markdown table."""
+    lines = ["| µs, p50 / p99 | " + " | ".join(words for _, words in STAGES) + " | clients, end to end |",
+             "|---|" + "---:|" * (len(STAGES) + 1)]
+    for label, stages in latency.items():
+        cells = []
+        for key, _ in STAGES:
+            got = stages.get(key) or {}
+            p50, p99 = got.get("p50"), got.get("p99")
+            cells.append(f"{p50:.0f} / {p99:.0f}" if p50 is not None and p99 is not None else "")
+        p50_ms, p99_ms = clients.get(label, (None, None))
+        end = f"{p50_ms * 1000:.0f} / {p99_ms * 1000:.0f}" if p50_ms is not None and p99_ms is not None else ""
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {end} |")
+    return "\n".join(lines)
+
+
+def _stages(traces: dict[str, Path], results: list[dict[str, Any]]) -> None:
+    """``shoal report``'s job over each trace, then :func:`stage_table`."""
+    from report import prerequisites
+
+    missing = prerequisites.missing()
+    if missing:
+        print(f"--stages: {missing}", file=sys.stderr)
+        return
+    from report.job import run_report
+
+    latency: dict[str, dict[str, Any]] = {}
+    for label, directory in traces.items():
+        paths = run_report(str(directory), str(directory / "report"))
+        latency[label] = json.loads(Path(paths["summary"]).read_text()).get("latency_us", {})
+    clients = {}
+    for label in traces:
+        mine = [r["latency"] for r in results if r["label"] == label]
+        p50 = [x["p50_ms"] for x in mine if x.get("p50_ms") is not None]
+        p99 = [x["p99_ms"] for x in mine if x.get("p99_ms") is not None]
+        clients[label] = (statistics.median(p50) if p50 else None, statistics.median(p99) if p99 else None)
+    print()
+    print(stage_table(latency, clients))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,17 +326,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run Shoal from this checkout (repeatable)")
     parser.add_argument("--no-rabbitmq", action="store_true", help="do not run RabbitMQ even if installed")
     parser.add_argument("--json-out", type=Path, help="write every round's result here")
+    parser.add_argument("--stages", type=Path, metavar="DIR",
+                        help="trace each Shoal into DIR/<label> and print its latency by stage (PySpark)")
     args = parser.parse_args(argv)
     args.seconds = min(max(args.seconds, args.warmup + 1.0), 120.0)
 
     brokers: list[tuple[str, Broker]] = []
     results: list[dict[str, Any]] = []
+    traces: dict[str, Path] = {}
     try:
         print(f"shoal: {describe()}", flush=True)
-        brokers.append(("shoal", ShoalBroker(args.workers)))
+        brokers.append(("shoal", ShoalBroker(args.workers, _trace_args(args.stages, "shoal", traces))))
         for checkout in args.base:
-            print(f"shoal@{checkout.name}: {describe_checkout(checkout.resolve())}", flush=True)
-            brokers.append((f"shoal@{checkout.name}", _shoal_from(checkout.resolve(), args.workers)))
+            label = f"shoal@{checkout.name}"
+            print(f"{label}: {describe_checkout(checkout.resolve())}", flush=True)
+            brokers.append((label, _shoal_from(checkout.resolve(), args.workers,
+                                               _trace_args(args.stages, label, traces))))
         if rabbitmq_wanted(args.no_rabbitmq):
             brokers.append(("rabbitmq", RabbitBroker()))
         for round_no in range(args.rounds):
@@ -294,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             p99 = sorted(r["latency"].get("p99_ms") or 0 for r in mine)
             print(f"{label:<14} cores {sum(r['cores_total'] for r in mine) / len(mine):.3f} {mean}  "
                   f"p50 median {p50[len(p50) // 2]} ms  p99 median {p99[len(p99) // 2]} ms")
+    if traces and results:
+        _stages(traces, results)
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(results, indent=1))

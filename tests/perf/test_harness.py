@@ -23,7 +23,7 @@ from perf.__main__ import default_scaling_workers, parse_args
 from perf.accounting import latency_summary, merge_group, percentile
 from perf.at_rest import line, schedstat, window
 from perf.brokers import child_role, rabbitmq_wanted
-from perf.idle_cost import per_process_table
+from perf.idle_cost import _trace_args, per_process_table, stage_table
 from perf.report_table import (
     comparison_table,
     cpu_split_table,
@@ -323,6 +323,29 @@ def test_idle_cost_table_takes_medians_of_cpu_kernel_and_switches() -> None:
     # the median of two rounds is their mean (not the upper one): 120 µs against 50
     assert lines[3] == "| shoal | 120 (20) / 1.50 (0.40) |  | 120 / 1.50 | 2.40 |"
     assert lines[4] == "| rabbitmq |  | 50 (5) / 0.00 (0.00) | 50 |  |"
+
+
+def test_idle_cost_stage_table_puts_each_stage_beside_the_clients_figures() -> None:
+    latency = {"shoal": {"publish_to_enqueue": {"p50": 86.2, "p99": 8652.6},
+                         "enqueue_to_deliver": {"p50": 140.1, "p99": 4890.2},
+                         "publish_to_deliver": {"p50": 252.9, "p99": 13416.7},
+                         "deliver_to_ack": {"p50": 109.2, "p99": 2201.0}},
+               "shoal@base": {"publish_to_enqueue": {"p50": 90.0, "p99": 900.0}}}
+    lines = stage_table(latency, {"shoal": (0.465, 14.9)}).splitlines()
+    assert lines[0].startswith("| µs, p50 / p99 | publish parsed -> enqueued | enqueued -> delivered |")
+    assert lines[2] == "| shoal | 86 / 8653 | 140 / 4890 | 253 / 13417 | 109 / 2201 | 465 / 14900 |"
+    # a stage the report could not measure (or a broker without clients' figures) stays empty
+    assert lines[3] == "| shoal@base | 90 / 900 |  |  |  |  |"
+
+
+def test_idle_cost_traces_each_shoal_into_a_directory_of_its_own(tmp_path: Path) -> None:
+    traces: dict[str, Path] = {}
+    assert _trace_args(None, "shoal", traces) == [] and traces == {}
+    assert _trace_args(tmp_path, "shoal@base", traces) == ["--trace", str(tmp_path / "shoal-base")]
+    assert traces == {"shoal@base": tmp_path / "shoal-base"}
+    (tmp_path / "shoal-base" / "old.arrows").write_bytes(b"")
+    with pytest.raises(SystemExit, match="not empty"):  # another run's rows would be read too
+        _trace_args(tmp_path, "shoal@base", {})
 
 
 def test_rabbitmq_is_wanted_only_when_asked_and_installed(
