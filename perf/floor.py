@@ -11,6 +11,10 @@ eventfd are), fed by a publisher and drained by a consumer over loopback TCP, as
   supervisor, which hands it to the consumer's worker, which writes it to the consumer's socket
   and reads the consumer's acks, passing them on to the supervisor 50 at a time).
 
+Each comes with trio loops (as Shoal's workers) and without: ``3-epoll`` is the middle process
+as a plain ``epoll`` loop (Shoal's supervisor since issue 38), ``3-all-epoll`` and ``1-epoll``
+have no trio at all (what leaving trio in the workers too would be worth).
+
 The publisher sends 128-byte messages at `--rate`, each with its send time
 (CLOCK_MONOTONIC); the consumer acks each one on its own (8 bytes) and records the latency.
 Printed per layout and round: the relays' CPU per message (user + system, `/proc`, over the
@@ -18,7 +22,8 @@ whole run) and the latency p50 / p99. What Shoal spends above the 3-process figu
 work and the cost of waking processes that do it (`python -m perf.idle_cost` prints Shoal's
 and RabbitMQ's whole figures).
 
-    python -m perf.floor                      # 1 and 3 processes, 2 rounds, 6 s each
+    python -m perf.floor                      # 1 and 3 processes, with trio and without, 2 rounds, 6 s each
+    python -m perf.floor --layouts 3,3-one-task --rounds 3
     python -m perf.floor --rounds 3 --seconds 10
 
 Every process it starts is a child it ends by PID and waits for; the sockets are connected
@@ -148,6 +153,57 @@ def _supervisor_epoll(read_fd: int, write_fd: int, acks_fd: int) -> None:
         pass
 
 
+def _read_any(source: int | socket.socket) -> Callable[[], bytes]:
+    if isinstance(source, socket.socket):
+        source.setblocking(False)
+        return functools.partial(source.recv, 65536)
+    os.set_blocking(source, False)
+    return functools.partial(os.read, source, 65536)
+
+
+def _forward_epoll(source: int | socket.socket, write_fd: int) -> None:
+    """:func:`_forward` without trio: a blocking epoll loop on its one input."""
+    read = _read_any(source)
+    epoll = select.epoll()
+    epoll.register(source, select.EPOLLIN)
+    while True:
+        epoll.poll(-1)
+        try:
+            data = read()
+        except BlockingIOError:
+            continue
+        if not data:
+            return
+        os.write(write_fd, data)
+
+
+def _deliver_epoll(read_fd: int | socket.socket, sock: socket.socket, acks_fd: int | None) -> None:
+    """:func:`_deliver` without trio: one blocking epoll loop over the messages' input and the
+    consumer's socket (its acks)."""
+    read_messages = _read_any(read_fd)
+    read_acks = _read_any(sock)
+    messages_fd = read_fd if isinstance(read_fd, int) else read_fd.fileno()
+    epoll = select.epoll()
+    epoll.register(messages_fd, select.EPOLLIN)
+    epoll.register(sock.fileno(), select.EPOLLIN)
+    held = 0
+    while True:
+        for fd, _ in epoll.poll(-1):
+            try:
+                data = read_messages() if fd == messages_fd else read_acks()
+            except BlockingIOError:
+                continue
+            if not data:
+                return
+            if fd == messages_fd:
+                sock.send(data)
+            else:
+                held += len(data) // ACK
+                if acks_fd is not None and held >= ACKS_PER_RECORD:
+                    os.write(acks_fd, struct.pack("q", held))
+                    held = 0
+
+
 def _child(target: object, *args: object, plain: bool = False) -> int:
     pid = os.fork()
     if pid == 0:
@@ -209,6 +265,8 @@ LAYOUTS = {
     "3": "3 processes, a trio task per input in the middle",
     "3-one-task": "3 processes, one trio task on one epoll fd in the middle",
     "3-epoll": "3 processes, a plain epoll loop in the middle (no trio)",
+    "3-all-epoll": "3 processes, each a plain epoll loop (no trio anywhere: the workers too)",
+    "1-epoll": "one process, a plain epoll loop (no trio)",
 }
 
 
@@ -225,17 +283,26 @@ def run_layout(layout: str, rate: float, seconds: float) -> dict[str, object]:
     relays: list[int] = []
     if layout == "1":
         relays.append(_child(_deliver, pub_broker, con_broker, None))
+    elif layout == "1-epoll":
+        relays.append(_child(_deliver_epoll, pub_broker, con_broker, None, plain=True))
     else:
         to_sup_r, to_sup_w = os.pipe()
         to_con_r, to_con_w = os.pipe()
         acks_r, acks_w = os.pipe()
-        relays.append(_child(_forward, pub_broker, to_sup_w))
-        if layout == "3-epoll":
+        plain = layout == "3-all-epoll"
+        if plain:
+            relays.append(_child(_forward_epoll, pub_broker, to_sup_w, plain=True))
+        else:
+            relays.append(_child(_forward, pub_broker, to_sup_w))
+        if layout in ("3-epoll", "3-all-epoll"):
             relays.append(_child(_supervisor_epoll, to_sup_r, to_con_w, acks_r, plain=True))
         else:
             middle = _supervisor_one_task if layout == "3-one-task" else _supervisor
             relays.append(_child(middle, to_sup_r, to_con_w, acks_r))
-        relays.append(_child(_deliver, to_con_r, con_broker, acks_w))
+        if plain:
+            relays.append(_child(_deliver_epoll, to_con_r, con_broker, acks_w, plain=True))
+        else:
+            relays.append(_child(_deliver, to_con_r, con_broker, acks_w))
         for fd in (to_sup_r, to_sup_w, to_con_r, to_con_w, acks_r, acks_w):
             os.close(fd)
     pub_broker.close()
@@ -276,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=1000.0, help="msg/s (1000)")
     parser.add_argument("--seconds", type=float, default=6.0, help="per layout and round (6)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds, the layouts alternating (2)")
-    parser.add_argument("--layouts", default="1,3,3-one-task,3-epoll",
+    parser.add_argument("--layouts", default="1,1-epoll,3,3-epoll,3-all-epoll",
                         help="comma-separated, of: " + "; ".join(f"{k}: {v}" for k, v in LAYOUTS.items()))
     args = parser.parse_args(argv)
     layouts = [name for name in args.layouts.split(",") if name]
