@@ -109,7 +109,8 @@ compile-locked:
 	@if [ -f $(COMPILE_STAMP) ] && [ -z "$$(find $(COMPILED) $(STAMP) -newer $(COMPILE_STAMP))" ]; then \
 		exit 0; fi; \
 	if [ -f $(COMPILE_STAMP) ] && [ -z "$$(find $(STAMP) -newer $(COMPILE_STAMP))" ] && \
-		[ -f $(COMPILED_RECORD) ] && [ "$$(awk '{print $$2}' $(COMPILED_RECORD) | xargs)" = "$(strip $(COMPILED))" ] && \
+		[ -f $(COMPILED_RECORD) ] && ( for m in $(COMPILED:.py=); do ls $$m.*.so > /dev/null 2>&1 || exit 1; done ) && \
+		[ "$$(awk '{print $$2}' $(COMPILED_RECORD) | xargs)" = "$(strip $(COMPILED))" ] && \
 		sha256sum --check --status $(COMPILED_RECORD); then \
 		echo "hot path: sources rewritten as they were built, extensions kept"; touch $(COMPILE_STAMP); exit 0; fi; \
 	$(BIN)/python -m pip install -q $(EDITABLE) -e '.[compile]' && \
