@@ -32,6 +32,7 @@ import time
 from pamqp import commands, frame, header
 
 from ipc import records as r
+from ipc.compiled import describe
 from ipc.region import Region
 from ipc.wakeup import EventFd
 from ipc.worker_config import WorkerConfig
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             consumer.close()
     median = {step: statistics.median(run[step] for run in runs) for step in STEPS}
-    compiled = "pure Python" if os.environ.get("SHOAL_PURE_PYTHON") else "compiled where built"
+    compiled = describe()
     print(f"consumer side, µs per delivery (median of {args.repeat}; {args.rounds:,} rounds of "
           f"{args.batch}; {compiled}):")
     for step in STEPS:
