@@ -61,25 +61,32 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def stale_sources(root: Path = ROOT) -> list[str]:
-    """The sources under ``root``'s packages (subpackages too) newer than their extensions,
-    less those whose content the build recorded (RECORD) for an extension no newer than the
-    record: those were rewritten as they were, not edited."""
-    digests, recorded_at = _recorded(root)
-    stale = []
+def _extensions(root: Path) -> dict[Path, Path]:
+    """The compiled modules under ``root``'s packages (subpackages too): each extension and
+    the source beside it."""
+    found = {}
     for package in _PACKAGES:
         for suffix in EXTENSION_SUFFIXES:
             for extension in (root / package).rglob(f"*{suffix}"):
                 source = extension.with_name(extension.name[: -len(suffix)] + ".py")
-                if not source.exists():
-                    continue
-                built_at = extension.stat().st_mtime
-                if source.stat().st_mtime <= built_at:
-                    continue
-                name = source.relative_to(root).as_posix()
-                if built_at <= recorded_at and digests.get(name) == _digest(source):
-                    continue
-                stale.append(name)
+                if source.exists():
+                    found[extension] = source
+    return found
+
+
+def stale_sources(root: Path = ROOT) -> list[str]:
+    """The sources under ``root``'s packages newer than their extensions, less those whose
+    content the build recorded (RECORD) for an extension no newer than the record: those were
+    rewritten as they were, not edited."""
+    digests, recorded_at = _recorded(root)
+    stale = []
+    for extension, source in _extensions(root).items():
+        built_at = extension.stat().st_mtime
+        if source.stat().st_mtime <= built_at:
+            continue
+        name = source.relative_to(root).as_posix()
+        if not (built_at <= recorded_at and digests.get(name) == _digest(source)):
+            stale.append(name)
     return sorted(stale)
 
 
@@ -117,8 +124,7 @@ def describe(root: Path = ROOT) -> str:
     compiled, or pure Python and why."""
     if os.environ.get(ENV):
         return f"pure Python (${ENV})"
-    built = {path for package in _PACKAGES for suffix in EXTENSION_SUFFIXES
-             for path in (root / package).rglob(f"*{suffix}")}
+    built = _extensions(root)
     if not built:
         return "pure Python (not compiled: make compiled)"
     stale = stale_sources(root)

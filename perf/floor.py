@@ -62,19 +62,39 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
     return client, broker
 
 
+def _reader(source: int | socket.socket) -> Callable[[], bytes]:
+    """``source`` (a pipe end or a socket) made non-blocking, and a read of up to 64 KiB of it."""
+    if isinstance(source, socket.socket):
+        source.setblocking(False)
+        return functools.partial(source.recv, 65536)
+    os.set_blocking(source, False)
+    return functools.partial(os.read, source, 65536)
+
+
+def _ack_batcher(acks_fd: int | None) -> Callable[[bytes], None]:
+    """What a consumer's relay does with the acks it reads: count them and pass the count on to
+    ``acks_fd`` ``ACKS_PER_RECORD`` at a time (drop them if ``acks_fd`` is None: one process
+    settles them itself)."""
+    held = 0
+
+    def acked(data: bytes) -> None:
+        nonlocal held
+        held += len(data) // ACK
+        if acks_fd is not None and held >= ACKS_PER_RECORD:
+            os.write(acks_fd, struct.pack("q", held))
+            held = 0
+
+    return acked
+
+
 async def _pump(source: int | socket.socket, handle: Callable[[bytes], object]) -> None:
     """Wait for bytes on a pipe end or socket and hand each read to ``handle``, until end of
     file: a relay's whole loop."""
-    if isinstance(source, socket.socket):
-        source.setblocking(False)
-        read: Callable[[int], bytes] = source.recv
-    else:
-        os.set_blocking(source, False)
-        read = functools.partial(os.read, source)
+    read = _reader(source)
     while True:
         await trio.lowlevel.wait_readable(source)
         try:
-            data = read(65536)
+            data = read()
         except BlockingIOError:
             continue
         if not data:
@@ -93,17 +113,8 @@ async def _deliver(read_fd: int | socket.socket, sock: socket.socket, acks_fd: i
     all (``read_fd`` the publisher's socket): messages to the consumer's socket; its acks read
     and passed on ``ACKS_PER_RECORD`` at a time (dropped if ``acks_fd`` is None: one process
     settles them itself)."""
-    held = 0
-
-    def acked(data: bytes) -> None:
-        nonlocal held
-        held += len(data) // ACK
-        if acks_fd is not None and held >= ACKS_PER_RECORD:
-            os.write(acks_fd, struct.pack("q", held))
-            held = 0
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_pump, sock, acked)
+        nursery.start_soon(_pump, sock, _ack_batcher(acks_fd))
         await _pump(read_fd, sock.send)
         nursery.cancel_scope.cancel()
 
@@ -153,17 +164,9 @@ def _supervisor_epoll(read_fd: int, write_fd: int, acks_fd: int) -> None:
         pass
 
 
-def _read_any(source: int | socket.socket) -> Callable[[], bytes]:
-    if isinstance(source, socket.socket):
-        source.setblocking(False)
-        return functools.partial(source.recv, 65536)
-    os.set_blocking(source, False)
-    return functools.partial(os.read, source, 65536)
-
-
 def _forward_epoll(source: int | socket.socket, write_fd: int) -> None:
     """:func:`_forward` without trio: a blocking epoll loop on its one input."""
-    read = _read_any(source)
+    read = _reader(source)
     epoll = select.epoll()
     epoll.register(source, select.EPOLLIN)
     while True:
@@ -180,13 +183,13 @@ def _forward_epoll(source: int | socket.socket, write_fd: int) -> None:
 def _deliver_epoll(read_fd: int | socket.socket, sock: socket.socket, acks_fd: int | None) -> None:
     """:func:`_deliver` without trio: one blocking epoll loop over the messages' input and the
     consumer's socket (its acks)."""
-    read_messages = _read_any(read_fd)
-    read_acks = _read_any(sock)
+    read_messages = _reader(read_fd)
+    read_acks = _reader(sock)
+    acked = _ack_batcher(acks_fd)
     messages_fd = read_fd if isinstance(read_fd, int) else read_fd.fileno()
     epoll = select.epoll()
     epoll.register(messages_fd, select.EPOLLIN)
     epoll.register(sock.fileno(), select.EPOLLIN)
-    held = 0
     while True:
         for fd, _ in epoll.poll(-1):
             try:
@@ -198,10 +201,7 @@ def _deliver_epoll(read_fd: int | socket.socket, sock: socket.socket, acks_fd: i
             if fd == messages_fd:
                 sock.send(data)
             else:
-                held += len(data) // ACK
-                if acks_fd is not None and held >= ACKS_PER_RECORD:
-                    os.write(acks_fd, struct.pack("q", held))
-                    held = 0
+                acked(data)
 
 
 def _child(target: object, *args: object, plain: bool = False) -> int:
